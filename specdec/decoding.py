@@ -1,0 +1,243 @@
+"""Decoding loops: target-only (`autoregressive_generate`) and speculative (`speculative_generate`).
+
+Both use the same `Backend` objects and the same cache invariant, so the baseline runs exactly the target
+code the speculative loop runs (the fair comparison of MEASUREMENT.md).
+
+Cache invariant (llama.cpp ``speculative-simple``): each cache holds the committed sequence minus its last
+token. Prefill feeds ``prompt[:-1]``; every round then feeds ``[last, d1 .. dK]`` to the target in ONE
+forward, giving logits ``[K+1, vocab]``; after verification ``truncate(len(committed) - 1)`` is the single
+rollback call. With K = 0 a round is one ordinary decoding step, which is all the baseline does.
+
+Speculative decoding follows Leviathan et al. 2023 (Alg. 1) and Chen et al. 2023 (Alg. 2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specdec.backends.base import Backend, ContextOverflowError
+from specdec.drafters import Drafter
+from specdec.metrics import GenerationResult, RoundRecord
+from specdec.policies import FixedK, KPolicy
+from specdec.sampling import SamplingParams, sample, warp
+from specdec.verification import greedy_verify, stochastic_verify
+
+Clock = Callable[[], float]
+GREEDY = SamplingParams()
+
+
+def _check_inputs(prompt_ids: Sequence[int], max_new_tokens: int, max_length: int) -> None:
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty: nothing to continue from")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if len(prompt_ids) + max_new_tokens > max_length:
+        raise ContextOverflowError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
+            f"context of {max_length} tokens"
+        )
+
+
+def _make_generator(sampling: SamplingParams, seed: int | None, device) -> torch.Generator | None:
+    if sampling.greedy:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(0 if seed is None else int(seed))
+    return g
+
+
+def _cut_block(block: list[int], eos_ids: frozenset[int], remaining: int) -> tuple[list[int], bool]:
+    """Cut a round's committed block at the first EOS (kept) and at the token budget."""
+    out = []
+    for t in block[:remaining]:
+        out.append(t)
+        if t in eos_ids:
+            return out, True
+    return out, False
+
+
+def autoregressive_generate(
+    target: Backend,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    sampling: SamplingParams = GREEDY,
+    eos_ids: frozenset[int] | set[int] = frozenset(),
+    vocab_size: int | None = None,
+    seed: int | None = None,
+    clock: Clock = time.perf_counter,
+) -> GenerationResult:
+    """Target-only decoding, one token per forward: the baseline and the oracle.
+
+    Args:
+        target: the target backend (its cache is reset).
+        prompt_ids: ``[prompt_len]`` token ids, non-empty.
+        max_new_tokens: budget of new tokens (0 -> no forward at all).
+        sampling: greedy by default; temperature/top-k/top-p otherwise.
+        eos_ids: ids that end generation (the EOS is kept in the output).
+        vocab_size: shared vocabulary; logits columns past it are never chosen.
+        seed: seeds the `torch.Generator` used for sampling (same seed, same tokens).
+        clock: seconds; injectable for tests.
+
+    Returns:
+        A `GenerationResult` with one round (K = 0) per new token.
+
+    Raises:
+        ValueError: empty prompt or negative budget. ContextOverflowError: prompt + budget > context.
+    """
+    _check_inputs(prompt_ids, max_new_tokens, target.max_length)
+    eos = frozenset(eos_ids)
+    vocab = vocab_size or target.vocab_size
+    generator = _make_generator(sampling, seed, target.device)
+    prompt = list(prompt_ids)
+    result = GenerationResult("baseline", prompt, [], "empty")
+    if max_new_tokens == 0:
+        return result
+    t0 = clock()
+    target.reset()
+    target.forward(prompt[:-1], logits=False)
+    target.synchronize()
+    t_prefill = clock()
+    result.prefill_s = t_prefill - t0
+    last = prompt[-1]
+    t_prev = t_prefill
+    finish = "length"
+    while len(result.token_ids) < max_new_tokens:
+        logits = target.forward([last])[:, :vocab]  # [1, vocab]
+        if sampling.greedy:
+            token = int(logits[0].argmax())
+        else:
+            token = sample(warp(logits[0], sampling), generator)
+        target.synchronize()
+        t_now = clock()
+        result.token_ids.append(token)
+        result.rounds.append(RoundRecord(0, 0, (), "bonus", 1, 0.0, t_now - t_prev, 0.0, 0))
+        if len(result.token_ids) == 1:
+            result.ttft_s = t_now - t0
+        t_prev = t_now
+        last = token
+        if token in eos:
+            finish = "eos"
+            break
+    result.finish_reason = finish
+    result.total_s = clock() - t0
+    return result
+
+
+def speculative_generate(
+    target: Backend,
+    drafter: Drafter,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    k: int | None = None,
+    policy: KPolicy | None = None,
+    sampling: SamplingParams = GREEDY,
+    eos_ids: frozenset[int] | set[int] = frozenset(),
+    vocab_size: int | None = None,
+    seed: int | None = None,
+    clock: Clock = time.perf_counter,
+    synchronize: Callable[[], None] | None = None,
+) -> GenerationResult:
+    """Speculative decoding: draft K, verify K+1 positions in one target forward, commit, roll back.
+
+    Greedy output is token-identical to `autoregressive_generate` on the same target; sampled output follows
+    the target's (warped) distribution exactly (Leviathan et al. 2023, Thm. 1).
+
+    Args:
+        target: the target backend (its cache is reset).
+        drafter: proposes tokens (`ModelDrafter`, `PromptLookupDrafter`, ...).
+        prompt_ids: ``[prompt_len]`` token ids, non-empty.
+        max_new_tokens: budget of new tokens; never exceeded (K is clamped to what remains minus the
+            recovered/bonus token). 0 -> no forward at all.
+        k: fixed K (>= 1); or give `policy` instead.
+        policy: chooses K per round (see `specdec.policies`).
+        sampling, eos_ids, vocab_size, seed, clock: as in `autoregressive_generate`.
+        synchronize: called before each clock read (defaults to syncing the target backend).
+
+    Returns:
+        A `GenerationResult` with one `RoundRecord` per target forward.
+
+    Raises:
+        ValueError: empty prompt, negative budget, K < 1, or both/neither of `k` and `policy`.
+        ContextOverflowError: prompt + budget exceeds the target's context.
+    """
+    if (k is None) == (policy is None):
+        raise ValueError("give exactly one of k and policy")
+    if policy is None:
+        policy = FixedK(k)
+    _check_inputs(prompt_ids, max_new_tokens, target.max_length)
+    eos = frozenset(eos_ids)
+    vocab = vocab_size or target.vocab_size
+    generator = _make_generator(sampling, seed, target.device)
+    sync = synchronize or target.synchronize
+    prompt = list(prompt_ids)
+    result = GenerationResult("speculative", prompt, [], "empty")
+    if max_new_tokens == 0:
+        return result
+
+    def now() -> float:
+        sync()
+        return clock()
+
+    t0 = now()
+    policy.start()
+    target.reset()
+    target.forward(prompt[:-1], logits=False)
+    drafter.prefill(prompt[:-1])
+    t_prefill = now()
+    result.prefill_s = t_prefill - t0
+    committed = list(prompt)
+    new = result.token_ids
+    finish = "length"
+    while len(new) < max_new_tokens:
+        t_start = now()
+        k_req = max(0, int(policy.next_k()))
+        alpha_est = policy.alpha_estimate()
+        remaining = max_new_tokens - len(new)
+        k_round = min(
+            k_req,
+            remaining - 1,  # room for the recovered/bonus token
+            target.max_length - len(committed),  # cache holds len-1, the round adds k+1
+            drafter.max_k(len(committed)),
+        )
+        k_round = max(k_round, 0)
+        draft = drafter.propose(committed, k_round, sampling, generator)
+        d = draft.tokens
+        t_draft = now()
+        logits = target.forward([committed[-1]] + d)[:, :vocab]  # [len(d)+1, vocab]
+        if sampling.greedy:
+            verdict = greedy_verify(d, logits)
+        else:
+            verdict = stochastic_verify(d, draft.probs, warp(logits, sampling), generator)
+        t_verify = now()
+        block, hit_eos = _cut_block(verdict.committed_tokens(d), eos, remaining)
+        committed.extend(block)
+        new.extend(block)
+        target.truncate(len(committed) - 1)
+        drafter.rollback(committed)
+        record = RoundRecord(
+            k=len(d),
+            num_accepted=verdict.num_accepted,
+            accept_flags=verdict.accept_flags,
+            next_kind=verdict.next_kind,
+            num_emitted=len(block),
+            draft_s=t_draft - t_start,
+            verify_s=t_verify - t_draft,
+            other_s=now() - t_verify,
+            k_requested=k_req,
+            alpha_estimate=alpha_est,
+        )
+        result.rounds.append(record)
+        policy.observe(record)
+        if len(result.rounds) == 1:
+            result.ttft_s = now() - t0
+        if hit_eos:
+            finish = "eos"
+            break
+    result.finish_reason = finish
+    result.total_s = now() - t0
+    return result

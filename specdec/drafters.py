@@ -1,0 +1,187 @@
+"""Drafters: anything that proposes K tokens for the target to verify.
+
+One small interface (as transformers' candidate generators, with the field's names): `prefill` once per
+generation, `propose` each round, `rollback` after each verification. Two real drafters:
+
+- `ModelDrafter`: a smaller causal LM behind a `Backend` (the classic draft model).
+- `PromptLookupDrafter`: n-gram matching against the prompt and the text generated so far; no model
+  (Saxena 2023, "prompt lookup decoding"; transformers' ``prompt_lookup_num_tokens``; vLLM's ``ngram``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specdec.backends.base import Backend
+from specdec.sampling import SamplingParams, sample, warp
+
+
+@dataclass
+class Draft:
+    """A proposal: ``tokens`` (length <= K) and, for drafters that sample, ``probs`` ``[len(tokens), vocab]``
+    — the warped distributions each token was drawn from (None for deterministic drafters)."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+
+class Drafter(Protocol):
+    """What the speculative loop needs from a drafter."""
+
+    name: str
+
+    def prefill(self, context: list[int]) -> None:
+        """Start a generation; `context` is the prompt minus its last token (the loop's cache invariant)."""
+        ...
+
+    def propose(
+        self, committed: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        """Propose up to `k` tokens to follow `committed` (prompt + generated, last token included)."""
+        ...
+
+    def rollback(self, committed: list[int]) -> None:
+        """Called once after each round with the new committed sequence; drop any state past it."""
+        ...
+
+    def max_k(self, committed_len: int) -> int:
+        """Largest K this drafter can propose without overflowing its own context."""
+        ...
+
+
+class ModelDrafter:
+    """Draft with a causal LM (Leviathan et al. 2023's M_q).
+
+    Keeps the same invariant as the target: its cache holds committed tokens, possibly minus some at the
+    end. `propose` first feeds every committed token that is not yet cached (at least the last one; two after
+    an all-accepted round, when the draft never saw its K-th token), then drafts autoregressively.
+    `rollback` truncates the cache once, to the longest prefix shared with the committed sequence.
+
+    Args:
+        backend: the draft model and its cache.
+        vocab_size: shared vocabulary size; logits are sliced to it (embedding padding rows masked out).
+    """
+
+    name = "model"
+
+    def __init__(self, backend: Backend, vocab_size: int) -> None:
+        self.backend = backend
+        self.vocab_size = vocab_size
+        self._cached: list[int] = []
+
+    def prefill(self, context: list[int]) -> None:
+        self.backend.reset()
+        self.backend.forward(list(context), logits=False)
+        self._cached = list(context)
+
+    def max_k(self, committed_len: int) -> int:
+        # The cache ends a round holding committed[:-1] + last + d1..d_{k-1} = committed_len + k - 1 tokens.
+        return self.backend.max_length - committed_len + 1
+
+    def propose(self, committed, k, sampling, generator) -> Draft:
+        if k <= 0:
+            return Draft([], None)
+        pending = committed[len(self._cached):]
+        logits = self.backend.forward(pending)[-1, : self.vocab_size]  # [vocab]
+        self._cached.extend(pending)
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            if sampling.greedy:
+                t = int(logits.argmax())
+            else:
+                q = warp(logits, sampling)
+                if generator is not None and q.device != generator.device:
+                    q = q.to(generator.device)
+                t = sample(q, generator)
+                probs.append(q)
+            tokens.append(t)
+            if i < k - 1:
+                logits = self.backend.forward([t])[-1, : self.vocab_size]
+                self._cached.append(t)
+        return Draft(tokens, torch.stack(probs) if probs else None)
+
+    def rollback(self, committed) -> None:
+        limit = min(len(self._cached), len(committed) - 1)
+        n = 0
+        # Only the tail can differ: everything before the previous round's start was verified equal.
+        start = max(0, limit - 64)
+        if self._cached[:start] == committed[:start]:
+            n = start
+        while n < limit and self._cached[n] == committed[n]:
+            n += 1
+        if n < len(self._cached):
+            self.backend.truncate(n)
+            del self._cached[n:]
+
+
+class PromptLookupDrafter:
+    """Propose the continuation of the most recent earlier occurrence of the sequence's last n-gram.
+
+    For n from `max_ngram` down to `min_ngram`, the last n committed tokens are searched for earlier in the
+    committed sequence (prompt + generated); the first hit, scanning from the most recent occurrence
+    backwards, proposes the up to K tokens that followed it. No match proposes nothing (a plain target step).
+    Deterministic: its q is the one-hot of the proposed token.
+
+    Args:
+        max_ngram, min_ngram: n-gram sizes tried, longest first (defaults 3 and 1 as transformers).
+    """
+
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not (1 <= min_ngram <= max_ngram):
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def prefill(self, context) -> None:
+        pass
+
+    def max_k(self, committed_len: int) -> int:
+        return 1 << 30
+
+    def propose(self, committed, k, sampling, generator) -> Draft:
+        if k <= 0:
+            return Draft([], None)
+        seq = committed
+        n_total = len(seq)
+        for n in range(min(self.max_ngram, n_total - 1), self.min_ngram - 1, -1):
+            pattern = seq[n_total - n:]
+            # candidate start positions i with seq[i:i+n] == pattern and i + n < n_total (something follows)
+            for i in range(n_total - n - 1, -1, -1):
+                if seq[i:i + n] == pattern:
+                    cont = seq[i + n: i + n + k]
+                    if cont:
+                        return Draft(list(cont), None)
+        return Draft([], None)
+
+    def rollback(self, committed) -> None:
+        pass
+
+
+class ScriptedDrafter:
+    """A test drafter that proposes from a function of the committed sequence: ``fn(committed, k) -> tokens``.
+
+    Used to build always-wrong / always-right drafters in tests (deterministic, no probabilities).
+    """
+
+    name = "scripted"
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def prefill(self, context) -> None:
+        pass
+
+    def max_k(self, committed_len: int) -> int:
+        return 1 << 30
+
+    def propose(self, committed, k, sampling, generator) -> Draft:
+        return Draft(list(self.fn(list(committed), k))[:k], None)
+
+    def rollback(self, committed) -> None:
+        pass

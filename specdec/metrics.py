@@ -1,0 +1,189 @@
+"""Per-round records and the rates derived from them.
+
+Raw counts are recorded per round; every rate is derived here, never stored pre-computed (as vLLM's
+spec-decode metrics). Definitions (the bonus/recovered token is the ``+1`` of each round):
+
+- **drafted** = sum of K over rounds (tokens actually proposed; a prompt-lookup round may propose < K).
+- **accepted** = sum of accepted draft tokens. Excludes the recovered/bonus token.
+- **acceptance rate** = accepted / drafted.
+- **alpha-hat** = accepted / (accepted + rejections), where a rejection is a round that stopped at a
+  rejected draft token. It estimates the per-token acceptance probability alpha of Leviathan et al. and,
+  unlike the acceptance rate, does not fall as K grows (an all-accepted round contributes no rejection).
+- **mean accepted tokens** = accepted / speculative rounds (rounds with K > 0). Excludes the bonus.
+- **block efficiency** = tokens committed / target forwards (rounds). *Includes* the recovered/bonus token,
+  so it is >= 1; target-only decoding has exactly 1.
+- **prefill_s** = time to put the prompt (all but its last token) into both caches. **TTFT** = prefill_s plus
+  the first round, i.e. until the first new token is known. **decode_s** = total_s - prefill_s.
+- **tokens_per_s** = new tokens / total_s (end to end, the figure speedups are quoted on);
+  **decode_tokens_per_s** = new tokens / decode_s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One round: the drafter proposed `k` tokens, the target scored k+1 positions in one forward.
+
+    Attributes:
+        k: draft tokens proposed and verified (0 = a plain target step).
+        k_requested: K the policy asked for before clamping to budget/context/drafter supply.
+        num_accepted: accepted prefix length.
+        accept_flags: per evaluated draft position (see `Verdict`).
+        next_kind: ``"bonus"`` (all accepted, including K = 0) or ``"recovered"``.
+        num_emitted: tokens committed this round after cutting at EOS / budget (<= num_accepted + 1).
+        draft_s: seconds spent drafting (wall clock, device synchronized).
+        verify_s: seconds of the target forward plus verification.
+        other_s: the rest of the round: rollback of both caches and bookkeeping.
+        alpha_estimate: the policy's acceptance estimate when it chose K (None for fixed K).
+    """
+
+    k: int
+    num_accepted: int
+    accept_flags: tuple[bool, ...]
+    next_kind: str
+    num_emitted: int
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    k_requested: int | None = None
+    alpha_estimate: float | None = None
+
+    @property
+    def rejected(self) -> bool:
+        """True when the round stopped at a rejected draft token."""
+        return self.num_accepted < self.k
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+@dataclass
+class GenerationResult:
+    """Tokens and trace of one generation (target-only or speculative).
+
+    Attributes:
+        method: ``"baseline"`` or ``"speculative"``.
+        prompt_ids: the prompt token ids.
+        token_ids: new token ids only (the EOS included when it ended the generation).
+        finish_reason: ``"eos"``, ``"length"`` (max_new_tokens reached) or ``"empty"`` (max_new_tokens 0).
+        rounds: one `RoundRecord` per target forward after prefill.
+        prefill_s, total_s: seconds; see module docstring.
+        ttft_s: seconds until the first new token was committed.
+    """
+
+    method: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str
+    rounds: list[RoundRecord] = field(default_factory=list)
+    prefill_s: float = 0.0
+    total_s: float = 0.0
+    ttft_s: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def num_drafted(self) -> int:
+        return sum(r.k for r in self.rounds)
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(r.num_accepted for r in self.rounds)
+
+    @property
+    def num_rejections(self) -> int:
+        return sum(1 for r in self.rounds if r.rejected)
+
+    @property
+    def num_speculative_rounds(self) -> int:
+        return sum(1 for r in self.rounds if r.k > 0)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted; NaN when nothing was drafted."""
+        return _ratio(self.num_accepted, self.num_drafted)
+
+    @property
+    def alpha_hat(self) -> float:
+        """accepted / (accepted + rejections); NaN when nothing was drafted."""
+        return _ratio(self.num_accepted, self.num_accepted + self.num_rejections)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted draft tokens per speculative round (bonus excluded)."""
+        return _ratio(self.num_accepted, self.num_speculative_rounds)
+
+    @property
+    def block_efficiency(self) -> float:
+        """Tokens committed per target forward (bonus/recovered included)."""
+        return _ratio(sum(r.num_emitted for r in self.rounds), self.num_rounds)
+
+    @property
+    def decode_s(self) -> float:
+        return self.total_s - self.prefill_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """End-to-end tokens/s: new tokens / total seconds."""
+        return _ratio(self.num_tokens, self.total_s)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Decode-phase tokens/s: new tokens / (total - prefill) seconds."""
+        return _ratio(self.num_tokens, self.decode_s)
+
+    @property
+    def draft_s(self) -> float:
+        return sum(r.draft_s for r in self.rounds)
+
+    @property
+    def verify_s(self) -> float:
+        return sum(r.verify_s for r in self.rounds)
+
+    def summary(self) -> dict:
+        """A flat JSON-ready dict of the counts and derived figures (NaN -> None)."""
+        def clean(x):
+            return None if isinstance(x, float) and math.isnan(x) else x
+
+        return {
+            "method": self.method,
+            "token_ids": list(self.token_ids),
+            "finish_reason": self.finish_reason,
+            "num_tokens": self.num_tokens,
+            "num_rounds": self.num_rounds,
+            "num_drafted": self.num_drafted,
+            "num_accepted": self.num_accepted,
+            "num_rejections": self.num_rejections,
+            "acceptance_rate": clean(self.acceptance_rate),
+            "alpha_hat": clean(self.alpha_hat),
+            "mean_accepted": clean(self.mean_accepted),
+            "block_efficiency": clean(self.block_efficiency),
+            "tokens_per_s": clean(self.tokens_per_s),
+            "decode_tokens_per_s": clean(self.decode_tokens_per_s),
+            "prefill_s": self.prefill_s,
+            "ttft_s": self.ttft_s,
+            "decode_s": self.decode_s,
+            "total_s": self.total_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+        }
+
+    def rounds_as_dicts(self) -> list[dict]:
+        """Per-round records as plain dicts (accept_flags as a '1011' string)."""
+        out = []
+        for r in self.rounds:
+            d = asdict(r)
+            d["accept_flags"] = "".join("1" if f else "0" for f in r.accept_flags)
+            out.append(d)
+        return out

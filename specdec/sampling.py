@@ -1,0 +1,104 @@
+"""Sampling math as small pure functions: warp logits into probabilities, sample with an explicit generator.
+
+The same `warp` is applied to the target's logits (p) and to the draft's logits (q), which is what keeps
+speculative sampling exact (Leviathan et al. 2023, Sec. 2.3; Chen et al. 2023, Alg. 2): the rejection rule
+is only lossless when p and q are the distributions the tokens are actually sampled from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen.
+
+    Attributes:
+        temperature: 0 means greedy (argmax); > 0 divides the logits before softmax.
+        top_k: keep the k most likely tokens (0 = off).
+        top_p: keep the smallest set whose probability reaches top_p (1.0 = off), applied after top-k.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits into the sampling distribution: temperature, then top-k, then top-p, then softmax.
+
+    Args:
+        logits: ``[..., vocab]`` any float dtype; ``-inf`` entries are allowed (masked tokens).
+        params: a stochastic `SamplingParams` (temperature > 0).
+
+    Returns:
+        float32 probabilities ``[..., vocab]``, each row summing to 1, with no NaN: at least the most
+        likely token of every row is always kept by top-k/top-p.
+
+    Raises:
+        ValueError: `params` is greedy (there is no distribution to warp to), or a row has no finite logit.
+    """
+    if params.greedy:
+        raise ValueError("warp() needs temperature > 0; greedy decoding uses argmax")
+    x = logits.float() / params.temperature
+    if not torch.isfinite(x.max(dim=-1).values).all():
+        raise ValueError("a logits row has no finite entry (or contains NaN/inf)")
+    vocab = x.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        # Drop a token when the tokens strictly more likely than it already reach top_p.
+        drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= params.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from ``probs`` ``[vocab]`` (non-negative, positive sum) with `generator`.
+
+    Raises:
+        ValueError: the row is not a usable distribution (NaN, negative, or zero mass).
+    """
+    total = float(probs.sum())
+    if not (total > 0.0) or not torch.isfinite(probs).all() or bool((probs < 0).any()):
+        raise ValueError("cannot sample from a row with NaN, negative entries or zero mass")
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The recovered-token distribution ``norm(max(0, p - q))`` (Leviathan et al. 2023, Alg. 1).
+
+    Args:
+        p: target probabilities ``[vocab]``.
+        q: draft probabilities ``[vocab]`` (a one-hot row for drafters without probabilities).
+
+    Returns:
+        ``[vocab]`` probabilities. When the residual has no mass (p == q up to rounding), returns `p`:
+        then a rejection has probability ~0 and p is the right distribution to fall back to.
+    """
+    r = torch.clamp(p - q, min=0.0)
+    mass = float(r.sum())
+    if mass <= 1e-12:
+        return p
+    return r / mass

@@ -1,0 +1,97 @@
+"""Shared fixtures: tiny random GPT-2-architecture checkpoints, saved to disk and loaded by path.
+
+TINY (as in shared/cases): 2 layers, width 64, vocab 1000, 128 positions; target seed 0, draft seed 1; fp32.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@dataclass(frozen=True)
+class TinyPair:
+    target_dir: Path
+    draft_dir: Path
+    root: Path
+
+
+def build_tiny_tokenizer():
+    """A byte-level BPE tokenizer with exactly 1000 ids; ids 0/1/2 are <eos>/<bos>/<unk>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(3000)]
+    corpus = [" ".join(rng.choice(words) for _ in range(30)) for _ in range(400)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000,
+        special_tokens=["<eos>", "<bos>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
+
+
+def build_tiny_model(seed: int, *, n_layer: int = 2, n_embd: int = 64, vocab_size: int = 1000):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        n_layer=n_layer, n_embd=n_embd, n_head=2, vocab_size=vocab_size, n_positions=128,
+        bos_token_id=1, eos_token_id=0, tie_word_embeddings=False, initializer_range=0.1,
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+def save_tiny(path: Path, seed: int, tokenizer, **kw) -> Path:
+    model = build_tiny_model(seed, **kw)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory, tiny_tokenizer) -> TinyPair:
+    root = tmp_path_factory.mktemp("tiny")
+    target = save_tiny(root / "target", 0, tiny_tokenizer)
+    draft = save_tiny(root / "draft", 1, tiny_tokenizer)
+    return TinyPair(target, draft, root)
+
+
+@pytest.fixture(scope="session")
+def near_draft_dir(tiny_pair, tiny_tokenizer) -> Path:
+    """A draft that agrees with the TINY target often but not always: the target plus seeded noise."""
+    model = build_tiny_model(0)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.08 * p.std().clamp(min=1e-3))
+    path = tiny_pair.root / "near_draft"
+    model.save_pretrained(path, safe_serialization=True)
+    tiny_tokenizer.save_pretrained(path)
+    return path
+
+
+def load_backend(path, **kw):
+    """Load a checkpoint dir as an `HFBackend` (fp32, CPU), the way real checkpoints are loaded."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.backends.hf import HFBackend
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True).eval()
+    return HFBackend(model, **kw)

@@ -1,0 +1,292 @@
+"""Known-answer tests for the analytical speculative-decoding model and the report statistics."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from specdec.theory import (
+    alpha_from_acceptance,
+    bootstrap_ci,
+    bootstrap_ratio_ci,
+    break_even_alpha,
+    cost_at,
+    expected_accepted_per_round,
+    expected_tokens_per_round,
+    ideal_speedup,
+    optimal_k,
+    refined_speedup,
+    relative_costs,
+    verdict,
+)
+
+# ---------------------------------------------------------------------------- expected tokens
+
+
+def test_expected_tokens_known_value():
+    assert expected_tokens_per_round(0.8, 4) == pytest.approx(3.3616, abs=1e-12)
+    assert expected_tokens_per_round(0.8, 4) == pytest.approx((1 - 0.8**5) / 0.2, rel=1e-14)
+
+
+@pytest.mark.parametrize("k", [0, 1, 4, 16])
+def test_expected_tokens_limits(k):
+    assert expected_tokens_per_round(1.0, k) == k + 1
+    assert expected_tokens_per_round(0.0, k) == 1.0
+    assert isinstance(expected_tokens_per_round(0.5, k), float)
+
+
+def test_expected_tokens_k0_is_one():
+    assert expected_tokens_per_round(0.37, 0) == 1.0
+
+
+def test_expected_tokens_continuous_near_one():
+    # closed form suffers cancellation there; the value must approach K+1 smoothly
+    assert expected_tokens_per_round(1 - 1e-12, 5) == pytest.approx(6.0, abs=1e-9)
+
+
+def test_expected_tokens_vectorised_matches_scalar():
+    alphas = np.array([0.0, 0.25, 0.8, 1.0])
+    out = expected_tokens_per_round(alphas, 4)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, [expected_tokens_per_round(float(a), 4) for a in alphas], rtol=1e-15)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.1, float("nan")])
+def test_expected_tokens_rejects_bad_alpha(bad):
+    with pytest.raises(ValueError):
+        expected_tokens_per_round(bad, 4)
+    with pytest.raises(ValueError):
+        expected_tokens_per_round(np.array([0.5, bad]), 4)
+
+
+def test_rejects_bad_k():
+    with pytest.raises(ValueError):
+        expected_tokens_per_round(0.5, -1)
+    with pytest.raises(TypeError):
+        expected_tokens_per_round(0.5, 2.5)
+
+
+# ---------------------------------------------------------------------------- expected accepted
+
+
+def test_expected_accepted_known_value():
+    assert expected_accepted_per_round(0.8, 4) == pytest.approx(2.3616, abs=1e-12)
+    assert expected_accepted_per_round(0.8, 4) == pytest.approx(0.8 * (1 - 0.8**4) / 0.2, rel=1e-14)
+    assert expected_accepted_per_round(1.0, 4) == 4.0
+    assert expected_accepted_per_round(0.0, 4) == 0.0
+    assert expected_accepted_per_round(0.8, 0) == 0.0
+
+
+def test_expected_accepted_monte_carlo():
+    alpha, k, rounds = 0.8, 4, 5000
+    rng = np.random.default_rng(1234)
+    ok = rng.random((rounds, k)) < alpha
+    # accepted drafts = index of the first rejection, or K if none
+    accepted = np.where(ok.all(axis=1), k, np.argmin(ok, axis=1))
+    assert accepted.mean() == pytest.approx(expected_accepted_per_round(alpha, k), abs=0.05)
+    # and the count estimator recovers alpha
+    rejections = int((~ok.all(axis=1)).sum())
+    assert alpha_from_acceptance(int(accepted.sum()), rejections) == pytest.approx(alpha, abs=0.02)
+
+
+# ---------------------------------------------------------------------------- speedups
+
+
+def test_ideal_speedup_known_value():
+    assert ideal_speedup(0.8, 4, 0.46) == pytest.approx(3.3616 / (1 + 4 * 0.46), rel=1e-12)
+    assert ideal_speedup(0.3, 0, 0.9) == 1.0
+
+
+def test_ideal_speedup_rejects_bad_c():
+    with pytest.raises(ValueError):
+        ideal_speedup(0.5, 2, -0.1)
+    with pytest.raises(ValueError):
+        ideal_speedup(0.5, 2, float("inf"))
+
+
+def test_refined_speedup_callable_and_mapping():
+    # v == 1 everywhere reduces to the ideal model
+    assert refined_speedup(0.8, 4, 0.46, lambda n: 1.0) == pytest.approx(ideal_speedup(0.8, 4, 0.46))
+    v = {1: 1.0, 2: 1.1, 5: 1.4}
+    assert refined_speedup(0.8, 4, 0.46, v) == pytest.approx(3.3616 / (1.84 + 1.4), rel=1e-12)
+
+
+def test_cost_interpolation_and_clamping():
+    v = {1: 1.0, 3: 1.2, 9: 2.4}
+    assert cost_at(v, 1) == 1.0
+    assert cost_at(v, 2) == pytest.approx(1.1)
+    assert cost_at(v, 6) == pytest.approx(1.8)
+    assert cost_at(v, 17) == pytest.approx(2.4)  # clamped beyond the largest measured n
+    assert cost_at({2: 1.3}, 1) == pytest.approx(1.3)  # clamped below
+
+
+def test_cost_mapping_validation():
+    with pytest.raises(ValueError):
+        cost_at({}, 2)
+    with pytest.raises(ValueError):
+        cost_at({1: 0.012, 2: 0.013}, 2)  # seconds, not relative
+    with pytest.raises(ValueError):
+        cost_at({1: 1.0, 2: -1.0}, 2)
+    with pytest.raises(TypeError):
+        cost_at(3.0, 2)
+
+
+def test_relative_costs():
+    out = relative_costs({4: 0.03, 1: 0.02, 2: 0.021})
+    assert list(out) == [1, 2, 4]
+    assert out[1] == 1.0
+    assert out[2] == pytest.approx(1.05)
+    assert out[4] == pytest.approx(1.5)
+    with pytest.raises(ValueError):
+        relative_costs({2: 0.02})
+    with pytest.raises(ValueError):
+        relative_costs({1: 0.02, 2: 0.0})
+
+
+# ---------------------------------------------------------------------------- break-even
+
+
+def test_break_even_hand_solved():
+    # K=1, c=0.5, v(2)=1: (1 + a) / 1.5 = 1  ->  a = 0.5
+    assert break_even_alpha(1, 0.5, {1: 1.0, 2: 1.0}) == pytest.approx(0.5, abs=1e-9)
+    assert break_even_alpha(1, 0.5) == pytest.approx(0.5, abs=1e-9)  # ideal model, same v
+    # v(2)=1.5: (1 + a) / 2 = 1  ->  a = 1 exactly
+    assert break_even_alpha(1, 0.5, {1: 1.0, 2: 1.5}) == 1.0
+    # v(2)=1.6: cannot break even
+    assert break_even_alpha(1, 0.5, {1: 1.0, 2: 1.6}) == math.inf
+    assert break_even_alpha(1, 0.5, lambda n: 1.6) == math.inf
+
+
+def test_break_even_is_a_root():
+    k, c, v = 4, 0.3, {1: 1.0, 5: 1.25}
+    a = break_even_alpha(k, c, v)
+    assert 0 < a < 1
+    assert refined_speedup(a, k, c, v) >= 1 - 1e-9
+    assert refined_speedup(a - 1e-6, k, c, v) < 1
+
+
+def test_break_even_free_and_k0():
+    assert break_even_alpha(2, 0.0) == 0.0  # free draft, free verification
+    assert break_even_alpha(0, 0.5) == 0.0  # plain decoding always "breaks even"
+
+
+def test_break_even_monotone_in_c():
+    cs = [0.05, 0.1, 0.2, 0.3, 0.45]
+    alphas = [break_even_alpha(3, c, {1: 1.0, 4: 1.1}) for c in cs]
+    assert all(a < b for a, b in itertools.pairwise(alphas))
+
+
+# ---------------------------------------------------------------------------- optimal K
+
+
+def test_optimal_k_high_alpha_cheap_draft_is_large():
+    k, s = optimal_k(0.99, 0.01)
+    assert k >= 12
+    assert s == pytest.approx(ideal_speedup(0.99, k, 0.01))
+    assert s > 5
+
+
+def test_optimal_k_low_alpha_expensive_draft():
+    k, s = optimal_k(0.1, 0.9)
+    assert k == 1
+    assert s < 1
+    assert optimal_k(0.1, 0.9, ks=range(17)) == (0, 1.0)
+
+
+def test_optimal_k_refined_uses_v():
+    # verification cost growing linearly in n pushes the optimum down versus the ideal model
+    k_ideal, _ = optimal_k(0.9, 0.05)
+    k_ref, _ = optimal_k(0.9, 0.05, v=lambda n: 1.0 + 0.2 * (n - 1))
+    assert k_ref < k_ideal
+
+
+def test_optimal_k_errors():
+    with pytest.raises(ValueError):
+        optimal_k(0.5, 0.1, ks=[])
+    with pytest.raises(ValueError):
+        optimal_k(np.array([0.5, 0.6]), 0.1)
+
+
+# ---------------------------------------------------------------------------- alpha estimate
+
+
+def test_alpha_from_acceptance():
+    assert alpha_from_acceptance(8, 2) == 0.8
+    assert alpha_from_acceptance(0, 5) == 0.0
+    assert alpha_from_acceptance(5, 0) == 1.0
+    with pytest.raises(ValueError):
+        alpha_from_acceptance(0, 0)
+    with pytest.raises(ValueError):
+        alpha_from_acceptance(-1, 3)
+
+
+# ---------------------------------------------------------------------------- bootstrap
+
+
+def test_bootstrap_constant_is_zero_width():
+    assert bootstrap_ci([2.5] * 20) == (2.5, 2.5, 2.5)
+
+
+def test_bootstrap_single_and_empty():
+    assert bootstrap_ci([3.0]) == (3.0, 3.0, 3.0)
+    with pytest.raises(ValueError):
+        bootstrap_ci([])
+    with pytest.raises(ValueError):
+        bootstrap_ci([1.0, float("nan")])
+
+
+def test_bootstrap_reproducible_and_brackets_point():
+    data = np.random.default_rng(7).normal(10.0, 2.0, size=40)
+    a = bootstrap_ci(data, seed=3)
+    b = bootstrap_ci(data, seed=3)
+    assert a == b
+    point, lo, hi = a
+    assert point == pytest.approx(float(np.median(data)))
+    assert lo < point < hi
+
+
+def test_bootstrap_custom_stat_without_axis():
+    data = [1.0, 2.0, 3.0, 4.0, 100.0]
+    point, lo, hi = bootstrap_ci(data, stat=lambda x: float(np.mean(x)), n_resamples=500)
+    assert point == pytest.approx(22.0)
+    assert lo <= point <= hi
+
+
+def test_bootstrap_ratio_win_and_no_difference():
+    rng = np.random.default_rng(0)
+    base = rng.normal(100.0, 3.0, size=30)
+    fast = rng.normal(150.0, 3.0, size=30)
+    point, lo, hi = bootstrap_ratio_ci(fast, base)
+    assert point == pytest.approx(np.median(fast) / np.median(base))
+    assert verdict(lo, hi) == "win"
+    point, lo, hi = bootstrap_ratio_ci(base, fast)
+    assert verdict(lo, hi) == "loss"
+    same = rng.normal(100.0, 3.0, size=30)
+    _, lo, hi = bootstrap_ratio_ci(same, base)
+    assert verdict(lo, hi) == "no measurable difference"
+
+
+def test_bootstrap_ratio_paired():
+    prompts = np.array([50.0, 80.0, 120.0, 200.0, 90.0, 60.0])  # large between-prompt variance
+    method = prompts * 1.2
+    point, lo, hi = bootstrap_ratio_ci(method, prompts, paired=True)
+    assert (point, lo, hi) == pytest.approx((1.2, 1.2, 1.2))
+    assert verdict(lo, hi) == "win"
+    _, lo_u, hi_u = bootstrap_ratio_ci(method, prompts, paired=False)
+    assert hi_u - lo_u > 0.1  # unpaired cannot remove the between-prompt spread
+    with pytest.raises(ValueError):
+        bootstrap_ratio_ci([1.0, 2.0], [1.0], paired=True)
+    with pytest.raises(ValueError):
+        bootstrap_ratio_ci([1.0], [0.0])
+
+
+def test_verdict():
+    assert verdict(1.05, 1.3) == "win"
+    assert verdict(0.7, 0.95) == "loss"
+    assert verdict(0.9, 1.1) == "no measurable difference"
+    assert verdict(1.0, 1.2) == "no measurable difference"
+    with pytest.raises(ValueError):
+        verdict(1.2, 1.0)

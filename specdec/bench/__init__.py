@@ -1,0 +1,1 @@
+"""Benchmark inputs: the built-in prompt set and prompt-file loaders."""

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# Tiny models gain nothing from intra-op threads, and oversubscribed threads slow every test badly.
+torch.set_num_threads(1)
+
 
 @dataclass(frozen=True)
 class TinyPair:

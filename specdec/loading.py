@@ -1,0 +1,156 @@
+"""Load a draft -> target pair onto backends, with the tokenizer compatibility check done at load time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.backends.base import Backend
+from specdec.compat import check_tokenizers, check_vocab_fits, eos_ids_for
+
+RUNTIMES = ("transformers", "llamacpp")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    """One model on one runtime: its backend, tokenizer and, for transformers, the model object itself
+    (the peers — `generate()`, assisted generation — need it)."""
+
+    spec: str
+    runtime: str
+    backend: Backend
+    tokenizer: Any
+    hf_model: Any = None
+    eos_ids: frozenset[int] = frozenset()
+    load_s: float = 0.0
+    compiled: bool = False
+
+
+@dataclass
+class LoadedPair:
+    """A target and (optionally) a draft sharing one vocabulary.
+
+    Attributes:
+        vocab_size: the shared tokenizer vocabulary; logits columns past it are masked out.
+        eos_ids: ids that end generation (the target's).
+    """
+
+    target: LoadedModel
+    draft: LoadedModel | None
+    vocab_size: int
+    eos_ids: frozenset[int]
+    info: dict = field(default_factory=dict)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+
+def set_threads(threads: int | None) -> None:
+    """Pin torch's intra-op thread count (recorded with results). None leaves the default."""
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def load_model(
+    spec: str,
+    *,
+    runtime: str = "transformers",
+    device: str = "cpu",
+    dtype: str = "float32",
+    threads: int | None = None,
+    compile: bool = False,
+    n_ctx: int | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load one model spec (preset member, hub id, local dir or .gguf) on a runtime.
+
+    Args:
+        spec: e.g. ``"qwen2.5-coder:target"``, ``"gpt2"``, ``"/path/to/ckpt"``, ``"model.gguf"``.
+        runtime: ``"transformers"`` (fp32/fp16/bf16 weights, eager or compiled) or ``"llamacpp"`` (GGUF).
+        device, dtype: transformers only. threads: intra-op threads for either runtime.
+        compile: transformers only; use the compiled static-cache backend.
+        n_ctx: llama.cpp context size.
+
+    Raises:
+        ValueError: unknown runtime or dtype, or options that do not apply.
+        specdec.models.ModelNotAvailableError: the weights are not available (one-line message).
+    """
+    import time
+
+    from specdec import models
+
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown backend {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+    t0 = time.perf_counter()
+    if runtime == "llamacpp":
+        from specdec.backends.llamacpp import load_llamacpp
+
+        if compile:
+            raise ValueError("--compile applies to the transformers backend only")
+        path = models.gguf_file(spec)
+        backend = load_llamacpp(path, n_ctx=n_ctx, n_threads=threads)
+        tok = models.hf_tokenizer(spec)
+        eos = eos_ids_for(tok)
+        return LoadedModel(spec, runtime, backend, tok, None, eos, time.perf_counter() - t0)
+    model, tok = models.load_hf(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    if compile:
+        from specdec.backends.compiled import CompiledHFBackend
+
+        backend = CompiledHFBackend(model)
+    else:
+        from specdec.backends.hf import HFBackend
+
+        backend = HFBackend(model)
+    eos = eos_ids_for(tok, getattr(model, "generation_config", None))
+    return LoadedModel(spec, runtime, backend, tok, model, eos, time.perf_counter() - t0, compile)
+
+
+def load_pair(
+    target_spec: str,
+    draft_spec: str | None,
+    *,
+    backend: str = "transformers",
+    draft_backend: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    threads: int | None = None,
+    compile: bool = False,
+    n_ctx: int | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedPair:
+    """Load target and draft and check that they can be compared token by token.
+
+    Args:
+        target_spec, draft_spec: model specs (draft None: target only, e.g. prompt lookup).
+        backend: the target's runtime; draft_backend: the draft's (default: the same) — mixed-runtime pairs
+            such as a llama.cpp Q4_K_M draft with an fp32 transformers target are allowed when the
+            vocabularies match.
+        Other arguments as in `load_model`.
+
+    Returns:
+        A `LoadedPair`.
+
+    Raises:
+        specdec.compat.IncompatibleTokenizersError: the tokenizers differ (one line).
+        specdec.models.ModelNotAvailableError, ValueError: as `load_model`.
+    """
+    set_threads(threads)
+    kw = dict(device=device, dtype=dtype, threads=threads, n_ctx=n_ctx, trust_remote_code=trust_remote_code)
+    target = load_model(target_spec, runtime=backend, compile=compile, **kw)
+    draft = None
+    vocab = len(target.tokenizer)
+    if draft_spec is not None:
+        draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile, **kw)
+        vocab = check_tokenizers(target.tokenizer, draft.tokenizer)
+        check_vocab_fits(vocab, target=target.backend, draft=draft.backend)
+    else:
+        check_vocab_fits(vocab, target=target.backend)
+    return LoadedPair(target, draft, vocab, target.eos_ids)

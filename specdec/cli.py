@@ -1,0 +1,237 @@
+"""The `specdec` command line: generate, models, sweep, costs, export, report.
+
+Every command takes a model pair as ``--pair NAME`` (a preset; default ``qwen2.5-coder``) or
+``--target T --draft D`` (hub ids, local checkpoint dirs or .gguf files). Bad input prints one line on
+stderr and exits with status 2; nothing is lost (a sweep resumes with ``--resume``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    help="Speculative decoding, implemented exactly and measured against target-only decoding.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# Shared option declarations (typer has no option groups; these keep names and help identical everywhere).
+PairOpt = Annotated[str | None, typer.Option("--pair", help="Model preset (see `specdec models`).")]
+TargetOpt = Annotated[str | None, typer.Option("--target", help="Target: hub id, checkpoint dir or .gguf.")]
+DraftOpt = Annotated[str | None, typer.Option("--draft", help="Draft: hub id, checkpoint dir or .gguf.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="Target runtime: transformers | llamacpp.")]
+DraftBackendOpt = Annotated[
+    str | None, typer.Option("--draft-backend", help="Draft runtime (default: same as --backend).")
+]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda (transformers).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | float16 | bfloat16 (transformers).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="Intra-op CPU threads (recorded).")]
+CompileOpt = Annotated[bool, typer.Option("--compile/--no-compile", help="Compiled static-cache forwards.")]
+RemoteOpt = Annotated[
+    bool, typer.Option("--trust-remote-code", help="Allow model code from the hub (off by default).")
+]
+
+
+def fail(message: str) -> None:
+    """Print one line on stderr and exit with status 2."""
+    first = str(message).strip().splitlines()[0] if str(message).strip() else "error"
+    print(f"specdec: error: {first}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Option("--prompt", help="Text to continue.")],
+    pair: PairOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    k: Annotated[int, typer.Option("--k", help="K: draft tokens per round (fixed, or the max for adaptive).")] = 4,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 128,
+    drafter: Annotated[str, typer.Option("--drafter", help="model | ngram (prompt lookup).")] = "model",
+    policy: Annotated[str, typer.Option("--policy", help="fixed | heuristic | confidence | cost.")] = "fixed",
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    chat_template: Annotated[bool, typer.Option("--chat-template", help="Wrap the prompt in the chat template.")] = False,
+    baseline: Annotated[bool, typer.Option("--baseline", help="Also run target-only decoding and compare.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line.")] = False,
+    backend: BackendOpt = "transformers",
+    draft_backend: DraftBackendOpt = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    threads: ThreadsOpt = None,
+    compile: CompileOpt = False,
+    trust_remote_code: RemoteOpt = False,
+) -> None:
+    """Generate from one prompt with speculative decoding and print the text and its statistics."""
+    from specdec import models
+    from specdec.decoding import autoregressive_generate, speculative_generate
+    from specdec.drafters import ModelDrafter, PromptLookupDrafter
+    from specdec.loading import load_pair
+    from specdec.sampling import SamplingParams
+
+    # Validate everything cheap before any model loads.
+    if k < 1:
+        fail(f"--k must be >= 1, got {k}")
+    if not prompt.strip():
+        fail("the prompt is empty")
+    if drafter not in ("model", "ngram"):
+        fail(f"unknown --drafter {drafter!r}; choose model or ngram")
+    if max_new_tokens < 0:
+        fail("--max-new-tokens must be >= 0")
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    target_spec, draft_spec = models.resolve_pair(pair, target, draft)
+    loaded = load_pair(
+        target_spec,
+        draft_spec if drafter == "model" else None,
+        backend=backend,
+        draft_backend=draft_backend,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        compile=compile,
+        trust_remote_code=trust_remote_code,
+    )
+    tok = loaded.tokenizer
+    prompt_ids = encode_prompt(tok, prompt, chat_template)
+    the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size) if drafter == "model" else PromptLookupDrafter()
+    the_policy = build_policy(policy, k, loaded, the_drafter)
+    common = dict(sampling=sampling, eos_ids=loaded.eos_ids, vocab_size=loaded.vocab_size, seed=seed)
+    if baseline:  # warm both paths up once so that neither timed run pays first-call costs
+        warm = min(8, max_new_tokens)
+        speculative_generate(loaded.target.backend, the_drafter, prompt_ids, warm, policy=the_policy, **common)
+        autoregressive_generate(loaded.target.backend, prompt_ids, warm, **common)
+    result = speculative_generate(loaded.target.backend, the_drafter, prompt_ids, max_new_tokens, policy=the_policy, **common)
+    text = tok.decode(result.token_ids, skip_special_tokens=True)
+    out = result.summary()
+    out.update(text=text, k=k, drafter=drafter, policy=policy, prompt_tokens=len(prompt_ids))
+    out["rounds_k"] = [r.k for r in result.rounds]
+    if baseline:
+        base = autoregressive_generate(loaded.target.backend, prompt_ids, max_new_tokens, **common)
+        out["baseline_token_ids"] = base.token_ids
+        out["baseline_tokens_per_s"] = base.tokens_per_s
+        out["speedup"] = result.tokens_per_s / base.tokens_per_s if base.tokens_per_s else None
+        out["identical_to_baseline"] = base.token_ids == result.token_ids
+    print(text)
+    print(
+        f"\n[{result.num_tokens} tokens, {result.finish_reason}] {result.tokens_per_s:.2f} tok/s, "
+        f"TTFT {result.ttft_s:.3f} s, rounds {result.num_rounds}, acceptance {_fmt(result.acceptance_rate)}, "
+        f"block efficiency {_fmt(result.block_efficiency)}",
+        file=sys.stderr if as_json else sys.stdout,
+    )
+    if baseline:
+        same = "identical" if out["identical_to_baseline"] else "DIFFERENT"
+        print(
+            f"baseline {out['baseline_tokens_per_s']:.2f} tok/s; speedup {_fmt(out['speedup'])}x; "
+            f"outputs {same}",
+            file=sys.stderr if as_json else sys.stdout,
+        )
+    if as_json:
+        print(json.dumps(out))
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None or x != x else f"{x:.3f}"
+
+
+def encode_prompt(tokenizer, text: str, chat_template: bool) -> list[int]:
+    """Token ids of a prompt: plain completion text, or wrapped in the tokenizer's chat template.
+
+    Raises:
+        ValueError: the prompt encodes to no tokens, or the tokenizer has no chat template.
+    """
+    if chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("--chat-template was asked for but this tokenizer has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+    else:
+        ids = tokenizer(text).input_ids
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    return list(ids)
+
+
+def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None):
+    """The K policy for a run; `cost` measures the pair's costs briefly when none are given."""
+    from specdec import policies
+
+    if name == "fixed":
+        return policies.FixedK(k)
+    make = getattr(policies, "make_policy", None)
+    if make is None:
+        raise ValueError(f"policy {name!r} is not available in this build")
+    if name == "cost" and costs is None:
+        from specdec.bench.costs import measure_costs
+
+        costs = measure_costs(loaded, repeats=1, max_n=k + 1)
+    policy = make(name, k, costs=costs)
+    if hasattr(policy, "configure"):
+        policy.configure(drafter)
+    return policy
+
+
+@app.command("models")
+def models_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the model presets: draft/target, sizes, where the weights are, whether available offline now."""
+    from specdec.models import list_presets
+
+    rows = list_presets()
+    if as_json:
+        print(json.dumps(rows, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="specdec model presets")
+    for col in ("preset", "draft -> target", "params", "offline now", "disk", "weights"):
+        table.add_column(col)
+    for r in rows:
+        params = f"{_human(r.get('draft_params'))} -> {_human(r.get('target_params'))}"
+        table.add_row(
+            r["name"] + (" (default)" if r.get("default") else ""),
+            f"{r['draft']} -> {r['target']}",
+            params,
+            "yes" if r.get("available_offline_now") else "no",
+            f"{(r.get('disk_bytes') or 0) / 1e9:.2f} GB",
+            str(r.get("weights", "")),
+        )
+    Console().print(table)
+
+
+def _human(n) -> str:
+    if not n:
+        return "?"
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _register_subcommands() -> None:
+    from specdec.bench import commands as bench_commands
+    from specdec.report import commands as report_commands
+
+    bench_commands.register(app)
+    report_commands.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `specdec` console script: known errors become one stderr line and exit 2."""
+    from specdec.backends.base import BackendError
+    from specdec.models import ChunkAssemblyError, ModelNotAvailableError
+
+    try:
+        _register_subcommands()
+        app(args=argv, standalone_mode=True)
+    except SystemExit:
+        raise
+    except (ValueError, ModelNotAvailableError, ChunkAssemblyError, BackendError, FileNotFoundError, OSError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        print("specdec: interrupted; a sweep resumes with --resume", file=sys.stderr)
+        raise SystemExit(130) from None

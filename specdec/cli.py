@@ -172,6 +172,8 @@ def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None):
         from specdec.bench.costs import measure_costs
 
         costs = measure_costs(loaded, repeats=1, max_n=k + 1)
+    if name == "cost" and getattr(drafter, "name", "") != "model":
+        costs = {**costs, "draft_step_s": 0.0}  # prompt lookup drafts for free (no model step)
     policy = make(name, k, costs=costs)
     if hasattr(policy, "configure"):
         policy.configure(drafter)

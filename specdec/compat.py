@@ -8,12 +8,28 @@ the engine slices logits to the shared vocabulary, masking them out.
 
 from __future__ import annotations
 
+import re
+
 
 class IncompatibleTokenizersError(ValueError):
     """Draft and target tokenizers do not map ids to the same strings (one-line message)."""
 
 
 _SPECIAL = ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id")
+_PLACEHOLDER = re.compile(r"^\[PAD\d+\]$")
+
+
+def real_vocab_size(tokenizer) -> int:
+    """Vocabulary size without trailing padding placeholders.
+
+    Tokenizers rebuilt from GGUF files list every embedding row, naming the padding rows ``[PAD151665]``
+    etc.; those are not tokens and are masked out like any padding row.
+    """
+    n = len(tokenizer)
+    inv = {i: t for t, i in tokenizer.get_vocab().items()}
+    while n > 0 and _PLACEHOLDER.match(inv.get(n - 1, "")):
+        n -= 1
+    return n
 
 
 def check_tokenizers(target_tok, draft_tok) -> int:
@@ -25,13 +41,13 @@ def check_tokenizers(target_tok, draft_tok) -> int:
         target_tok, draft_tok: `PreTrainedTokenizerBase` instances.
 
     Returns:
-        The shared vocabulary size (``len(target_tok)``): logits columns at or past it are masked out.
+        The shared vocabulary size (`real_vocab_size`): logits columns at or past it are masked out.
 
     Raises:
         IncompatibleTokenizersError: sizes, any id -> token entry, or a special token id differ.
     """
     if target_tok is draft_tok:
-        return len(target_tok)
+        return real_vocab_size(target_tok)
     n_t, n_d = len(target_tok), len(draft_tok)
     if n_t != n_d:
         raise IncompatibleTokenizersError(
@@ -48,7 +64,7 @@ def check_tokenizers(target_tok, draft_tok) -> int:
         a, b = getattr(target_tok, name, None), getattr(draft_tok, name, None)
         if a != b:
             raise IncompatibleTokenizersError(f"incompatible tokenizers: {name} is {a} for the target, {b} for the draft")
-    return n_t
+    return real_vocab_size(target_tok)
 
 
 def check_vocab_fits(vocab_size: int, **backends) -> None:

@@ -60,16 +60,29 @@ class ModelDrafter:
     an all-accepted round, when the draft never saw its K-th token), then drafts autoregressively.
     `rollback` truncates the cache once, to the longest prefix shared with the committed sequence.
 
+    Optional confidence stop (llama.cpp's ``--draft-p-min``; transformers'
+    ``assistant_confidence_threshold``): when `confidence_threshold` is set, drafting stops *before* token
+    i >= 1 if the largest probability of the draft distribution at that step is below the threshold (the
+    softmax of the draft logits under greedy decoding, the warped q under sampling). At least one token is
+    always proposed, so a round proposes between 1 and K tokens. The decision depends only on q_i (itself a
+    function of the tokens already drafted), never on the token sampled from it, so speculative sampling stays
+    exact (the stop is a stopping time of the draft prefix); greedy output is the target's in any case.
+    ``confidence_threshold`` is usually set by `specdec.policies.ConfidenceK.configure`.
+
     Args:
         backend: the draft model and its cache.
         vocab_size: shared vocabulary size; logits are sliced to it (embedding padding rows masked out).
+        confidence_threshold: probability in [0, 1] (values > 1 mean "never confident": 1 token per round);
+            None (default) disables the stop.
     """
 
     name = "model"
+    confidence_threshold: float | None = None
 
-    def __init__(self, backend: Backend, vocab_size: int) -> None:
+    def __init__(self, backend: Backend, vocab_size: int, *, confidence_threshold: float | None = None) -> None:
         self.backend = backend
         self.vocab_size = vocab_size
+        self.confidence_threshold = confidence_threshold
         self._cached: list[int] = []
 
     def prefill(self, context: list[int]) -> None:
@@ -89,11 +102,16 @@ class ModelDrafter:
         self._cached.extend(pending)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
+        threshold = self.confidence_threshold
         for i in range(k):
+            q = None if sampling.greedy else warp(logits, sampling)
+            if i >= 1 and threshold is not None:
+                dist = q if q is not None else torch.softmax(logits.float(), dim=-1)
+                if float(dist.max()) < threshold:
+                    break  # tokens[-1] is already cached; rollback() trims the cache as usual
             if sampling.greedy:
                 t = int(logits.argmax())
             else:
-                q = warp(logits, sampling)
                 if generator is not None and q.device != generator.device:
                     q = q.to(generator.device)
                 t = sample(q, generator)

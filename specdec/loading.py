@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from specdec.backends.base import Backend
-from specdec.compat import check_tokenizers, check_vocab_fits, eos_ids_for
+from specdec.compat import check_tokenizers, check_vocab_fits, eos_ids_for, real_vocab_size
 
 RUNTIMES = ("transformers", "llamacpp")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -146,7 +146,7 @@ def load_pair(
     kw = dict(device=device, dtype=dtype, threads=threads, n_ctx=n_ctx, trust_remote_code=trust_remote_code)
     target = load_model(target_spec, runtime=backend, compile=compile, **kw)
     draft = None
-    vocab = len(target.tokenizer)
+    vocab = real_vocab_size(target.tokenizer)
     if draft_spec is not None:
         draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile, **kw)
         vocab = check_tokenizers(target.tokenizer, draft.tokenizer)

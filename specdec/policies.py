@@ -2,14 +2,38 @@
 
 The engine calls `start()` once per generation, `next_k()` before every round and `observe(record)` after
 it. A policy only *asks*; the engine clamps K to the token budget and to every model's context, and records
-both the asked and the used K.
+both the asked (``RoundRecord.k_requested``) and the used (``RoundRecord.k``) K, plus `alpha_estimate()`.
+
+Policies (build them by name with `make_policy`):
+
+- ``fixed`` (`FixedK`): always K (Leviathan et al. 2023; Chen et al. 2023).
+- ``heuristic`` (`HeuristicK`): K += 2 after a fully accepted round, K -= 1 otherwise (K >= 1), restarted
+  from its initial K on every generation: transformers' ``AssistedCandidateGenerator`` schedule
+  ``"heuristic_transient"``.
+- ``confidence`` (`ConfidenceK`): asks for its max K every round and lets the draft model stop early when
+  its top-token probability falls below a threshold (llama.cpp ``--draft-p-min``; transformers'
+  ``assistant_confidence_threshold``). The stop happens inside `ModelDrafter.propose`; call
+  ``policy.configure(drafter)`` once before generating so the drafter knows the threshold.
+- ``cost`` (`CostPolicy`, ours): picks the K in 0..max_k that maximises expected tokens per second under the
+  analytical model of Leviathan et al. 2023 (Sec. 3.4; `specdec.theory.refined_speedup`) with the measured
+  draft step time and target verification cost curve, using a decayed running estimate of alpha; K = 0
+  decodes plainly and is left again by periodic probes.
+
+Every policy has ``configure(drafter)``: call it once per (policy, drafter) pairing before generating. Only
+`ConfidenceK` sets a threshold; the others clear one a previous confidence run may have left on a reused
+drafter. `configure_drafter` does this for any policy object.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import math
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from specdec.metrics import RoundRecord
+from specdec.theory import cost_at, relative_costs
+
+POLICY_NAMES = ("fixed", "heuristic", "confidence", "cost")
 
 
 class KPolicy(Protocol):
@@ -32,6 +56,33 @@ class KPolicy(Protocol):
     def observe(self, record: RoundRecord) -> None:
         """Learn from the round just finished."""
         ...
+
+
+def _check_k(k: object, what: str = "K") -> int:
+    if isinstance(k, bool) or int(k) != k or int(k) < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {k!r}")
+    return int(k)
+
+
+def _set_threshold(drafter: Any, threshold: float | None) -> bool:
+    """Set ``drafter.confidence_threshold`` if the drafter supports a confidence stop; True if it does."""
+    if hasattr(drafter, "confidence_threshold"):
+        drafter.confidence_threshold = threshold
+        return True
+    return False
+
+
+def configure_drafter(policy: Any, drafter: Any) -> bool:
+    """Prepare `drafter` for `policy` (call once before generating with the pair).
+
+    Calls ``policy.configure(drafter)`` when the policy has one; otherwise clears any confidence threshold
+    on the drafter. Returns True when the drafter ends up using a confidence stop.
+    """
+    configure = getattr(policy, "configure", None)
+    if configure is not None:
+        return bool(configure(drafter))
+    _set_threshold(drafter, None)
+    return False
 
 
 class FixedK:
@@ -59,3 +110,364 @@ class FixedK:
 
     def observe(self, record: RoundRecord) -> None:
         pass
+
+    def configure(self, drafter: Any) -> bool:
+        """Clear any confidence stop on `drafter` (a fixed K means exactly K draft tokens). Returns False."""
+        _set_threshold(drafter, None)
+        return False
+
+
+class HeuristicK:
+    """transformers' ``"heuristic_transient"`` schedule (``AssistedCandidateGenerator.update_candidate_strategy``).
+
+    After a round whose every proposed draft token was accepted, K += 2; after a round with a rejection,
+    K = max(1, K - 1). A round in which nothing was proposed (K clamped to 0, or a prompt-lookup miss) carries
+    no evidence and leaves K unchanged. `start()` restores the initial K: nothing carries across generations
+    ("transient"; transformers' plain ``"heuristic"`` would keep K between calls).
+
+    Args:
+        k: initial K (tokens, >= 1); also the K after every `start()`.
+        max_k: optional cap (tokens, >= k); None = no cap of its own (the engine still clamps K to the
+            budget and the context).
+
+    Raises:
+        ValueError: k < 1 or max_k < k.
+    """
+
+    name = "heuristic"
+
+    def __init__(self, k: int, max_k: int | None = None) -> None:
+        self.initial_k = _check_k(k)
+        self.max_k = None if max_k is None else _check_k(max_k, "max_k")
+        if self.max_k is not None and self.max_k < self.initial_k:
+            raise ValueError(f"max_k ({self.max_k}) must be >= the initial K ({self.initial_k})")
+        self.k = self.initial_k
+
+    def start(self) -> None:
+        self.k = self.initial_k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def alpha_estimate(self) -> float | None:
+        return None
+
+    def observe(self, record: RoundRecord) -> None:
+        if record.k <= 0:
+            return
+        if record.num_accepted >= record.k:
+            self.k += 2
+            if self.max_k is not None:
+                self.k = min(self.k, self.max_k)
+        else:
+            self.k = max(1, self.k - 1)
+
+    def configure(self, drafter: Any) -> bool:
+        """Clear any confidence stop on `drafter`. Returns False."""
+        _set_threshold(drafter, None)
+        return False
+
+
+class ConfidenceK:
+    """Ask for `max_k` every round; the draft stops early when its top-token probability is below a threshold.
+
+    The stop itself is implemented by drafters that have probabilities (`ModelDrafter.confidence_threshold`):
+    before drafting token i >= 1, if max q_i < `confidence_threshold` the round ends with i tokens (always
+    at least one). Sources: llama.cpp ``common_speculative_gen_draft`` (``p_min``, default 0.75 in
+    ``speculative-simple``) and transformers' ``assistant_confidence_threshold`` (default 0.4). Call
+    `configure` once with the drafter before generating; for a drafter without probabilities (prompt
+    lookup) this is `FixedK(max_k)`.
+
+    Args:
+        max_k: K asked for every round (tokens, >= 1).
+        confidence_threshold: probability threshold (>= 0; 0 never stops, > 1 always stops after one token).
+
+    Raises:
+        ValueError: max_k < 1 or a negative / non-finite threshold.
+    """
+
+    name = "confidence"
+
+    def __init__(self, max_k: int, confidence_threshold: float = 0.4) -> None:
+        self.max_k = _check_k(max_k, "max_k")
+        t = float(confidence_threshold)
+        if not math.isfinite(t) or t < 0.0:
+            raise ValueError(f"confidence_threshold must be finite and >= 0, got {confidence_threshold}")
+        self.confidence_threshold = t
+
+    def start(self) -> None:
+        pass
+
+    def next_k(self) -> int:
+        return self.max_k
+
+    def alpha_estimate(self) -> float | None:
+        return None
+
+    def observe(self, record: RoundRecord) -> None:
+        pass
+
+    def configure(self, drafter: Any) -> bool:
+        """Set ``drafter.confidence_threshold`` when the drafter supports a confidence stop.
+
+        Returns:
+            True if the drafter will stop on low confidence; False if it has no such stop (then this policy
+            behaves as `FixedK(max_k)`).
+        """
+        return _set_threshold(drafter, self.confidence_threshold)
+
+
+class CostPolicy:
+    """Choose K to maximise expected tokens per second, from a running alpha estimate and measured costs.
+
+    Model (Leviathan et al. 2023, Thm. 3.8 and Sec. 3.4, with a measured verification cost as in
+    `specdec.theory.refined_speedup`): a round with K draft tokens yields on average
+    ``E(a, K) = (1 - a^(K+1)) / (1 - a)`` tokens and costs ``K * draft_step_s + T(K + 1)`` seconds, where
+    ``T(n)`` is the time of one target forward over n tokens. The policy asks for the K in ``0..max_k``
+    with the highest ``E / cost`` (ties -> the smaller K); K = 0 is plain decoding, 1 token per ``T(1)``.
+    ``T`` is linearly interpolated between measured n, and linearly extrapolated (never decreasing) past the
+    largest measured n.
+
+    Acceptance estimate: decayed counts with a Beta-like prior,
+    ``a = (prior_weight * prior_alpha + S) / (prior_weight + S + F)``, where after each round that proposed
+    K > 0 tokens ``S <- decay * S + num_accepted`` and ``F <- decay * F + (1 if rejected else 0)`` (the
+    alpha-hat of `specdec.metrics`, over an exponential window of about ``1 / (1 - decay)`` rounds so it
+    follows the text). Rounds with K = 0 observe no acceptance and leave the estimate unchanged.
+
+    Probing: while the model says K = 0, every `probe_every` plain rounds (the back-off) the policy asks for
+    `probe_k` tokens once. If after that probe the model still prefers K = 0 the back-off doubles (up to
+    `max_backoff`); otherwise it is reset to `probe_every`. When even alpha = 1 cannot beat plain decoding
+    with these costs, the policy never probes.
+
+    `start()` resets the estimate to the prior and the back-off: nothing carries across generations.
+
+    Args:
+        draft_step_s: seconds of one draft step (one draft token), measured for this pair and machine
+            (finite, >= 0; about 0 for prompt lookup).
+        target_forward_s: ``{n: seconds}`` of one warm-cache target forward over n tokens; must contain n = 1
+            (a plain decoding step). Keys may be strings (JSON).
+        max_k: largest K asked for (tokens, >= 1).
+        prior_alpha: prior acceptance probability in [0, 1].
+        prior_weight: weight of the prior in acceptance trials (pseudo-counts), >= 0; constant, not decayed.
+        decay: per observed round multiplier of the past counts, in (0, 1].
+        probe_every: plain rounds before the first probe (the initial back-off), >= 1.
+        probe_k: K asked for by a probe (default 2, capped at max_k).
+        max_backoff: cap on the back-off in plain rounds (default ``8 * probe_every``).
+
+    Raises:
+        ValueError: invalid costs or parameters.
+    """
+
+    name = "cost"
+
+    def __init__(
+        self,
+        draft_step_s: float,
+        target_forward_s: Mapping[int, float],
+        max_k: int = 16,
+        prior_alpha: float = 0.6,
+        prior_weight: float = 2.0,
+        decay: float = 0.8,
+        probe_every: int = 8,
+        *,
+        probe_k: int = 2,
+        max_backoff: int | None = None,
+    ) -> None:
+        self.max_k = _check_k(max_k, "max_k")
+        self.draft_step_s = float(draft_step_s)
+        if not math.isfinite(self.draft_step_s) or self.draft_step_s < 0.0:
+            raise ValueError(f"draft_step_s must be finite and >= 0 seconds, got {draft_step_s}")
+        if not isinstance(target_forward_s, Mapping) or not target_forward_s:
+            raise ValueError("target_forward_s must be a non-empty mapping {n_tokens: seconds}")
+        try:
+            forward = {int(n): float(s) for n, s in target_forward_s.items()}
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"target_forward_s must map token counts to seconds: {exc}") from exc
+        if 1 not in forward:
+            raise ValueError("target_forward_s must contain n = 1 (the time of a plain decoding step)")
+        self.target_forward_s = dict(sorted(forward.items()))
+        rel = relative_costs(self.target_forward_s)  # validates; v(1) == 1
+        if not (0.0 <= float(prior_alpha) <= 1.0):
+            raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha}")
+        if not (math.isfinite(float(prior_weight)) and float(prior_weight) >= 0.0):
+            raise ValueError(f"prior_weight must be finite and >= 0, got {prior_weight}")
+        if not (0.0 < float(decay) <= 1.0):
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.prior_alpha = float(prior_alpha)
+        self.prior_weight = float(prior_weight)
+        self.decay = float(decay)
+        self.probe_every = _check_k(probe_every, "probe_every")
+        self.probe_k = min(_check_k(probe_k, "probe_k"), self.max_k)
+        self.max_backoff = 8 * self.probe_every if max_backoff is None else _check_k(max_backoff, "max_backoff")
+        if self.max_backoff < self.probe_every:
+            raise ValueError(f"max_backoff ({self.max_backoff}) must be >= probe_every ({self.probe_every})")
+
+        # Round cost in seconds for K = 0..max_k, fixed for the policy's life.
+        t1 = self.target_forward_s[1]
+        n_max = max(rel)
+        slope = 0.0
+        if len(rel) >= 2:
+            n_prev = sorted(rel)[-2]
+            slope = max(0.0, (rel[n_max] - rel[n_prev]) / (n_max - n_prev))
+
+        def v(n: int) -> float:
+            return cost_at(rel, n) if n <= n_max else rel[n_max] + slope * (n - n_max)
+
+        self.c = self.draft_step_s / t1  # Leviathan's c (dimensionless)
+        self.round_cost_s = [k * self.draft_step_s + t1 * v(k + 1) for k in range(self.max_k + 1)]
+        # Can any K beat plain decoding even at alpha = 1?  If not, probing is pointless.
+        self.speculation_can_win = any(
+            (k + 1) / self.round_cost_s[k] > 1.0 / self.round_cost_s[0] for k in range(1, self.max_k + 1)
+        )
+        self.start()
+
+    @classmethod
+    def from_costs(cls, costs: Mapping[str, Any], **kw: Any) -> CostPolicy:
+        """Build from a costs dict ``{"draft_step_s": s, "target_forward_s": {n: s}}`` (e.g. loaded from the
+        JSON written by ``specdec costs``; the n keys may be strings; other keys are ignored). `kw` go to the
+        constructor (max_k, prior_alpha, ...).
+
+        Raises:
+            ValueError: a key is missing, ``draft_step_s`` is None (costs measured without a draft), or a
+                value is invalid.
+        """
+        missing = [key for key in ("draft_step_s", "target_forward_s") if key not in costs]
+        if missing:
+            raise ValueError(f"costs lack {missing}: measure them with `specdec costs`")
+        if costs["draft_step_s"] is None:
+            raise ValueError(
+                "costs have no draft step time (measured without a draft model); for a model-free drafter "
+                "such as prompt lookup pass {**costs, 'draft_step_s': 0.0}"
+            )
+        return cls(float(costs["draft_step_s"]), costs["target_forward_s"], **kw)
+
+    # -- state -----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._succ = 0.0  # decayed accepted draft tokens
+        self._fail = 0.0  # decayed rejections
+        self._plain = 0  # consecutive plain (K = 0) decisions since the last probe / speculative round
+        self._backoff = self.probe_every
+        self._probing = False
+        self._last_alpha = self.current_alpha()
+        self._last_k: int | None = None
+        self._last_tokens: float | None = None
+
+    def current_alpha(self) -> float:
+        """The acceptance estimate from everything observed so far (dimensionless, in [0, 1])."""
+        num = self.prior_weight * self.prior_alpha + self._succ
+        den = self.prior_weight + self._succ + self._fail
+        return num / den if den > 0.0 else self.prior_alpha
+
+    def tokens_per_s(self, alpha: float) -> list[float]:
+        """Predicted tokens per second for K = 0..max_k at acceptance `alpha`."""
+        out = []
+        e, term = 0.0, 1.0
+        for k in range(self.max_k + 1):
+            e += term  # E(alpha, k) = sum_{i=0..k} alpha^i
+            term *= alpha
+            out.append(e / self.round_cost_s[k])
+        return out
+
+    def best_k(self, alpha: float) -> int:
+        """The K in 0..max_k maximising predicted tokens per second (ties -> smaller K)."""
+        rates = self.tokens_per_s(alpha)
+        best = 0
+        for k, r in enumerate(rates):
+            if r > rates[best]:
+                best = k
+        return best
+
+    # -- the protocol ----------------------------------------------------------------------------------
+
+    def next_k(self) -> int:
+        a = self.current_alpha()
+        k = self.best_k(a)
+        if k == 0:
+            if self.speculation_can_win and self._plain >= self._backoff:
+                k = self.probe_k
+                self._probing = True
+                self._plain = 0
+            else:
+                self._plain += 1
+        else:
+            self._plain = 0
+        self._last_alpha = a
+        self._last_k = k
+        self._last_tokens = self.tokens_per_s(a)[k] * self.round_cost_s[k]
+        return k
+
+    def alpha_estimate(self) -> float | None:
+        """The acceptance estimate the last `next_k` used (the prior before any decision)."""
+        return self._last_alpha
+
+    def predicted_tokens(self) -> float | None:
+        """Expected tokens per round, E(alpha, K), for the last decision (None before any)."""
+        return self._last_tokens
+
+    def predicted_tokens_per_s(self) -> float | None:
+        """Predicted tokens per second for the last decision (None before any)."""
+        if self._last_k is None:
+            return None
+        return self._last_tokens / self.round_cost_s[self._last_k]
+
+    @property
+    def backoff(self) -> int:
+        """Plain rounds before the next probe (current back-off)."""
+        return self._backoff
+
+    def observe(self, record: RoundRecord) -> None:
+        if record.k > 0:
+            self._succ = self.decay * self._succ + record.num_accepted
+            self._fail = self.decay * self._fail + (1.0 if record.rejected else 0.0)
+        if self._probing:
+            self._probing = False
+            if record.k > 0:  # a probe the engine clamped to K = 0 taught nothing: keep the back-off
+                if self.best_k(self.current_alpha()) > 0:
+                    self._backoff = self.probe_every
+                else:
+                    self._backoff = min(2 * self._backoff, self.max_backoff)
+
+    def configure(self, drafter: Any) -> bool:
+        """Clear any confidence stop on `drafter` (the cost model assumes K tokens are drafted). Returns False."""
+        _set_threshold(drafter, None)
+        return False
+
+
+def make_policy(
+    name: str,
+    k: int,
+    *,
+    costs: Mapping[str, Any] | None = None,
+    confidence_threshold: float = 0.4,
+    max_k: int | None = None,
+) -> KPolicy:
+    """Build a policy by name.
+
+    Args:
+        name: one of ``fixed``, ``heuristic``, ``confidence``, ``cost`` (case-insensitive).
+        k: tokens (>= 1): the fixed K (``fixed``), the initial K (``heuristic``), or the maximum K
+            (``confidence``, ``cost``).
+        costs: for ``cost`` only: ``{"draft_step_s": s, "target_forward_s": {n: s}}`` measured with
+            ``specdec costs`` (or stored from an earlier measurement).
+        confidence_threshold: for ``confidence`` only (see `ConfidenceK`).
+        max_k: for ``heuristic`` only: optional cap on K (None = only the engine's clamps).
+
+    Raises:
+        ValueError: unknown name (the message lists the names), k < 1, or ``cost`` without costs.
+    """
+    key = str(name).strip().lower()
+    if key == "fixed":
+        return FixedK(k)
+    if key == "heuristic":
+        return HeuristicK(k, max_k=max_k)
+    if key == "confidence":
+        return ConfidenceK(k, confidence_threshold)
+    if key == "cost":
+        if costs is None:
+            raise ValueError(
+                "the cost policy needs measured costs (draft_step_s, target_forward_s): "
+                "measure them with `specdec costs` or pass stored ones"
+            )
+        return CostPolicy.from_costs(costs, max_k=k)
+    raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(POLICY_NAMES)}")

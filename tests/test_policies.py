@@ -1,0 +1,474 @@
+"""K policies: scripted unit tests (hand-computed K), and greedy exactness of every policy on tiny models."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import load_backend
+
+from specdec.decoding import autoregressive_generate, speculative_generate
+from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.metrics import RoundRecord
+from specdec.policies import (
+    POLICY_NAMES,
+    ConfidenceK,
+    CostPolicy,
+    FixedK,
+    HeuristicK,
+    configure_drafter,
+    make_policy,
+)
+from specdec.sampling import SamplingParams, warp
+from specdec.theory import optimal_k, relative_costs
+
+V = 1000
+PROMPTS = [
+    "hello world the quick brown fox",
+    "abc abc abc abc abc abc abc abc",
+    "one two three four five six seven eight nine ten eleven twelve thirteen",
+]
+
+# The issue's "expensive draft" pair: draft step 0.45 s, target 0.46 s/step, v(n) ~ 1 + 0.15 (n - 1).
+SLOW_DRAFT = {"draft_step_s": 0.45, "target_forward_s": {n: 0.46 * (1 + 0.15 * (n - 1)) for n in range(1, 18)}}
+# Same target, a draft 9x cheaper than a target step (c ~ 0.11).
+CHEAP_DRAFT = {"draft_step_s": 0.05, "target_forward_s": {n: 0.46 * (1 + 0.15 * (n - 1)) for n in range(1, 18)}}
+
+
+def rec(k: int, accepted: int, *, k_requested: int | None = None) -> RoundRecord:
+    """A round that proposed k tokens and accepted the first `accepted` of them."""
+    flags = (True,) * accepted + ((False,) if accepted < k else ())
+    kind = "bonus" if accepted == k else "recovered"
+    return RoundRecord(k, accepted, flags, kind, accepted + 1, k_requested=k_requested)
+
+
+def full(k: int) -> RoundRecord:
+    return rec(k, k)
+
+
+# ---------------------------------------------------------------------------------------------------
+# fixed / heuristic / confidence
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_fixed_is_constant():
+    p = FixedK(3)
+    p.start()
+    for r in (full(3), rec(3, 0), rec(3, 1)):
+        assert p.next_k() == 3 and p.alpha_estimate() is None
+        p.observe(r)
+    with pytest.raises(ValueError):
+        FixedK(0)
+
+
+def test_heuristic_schedule_hand_computed():
+    p = HeuristicK(3)
+    p.start()
+    ks = []
+    script = [full(3), full(5), rec(7, 2), rec(6, 0), rec(5, 4), rec(4, 0), rec(3, 0), rec(2, 1), rec(1, 0),
+              rec(0, 0), full(1)]
+    for r in script:
+        k = p.next_k()
+        ks.append(k)
+        p.observe(r)
+    # +2, +2, -1, -1, -1, -1, -1, -1, floor 1, no evidence (K=0 round) -> unchanged, +2
+    assert ks == [3, 5, 7, 6, 5, 4, 3, 2, 1, 1, 1]
+    assert p.next_k() == 3
+    assert p.alpha_estimate() is None
+
+
+def test_heuristic_resets_between_calls_and_respects_max():
+    p = HeuristicK(2, max_k=5)
+    p.start()
+    seen = []
+    for _ in range(4):
+        k = p.next_k()
+        seen.append(k)
+        p.observe(full(k))
+    assert seen == [2, 4, 5, 5]  # capped at max_k
+    p.start()  # a new generation: back to the initial K ("heuristic_transient")
+    assert p.next_k() == 2
+    p.observe(rec(2, 0))
+    assert p.next_k() == 1
+    p.start()
+    assert p.next_k() == 2
+    with pytest.raises(ValueError):
+        HeuristicK(4, max_k=3)
+    with pytest.raises(ValueError):
+        HeuristicK(0)
+
+
+def test_heuristic_counts_clamped_full_round_as_full():
+    """The engine may clamp K (budget); a round whose proposed tokens were all accepted is 'full'."""
+    p = HeuristicK(6)
+    p.start()
+    p.observe(rec(2, 2, k_requested=6))
+    assert p.next_k() == 8
+
+
+class _FakeModelDrafter:
+    confidence_threshold = None
+
+
+def test_confidence_policy_configures_drafters():
+    p = ConfidenceK(5, 0.3)
+    assert p.next_k() == 5 and p.confidence_threshold == 0.3 and p.alpha_estimate() is None
+    d = _FakeModelDrafter()
+    assert p.configure(d) is True and d.confidence_threshold == 0.3
+    assert p.configure(PromptLookupDrafter()) is False  # no probabilities: plain K = max
+    # any other policy clears a threshold left on a reused drafter
+    for other in (FixedK(2), HeuristicK(2), CostPolicy.from_costs(CHEAP_DRAFT)):
+        d.confidence_threshold = 0.3
+        assert configure_drafter(other, d) is False
+        assert d.confidence_threshold is None
+    assert configure_drafter(p, d) is True and d.confidence_threshold == 0.3
+    with pytest.raises(ValueError):
+        ConfidenceK(4, -0.1)
+    with pytest.raises(ValueError):
+        ConfidenceK(0)
+
+
+def test_make_policy():
+    assert isinstance(make_policy("fixed", 4), FixedK) and make_policy("fixed", 4).next_k() == 4
+    h = make_policy("heuristic", 3, max_k=9)
+    assert isinstance(h, HeuristicK) and h.initial_k == 3 and h.max_k == 9
+    c = make_policy("confidence", 6, confidence_threshold=0.5)
+    assert isinstance(c, ConfidenceK) and c.max_k == 6 and c.confidence_threshold == 0.5
+    assert make_policy("confidence", 6).confidence_threshold == 0.4
+    json_costs = {"draft_step_s": 0.05, "target_forward_s": {str(n): s for n, s in
+                                                             CHEAP_DRAFT["target_forward_s"].items()},
+                  "machine": "ignored"}
+    cp = make_policy("cost", 7, costs=json_costs)
+    assert isinstance(cp, CostPolicy) and cp.max_k == 7
+    assert cp.target_forward_s == CHEAP_DRAFT["target_forward_s"]
+    assert {p.name for p in (make_policy(n, 2, costs=CHEAP_DRAFT) for n in POLICY_NAMES)} == set(POLICY_NAMES)
+    with pytest.raises(ValueError, match="fixed, heuristic, confidence, cost"):
+        make_policy("adaptive", 4)
+    with pytest.raises(ValueError, match="specdec costs"):
+        make_policy("cost", 4)
+    with pytest.raises(ValueError):
+        make_policy("heuristic", 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# cost
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_cost_alpha_estimate_hand_computed():
+    p = CostPolicy(0.1, {1: 1.0, 5: 1.4}, max_k=4)  # prior 0.6 weight 2, decay 0.8
+    assert p.alpha_estimate() == pytest.approx(0.6)
+    p.next_k()
+    assert p.alpha_estimate() == pytest.approx(0.6)
+    p.observe(rec(4, 2))  # S = 2, F = 1 -> (1.2 + 2) / (2 + 3)
+    assert p.current_alpha() == pytest.approx(3.2 / 5)
+    p.observe(full(4))  # S = 0.8*2 + 4 = 5.6, F = 0.8 -> 6.8 / 8.4
+    assert p.current_alpha() == pytest.approx(6.8 / 8.4)
+    p.observe(rec(0, 0))  # a plain round observes nothing: no drift
+    assert p.current_alpha() == pytest.approx(6.8 / 8.4)
+    p.next_k()
+    assert p.alpha_estimate() == pytest.approx(6.8 / 8.4)
+    p.start()
+    assert p.current_alpha() == pytest.approx(0.6)
+
+
+def test_cost_k_hand_computed():
+    # c = 0.1, v(n) = 1 + 0.1 (n - 1); at alpha = 0.6 tokens/s: K0 1, K1 1.6/1.2, K2 1.96/1.4 = 1.4,
+    # K3 2.176/1.6 = 1.36, K4 2.3056/1.8 = 1.2809  ->  K = 2.
+    p = CostPolicy(0.1, {1: 1.0, 5: 1.4}, max_k=4)
+    assert p.next_k() == 2
+    assert p.predicted_tokens() == pytest.approx(1.96)
+    assert p.predicted_tokens_per_s() == pytest.approx(1.4)
+    assert p.tokens_per_s(0.6) == pytest.approx([1.0, 1.6 / 1.2, 1.4, 2.176 / 1.6, 2.3056 / 1.8])
+
+
+@pytest.mark.parametrize("costs", [CHEAP_DRAFT, SLOW_DRAFT,
+                                   {"draft_step_s": 0.002, "target_forward_s": {1: 0.02, 4: 0.021, 17: 0.03}}])
+def test_cost_k_matches_theory_optimal_k(costs):
+    p = CostPolicy.from_costs(costs)
+    t1 = costs["target_forward_s"][1]
+    v = relative_costs(costs["target_forward_s"])
+    for alpha in (0.0, 0.05, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95, 0.99, 1.0):
+        k_theory, speedup = optimal_k(alpha, costs["draft_step_s"] / t1, v, ks=range(17))
+        assert p.best_k(alpha) == k_theory, alpha
+        assert p.tokens_per_s(alpha)[k_theory] * t1 == pytest.approx(speedup)
+
+
+def test_cost_picks_plain_decoding_when_draft_is_expensive():
+    p = CostPolicy.from_costs(SLOW_DRAFT)
+    assert not p.speculation_can_win  # even alpha = 1 cannot pay for a draft step this slow
+    p.start()
+    for _ in range(3):
+        p.observe(rec(2, 0))
+    ks = []
+    for _ in range(60):
+        ks.append(p.next_k())
+        p.observe(rec(ks[-1], 0))
+    assert ks == [0] * 60  # and never probes: no alpha could make it pay
+    assert p.predicted_tokens() == 1.0
+
+
+def test_cost_picks_large_k_when_alpha_near_one_and_draft_cheap():
+    p = CostPolicy(0.001, {1: 0.02, 17: 0.024})  # c = 0.05, v(17) = 1.2
+    p.start()
+    k = p.next_k()
+    assert k >= 3
+    for _ in range(15):
+        p.observe(full(k))
+        k = p.next_k()
+    assert p.alpha_estimate() > 0.97
+    assert k == 16
+
+
+def test_cost_backs_off_and_probes_again():
+    p = CostPolicy.from_costs(CHEAP_DRAFT)  # probe_every 8, probe K 2, back-off cap 64
+    p.start()
+    assert p.next_k() > 0  # the prior (0.6) says speculate
+    for _ in range(20):  # a hard stretch: every first draft token rejected
+        p.observe(rec(2, 0))
+    alpha_low = p.current_alpha()
+    assert p.best_k(alpha_low) == 0
+
+    def run_plain_until_probe(limit=200):
+        n = 0
+        while True:
+            k = p.next_k()
+            assert p.alpha_estimate() == pytest.approx(alpha_low)  # no drift while plain
+            if k > 0:
+                return n, k
+            p.observe(rec(0, 0))
+            n += 1
+            assert n < limit
+
+    gaps = []
+    for _ in range(5):  # failed probes: the back-off doubles up to its cap
+        n, k = run_plain_until_probe()
+        gaps.append(n)
+        assert k == 2
+        p.observe(rec(2, 0))
+        alpha_low = p.current_alpha()
+    assert gaps == [8, 16, 32, 64, 64]
+    # a probe that succeeds (an easy stretch began): speculation resumes and the back-off resets
+    n, k = run_plain_until_probe()
+    assert (n, k) == (64, 2)
+    p.observe(full(2))
+    assert p.backoff == 8
+    assert p.next_k() > 0
+    # back in a hard stretch later: the first probe comes after the initial back-off again
+    for _ in range(20):
+        p.observe(rec(2, 0))
+    alpha_low = p.current_alpha()
+    assert run_plain_until_probe()[0] == 8
+
+
+def test_cost_alpha_follows_a_change_in_acceptance():
+    p = CostPolicy.from_costs(CHEAP_DRAFT)
+    p.start()
+    for _ in range(30):
+        p.observe(full(4))  # easy text: alpha-hat -> 1
+    high = p.current_alpha()
+    assert high > 0.95
+    low_steady = 1.2 / 7.0  # prior 1.2 / (2 + F = 1 / (1 - 0.8)) with nothing accepted
+    trace = []
+    for _ in range(10):
+        p.observe(rec(4, 0))  # hard text: every first draft token rejected
+        trace.append(p.current_alpha())
+    assert all(b < a for a, b in itertools.pairwise(trace))
+    mid = (high + low_steady) / 2
+    assert trace[6] < mid  # past halfway within 7 rounds (of 1 token each)
+    assert p.best_k(trace[-1]) < p.best_k(high)
+    for i in range(3):
+        p.observe(full(4))  # easy again: rises past halfway within 2 rounds
+        trace.append(p.current_alpha())
+    assert trace[-2] > (trace[9] + high) / 2
+
+
+def test_cost_validation():
+    with pytest.raises(ValueError, match="n = 1"):
+        CostPolicy(0.1, {2: 1.0})
+    with pytest.raises(ValueError, match="specdec costs"):
+        CostPolicy.from_costs({"target_forward_s": {1: 1.0}})
+    with pytest.raises(ValueError, match="draft_step_s"):
+        CostPolicy.from_costs({"draft_step_s": None, "target_forward_s": {1: 1.0}})
+    assert CostPolicy.from_costs({"draft_step_s": 0.0, "target_forward_s": {"1": 1.0, "3": 1.2}}).best_k(0.5) > 0
+    with pytest.raises(ValueError):
+        CostPolicy(-1.0, {1: 1.0})
+    with pytest.raises(ValueError):
+        CostPolicy(0.1, {1: 0.0})
+    with pytest.raises(ValueError):
+        CostPolicy(0.1, {1: 1.0}, decay=0.0)
+    with pytest.raises(ValueError):
+        CostPolicy(0.1, {1: 1.0}, max_k=0)
+
+
+def test_cost_extrapolates_verification_cost_conservatively():
+    """Past the largest measured n, T(n) grows along the last measured slope (never clamped flat)."""
+    p = CostPolicy(0.0, {1: 1.0, 3: 1.2}, max_k=6)
+    assert p.round_cost_s == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6])
+
+
+# ---------------------------------------------------------------------------------------------------
+# on tiny real models: exactness for every policy, confidence stop, sampling rule
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return load_backend(tiny_pair.target_dir)
+
+
+@pytest.fixture(scope="module")
+def near_draft(near_draft_dir):
+    return load_backend(near_draft_dir)
+
+
+@pytest.fixture(scope="module")
+def far_draft(tiny_pair):
+    return load_backend(tiny_pair.draft_dir)
+
+
+def _policies():
+    return [
+        make_policy("fixed", 4),
+        make_policy("heuristic", 2, max_k=8),
+        make_policy("confidence", 5, confidence_threshold=0.4),
+        make_policy("confidence", 5, confidence_threshold=0.0),
+        make_policy("cost", 8, costs=CHEAP_DRAFT),
+        make_policy("cost", 8, costs=SLOW_DRAFT),
+    ]
+
+
+def test_every_policy_is_exact_under_greedy(tiny_tokenizer, target, near_draft):
+    for text in PROMPTS[:2]:
+        prompt = tiny_tokenizer(text).input_ids
+        ref = autoregressive_generate(target, prompt, 32, vocab_size=V).token_ids
+        for policy in _policies():
+            for drafter in (ModelDrafter(near_draft, V), PromptLookupDrafter()):
+                configure_drafter(policy, drafter)
+                out = speculative_generate(target, drafter, prompt, 32, policy=policy, vocab_size=V)
+                assert out.token_ids == ref, (policy.name, drafter.name, text)
+                assert out.rounds and all(r.k_requested is not None for r in out.rounds)
+                assert all(r.k <= r.k_requested for r in out.rounds)
+                if policy.name == "cost":
+                    assert all(r.alpha_estimate is not None and 0 <= r.alpha_estimate <= 1 for r in out.rounds)
+                else:
+                    assert all(r.alpha_estimate is None for r in out.rounds)
+
+
+def test_cost_policy_on_a_bad_draft_goes_plain_probes_and_stays_exact(tiny_tokenizer, target, far_draft):
+    prompt = tiny_tokenizer(PROMPTS[0]).input_ids
+    ref = autoregressive_generate(target, prompt, 80, vocab_size=V).token_ids
+    policy = make_policy("cost", 8, costs=CHEAP_DRAFT)
+    out = speculative_generate(target, ModelDrafter(far_draft, V), prompt, 80, policy=policy, vocab_size=V)
+    assert out.token_ids == ref
+    ks = [r.k_requested for r in out.rounds]
+    assert ks[0] > 0 and 0 in ks
+    first_plain = ks.index(0)
+    assert any(k > 0 for k in ks[first_plain:])  # a probe after the back-off
+    plain_alphas = {r.alpha_estimate for r in out.rounds[first_plain:first_plain + 8]}
+    assert len(plain_alphas) == 1  # the estimate does not drift while decoding plainly
+
+
+def test_confidence_threshold_controls_draft_length_greedy(tiny_tokenizer, target, near_draft):
+    prompt = tiny_tokenizer(PROMPTS[2]).input_ids
+    n = 30
+    ref = autoregressive_generate(target, prompt, n, vocab_size=V).token_ids
+    drafter = ModelDrafter(near_draft, V)
+    never = make_policy("confidence", 4, confidence_threshold=1.01)
+    assert never.configure(drafter) and drafter.confidence_threshold == 1.01
+    out = speculative_generate(target, drafter, prompt, n, policy=never, vocab_size=V)
+    assert out.token_ids == ref
+    assert all(r.k == 1 and r.k_requested == 4 for r in out.rounds[:-1])
+    always = make_policy("confidence", 4, confidence_threshold=0.0)
+    always.configure(drafter)
+    out = speculative_generate(target, drafter, prompt, n, policy=always, vocab_size=V)
+    assert out.token_ids == ref
+    produced = 0
+    for r in out.rounds:
+        assert r.k == min(4, n - produced - 1)  # K, clamped only by the budget
+        produced += r.num_emitted
+
+
+class MemoBackend:
+    """A `Backend` that returns a real model's logits memoised by prefix (the model runs once per distinct
+    prefix), so a sampling test can run the real engine and drafter many times cheaply."""
+
+    name = "memo"
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.vocab_size = inner.vocab_size
+        self.max_length = inner.max_length
+        self.device = inner.device
+        self.seq: list[int] = []
+        self.memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+    @property
+    def cache_length(self) -> int:
+        return len(self.seq)
+
+    def _row(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        if prefix not in self.memo:
+            self.inner.reset()
+            rows = self.inner.forward(list(prefix))
+            for j in range(len(prefix)):
+                self.memo.setdefault(prefix[: j + 1], rows[j].clone())
+        return self.memo[prefix]
+
+    def forward(self, tokens, *, logits=True):
+        start = len(self.seq)
+        self.seq.extend(tokens)
+        if not logits:
+            return None
+        if not tokens:
+            return torch.empty(0, self.vocab_size)
+        return torch.stack([self._row(tuple(self.seq[: j + 1])) for j in range(start, len(self.seq))])
+
+    def truncate(self, length: int) -> None:
+        del self.seq[length:]
+
+    def reset(self) -> None:
+        self.seq = []
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_confidence_stop_keeps_sampling_exact(tiny_tokenizer, target, near_draft):
+    """Joint law of the first two sampled tokens with a confidence stop that fires after some first draft
+    tokens and not others: chi-square against the target's own (warped) distribution."""
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    prompt = tiny_tokenizer(PROMPTS[0]).input_ids
+    tgt, dft = MemoBackend(target), MemoBackend(near_draft)
+
+    def dist(backend, ids):
+        backend.reset()
+        return warp(backend.forward(ids)[-1, :V], sampling)
+
+    p1 = dist(tgt, prompt)
+    joint = {}
+    for t1 in torch.nonzero(p1).flatten().tolist():
+        p2 = dist(tgt, prompt + [t1])
+        for t2 in torch.nonzero(p2).flatten().tolist():
+            joint[(t1, t2)] = float(p1[t1] * p2[t2])
+    # a threshold between the draft's top probabilities after its possible first tokens
+    q1 = dist(dft, prompt)
+    tops = sorted(float(dist(dft, prompt + [d]).max()) for d in torch.nonzero(q1).flatten().tolist())
+    assert tops[0] < tops[-1]
+    drafter = ModelDrafter(dft, V, confidence_threshold=(tops[0] + tops[-1]) / 2)
+
+    n_runs = 1000
+    counts: dict[tuple[int, int], int] = {}
+    first_round_k = set()
+    for seed in range(n_runs):
+        out = speculative_generate(tgt, drafter, prompt, 3, k=2, sampling=sampling, vocab_size=V, seed=seed)
+        assert out.rounds[0].k_requested == 2
+        first_round_k.add(out.rounds[0].k)
+        key = tuple(out.token_ids[:2])
+        counts[key] = counts.get(key, 0) + 1
+    assert first_round_k == {1, 2}  # the stop fired in some rounds and not in others
+    assert set(counts) <= set(joint)
+    chi2 = sum((counts.get(c, 0) - n_runs * p) ** 2 / (n_runs * p) for c, p in joint.items())
+    assert len(joint) - 1 == 8
+    assert chi2 < 26.12, chi2  # chi-square with 8 degrees of freedom at p = 0.001

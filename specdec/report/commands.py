@@ -1,0 +1,41 @@
+"""CLI: ``specdec report --db DB --out DIR [--sweep ID]``.
+
+`register` adds the command to the project's Typer app; the heavy imports (pandas, matplotlib) happen
+when the command runs, not when the CLI starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``report`` command to `app`.
+
+    The command raises FileNotFoundError (no store at --db) and ValueError (not an SQLite store, unknown
+    or ambiguous --sweep); the CLI's ``main()`` turns those into one line on stderr.
+    """
+
+    @app.command("report")
+    def report(
+        db: Annotated[Path, typer.Option("--db", help="Results store (SQLite) written by `specdec bench`.")],
+        out: Annotated[Path, typer.Option("--out", help="Output directory: report.html, report.md, figures/.")],
+        sweep: Annotated[
+            str | None, typer.Option("--sweep", help="Sweep id (or unique prefix); default: the newest.")
+        ] = None,
+    ) -> None:
+        """Write a self-contained HTML report, a Markdown summary and the figures (PNG + SVG)."""
+        from specdec.report.render import write_report
+
+        result = write_report(db, out, sweep)
+        a = result.analysis
+        typer.echo(f"sweep {a.store.sweep_id or '(none)'}: {len(a.store.runs)} runs, "
+                   f"{len(result.drawn)} figures drawn, {len(result.skipped)} skipped")
+        for line in a.missing:
+            typer.echo(f"  missing: {line}")
+        typer.echo(f"wrote {result.html}")
+        typer.echo(f"wrote {result.markdown}")
+        typer.echo(f"wrote {result.figures_dir}/ ({2 * len(result.drawn)} files)")

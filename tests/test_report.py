@@ -1,0 +1,540 @@
+"""Report: analysis on synthetic stores with known answers, and the HTML/Markdown/figure outputs.
+
+The synthetic store is built here with plain sqlite3 from the schema (``specdec/bench/store.py``,
+schema_version 1), so these tests do not depend on the store's writer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specdec import theory
+from specdec.report import analysis as an
+from specdec.report.render import write_report
+
+XSS = "<script>alert(1)</script>"
+
+# --------------------------------------------------------------------------------------------------
+# synthetic store
+# --------------------------------------------------------------------------------------------------
+
+DDL = """
+CREATE TABLE sweeps (sweep_id TEXT PRIMARY KEY, name TEXT, config_json TEXT NOT NULL, created_at TEXT,
+  git_commit TEXT, machine_json TEXT, status TEXT);
+CREATE TABLE runs (run_id INTEGER PRIMARY KEY, sweep_id TEXT REFERENCES sweeps, cell_key TEXT NOT NULL UNIQUE,
+  config_label TEXT, pair TEXT, target TEXT, draft TEXT, target_backend TEXT, draft_backend TEXT,
+  compiled INTEGER, device TEXT, dtype TEXT, threads INTEGER, prompt_id TEXT, prompt_type TEXT,
+  chat_template INTEGER, prompt_tokens INTEGER, method TEXT, policy TEXT, k INTEGER, repeat INTEGER,
+  seed INTEGER, temperature REAL, top_k INTEGER, top_p REAL, max_new_tokens INTEGER, new_tokens INTEGER,
+  finish_reason TEXT, token_ids TEXT, matches_baseline INTEGER, num_rounds INTEGER, num_drafted INTEGER,
+  num_accepted INTEGER, num_rejections INTEGER, prefill_s REAL, ttft_s REAL, decode_s REAL, total_s REAL,
+  draft_s REAL, verify_s REAL, tokens_per_s REAL, error TEXT, created_at TEXT);
+CREATE TABLE rounds (run_id INTEGER REFERENCES runs, round_idx INTEGER, k INTEGER, k_requested INTEGER,
+  num_accepted INTEGER, accept_flags TEXT, next_kind TEXT, num_emitted INTEGER, draft_s REAL, verify_s REAL,
+  other_s REAL, alpha_estimate REAL, PRIMARY KEY (run_id, round_idx));
+CREATE TABLE costs (sweep_id TEXT, config_label TEXT, role TEXT, n_tokens INTEGER, seconds REAL,
+  repeats INTEGER, spread_s REAL, PRIMARY KEY (sweep_id, config_label, role, n_tokens));
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+SWEEP = "abcdef0123456789"
+LABEL = "eager"
+PAIR = "small->large"
+
+
+class Store:
+    """A synthetic results store following the schema."""
+
+    def __init__(self, path: Path, tables: bool = True):
+        self.path = path
+        self.con = sqlite3.connect(path)
+        if tables:
+            self.con.executescript(DDL)
+            self.con.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        self.n = 0
+
+    def sweep(self, sweep_id: str = SWEEP, name: str = "synthetic", created_at: str = "2025-01-01T00:00:00"):
+        machine = {"cpu": "Test CPU", "cores": 2, "versions": {"torch": "2.x", "transformers": "5.x"},
+                   "note": XSS}
+        self.con.execute("INSERT INTO sweeps VALUES (?,?,?,?,?,?,?)", (
+            sweep_id, name, json.dumps({"ks": [1, 2, 4], "max_new_tokens": 64, "prompt_filter": XSS}),
+            created_at, "deadbeef", json.dumps(machine), "done"))
+        return self
+
+    def run(self, *, sweep_id=SWEEP, config_label=LABEL, pair=PAIR, target="large", prompt_id="p0",
+            prompt_type="code", method="baseline", policy=None, k=None, repeat=0, tokens_per_s=10.0,
+            new_tokens=64, num_rounds=None, num_drafted=None, num_accepted=None, num_rejections=None,
+            matches_baseline=None, error=None, draft_s=None, verify_s=None, prefill_s=0.1, rounds=()):
+        self.n += 1
+        total_s = new_tokens / tokens_per_s if tokens_per_s else None
+        if num_rounds is None:
+            num_rounds = new_tokens if method == "baseline" else (len(rounds) or None)
+        if method == "baseline":
+            num_drafted, num_accepted, num_rejections = 0, 0, 0
+            if verify_s is None and total_s:
+                verify_s = (total_s - prefill_s) * 0.9
+            draft_s = 0.0
+        cell_key = f"{sweep_id}|{config_label}|{prompt_id}|{method}|{k}|{policy}|{repeat}"
+        cur = self.con.execute(
+            "INSERT INTO runs (sweep_id, cell_key, config_label, pair, target, draft, prompt_id, prompt_type,"
+            " method, policy, k, repeat, temperature, max_new_tokens, new_tokens, matches_baseline, num_rounds,"
+            " num_drafted, num_accepted, num_rejections, prefill_s, total_s, draft_s, verify_s, tokens_per_s,"
+            " error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (sweep_id, cell_key, config_label, pair, target, "small", prompt_id, prompt_type, method, policy,
+             k, repeat, 0.0, new_tokens, new_tokens, matches_baseline, num_rounds, num_drafted, num_accepted,
+             num_rejections, prefill_s, None if error else total_s, draft_s, verify_s,
+             None if error else tokens_per_s, error))
+        run_id = cur.lastrowid
+        for idx, (kk, flags) in enumerate(rounds):
+            acc = len(flags) - len(flags.lstrip("1"))
+            self.con.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", (
+                run_id, idx, kk, kk, acc, flags, "bonus" if acc == kk else "recovered", acc + 1,
+                0.001, 0.002, 0.0001, None))
+        return run_id
+
+    def costs(self, *, sweep_id=SWEEP, config_label=LABEL, t1=0.010, draft1=0.002, slope=0.001, n_max=17):
+        for n in range(1, n_max + 1):
+            self.con.execute("INSERT INTO costs VALUES (?,?,?,?,?,?,?)",
+                             (sweep_id, config_label, "target", n, t1 + slope * (n - 1), 5, 0.0))
+        if draft1:
+            self.con.execute("INSERT INTO costs VALUES (?,?,?,?,?,?,?)",
+                             (sweep_id, config_label, "draft", 1, draft1, 5, 0.0))
+        return self
+
+    def close(self) -> Path:
+        self.con.commit()
+        self.con.close()
+        return self.path
+
+
+#: speedup of draft-model runs over the baseline, by prompt type and K (exact, on every prompt/repeat).
+FACTORS = {"code": {1: 1.2, 2: 2.0, 4: 1.5}, "natural": {1: 0.8, 2: 0.7, 4: 0.5}, XSS: {1: 1.0, 2: 1.1, 4: 0.9}}
+#: accept flags of the rounds of each draft run, by prompt type (same for every K; truncated to K).
+FLAGS = {"code": ["1111", "1110", "1111", "1100"], "natural": ["0", "10", "0", "1"], XSS: ["10", "110"]}
+
+
+def _flags(ptype: str, k: int) -> list[tuple[int, str]]:
+    return [(k, (f + "0" * k)[:k]) for f in FLAGS[ptype]]
+
+
+def full_store(path: Path) -> Path:
+    """One config, 3 prompt types x 2 prompts x 2 repeats; baseline, draft K in {1,2,4}, ngram K=2,
+    hf_generate, hf_assisted K=2, a heuristic policy (cap 4), one failed run, and costs."""
+    st = Store(path).sweep().costs()
+    for ptype, factors in FACTORS.items():
+        for p in range(2):
+            pid = f"{ptype}-{p}"
+            base = 10.0 * (1 + p)
+            for rep in range(2):
+                common = {"prompt_id": pid, "prompt_type": ptype, "repeat": rep}
+                st.run(method="baseline", tokens_per_s=base, **common)
+                for k, fac in factors.items():
+                    rounds = _flags(ptype, k)
+                    acc = sum(len(f) - len(f.lstrip("1")) for _, f in rounds)
+                    rej = sum(1 for kk, f in rounds if len(f) - len(f.lstrip("1")) < kk)
+                    st.run(method="draft", policy="fixed", k=k, tokens_per_s=base * fac, rounds=rounds,
+                           num_drafted=k * len(rounds), num_accepted=acc, num_rejections=rej,
+                           draft_s=0.5, verify_s=1.0, matches_baseline=1, **common)
+                st.run(method="ngram", policy="fixed", k=2, tokens_per_s=base * 1.1, rounds=_flags(ptype, 2),
+                       num_drafted=8, num_accepted=4, num_rejections=2, draft_s=0.01, verify_s=1.0,
+                       matches_baseline=1, **common)
+                st.run(method="hf_generate", tokens_per_s=base / 1.25, matches_baseline=1, **common)
+                st.run(method="hf_assisted", k=2, tokens_per_s=base * factors[2] / 2.0,
+                       matches_baseline=0, **common)
+                st.run(method="draft", policy="heuristic", k=4, tokens_per_s=base * 1.3, rounds=[(3, "111")],
+                       num_drafted=3, num_accepted=3, num_rejections=0, draft_s=0.5, verify_s=1.0, **common)
+    st.run(method="draft", policy="fixed", k=8, prompt_id="code-0", prompt_type="code",
+           error="CUDA out of memory <b>boom</b>")
+    return st.close()
+
+
+@pytest.fixture
+def store_path(tmp_path) -> Path:
+    return full_store(tmp_path / "store.db")
+
+
+@pytest.fixture
+def analysis(store_path):
+    return an.analyze(an.load_store(store_path))
+
+
+def _cell(cells, ptype, method="draft", k=2, policy="fixed"):
+    sel = cells[(cells["prompt_type"] == ptype) & (cells["method"] == method) & (cells["k"] == k)
+                & (cells["policy"] == policy)]
+    assert len(sel) == 1, sel
+    return sel.iloc[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# analysis with known answers
+# --------------------------------------------------------------------------------------------------
+
+
+def test_exact_two_x_gives_speedup_two_with_zero_width_ci_and_win(analysis):
+    row = _cell(analysis.table("cells"), "code", k=2)
+    assert row["speedup"] == pytest.approx(2.0)
+    assert row["speedup_lo"] == pytest.approx(2.0) and row["speedup_hi"] == pytest.approx(2.0)
+    assert row["verdict"] == "win"
+    assert row["n_prompts"] == 2 and row["n_runs"] == 4 and row["n_aligned"] == 2
+    loss = _cell(analysis.table("cells"), "natural", k=4)
+    assert loss["speedup"] == pytest.approx(0.5) and loss["verdict"] == "loss"
+    same = _cell(analysis.table("cells"), XSS, k=1)
+    assert same["speedup"] == pytest.approx(1.0) and same["verdict"] == "no measurable difference"
+
+
+def test_speedup_ci_is_the_paired_bootstrap_over_prompts():
+    # Two prompts with different speedups: the CI is theory.bootstrap_ratio_ci over per-prompt medians.
+    rows = []
+    for p, (base, fac) in enumerate([(10.0, 1.5), (20.0, 2.5), (15.0, 1.8)]):
+        for rep in range(3):
+            rows.append({"run_id": len(rows), "config_label": "x", "prompt_id": f"p{p}", "prompt_type": "t",
+                             "method": "baseline", "k": 0, "repeat": rep, "tokens_per_s": base})
+            rows.append({"run_id": len(rows), "config_label": "x", "prompt_id": f"p{p}", "prompt_type": "t",
+                             "method": "draft", "policy": "fixed", "k": 3, "repeat": rep, "tokens_per_s": base * fac})
+    cells = an.cell_table(an.prepare_runs(pd.DataFrame(rows)))
+    row = _cell(cells, "t", k=3)
+    point, lo, hi = theory.bootstrap_ratio_ci([15, 50, 27], [10, 20, 15], paired=True)
+    assert (row["speedup"], row["speedup_lo"], row["speedup_hi"]) == pytest.approx((point, lo, hi))
+    assert row["speedup"] == pytest.approx(1.8)
+
+
+def test_single_prompt_ci_resamples_repeats():
+    rows = [{"run_id": 0, "config_label": "x", "prompt_id": "p", "prompt_type": "t", "method": "baseline", "tokens_per_s": 10.0}]
+    for rep, tps in enumerate([15.0, 16.0, 17.0, 30.0]):
+        rows.append({"run_id": rep + 1, "config_label": "x", "prompt_id": "p", "prompt_type": "t", "method": "ngram",
+                         "policy": "fixed", "k": 2, "repeat": rep, "tokens_per_s": tps})
+    row = _cell(an.cell_table(pd.DataFrame(rows)), "t", method="ngram")
+    assert row["ci_over"].startswith("repeats")
+    assert row["speedup"] == pytest.approx(1.65)
+    assert row["speedup_lo"] < row["speedup"] < row["speedup_hi"]
+
+
+def test_rates_from_raw_counts(analysis):
+    # code, K=4: flags 1111 1110 1111 1100 per run -> accepted 4+3+4+2 = 13, rejections 2 (rounds 2 and 4),
+    # drafted 16, 4 rounds, emitted 13 + 4 (one recovered/bonus per round); 4 identical runs pool the same.
+    row = _cell(analysis.table("cells"), "code", k=4)
+    assert row["num_accepted"] == 4 * 13 and row["num_drafted"] == 4 * 16 and row["num_rejections"] == 4 * 2
+    assert row["acceptance_rate"] == pytest.approx(13 / 16)
+    assert row["alpha_hat"] == pytest.approx(13 / 15)
+    assert row["alpha_hat"] == pytest.approx(theory.alpha_from_acceptance(52, 8))
+    assert row["mean_accepted"] == pytest.approx(13 / 4)
+    assert row["block_efficiency"] == pytest.approx(17 / 4)
+    assert row["mean_k"] == pytest.approx(4.0)
+    # time shares: draft 0.5 s, verify 1.0 s, prefill 0.1 s of total new_tokens / tok/s
+    total = 64 / 15.0 + 64 / 15.0 + 64 / 30.0 + 64 / 30.0
+    assert row["share_draft"] == pytest.approx(4 * 0.5 / total)
+    assert row["share_verify"] == pytest.approx(4 * 1.0 / total)
+    assert row["share_prefill"] + row["share_draft"] + row["share_verify"] + row["share_other"] == pytest.approx(1)
+    base = _cell(analysis.table("cells"), "code", method="baseline", k=0, policy="-")
+    # decode tokens/s = new tokens / (total - prefill): 64 / 6.3 (10 tok/s) and 64 / 3.1 (20 tok/s), median of 4
+    assert base["decode_tok_s"] == pytest.approx((64 / 6.3 + 64 / 3.1) / 2)
+    assert base["speedup"] == 1.0 and base["verdict"] == "baseline" and base["block_efficiency"] == 1.0
+
+
+def test_failed_runs_are_gaps_not_numbers(analysis):
+    gaps = analysis.table("gaps")
+    assert len(gaps) == 1 and gaps.iloc[0]["k"] == 8 and "boom" in gaps.iloc[0]["error"]
+    cells = analysis.table("cells")
+    failed = _cell(cells, "code", k=8)
+    assert failed["n_failed"] == 1 and failed["n_runs"] == 0 and math.isnan(failed["speedup"])
+    assert (analysis.table("best_k")["best_k"] != 8).all()
+
+
+def test_best_k_picks_the_max_median_speedup(analysis):
+    best = analysis.table("best_k")
+    draft = best[best["method"] == "draft"].set_index("prompt_type")
+    assert draft.loc["code", "best_k"] == 2 and draft.loc["code", "speedup"] == pytest.approx(2.0)
+    assert draft.loc["natural", "best_k"] == 1 and draft.loc["natural", "verdict"] == "loss"
+    assert draft.loc[XSS, "best_k"] == 2 and draft.loc["code", "ks_tried"] == "1,2,4"
+
+
+def test_costs_c_and_v():
+    costs = pd.DataFrame([
+        *({"config_label": "x", "role": "target", "n_tokens": n, "seconds": 0.01 * (1 + 0.5 * (n - 1))}
+          for n in (1, 2, 3, 5)),
+        {"config_label": "x", "role": "draft", "n_tokens": 1, "seconds": 0.003},
+    ])
+    info = an.cost_infos(costs)["x"]
+    assert info.c == pytest.approx(0.3)
+    assert info.v == pytest.approx({1: 1.0, 2: 1.5, 3: 2.0, 5: 3.0})
+    assert info.v_at(4) == pytest.approx(2.5)
+    assert info.c_for("ngram") == 0.0 and info.c_for("hf_assisted") is None
+
+
+def test_break_even_alpha_matches_theory(analysis):
+    be = analysis.table("break_even")
+    info = analysis.costs[LABEL]
+    assert info.c == pytest.approx(0.2)
+    for r in be.itertuples():
+        c = 0.2 if r.method == "draft" else 0.0
+        assert r.c == pytest.approx(c)
+        assert r.break_even_ideal == pytest.approx(theory.break_even_alpha(r.k, c))
+        assert r.break_even_refined == pytest.approx(theory.break_even_alpha(r.k, c, info.v))
+    assert set(be[be["method"] == "draft"]["k"]) == {1, 2, 4}
+    cond = analysis.table("condition")
+    code4 = cond[(cond["prompt_type"] == "code") & (cond["k"] == 4) & (cond["method"] == "draft")].iloc[0]
+    assert code4["model"] == "refined" and bool(code4["clears"]) == (13 / 15 > code4["break_even"])
+
+
+def test_model_prediction_and_efficiency(analysis):
+    m = analysis.table("model")
+    info = analysis.costs[LABEL]
+    row = m[(m["prompt_type"] == "code") & (m["k"] == 4) & (m["method"] == "draft")].iloc[0]
+    a = 13 / 15
+    assert row["ideal"] == pytest.approx((1 - a**5) / ((1 - a) * (4 * 0.2 + 1)))
+    refined = theory.refined_speedup(a, 4, 0.2, info.v)
+    assert row["refined"] == pytest.approx(refined)
+    assert row["v_k1"] == pytest.approx(1.4)  # t(5)/t(1) = 0.014 / 0.010
+    assert row["efficiency"] == pytest.approx(1.5 / refined)
+    assert row["expected_tokens"] == pytest.approx(theory.expected_tokens_per_round(a, 4))
+    ngram = m[m["method"] == "ngram"]
+    assert len(ngram) and (ngram["c"] == 0.0).all()
+
+
+def test_optimal_k_against_measured_best(analysis):
+    opt = analysis.table("optimal_k").set_index(["prompt_type", "method"])
+    row = opt.loc[("code", "draft")]
+    cells = analysis.table("cells")
+    fixed = cells[(cells["prompt_type"] == "code") & (cells["method"] == "draft") & (cells["policy"] == "fixed")
+                  & cells["speedup"].notna()]
+    alpha = fixed["num_accepted"].sum() / (fixed["num_accepted"].sum() + fixed["num_rejections"].sum())
+    assert row["alpha_pooled"] == pytest.approx(alpha)
+    k, sp = theory.optimal_k(alpha, 0.2, analysis.costs[LABEL].v, ks=[1, 2, 4])
+    assert row["predicted_k"] == k and row["predicted_speedup"] == pytest.approx(sp)
+    assert row["best_k"] == 2 and bool(row["agree"]) == (k == 2)
+
+
+def test_peers_ratios_and_equality(analysis):
+    p = analysis.table("peers")
+    allp = p[p["prompt_type"] == an.ALL_PROMPTS].set_index("peer")
+    assert allp.loc["hf_generate", "ratio"] == pytest.approx(1.25)
+    assert allp.loc["hf_generate", "verdict"] == "win"
+    assert allp.loc["hf_assisted K=2", "ratio"] == pytest.approx(2.0)
+    assert allp.loc["hf_assisted K=2", "ours"] == "draft K=2"
+    assert allp.loc["hf_assisted K=2", "ours_match"] == 1.0 and allp.loc["hf_assisted K=2", "peer_match"] == 0.0
+    eq = analysis.table("equality").set_index(["method", "k"])
+    assert eq.loc[("hf_assisted", 2), "equal_rate"] == 0.0 and eq.loc[("draft", 2), "equal_rate"] == 1.0
+
+
+def test_adaptive_vs_best_fixed(analysis):
+    ad = analysis.table("adaptive")
+    code = ad[ad["prompt_type"] == "code"].iloc[0]
+    assert code["policy"] == "heuristic" and code["k_cap"] == 4 and code["mean_k"] == pytest.approx(3.0)
+    assert code["speedup"] == pytest.approx(1.3)
+    assert code["best_fixed_k"] == 2 and code["vs_best_fixed"] == pytest.approx(1.3 / 2.0)
+    assert code["vs_best_verdict"] == "loss"
+    nat = ad[ad["prompt_type"] == "natural"].iloc[0]
+    assert nat["best_fixed_k"] == 1 and nat["vs_best_fixed"] == pytest.approx(1.3 / 0.8)
+    pooled = ad[ad["prompt_type"] == an.ALL_PROMPTS]
+    assert len(pooled) == 1 and pooled.iloc[0]["best_fixed_k"] in (1, 2, 4)
+
+
+def test_position_acceptance():
+    runs = pd.DataFrame([{"run_id": 1, "config_label": "x", "prompt_id": "p", "prompt_type": "t", "method": "draft",
+                              "policy": "fixed", "k": 3, "tokens_per_s": 1.0}])
+    rounds = pd.DataFrame([
+        {"run_id": 1, "round_idx": 0, "k": 3, "num_accepted": 3, "accept_flags": "111"},
+        {"run_id": 1, "round_idx": 1, "k": 3, "num_accepted": 1, "accept_flags": "101"},  # stops at position 2
+        {"run_id": 1, "round_idx": 2, "k": 3, "num_accepted": 0, "accept_flags": "011"},
+        {"run_id": 1, "round_idx": 3, "k": 3, "num_accepted": 2, "accept_flags": None},  # falls back to num_accepted
+    ])
+    p = an.position_acceptance(runs, rounds).set_index("position")
+    assert list(p["reached"]) == [4, 3, 2] and list(p["accepted"]) == [3, 2, 1]
+    assert p.loc[2, "p"] == pytest.approx(2 / 3)
+
+
+def test_runtimes_side_by_side(tmp_path):
+    st = Store(tmp_path / "two.db").sweep().costs().costs(config_label="compiled", t1=0.005, draft1=0.004)
+    for label, fac in ((LABEL, 1.5), ("compiled", 0.9)):
+        for p in range(2):
+            st.run(config_label=label, prompt_id=f"p{p}", tokens_per_s=10.0 + p)
+            st.run(config_label=label, prompt_id=f"p{p}", method="draft", policy="fixed", k=2,
+                   tokens_per_s=(10.0 + p) * fac, num_drafted=10, num_accepted=8, num_rejections=2, rounds=[(2, "11")])
+    a = an.analyze(an.load_store(st.close()))
+    rt = a.table("runtimes").set_index("config_label")
+    assert rt.loc["compiled", "c"] == pytest.approx(0.8) and rt.loc[LABEL, "c"] == pytest.approx(0.2)
+    assert rt.loc[LABEL, "best_speedup"] == pytest.approx(1.5) and rt.loc["compiled", "best_verdict"] == "loss"
+    assert rt.loc[LABEL, "v(5)"] == pytest.approx(1.4)
+    bt = a.table("runtimes_by_type")
+    assert len(bt) == 1 and len(bt.columns) == 3
+
+
+# --------------------------------------------------------------------------------------------------
+# the report
+# --------------------------------------------------------------------------------------------------
+
+KINDS = {"heatmap", "speedup_vs_k", "alpha_vs_speedup", "best_k", "predicted_vs_measured", "time_breakdown",
+         "acceptance_by_position", "verification_cost"}
+
+
+def test_report_from_full_store(store_path, tmp_path):
+    res = write_report(store_path, tmp_path / "out")
+    assert not res.skipped, [e.skipped for e in res.skipped]
+    assert {e.kind for e in res.drawn} == KINDS
+    for e in res.drawn:
+        assert e.png.stat().st_size > 1000 and e.svg.stat().st_size > 1000
+        assert e.png.parent == tmp_path / "out" / "figures"
+    text = res.html.read_text(encoding="utf-8")
+    low = text.lower()
+    assert "http://" not in low and "https://" not in low and "<script src" not in low
+    assert "<script" not in low and "<link" not in low and "@import" not in low
+    assert XSS not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "<b>boom</b>" not in text and "&lt;b&gt;boom&lt;/b&gt;" in text
+    assert text.count("data:image/png;base64,") == len(res.drawn)
+    assert "deadbeef" in text and "Test CPU" in text and "prompt_filter" in text
+    assert "How to read this" in text and "win" in text
+    md = res.markdown.read_text(encoding="utf-8")
+    outside_fences = "".join(md.split("```")[::2])  # fenced code is shown verbatim, never rendered
+    assert XSS not in outside_fences and "| &lt;script>alert(1)&lt;/script> |" in md
+    assert "deadbeef" in md and "| code |" in md
+    for e in res.drawn:
+        assert f"figures/{e.name}.png" in md
+    assert not [m for m in res.analysis.missing if "could not be computed" in m]
+
+
+def test_cli_report(store_path, tmp_path):
+    typer = pytest.importorskip("typer")
+    from typer.testing import CliRunner
+
+    from specdec.report.commands import register
+
+    app = typer.Typer()
+    register(app)
+
+    @app.command("noop")
+    def _noop() -> None:  # a second command keeps `report` a subcommand
+        pass
+
+    result = CliRunner().invoke(app, ["report", "--db", str(store_path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r" / "report.html").exists() and (tmp_path / "r" / "report.md").exists()
+    bad = CliRunner().invoke(app, ["report", "--db", str(tmp_path / "nope.db"), "--out", str(tmp_path / "r2")])
+    assert isinstance(bad.exception, FileNotFoundError)
+
+
+def _report_names_missing(path: Path, out: Path, *needles: str):
+    res = write_report(path, out)
+    text = res.html.read_text(encoding="utf-8")
+    md = res.markdown.read_text(encoding="utf-8")
+    for needle in needles:
+        assert needle in text and needle in md, needle
+    assert "http://" not in text and "https://" not in text
+    assert not [m for m in res.analysis.missing if "could not be computed" in m], res.analysis.missing
+    assert not [e for e in res.figures if e.skipped and "drawing failed" in e.skipped]
+    return res
+
+
+def test_empty_db_file(tmp_path):
+    path = tmp_path / "empty.db"
+    path.write_bytes(b"")
+    res = _report_names_missing(path, tmp_path / "o", "the store holds no sweep", "not drawn")
+    assert not res.drawn
+
+
+def test_store_with_tables_but_nothing(tmp_path):
+    path = Store(tmp_path / "s.db").close()
+    _report_names_missing(path, tmp_path / "o", "the store holds no sweep")
+
+
+def test_sweep_without_runs(tmp_path):
+    path = Store(tmp_path / "s.db").sweep().close()
+    res = _report_names_missing(path, tmp_path / "o", "has no runs", "deadbeef")
+    assert not res.drawn
+
+
+def test_runs_without_costs(tmp_path):
+    st = Store(tmp_path / "s.db").sweep()
+    for p in range(2):
+        st.run(prompt_id=f"p{p}", tokens_per_s=10.0)
+        st.run(prompt_id=f"p{p}", method="draft", policy="fixed", k=2, tokens_per_s=12.0,
+               num_drafted=4, num_accepted=3, num_rejections=1, rounds=[(2, "11"), (2, "10")])
+    res = _report_names_missing(st.close(), tmp_path / "o", "no costs measured")
+    kinds = {e.kind for e in res.drawn}
+    assert {"heatmap", "speedup_vs_k", "best_k", "acceptance_by_position"} <= kinds
+    assert "verification_cost" not in kinds and "predicted_vs_measured" not in kinds
+    assert _cell(res.analysis.table("cells"), "code")["speedup"] == pytest.approx(1.2)
+
+
+def test_only_baseline(tmp_path):
+    st = Store(tmp_path / "s.db").sweep().costs()
+    for p in range(3):
+        st.run(prompt_id=f"p{p}", tokens_per_s=10.0 + p)
+    res = _report_names_missing(st.close(), tmp_path / "o", "no speculative runs", "not drawn")
+    assert {e.kind for e in res.drawn} == {"verification_cost"}
+
+
+def test_only_failed_runs_and_orphan_sweep(tmp_path):
+    st = Store(tmp_path / "s.db")  # runs of a sweep with no sweeps row
+    st.run(error="model failed to load", tokens_per_s=0)
+    res = _report_names_missing(st.close(), tmp_path / "o", "every run failed or was skipped", "model failed to load",
+                                "no row in")
+    assert len(res.analysis.table("gaps")) == 1
+
+
+def test_missing_baseline_names_the_config(tmp_path):
+    st = Store(tmp_path / "s.db").sweep().costs()
+    st.run(method="draft", policy="fixed", k=2, tokens_per_s=12.0, num_drafted=4, num_accepted=3, num_rejections=1)
+    res = _report_names_missing(st.close(), tmp_path / "o", "no successful baseline run for config")
+    assert math.isnan(_cell(res.analysis.table("cells"), "code")["speedup"])
+
+
+def test_store_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        an.load_store(tmp_path / "missing.db")
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database, just some bytes" * 100)
+    with pytest.raises(ValueError, match="SQLite"):
+        an.load_store(junk)
+    path = Store(tmp_path / "s.db").sweep().sweep("abcdef9999999999", created_at="2024-01-01").close()
+    with pytest.raises(ValueError, match="ambiguous"):
+        an.load_store(path, "abcdef")
+    with pytest.raises(ValueError, match="no sweep"):
+        an.load_store(path, "zzz")
+    assert an.load_store(path, "abcdef99").sweep_id == "abcdef9999999999"
+    newest = an.load_store(path)
+    assert newest.sweep_id == SWEEP and any("other sweep" in n for n in newest.notes)
+
+
+def test_dollar_and_odd_labels_do_not_break_figures(tmp_path):
+    st = Store(tmp_path / "s.db").sweep().costs(config_label="mixed:llamacpp-draft")
+    for p in range(2):
+        kw = {"config_label": "mixed:llamacpp-draft", "prompt_type": "$x^2$ | a_b", "prompt_id": f"p{p}"}
+        st.run(tokens_per_s=10.0, **kw)
+        st.run(method="draft", policy="fixed", k=2, tokens_per_s=11.0, num_drafted=4, num_accepted=3,
+               num_rejections=1, rounds=[(2, "11")], draft_s=0.1, verify_s=0.2, **kw)
+    res = write_report(st.close(), tmp_path / "o")
+    assert not [e for e in res.figures if e.skipped and "drawing failed" in e.skipped]
+    assert "\\|" in res.markdown.read_text(encoding="utf-8")
+    assert np.isfinite(res.analysis.table("model")["efficiency"]).all()
+
+
+def test_default_cpu_plan_one_run_per_type(tmp_path):
+    """One prompt per type, one repeat (the default CPU plan): per type a point without an interval;
+    the pooled row gets its interval across prompts. A 'skipped:' peer is a gap of kind 'skipped'."""
+    st = Store(tmp_path / "s.db").sweep().costs()
+    for j, (ptype, fac) in enumerate((("code", 1.5), ("natural", 1.2), ("dialogue", 1.4))):
+        kw = {"prompt_type": ptype, "prompt_id": f"{ptype}-01"}
+        st.run(tokens_per_s=10.0 + j, **kw)
+        st.run(method="draft", policy="fixed", k=4, tokens_per_s=(10.0 + j) * fac, num_drafted=8, num_accepted=6,
+               num_rejections=1, rounds=[(4, "1111"), (4, "1100")], draft_s=0.2, verify_s=0.5, **kw)
+        st.run(method="llama_prompt_lookup", k=4, error="skipped: needs n_outputs_max_per_seq", **kw)
+    res = write_report(st.close(), tmp_path / "o")
+    cells = res.analysis.table("cells")
+    row = _cell(cells, "code", k=4)
+    assert row["speedup"] == pytest.approx(1.5) and row["verdict"] == an.SINGLE_RUN
+    assert math.isnan(row["speedup_lo"]) and math.isnan(row["speedup_hi"])
+    pooled = _cell(res.analysis.table("overall"), an.ALL_PROMPTS, k=4)
+    assert pooled["speedup"] == pytest.approx(1.4) and pooled["n_aligned"] == 3
+    assert pooled["speedup_lo"] == pytest.approx(1.2) and pooled["verdict"] == "win"
+    gaps = res.analysis.table("gaps")
+    assert len(gaps) == 3 and set(gaps["kind"]) == {"skipped"}
+    text = res.html.read_text(encoding="utf-8")
+    assert "0 failed and 3 skipped" in text and an.SINGLE_RUN in text
+    assert not [e for e in res.figures if e.skipped and "drawing failed" in e.skipped]

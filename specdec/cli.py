@@ -8,6 +8,7 @@ stderr and exits with status 2; nothing is lost (a sweep resumes with ``--resume
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Annotated
 
@@ -71,6 +72,7 @@ def generate(
 ) -> None:
     """Generate from one prompt with speculative decoding and print the text and its statistics."""
     from specdec import models
+    from specdec.bench.sweep import encode_prompt
     from specdec.decoding import autoregressive_generate, speculative_generate
     from specdec.drafters import ModelDrafter, PromptLookupDrafter
     from specdec.loading import load_pair
@@ -99,10 +101,10 @@ def generate(
         trust_remote_code=trust_remote_code,
     )
     tok = loaded.tokenizer
-    prompt_ids = encode_prompt(tok, prompt, chat_template)
+    prompt_ids = encode_prompt(tok, prompt, chat_template=chat_template)
     the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size) if drafter == "model" else PromptLookupDrafter()
     the_policy = build_policy(policy, k, loaded, the_drafter)
-    common = dict(sampling=sampling, eos_ids=loaded.eos_ids, vocab_size=loaded.vocab_size, seed=seed)
+    common = {"sampling": sampling, "eos_ids": loaded.eos_ids, "vocab_size": loaded.vocab_size, "seed": seed}
     if baseline:  # warm both paths up once so that neither timed run pays first-call costs
         warm = min(8, max_new_tokens)
         speculative_generate(loaded.target.backend, the_drafter, prompt_ids, warm, policy=the_policy, **common)
@@ -137,26 +139,7 @@ def generate(
 
 
 def _fmt(x) -> str:
-    return "n/a" if x is None or x != x else f"{x:.3f}"
-
-
-def encode_prompt(tokenizer, text: str, chat_template: bool) -> list[int]:
-    """Token ids of a prompt: plain completion text, or wrapped in the tokenizer's chat template.
-
-    Raises:
-        ValueError: the prompt encodes to no tokens, or the tokenizer has no chat template.
-    """
-    if chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("--chat-template was asked for but this tokenizer has no chat template")
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-    else:
-        ids = tokenizer(text).input_ids
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens")
-    return list(ids)
+    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
 
 
 def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None):

@@ -1,0 +1,308 @@
+"""CLI commands of the benchmark layer: ``specdec sweep``, ``specdec costs``, ``specdec export``.
+
+`register(app)` adds them to the main Typer app (``specdec/cli.py``). Every user error (bad flag value,
+bad prompt file, missing model, sweep already in the database, ...) is printed as ONE line on stderr and
+exits with status 2; an interrupted sweep exits with 130 and says how to resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["costs", "export", "register", "sweep"]
+
+_PANEL_MODELS = "Models"
+_PANEL_PLAN = "Plan"
+_PANEL_SAMPLING = "Sampling"
+_PANEL_RUNTIME = "Runtime"
+_PANEL_STORE = "Results"
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [ValueError]
+    with contextlib.suppress(ImportError):
+        from specdec.models import ChunkAssemblyError, ModelNotAvailableError
+
+        errors += [ModelNotAvailableError, ChunkAssemblyError]
+    with contextlib.suppress(ImportError):
+        from specdec.backends.base import BackendError
+
+        errors.append(BackendError)
+    return tuple(errors)
+
+
+@contextlib.contextmanager
+def _cli_errors() -> Iterator[None]:
+    """Turn user errors into one stderr line + exit 2, in `specdec.cli.fail`'s format (so the commands behave
+    the same when mounted on another Typer app, e.g. in tests)."""
+    try:
+        yield
+    except _user_errors() as exc:
+        text = str(exc).strip().splitlines()
+        typer.echo(f"specdec: error: {text[0] if text else type(exc).__name__}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _echo(msg: str) -> None:
+    typer.echo(msg)
+
+
+# ------------------------------------------------------------------------------------------------ sweep
+
+
+def sweep(
+    pair: Annotated[str | None, typer.Option(help="Model pair preset.", rich_help_panel=_PANEL_MODELS)] = None,
+    target: Annotated[
+        str | None, typer.Option(help="Target model spec (preset member, hub id, dir, .gguf).",
+                                 rich_help_panel=_PANEL_MODELS)
+    ] = None,
+    draft: Annotated[str | None, typer.Option(help="Draft model spec.", rich_help_panel=_PANEL_MODELS)] = None,
+    prompt_types: Annotated[
+        str | None, typer.Option("--prompt-types", help="'all' or comma-separated types. (default: all)",
+                                 rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    prompts: Annotated[
+        Path | None, typer.Option("--prompts", help="Prompt file (JSONL, Spec-Bench, plain text) instead of the "
+                                  "built-in set.", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    prompts_per_type: Annotated[
+        int | None, typer.Option(help="Built-in prompts per type; the first (<type>-01) is the primary. "
+                                 "(default: 1)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    ks: Annotated[
+        str | None, typer.Option(help="Fixed-K grid on primary prompts. (default: 1,2,4)",
+                                 rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    secondary_ks: Annotated[
+        str | None, typer.Option(help="Fixed-K grid on non-primary prompts ('' for none). (default: 4)",
+                                 rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="New tokens per generation. (default: 128)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    repeats: Annotated[
+        int | None, typer.Option(help="Timed runs per cell. (default: 1)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    methods: Annotated[
+        str | None, typer.Option(help="baseline,draft,ngram (and/or peer names). (default: baseline,draft,ngram)",
+                                 rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    policies: Annotated[
+        str | None, typer.Option(help="Adaptive policies for draft/ngram on primaries: heuristic,confidence,cost "
+                                 "or 'none'. (default: cost)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    policy_k: Annotated[
+        int | None, typer.Option(help="Policies' starting/maximum K. (default: 16)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    peers: Annotated[
+        bool | None, typer.Option("--peers/--no-peers", help="Also time the library peers (transformers "
+                                  "generate/assisted/prompt lookup). (default: on)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    peer_ks: Annotated[
+        str | None, typer.Option(help="K of the speculative peers. (default: 4)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    configs: Annotated[
+        str | None, typer.Option(help="Runtime configurations: transformers-eager, transformers-compiled, "
+                                 "llamacpp, mixed. (default: transformers-eager)", rich_help_panel=_PANEL_RUNTIME)
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Primaries only, K=4, 32 new tokens, no peers or policies "
+                           "(~15 min on a 2-core CPU).", rich_help_panel=_PANEL_PLAN)
+    ] = False,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML file with any of these settings (flags override it).",
+                                  rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="A label stored with the sweep.", rich_help_panel=_PANEL_STORE)] = None,
+    db: Annotated[
+        Path | None, typer.Option(help="SQLite results file. (default: results/sweep.db)",
+                                  rich_help_panel=_PANEL_STORE)
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the sweep with these settings: skip finished runs, "
+                           "retry failed ones.", rich_help_panel=_PANEL_STORE)
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan and a rough duration; load no model.",
+                           rich_help_panel=_PANEL_PLAN)
+    ] = False,
+    max_runs: Annotated[
+        int | None, typer.Option(help="Stop after this many runs (resume later).", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Progress bar with ETA on stderr.",
+                           rich_help_panel=_PANEL_STORE)
+    ] = True,
+    temperature: Annotated[
+        float | None, typer.Option(help="0 = greedy. (default: 0)", rich_help_panel=_PANEL_SAMPLING)
+    ] = None,
+    top_k: Annotated[int | None, typer.Option(help="0 = off. (default: 0)", rich_help_panel=_PANEL_SAMPLING)] = None,
+    top_p: Annotated[float | None, typer.Option(help="1 = off. (default: 1)", rich_help_panel=_PANEL_SAMPLING)] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Base seed; repeat r uses seed + r. (default: 0)",
+                                 rich_help_panel=_PANEL_SAMPLING)
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="(default: cpu)", rich_help_panel=_PANEL_RUNTIME)] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="float32, bfloat16, float16. (default: float32)", rich_help_panel=_PANEL_RUNTIME)
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="Intra-op threads.", rich_help_panel=_PANEL_RUNTIME)] = None,
+    chat_template: Annotated[
+        bool | None, typer.Option("--chat-template/--no-chat-template", help="Wrap prompts in the chat "
+                                  "template. (default: off)", rich_help_panel=_PANEL_RUNTIME)
+    ] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="Target runtime (one configuration; instead of --configs).",
+                                 rich_help_panel=_PANEL_RUNTIME)
+    ] = None,
+    draft_backend: Annotated[
+        str | None, typer.Option(help="Draft runtime (default: --backend).", rich_help_panel=_PANEL_RUNTIME)
+    ] = None,
+) -> None:
+    """Run the benchmark sweep: every prompt x method x K, with peers, stored run by run in SQLite."""
+    from specdec.bench import sweep as S
+
+    with _cli_errors():
+        file_values = S.load_config_file(config) if config is not None else {}
+        flags = {
+            "name": name, "pair": pair, "target": target, "draft": draft, "prompt_types": prompt_types,
+            "prompts": str(prompts) if prompts is not None else None, "prompts_per_type": prompts_per_type,
+            "ks": ks, "secondary_ks": secondary_ks, "max_new_tokens": max_new_tokens, "repeats": repeats,
+            "methods": methods, "policies": policies, "policy_k": policy_k, "peers": peers,
+            "peer_ks": peer_ks, "configs": configs, "temperature": temperature, "top_k": top_k,
+            "top_p": top_p, "seed": seed, "device": device, "dtype": dtype, "threads": threads,
+            "chat_template": chat_template, "backend": backend, "draft_backend": draft_backend,
+        }  # fmt: skip
+        cfg = S.make_config(flags, file=file_values, quick=quick)
+        db_path = db if db is not None else Path(file_values.get("db") or S.DEFAULT_DB)
+        if dry_run:
+            _dry_run(cfg, db_path)
+            return
+        try:
+            result = S.run_sweep(cfg, db=db_path, resume=resume, progress=progress, max_runs=max_runs)
+        except KeyboardInterrupt:
+            typer.echo(f"\ninterrupted: finished runs are saved in {db_path}; rerun the same command with "
+                       f"--resume to continue", err=True)
+            raise typer.Exit(130) from None
+    typer.echo(f"sweep {result.sweep_id}: {result.status}; export with: specdec export --db {db_path} "
+               f"--format csv --out runs.csv")
+
+
+def _dry_run(cfg, db_path: Path) -> None:
+    from specdec.bench import sweep as S
+    from specdec.bench.store import Store
+
+    prompts, target, draft, _, _, sid, plan = S.prepare(cfg)
+    costs_by = {}
+    source = "reference CPU costs (2 cores, fp32 Qwen2.5-Coder 0.5B -> 1.5B: 0.212 / 0.459 s per token)"
+    if db_path.is_file():
+        with Store(db_path) as store:
+            for label in cfg.configs:
+                c = store.load_costs(sid, label)
+                if c is not None:
+                    costs_by[label] = c
+        if costs_by:
+            source = f"costs stored in {db_path}"
+    for label in cfg.configs:
+        costs_by.setdefault(label, S.REFERENCE_COSTS)
+    timed, warm = S.estimate_plan_s(plan, costs_by, max_new_tokens=cfg.max_new_tokens,
+                                    warmup_tokens=cfg.warmup_tokens)
+    measure = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats)
+                  for label in cfg.configs)
+    _echo(f"sweep {sid}: target {target}, draft {draft}; {len(prompts)} prompts, configs "
+          f"{', '.join(cfg.configs)}; {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)")
+    _echo(f"{len(plan)} timed generations:")
+    for key, n in S.plan_summary(plan).items():
+        _echo(f"  {key:<34} {n}")
+    _echo(f"rough estimate: {S.format_duration(timed)} timed + {S.format_duration(warm)} warm-ups + "
+          f"{S.format_duration(measure)} cost measurement = {S.format_duration(timed + warm + measure)} "
+          f"(model loading excluded), from {source}, ~100-token prompts and an ASSUMED acceptance alpha = 0.5")
+
+
+# ------------------------------------------------------------------------------------------------ costs
+
+
+def costs(
+    pair: Annotated[str | None, typer.Option(help="Model pair preset.")] = None,
+    target: Annotated[str | None, typer.Option(help="Target model spec.")] = None,
+    draft: Annotated[str | None, typer.Option(help="Draft model spec.")] = None,
+    device: Annotated[str, typer.Option(help="Torch device.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
+    threads: Annotated[int | None, typer.Option(help="Intra-op threads.")] = None,
+    backend: Annotated[str, typer.Option(help="Target runtime: transformers or llamacpp.")] = "transformers",
+    draft_backend: Annotated[str | None, typer.Option(help="Draft runtime (default: --backend).")] = None,
+    compile: Annotated[bool, typer.Option("--compile", help="Compiled static-cache transformers backend.")] = False,
+    max_n: Annotated[int, typer.Option(help="Time target forwards of 1..max-n tokens.")] = 17,
+    repeats: Annotated[int, typer.Option(help="Timed forwards per n (median reported).")] = 3,
+    context_tokens: Annotated[int, typer.Option(help="Tokens in the warm cache.")] = 64,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (last line).")] = False,
+) -> None:
+    """Measure c (draft step / target step) and the target's forward-time curve on a warm cache."""
+    from specdec import models
+    from specdec.bench.costs import measure_costs
+    from specdec.loading import load_pair
+
+    with _cli_errors():
+        target_spec, draft_spec = models.resolve_pair(pair, target, draft)
+        typer.echo(f"loading {target_spec} and {draft_spec} ...", err=True)
+        loaded = load_pair(target_spec, draft_spec, backend=backend, draft_backend=draft_backend, device=device,
+                           dtype=dtype, threads=threads, compile=compile)
+        result = measure_costs(loaded, max_n=max_n, repeats=repeats, context_tokens=context_tokens)
+    if as_json:
+        out = {
+            "target": target_spec, "draft": draft_spec, "backend": backend,
+            "draft_backend": draft_backend or backend, "device": device, "dtype": dtype,
+            "threads": threads, "compiled": compile,
+            **result,
+        }  # fmt: skip
+        typer.echo(json.dumps(out, sort_keys=True))
+        return
+    c = result["c"]
+    typer.echo(f"target step  {result['target_step_s'] * 1e3:9.2f} ms")
+    if result["draft_step_s"] is not None:
+        typer.echo(f"draft step   {result['draft_step_s'] * 1e3:9.2f} ms")
+        typer.echo(f"c            {c:9.3f}  (draft step / target step)")
+    typer.echo("target forward, warm cache of "
+               f"{result['context_tokens']} tokens (median of {result['repeats']}):")
+    typer.echo("   n      ms   spread ms   v(n) target steps")
+    for n, s in result["target_forward_s"].items():
+        spread = result["target_forward_spread_s"][n]
+        typer.echo(f"  {n:2d} {s * 1e3:8.2f} {spread * 1e3:10.2f} {result['verify_steps'][n]:10.2f}")
+
+
+# ----------------------------------------------------------------------------------------------- export
+
+
+def export(
+    db: Annotated[Path, typer.Option(help="SQLite results file.")],
+    out: Annotated[Path, typer.Option(help="Output file.")],
+    format: Annotated[
+        str | None, typer.Option("--format", help="csv, jsonl or parquet (default: from --out's suffix).")
+    ] = None,
+    sweep_id: Annotated[str | None, typer.Option(help="Only this sweep's runs.")] = None,
+) -> None:
+    """Export every run, joined with its sweep's configuration, to CSV, JSON Lines or Parquet."""
+    from specdec.bench.store import EXPORT_FORMATS, export_runs
+
+    with _cli_errors():
+        fmt = format
+        if fmt is None:
+            fmt = out.suffix.lower().lstrip(".")
+            if fmt not in EXPORT_FORMATS:
+                raise ValueError(f"cannot tell the format from {out.name}; pass --format "
+                                 f"{'|'.join(EXPORT_FORMATS)}")
+        n = export_runs(db, fmt, out, sweep_id=sweep_id)
+    typer.echo(f"{n} runs written to {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``sweep``, ``costs`` and ``export`` commands to `app`."""
+    app.command("sweep")(sweep)
+    app.command("costs")(costs)
+    app.command("export")(export)

@@ -1,0 +1,175 @@
+"""Measure the costs that decide whether speculative decoding wins: c and the verification cost curve.
+
+- **c** = draft step time / target step time (one token, warm cache).
+- **verification cost curve** = target forward time for n = 1 .. max_n tokens appended to a warm cache.
+  The classic analysis assumes verifying K+1 tokens costs one step; on CPUs it often costs several
+  (MEASUREMENT.md, "Costs that decide the outcome"); v(n) = forward(n) / forward(1) in target steps.
+
+Method: prefill a fixed `context_tokens`-token context once, then for each n: forward n tokens, synchronize,
+read the clock, `truncate` back to the context, `repeats` times; report the median and the IQR. One untimed
+pass over every n comes first (warm-up). The backends are the same ones the sweep times, so the numbers
+describe exactly the code that runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from specdec.backends.base import Backend
+from specdec.loading import LoadedPair
+
+__all__ = ["forward_times", "measure_costs", "verification_steps"]
+
+# Text whose tokens fill the warm context: the content does not change the timing, only its length does.
+_FILLER = (
+    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n"
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts a few tokens with a small "
+    "model and verifies them with the large one in a single forward pass. "
+)
+
+
+def _context_ids(tokenizer, vocab_size: int, n: int) -> list[int]:
+    """`n` real token ids (the filler text, repeated), all below `vocab_size`."""
+    ids: list[int] = []
+    if tokenizer is not None:
+        try:
+            ids = [int(t) for t in tokenizer.encode(_FILLER, add_special_tokens=False) if int(t) < vocab_size]
+        except (AttributeError, TypeError, ValueError):  # no usable `encode`: synthetic ids
+            ids = []
+    if not ids:
+        ids = [(7 + 31 * i) % max(vocab_size, 1) for i in range(64)]
+    out = []
+    while len(out) < n + 32:
+        out.extend(ids)
+    return out[: n + 32]
+
+
+def _iqr(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[2] - q[0]
+
+
+def forward_times(
+    backend: Backend,
+    context: list[int],
+    ns: list[int],
+    *,
+    repeats: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Time ``backend.forward(n tokens)`` on a warm cache holding `context`.
+
+    Args:
+        backend: any `Backend`; its cache is reset, prefilled with `context`, and left empty afterwards.
+        context: token ids for the warm cache (``len(context) + max(ns) <= backend.max_length``).
+        ns: the token counts to time.
+        repeats: timed forwards per n (after one untimed warm-up pass over all n).
+        clock: seconds.
+
+    Returns:
+        ``(median_s, iqr_s)``: ``{n: median seconds}`` and ``{n: interquartile range, seconds}``.
+
+    Raises:
+        ValueError: ``repeats < 1`` or an n < 1. ContextOverflowError: context + max n exceeds the context.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not ns or min(ns) < 1:
+        raise ValueError(f"token counts must be >= 1, got {ns}")
+    base = len(context)
+    extra = context[base - 1:] if base else [0]
+    probe = [extra[0]] * max(ns)
+    backend.reset()
+    backend.forward(list(context), logits=False)
+    backend.synchronize()
+    samples: dict[int, list[float]] = {n: [] for n in ns}
+    for rep in range(repeats + 1):  # pass 0 is the warm-up
+        for n in ns:
+            backend.synchronize()
+            t0 = clock()
+            backend.forward(probe[:n])
+            backend.synchronize()
+            dt = clock() - t0
+            backend.truncate(base)
+            if rep > 0:
+                samples[n].append(dt)
+    backend.reset()
+    med = {n: statistics.median(v) for n, v in samples.items()}
+    iqr = {n: _iqr(v) for n, v in samples.items()}
+    return med, iqr
+
+
+def verification_steps(target_forward_s: dict[int, float]) -> dict[int, float]:
+    """v(n) = forward(n) / forward(1): the cost of scoring n tokens in target steps (v(1) = 1)."""
+    one = target_forward_s.get(1) or target_forward_s.get("1")  # type: ignore[call-overload]
+    if not one:
+        return {}
+    return {int(n): s / one for n, s in target_forward_s.items()}
+
+
+def measure_costs(
+    pair: LoadedPair,
+    *,
+    max_n: int = 17,
+    repeats: int = 3,
+    context_tokens: int = 64,
+    draft_max_n: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """Measure the draft and target step times and the target's forward-time curve on a warm cache.
+
+    Args:
+        pair: the loaded models (their backends are reset afterwards).
+        max_n: the target is timed for n = 1 .. max_n tokens (17 covers verification at K = 16).
+        repeats: timed forwards per n; the median is reported, the IQR as the spread.
+        context_tokens: tokens in the warm cache before each timed forward (clipped so that
+            ``context + max_n`` fits the smaller model's context window).
+        draft_max_n: the draft is timed for n = 1 .. draft_max_n (1 = its single step).
+        clock: seconds; injectable for tests.
+
+    Returns:
+        ``{"target_step_s": s, "draft_step_s": s | None, "c": draft/target | None,
+        "target_forward_s": {n: s}, "target_forward_spread_s": {n: s}, "verify_steps": {n: v(n)},
+        "draft_forward_s": {n: s} | None, "draft_forward_spread_s": {n: s} | None,
+        "repeats": int, "context_tokens": int, "max_n": int}``; all times in seconds.
+
+    Raises:
+        ValueError: `max_n`, `repeats` or `context_tokens` < 1, or the models' context is too short
+            for ``max_n`` tokens after a 1-token context.
+    """
+    if max_n < 1 or repeats < 1 or context_tokens < 1 or draft_max_n < 1:
+        raise ValueError("max_n, repeats, context_tokens and draft_max_n must all be >= 1")
+    models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
+    room = min(m.backend.max_length for m in models) - max(max_n, draft_max_n)
+    if room < 1:
+        raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
+    ctx_len = min(context_tokens, room)
+    context = _context_ids(pair.tokenizer, pair.vocab_size, ctx_len)[:ctx_len]
+    t_fwd, t_iqr = forward_times(pair.target.backend, context, list(range(1, max_n + 1)), repeats=repeats,
+                                 clock=clock)
+    out: dict[str, Any] = {
+        "target_step_s": t_fwd[1],
+        "draft_step_s": None,
+        "c": None,
+        "target_forward_s": t_fwd,
+        "target_forward_spread_s": t_iqr,
+        "verify_steps": verification_steps(t_fwd),
+        "draft_forward_s": None,
+        "draft_forward_spread_s": None,
+        "repeats": repeats,
+        "context_tokens": ctx_len,
+        "max_n": max_n,
+    }
+    if pair.draft is not None:
+        d_fwd, d_iqr = forward_times(pair.draft.backend, context, list(range(1, draft_max_n + 1)),
+                                     repeats=repeats, clock=clock)
+        out["draft_step_s"] = d_fwd[1]
+        out["c"] = d_fwd[1] / t_fwd[1] if t_fwd[1] > 0 else None
+        out["draft_forward_s"] = d_fwd
+        out["draft_forward_spread_s"] = d_iqr
+    return out

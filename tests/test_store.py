@@ -1,0 +1,209 @@
+"""The SQLite results store: schema, one-transaction runs, resume bookkeeping, costs, export round trips."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+
+import pytest
+
+from specdec.bench import store as S
+from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError
+
+SCHEMA = {
+    "sweeps": ["sweep_id", "name", "config_json", "created_at", "git_commit", "machine_json", "status"],
+    "runs": [
+        "run_id", "sweep_id", "cell_key", "config_label", "pair", "target", "draft", "target_backend",
+        "draft_backend", "compiled", "device", "dtype", "threads", "prompt_id", "prompt_type", "chat_template",
+        "prompt_tokens", "method", "policy", "k", "repeat", "seed", "temperature", "top_k", "top_p",
+        "max_new_tokens", "new_tokens", "finish_reason", "token_ids", "matches_baseline", "num_rounds",
+        "num_drafted", "num_accepted", "num_rejections", "prefill_s", "ttft_s", "decode_s", "total_s",
+        "draft_s", "verify_s", "tokens_per_s", "error", "created_at",
+    ],
+    "rounds": [
+        "run_id", "round_idx", "k", "k_requested", "num_accepted", "accept_flags", "next_kind", "num_emitted",
+        "draft_s", "verify_s", "other_s", "alpha_estimate",
+    ],
+    "costs": ["sweep_id", "config_label", "role", "n_tokens", "seconds", "repeats", "spread_s"],
+    "meta": ["key", "value"],
+}  # fmt: skip
+
+CONFIG = {"target": "t", "draft": "d", "max_new_tokens": 8, "temperature": 0.0}
+
+
+def _run(sid: str, prompt: str, method: str = "baseline", k=None, policy=None, repeat=0, **kw) -> dict:
+    row = {
+        "sweep_id": sid, "cell_key": S.cell_key(sid, "transformers-eager", prompt, method, k, policy, repeat),
+        "config_label": "transformers-eager", "prompt_id": prompt, "prompt_type": "code", "method": method,
+        "k": k, "policy": policy, "repeat": repeat, "new_tokens": 3, "token_ids": [5, 6, 7],
+        "total_s": 0.5, "tokens_per_s": 6.0,
+    }  # fmt: skip
+    row.update(kw)
+    return row
+
+
+@pytest.fixture
+def db(tmp_path):
+    return tmp_path / "r.db"
+
+
+def test_schema_exactly_as_specified_and_wal(db):
+    with Store(db) as st:
+        for table, cols in SCHEMA.items():
+            got = [r[1] for r in st.conn.execute(f"PRAGMA table_info({table})")]
+            assert got == cols, table
+        assert st.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+        assert st.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "1"
+        pk = {r[1]: r[5] for r in st.conn.execute("PRAGMA table_info(costs)") if r[5]}
+        assert pk == {"sweep_id": 1, "config_label": 2, "role": 3, "n_tokens": 4}
+    Store(db).close()  # reopening an existing store is fine
+
+
+def test_other_schema_version_and_garbage_refused(tmp_path, db):
+    with Store(db) as st:
+        st.conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    with pytest.raises(S.StoreError, match="schema version 99"):
+        Store(db)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(S.StoreError, match="not a specdec results database"):
+        Store(junk)
+
+
+def test_sweep_id_is_canonical_and_cell_key_format():
+    a = S.sweep_id_for({"b": 1, "a": [1, 2]})
+    assert a == S.sweep_id_for({"a": [1, 2], "b": 1}) and len(a) == 16
+    assert a != S.sweep_id_for({"a": [1, 2], "b": 2})
+    assert S.cell_key("s", "llamacpp", "code-01", "draft", 4, "fixed", 0) == "s|llamacpp|code-01|draft|4|fixed|0"
+    assert S.cell_key("s", "x", "p", "baseline", None, None, 2) == "s|x|p|baseline|-|-|2"
+
+
+def test_begin_sweep_refuses_silent_mixing(db):
+    sid = S.sweep_id_for(CONFIG)
+    with Store(db) as st:
+        with pytest.raises(SweepNotFoundError, match="holds no sweep"):
+            st.begin_sweep(sid, CONFIG, resume=True)
+        row = st.begin_sweep(sid, CONFIG, resume=False, name="first", machine={"cpu": "x"}, git_commit="abc")
+        assert row["status"] == "running" and json.loads(row["config_json"]) == CONFIG
+        st.begin_sweep(sid, CONFIG, resume=False)  # no runs yet: starting again is harmless
+        st.record_run(_run(sid, "p1"))
+        with pytest.raises(SweepExistsError, match="--resume"):
+            st.begin_sweep(sid, CONFIG, resume=False)
+        st.set_status(sid, "interrupted")
+        assert st.begin_sweep(sid, CONFIG, resume=True)["status"] == "running"
+        other = {**CONFIG, "max_new_tokens": 9}
+        with pytest.raises(SweepNotFoundError) as exc:
+            st.begin_sweep(S.sweep_id_for(other), other, resume=True)
+        assert sid in str(exc.value) and "first" in str(exc.value) and "\n" not in str(exc.value)
+        with pytest.raises(ValueError):
+            st.set_status(sid, "finished")
+
+
+def test_record_run_one_transaction_and_retry_replaces(db):
+    sid = S.sweep_id_for(CONFIG)
+    with Store(db) as st:
+        st.begin_sweep(sid, CONFIG, resume=False)
+        rounds = [
+            {"k": 2, "k_requested": 2, "num_accepted": 1, "accept_flags": (True, False), "next_kind": "recovered",
+             "num_emitted": 2, "draft_s": 0.1, "verify_s": 0.2, "other_s": 0.0, "alpha_estimate": None},
+            {"k": 2, "k_requested": 2, "num_accepted": 2, "accept_flags": "11", "next_kind": "bonus",
+             "num_emitted": 1, "draft_s": 0.1, "verify_s": 0.2, "other_s": 0.0, "alpha_estimate": 0.5},
+        ]  # fmt: skip
+        failed = _run(sid, "p1", "draft", 2, "fixed", error="RuntimeError: boom", token_ids=None,
+                      tokens_per_s=float("nan"))
+        st.record_run(failed)
+        assert st.done_cells(sid) == set()  # failed runs are not done: resume retries them
+        assert st.runs(sid)[0]["tokens_per_s"] is None  # NaN stored as NULL
+        run_id = st.record_run(_run(sid, "p1", "draft", 2, "fixed", num_rounds=2), rounds)
+        rows = st.runs(sid)
+        assert len(rows) == 1 and rows[0]["error"] is None and rows[0]["run_id"] == run_id
+        assert json.loads(rows[0]["token_ids"]) == [5, 6, 7]
+        got = st.rounds_of(run_id)
+        assert [r["accept_flags"] for r in got] == ["10", "11"] and [r["round_idx"] for r in got] == [0, 1]
+        assert st.done_cells(sid) == {failed["cell_key"]}
+        # A run whose rounds cannot be written leaves nothing behind (one transaction).
+        bad_rounds = [dict(rounds[0], round_idx=0), dict(rounds[1], round_idx=0)]  # duplicate primary key
+        with pytest.raises(sqlite3.IntegrityError):
+            st.record_run(_run(sid, "p2", "draft", 2, "fixed"), bad_rounds)
+        assert len(st.runs(sid)) == 1
+        assert st.conn.execute("SELECT COUNT(*) FROM rounds").fetchone()[0] == 2
+        with pytest.raises(ValueError, match="unknown runs column"):
+            st.record_run({**_run(sid, "p3"), "speedup": 2.0})
+
+
+def test_baseline_tokens_and_counts(db):
+    sid = "s1"
+    with Store(db) as st:
+        st.begin_sweep(sid, CONFIG, resume=False)
+        assert st.baseline_tokens(sid, "transformers-eager", "p1") is None
+        st.record_run(_run(sid, "p1", repeat=1, token_ids=[1, 2]))
+        st.record_run(_run(sid, "p1", repeat=0, token_ids=[1, 3]))
+        st.record_run(_run(sid, "p2", error="X: y", token_ids=None))
+        assert st.baseline_tokens(sid, "transformers-eager", "p1") == [1, 3]
+        assert st.baseline_tokens(sid, "transformers-eager", "p2") is None
+        assert st.count_runs(sid) == 3 and st.count_runs(sid, errors=True) == 1
+
+
+def test_costs_round_trip(db):
+    costs = {
+        "target_step_s": 0.5, "draft_step_s": 0.2, "c": 0.4, "repeats": 3,
+        "target_forward_s": {n: 0.5 + 0.1 * (n - 1) for n in range(1, 18)},
+        "target_forward_spread_s": {n: 0.01 for n in range(1, 18)},
+        "draft_forward_s": {1: 0.2}, "draft_forward_spread_s": {1: 0.002},
+    }  # fmt: skip
+    with Store(db) as st:
+        assert st.load_costs("s", "transformers-eager") is None
+        st.save_costs("s", "transformers-eager", costs)
+        st.save_costs("s", "transformers-eager", costs)  # replaces, no duplicate-key error
+        got = st.load_costs("s", "transformers-eager")
+        n_rows = st.conn.execute("SELECT COUNT(*) FROM costs").fetchone()[0]
+    assert n_rows == 18
+    assert got["target_forward_s"] == costs["target_forward_s"] and got["draft_step_s"] == 0.2
+    assert got["c"] == pytest.approx(0.4) and got["repeats"] == 3 and got["target_step_s"] == 0.5
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_export_round_trips_row_count(tmp_path, db, fmt):
+    with Store(db) as st:
+        st.begin_sweep("s1", CONFIG, resume=False, name="one")
+        st.begin_sweep("s2", {**CONFIG, "x": 1}, resume=False, name="two")
+        for i in range(3):
+            st.record_run(_run("s1", f"p{i}"))
+        st.record_run(_run("s2", "p0", error="E: f", token_ids=None, tokens_per_s=None, total_s=None))
+    out = tmp_path / f"runs.{fmt}"
+    assert S.export_runs(db, fmt, out) == 4
+    if fmt == "csv":
+        with open(out, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    elif fmt == "jsonl":
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+    else:
+        pq = pytest.importorskip("pyarrow.parquet")
+        rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 4
+    assert {r["sweep_name"] for r in rows} == {"one", "two"}
+    assert "sweep_config_json" in rows[0] and "cell_key" in rows[0]
+    assert S.export_runs(db, fmt, tmp_path / f"only.{fmt}", sweep_id="s1") == 3
+    with pytest.raises(S.StoreError, match="no sweep"):
+        S.export_runs(db, fmt, tmp_path / f"x.{fmt}", sweep_id="nope")
+
+
+def test_export_errors(tmp_path, db, monkeypatch):
+    with pytest.raises(S.StoreError, match="no such results database"):
+        S.export_runs(tmp_path / "missing.db", "csv", tmp_path / "o.csv")
+    Store(db).close()
+    with pytest.raises(ValueError, match="unknown export format"):
+        S.export_runs(db, "xlsx", tmp_path / "o.xlsx")
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pyarrow(name, *a, **kw):
+        if name.startswith("pyarrow"):
+            raise ImportError("no pyarrow")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+    with pytest.raises(ValueError, match="needs pyarrow"):
+        S.export_runs(db, "parquet", tmp_path / "o.parquet")

@@ -1,0 +1,459 @@
+"""The sweep end to end on tiny checkpoints: every method and peer, greedy equality, resume, refusals, CLI.
+
+Nothing here asserts on wall time (MEASUREMENT.md): timings are recorded, only counts and ids are checked.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from specdec.bench import sweep as S
+from specdec.bench.prompts import Prompt, PromptFileError
+from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError, export_runs
+
+PROMPTS = [
+    {"id": "rep-01", "type": "repetitive", "prompt": "abc abc abc abc abc abc abc abc abc abc"},
+    {"id": "rep-02", "type": "repetitive", "prompt": "one two one two one two one two"},
+    {"id": "code-01", "type": "code", "prompt": "def f(x): return x + 1\ndef g(x): return f(x) + f(x)"},
+]
+
+
+def _has_policies() -> bool:
+    import specdec.policies
+
+    return hasattr(specdec.policies, "make_policy")
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    return path
+
+
+def _cfg(tiny_pair, draft_dir, prompt_file, **kw) -> S.SweepConfig:
+    flags = {
+        "target": str(tiny_pair.target_dir), "draft": str(draft_dir), "prompts": str(prompt_file),
+        "ks": "1,2", "secondary_ks": "1", "max_new_tokens": 8, "peers": False, "policies": "none",
+        "cost_repeats": 1, "warmup_tokens": 2, "threads": 1,
+    }  # fmt: skip
+    flags.update(kw)
+    return S.make_config(flags)
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+
+@pytest.fixture(scope="module")
+def full_sweep(tmp_path_factory, tiny_pair, near_draft_dir, prompt_file):
+    db = tmp_path_factory.mktemp("sweep") / "full.db"
+    policies = "heuristic,confidence,cost" if _has_policies() else "none"
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, peers=True, peer_ks="2", policies=policies, policy_k=4)
+    lines: list[str] = []
+    result = S.run_sweep(cfg, db=db, progress=False, echo=lines.append)
+    return cfg, db, result, lines
+
+
+def test_full_sweep_runs_every_method_and_peer(full_sweep):
+    cfg, db, result, lines = full_sweep
+    plan = S.build_plan(cfg, S.select_prompts(cfg))
+    assert result.status == "done" and result.failed == 0 and result.ran == len(plan) == result.planned
+    with Store(db) as st:
+        runs = st.runs(result.sweep_id)
+        sweep = st.get_sweep(result.sweep_id)
+    assert len(runs) == len(plan) and len({r["cell_key"] for r in runs}) == len(runs)
+    assert all(r["error"] is None for r in runs), [r["error"] for r in runs if r["error"]]
+    methods = {r["method"] for r in runs}
+    assert methods == {"baseline", "draft", "ngram", "hf_generate", "hf_assisted", "hf_prompt_lookup"}
+    # Secondary prompt: baseline + secondary K only, no peers or policies.
+    rep2 = [(r["method"], r["k"], r["policy"]) for r in runs if r["prompt_id"] == "rep-02"]
+    assert sorted(rep2, key=str) == sorted([("baseline", None, None), ("draft", 1, "fixed"), ("ngram", 1, "fixed")], key=str)
+    if _has_policies():
+        pol = {(r["method"], r["policy"]) for r in runs if r["policy"] not in (None, "fixed")}
+        assert pol == {(m, p) for m in ("draft", "ngram") for p in ("heuristic", "confidence", "cost")}
+    for r in runs:
+        ids = json.loads(r["token_ids"])
+        assert r["new_tokens"] == len(ids) <= cfg.max_new_tokens
+        assert r["matches_baseline"] in (0, 1), r["method"]
+        if r["method"] in ("baseline", "draft", "ngram", "hf_generate"):
+            assert r["matches_baseline"] == 1, (r["method"], r["k"], r["policy"])
+        assert r["total_s"] > 0 and r["tokens_per_s"] > 0 and r["threads"] == 1
+        assert r["prompt_tokens"] > 0 and r["config_label"] == "transformers-eager"
+        if r["method"].startswith("hf_"):
+            assert r["prefill_s"] is None and r["num_rounds"] is None and r["policy"] is None
+        else:
+            assert r["prefill_s"] is not None and r["num_rounds"] >= 1
+    drafted = sum(r["num_drafted"] or 0 for r in runs if r["method"] == "draft")
+    accepted = sum(r["num_accepted"] or 0 for r in runs if r["method"] == "draft")
+    assert drafted > 0 and accepted > 0  # the near draft agrees sometimes
+    assert sweep["status"] == "done" and json.loads(sweep["config_json"])["max_new_tokens"] == 8
+    machine = json.loads(sweep["machine_json"])
+    for key in ("cpu_model", "cpu_count", "memory_gib", "python", "torch", "transformers", "os"):
+        assert key in machine
+    # One summary line per cell, with the speedup once the baseline is known.
+    assert any("x" in ln and "vs baseline" in ln for ln in lines)
+    assert any("rough estimate" in ln and "alpha = 0.5" in ln for ln in lines)
+
+
+def test_rounds_stored_for_our_runs_only(full_sweep):
+    _, db, result, _ = full_sweep
+    with Store(db) as st:
+        for r in st.runs(result.sweep_id):
+            rounds = st.rounds_of(r["run_id"])
+            if r["method"].startswith("hf_"):
+                assert rounds == []
+            else:
+                assert len(rounds) == r["num_rounds"]
+                assert sum(x["num_emitted"] for x in rounds) == r["new_tokens"]
+                assert sum(x["num_accepted"] for x in rounds) == r["num_accepted"]
+                assert all(len(x["accept_flags"] or "") <= x["k"] for x in rounds)
+
+
+def test_costs_table_filled(full_sweep):
+    cfg, db, result, _ = full_sweep
+    with Store(db) as st:
+        rows = st.conn.execute(
+            "SELECT role, n_tokens, seconds, repeats FROM costs WHERE sweep_id = ?", (result.sweep_id,)
+        ).fetchall()
+        costs = st.load_costs(result.sweep_id, "transformers-eager")
+    target_n = sorted(n for role, n, _, _ in rows if role == "target")
+    assert target_n == list(range(1, 18))  # 1..17 always covered
+    assert [n for role, n, _, _ in rows if role == "draft"] == [1]
+    assert all(s > 0 and reps == cfg.cost_repeats for _, _, s, reps in rows)
+    assert costs["c"] == pytest.approx(costs["draft_step_s"] / costs["target_step_s"])
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_export_full_sweep(full_sweep, tmp_path, fmt):
+    _, db, result, _ = full_sweep
+    out = tmp_path / f"runs.{fmt}"
+    n = export_runs(db, fmt, out)
+    assert n == result.planned
+    if fmt == "csv":
+        with open(out, newline="") as fh:
+            assert len(list(csv.DictReader(fh))) == n
+    elif fmt == "jsonl":
+        assert len(out.read_text().splitlines()) == n
+    else:
+        pq = pytest.importorskip("pyarrow.parquet")
+        assert pq.read_table(out).num_rows == n
+
+
+# --------------------------------------------------------------------------------------- resume, errors
+
+
+def test_resume_after_interruption_no_duplicates(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
+    db = tmp_path / "r.db"
+    planned = len(S.build_plan(cfg, S.select_prompts(cfg)))
+    first = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None, max_runs=4)
+    assert first.status == "interrupted" and first.ran == 4
+    with pytest.raises(SweepExistsError, match="--resume"):
+        S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
+    second = S.run_sweep(cfg, db=db, resume=True, progress=False, echo=lambda _: None)
+    assert second.already_done == 4 and second.ran == planned - 4 and second.status == "done"
+    with Store(db) as st:
+        runs = st.runs(second.sweep_id)
+        assert st.get_sweep(second.sweep_id)["status"] == "done"
+    assert len(runs) == planned and len({r["cell_key"] for r in runs}) == planned
+    third = S.run_sweep(cfg, db=db, resume=True, progress=False, echo=lambda _: None)
+    assert third.ran == 0 and third.already_done == planned
+
+
+def test_killed_mid_run_loses_only_the_run_in_flight(tmp_path, tiny_pair, near_draft_dir, prompt_file,
+                                                     monkeypatch):
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
+    db = tmp_path / "k.db"
+    planned = len(S.build_plan(cfg, S.select_prompts(cfg)))
+    real = S.speculative_generate
+    calls = {"n": 0}
+
+    def dying(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 6:  # warm-ups count too: this dies in the middle of a timed run
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(S, "speculative_generate", dying)
+    stored: list[dict] = []
+    with pytest.raises(KeyboardInterrupt):
+        S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None, on_run=stored.append)
+    with Store(db) as st:
+        sid = st.sweeps()[0]["sweep_id"]
+        assert st.get_sweep(sid)["status"] == "interrupted"
+        assert st.count_runs(sid) == len(stored) > 0
+    monkeypatch.setattr(S, "speculative_generate", real)
+    done = S.run_sweep(cfg, db=db, resume=True, progress=False, echo=lambda _: None)
+    assert done.already_done == len(stored) and done.status == "done"
+    with Store(db) as st:
+        keys = [r["cell_key"] for r in st.runs(sid)]
+    assert len(keys) == planned == len(set(keys))
+
+
+def test_failed_run_recorded_sweep_continues_and_resume_retries(tmp_path, tiny_pair, near_draft_dir,
+                                                                prompt_file, monkeypatch):
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
+    db = tmp_path / "f.db"
+    real = S.speculative_generate
+
+    def flaky(target, drafter, ids, n, **kw):
+        if kw.get("k") == 2 and isinstance(drafter, S.PromptLookupDrafter) and n == cfg.max_new_tokens:
+            raise RuntimeError("boom\nsecond line")
+        return real(target, drafter, ids, n, **kw)
+
+    monkeypatch.setattr(S, "speculative_generate", flaky)
+    res = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
+    assert res.status == "done" and res.failed == 2  # ngram K=2 on the two primaries
+    with Store(db) as st:
+        bad = st.runs(res.sweep_id, method="ngram", k=2)
+        assert [r["error"] for r in bad] == ["RuntimeError: boom"] * 2
+        assert all(r["token_ids"] is None and r["tokens_per_s"] is None for r in bad)
+    monkeypatch.setattr(S, "speculative_generate", real)
+    again = S.run_sweep(cfg, db=db, resume=True, progress=False, echo=lambda _: None)
+    assert again.ran == 2 and again.failed == 0
+    with Store(db) as st:
+        assert st.count_runs(res.sweep_id, errors=True) == 0
+        assert st.count_runs(res.sweep_id) == res.planned
+
+
+def test_mixing_configurations_refused(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="1", methods="baseline,ngram", secondary_ks="")
+    db = tmp_path / "m.db"
+    first = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
+    other = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="1", methods="baseline,ngram", secondary_ks="",
+                 max_new_tokens=6)
+    with pytest.raises(SweepNotFoundError) as exc:
+        S.run_sweep(other, db=db, resume=True, progress=False, echo=lambda _: None)
+    assert first.sweep_id in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(SweepExistsError):
+        S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
+    # A larger grid is the same sweep: --resume adds only the new cells.
+    bigger = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="1,2", methods="baseline,ngram", secondary_ks="")
+    assert S.prepare(bigger)[5] == first.sweep_id
+    more = S.run_sweep(bigger, db=db, resume=True, progress=False, echo=lambda _: None)
+    assert more.already_done == first.planned and more.ran == more.planned - first.planned > 0
+
+
+def test_bad_prompt_file_fails_before_any_model_loads(tmp_path, tiny_pair, near_draft_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok", "type": "code"}\n{"prompt": \n')
+
+    def loader(*a, **kw):
+        raise AssertionError("a model was loaded")
+
+    cfg = _cfg(tiny_pair, near_draft_dir, bad)
+    with pytest.raises(PromptFileError, match="line 2"):
+        S.run_sweep(cfg, db=tmp_path / "b.db", progress=False, echo=lambda _: None, loader=loader)
+    assert not (tmp_path / "b.db").exists()
+
+
+def test_unloadable_config_is_a_clear_error(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    # A checkpoint directory has no GGUF for llama.cpp: the only configuration cannot load.
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, configs="llamacpp")
+    with pytest.raises(ValueError, match="no configuration could be loaded"):
+        S.run_sweep(cfg, db=tmp_path / "l.db", progress=False, echo=lambda _: None)
+
+
+def test_llama_prompt_lookup_is_recorded_as_skipped(tiny_tokenizer):
+    prompt = Prompt("p-01", "code", "def f(x): return x")
+    cell = S.Cell("llamacpp", prompt, "llama_prompt_lookup", 4, None, 0)
+    cfg = S.make_config({"configs": "llamacpp"})
+    pair = type("P", (), {"tokenizer": tiny_tokenizer})()
+    ctx = S._Context(cfg, S.RUNTIME_CONFIGS["llamacpp"], pair, None, {}, 1)
+    row, rounds = S._execute(ctx, cell, "sid", "t.gguf", "d.gguf", None)
+    assert row["error"].startswith("skipped: ") and rounds == [] and row["prompt_tokens"] > 0
+    assert "llama_prompt_lookup" in S.RUNTIME_CONFIGS["llamacpp"].peers()
+    assert S.RUNTIME_CONFIGS["mixed:llamacpp-draft"].peers() == ("hf_generate", "hf_prompt_lookup")
+
+
+# ------------------------------------------------------------------------------------ plan and config
+
+
+def test_default_plan_and_budget_fit_the_cpu():
+    cfg = S.make_config({})
+    prompts = S.select_prompts(cfg)
+    plan = S.build_plan(cfg, prompts)
+    assert len(prompts) == 12 and all(p.id.endswith("-01") for p in prompts)
+    per_prompt = S.plan_summary(plan)
+    assert per_prompt == {
+        "baseline": 12, "draft K=1": 12, "draft K=2": 12, "draft K=4": 12, "ngram K=1": 12, "ngram K=2": 12,
+        "ngram K=4": 12, "draft cost (K<=16)": 12, "ngram cost (K<=16)": 12, "hf_generate": 12,
+        "hf_assisted K=4": 12, "hf_prompt_lookup K=4": 12,
+    }  # fmt: skip
+    costs = {"transformers-eager": S.REFERENCE_COSTS}
+    timed, warm = S.estimate_plan_s(plan, costs, max_new_tokens=128, warmup_tokens=16)
+    total = timed + warm + S.cost_measurement_s(S.REFERENCE_COSTS, S.cost_max_n(cfg), cfg.cost_repeats)
+    assert 2.6 * 3600 < total < 3.2 * 3600, S.format_duration(total)
+    quick = S.make_config({}, quick=True)
+    qplan = S.build_plan(quick, S.select_prompts(quick))
+    assert {c.method for c in qplan} == {"baseline", "draft", "ngram"} and len(qplan) == 36
+    qt, qw = S.estimate_plan_s(qplan, costs, max_new_tokens=32, warmup_tokens=16)
+    q_total = qt + qw + S.cost_measurement_s(S.REFERENCE_COSTS, S.cost_max_n(quick), quick.cost_repeats)
+    assert 12 * 60 < q_total < 20 * 60, S.format_duration(q_total)
+
+
+def test_estimate_follows_the_analytical_model():
+    costs = S.REFERENCE_COSTS
+    base = S.estimate_generation_s("baseline", None, None, costs, 128, prompt_tokens=1)
+    assert base == pytest.approx(0.459 * 129)
+    # alpha 0.5, K = 4: 128 / 1.9375 rounds of (4 * 0.212 + forward(5)).
+    fwd5 = 0.459 * (1 + 2.5 * 4 / 16)
+    draft4 = S.estimate_generation_s("draft", 4, "fixed", costs, 128, prompt_tokens=1)
+    assert draft4 == pytest.approx(0.459 * (1 + 0.212 / 0.459) + 128 / 1.9375 * (4 * 0.212 + fwd5))
+    best = min(S.estimate_generation_s("ngram", k, "fixed", costs, 128) for k in range(1, 17))
+    assert S.estimate_generation_s("ngram", 16, "cost", costs, 128) == pytest.approx(best)
+    assert S._forward_s({"target_forward_s": {1: 1.0, 3: 2.0}}, 2) == pytest.approx(1.5)
+    assert S._forward_s({"target_forward_s": {1: 1.0, 3: 2.0}}, 5) == pytest.approx(3.0)
+
+
+def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file):
+    base = _cfg(tiny_pair, near_draft_dir, prompt_file)
+    sid = S.prepare(base)[5]
+    same = [{"ks": "4"}, {"repeats": 3}, {"peers": True}, {"methods": "baseline"}, {"name": "x"}]
+    for kw in same:
+        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw))[5] == sid, kw
+    differ = [{"max_new_tokens": 9}, {"temperature": 0.7}, {"threads": 2}, {"dtype": "bfloat16"},
+              {"draft": str(tiny_pair.draft_dir)}, {"prompt_types": "code"}]
+    for kw in differ:
+        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw))[5] != sid, kw
+
+
+def test_make_config_merging_and_validation(tmp_path):
+    toml = tmp_path / "s.toml"
+    toml.write_text('[sweep]\nks = [2, 8]\nmax-new-tokens = 64\nmethods = "baseline,draft"\ndb = "x.db"\n')
+    file_values = S.load_config_file(toml)
+    assert file_values["db"] == "x.db"
+    cfg = S.make_config({"max_new_tokens": 16, "ks": None}, file=file_values)
+    assert cfg.ks == (2, 8) and cfg.max_new_tokens == 16 and cfg.methods == ("baseline", "draft")
+    q = S.make_config({"ks": "1"}, quick=True)
+    assert q.ks == (1,) and q.max_new_tokens == 32 and not q.peers and q.policies == ()
+    assert S.make_config({"configs": "mixed,eager"}).configs == ("mixed:llamacpp-draft", "transformers-eager")
+    assert S.make_config({"backend": "llamacpp"}).configs == ("llamacpp",)
+    assert S.make_config({"draft_backend": "llamacpp"}).configs == ("mixed:llamacpp-draft",)
+    bad = [
+        ({"ks": "1,x"}, "not an integer"), ({"ks": "0"}, ">= 1"), ({"methods": "draft,beam"}, "unknown method"),
+        ({"policies": "fixed"}, "--ks grid"), ({"configs": "tpu"}, "unknown config"),
+        ({"configs": "llamacpp", "backend": "transformers"}, "not both"), ({"top_p": 0}, "top_p"),
+        ({"repeats": 0}, "repeats"),
+    ]  # fmt: skip
+    for flags, match in bad:
+        with pytest.raises(ValueError, match=match):
+            S.make_config(flags)
+    toml.write_text("kss = [1]\n")
+    with pytest.raises(ValueError, match="unknown key 'kss'"):
+        S.load_config_file(toml)
+    toml.write_text("ks = [1\n")
+    with pytest.raises(ValueError, match="invalid TOML"):
+        S.load_config_file(toml)
+
+
+def test_hf_peer_generate_matches_our_baseline(tiny_pair, near_draft_dir):
+    from specdec.decoding import autoregressive_generate
+    from specdec.loading import load_pair
+
+    pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir))
+    ids = S.encode_prompt(pair.tokenizer, "hello world the quick brown fox")
+    ref = autoregressive_generate(pair.target.backend, ids, 12, eos_ids=pair.eos_ids,
+                                  vocab_size=pair.vocab_size).token_ids
+    saved = pair.draft.hf_model.generation_config
+    for method, k in (("hf_generate", None), ("hf_assisted", 3), ("hf_prompt_lookup", 3)):
+        out = S.hf_peer_generate(pair, method, ids, 12, k=k)
+        assert out.token_ids == ref, method
+        assert out.total_s > 0 and out.finish_reason in ("eos", "length")
+    assert pair.draft.hf_model.generation_config is saved  # the assistant's config is restored
+    # A model whose own generation config samples and penalises repeats (as many hub models do) must
+    # still decode greedily and without processors our engine lacks.
+    gc = pair.target.hf_model.generation_config
+    gc.do_sample, gc.temperature, gc.top_k, gc.repetition_penalty, gc.no_repeat_ngram_size = True, 0.7, 5, 1.5, 2
+    for method, k in (("hf_generate", None), ("hf_prompt_lookup", 3), ("hf_assisted", 3)):
+        assert S.hf_peer_generate(pair, method, ids, 12, k=k).token_ids == ref, method
+    with pytest.raises(ValueError, match="needs K"):
+        S.hf_peer_generate(pair, "hf_assisted", ids, 4)
+    sampled = S.hf_peer_generate(pair, "hf_generate", ids, 6, sampling=S.SamplingParams(0.8, 20, 0.9), seed=3)
+    again = S.hf_peer_generate(pair, "hf_generate", ids, 6, sampling=S.SamplingParams(0.8, 20, 0.9), seed=3)
+    assert sampled.token_ids == again.token_ids  # seeded
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    from specdec.bench.commands import register
+
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    runner = CliRunner()
+    db = tmp_path / "cli.db"
+    args = ["sweep", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--prompts",
+            str(prompt_file), "--prompt-types", "code", "--ks", "1,2", "--max-new-tokens", "4", "--no-peers",
+            "--policies", "none", "--db", str(db), "--no-progress", "--threads", "1"]
+    dry = runner.invoke(app, args + ["--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "5 timed generations" in dry.output and "rough estimate" in dry.output and not db.exists()
+    res = runner.invoke(app, args + ["--max-runs", "2"])
+    assert res.exit_code == 0, res.output
+    assert "interrupted" in res.output and "[transformers-eager] code-01 baseline" in res.output
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "--resume" in again.output
+    assert len([ln for ln in again.output.splitlines() if ln.startswith("specdec: error:")]) == 1
+    done = runner.invoke(app, args + ["--resume"])
+    assert done.exit_code == 0, done.output
+    assert "done" in done.output
+    for fmt in ("csv", "jsonl", "parquet"):
+        out = tmp_path / f"o.{fmt}"
+        ex = runner.invoke(app, ["export", "--db", str(db), "--out", str(out)])
+        assert ex.exit_code == 0, ex.output
+        assert "5 runs written" in ex.output
+    bad = runner.invoke(app, ["export", "--db", str(db), "--out", str(tmp_path / "o.xlsx")])
+    assert bad.exit_code == 2 and "--format" in bad.output
+
+
+def test_cli_bad_prompt_file_and_bad_flags(app, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["sweep", "--prompts", str(tmp_path / "missing.jsonl"), "--db",
+                              str(tmp_path / "x.db")])
+    assert res.exit_code == 2 and "no such prompt file" in res.output and not (tmp_path / "x.db").exists()
+    res = runner.invoke(app, ["sweep", "--ks", "1,two", "--dry-run"])
+    assert res.exit_code == 2 and "not an integer" in res.output
+
+
+def test_cli_costs_json(app, tiny_pair, near_draft_dir):
+    res = CliRunner().invoke(app, ["costs", "--target", str(tiny_pair.target_dir), "--draft",
+                                   str(near_draft_dir), "--max-n", "5", "--repeats", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout.strip().splitlines()[-1])
+    assert set(obj["target_forward_s"]) == {"1", "2", "3", "4", "5"}
+    assert obj["c"] == pytest.approx(obj["draft_step_s"] / obj["target_step_s"])
+    assert all(math.isfinite(v) and v > 0 for v in obj["target_forward_s"].values())
+
+
+def test_machine_change_detected():
+    now = {"cpu_model": "A", "cpu_count": 2, "torch": "2.13.0", "transformers": "5.24.0"}
+    assert S._machine_changes(json.dumps(now), now) == []
+    assert S._machine_changes(json.dumps({**now, "cpu_model": "B", "torch": "2.12"}), now) == ["cpu_model", "torch"]
+    assert S._machine_changes(None, now) == [] and S._machine_changes("{bad", now) == []
+
+
+def test_sampled_sweep_records_seeds_and_no_equality(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, prompt_types="code", ks="2", repeats=2, seed=10,
+               temperature=0.8, top_k=50, top_p=0.95, methods="baseline,draft,hf_generate")
+    res = S.run_sweep(cfg, db=tmp_path / "s.db", progress=False, echo=lambda _: None)
+    with Store(tmp_path / "s.db") as st:
+        runs = st.runs(res.sweep_id)
+    assert res.failed == 0 and len(runs) == 6
+    assert sorted({(r["method"], r["repeat"], r["seed"]) for r in runs}) == sorted(
+        (m, r, 10 + r) for m in ("baseline", "draft", "hf_generate") for r in (0, 1)
+    )
+    assert all(r["matches_baseline"] is None and r["temperature"] == 0.8 for r in runs)

@@ -143,7 +143,7 @@ def load_pair(
         specdec.models.ModelNotAvailableError, ValueError: as `load_model`.
     """
     set_threads(threads)
-    kw = dict(device=device, dtype=dtype, threads=threads, n_ctx=n_ctx, trust_remote_code=trust_remote_code)
+    kw = {"device": device, "dtype": dtype, "threads": threads, "n_ctx": n_ctx, "trust_remote_code": trust_remote_code}
     target = load_model(target_spec, runtime=backend, compile=compile, **kw)
     draft = None
     vocab = real_vocab_size(target.tokenizer)

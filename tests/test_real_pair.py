@@ -47,7 +47,7 @@ def test_real_pair_greedy_speculative_equals_target_only(real_pair):
     pair = real_pair
     assert pair.vocab_size == 151665  # GGUF [PADn] placeholder rows are masked out
     prompt = pair.tokenizer("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n").input_ids
-    common = dict(eos_ids=pair.eos_ids, vocab_size=pair.vocab_size)
+    common = {"eos_ids": pair.eos_ids, "vocab_size": pair.vocab_size}
     ref = autoregressive_generate(pair.target.backend, prompt, 16, **common)
     spec = speculative_generate(pair.target.backend, ModelDrafter(pair.draft.backend, pair.vocab_size), prompt, 16,
                                 k=4, **common)

@@ -1,0 +1,327 @@
+"""The llama.cpp backend: a GGUF model and its KV cache, through llama-cpp-python's low-level batch API.
+
+Evaluation follows llama.cpp's ``examples/speculative-simple``: one ``llama_decode`` per target forward over
+a batch whose every token has its logits flag set (``common_batch_add(batch, id, n_past++, {0}, true)``),
+and one ``llama_memory_seq_rm(mem, 0, n_past, -1)`` to drop the rejected suffix (the
+``llama_kv_self_seq_rm`` of older releases). Logits come back as a float32 ``[n, n_vocab]`` CPU tensor,
+copied out of llama.cpp's output buffer (which the next decode overwrites) in one ``memmove``.
+
+Loading goes through llama-cpp-python's ``_internals.LlamaModel`` / ``LlamaContext`` (the objects the
+``Llama`` class wraps) rather than ``Llama`` itself, because two parameters that exactness and safety need
+are not reachable through ``Llama.__init__`` in 0.3.36:
+
+* ``llama_model_params.use_extra_bufts`` (weight repacking / AMX buffers): off by default here. With the
+  AMX path on, ``ggml_backend_amx_mul_mat`` segfaults inside ``llama_decode`` on some VMs (seen on a
+  Firecracker guest whose CPU reports ``amx_int8``), killing the process; a segfault cannot be caught.
+* ``llama_context_params.n_outputs_max_per_seq`` ("max outputs per sequence", default 1 in this llama.cpp):
+  set to 0 (= n_outputs_max = n_batch) so that a batch may return logits for every position. (With 1, all
+  positions still came back in 0.3.36; the explicit 0 guards against the cap being enforced later.)
+
+Thread counts: llama.cpp uses ``n_threads`` for single-token batches and ``n_threads_batch`` otherwise, so
+the baseline's 1-token forward and the verification forward would run on different thread counts unless the
+two are equal; this backend always sets both to the same ``n_threads``.
+
+Cost of a verification forward: without extra buffers, ggml's CPU matmul for quantized weights (Q4_1, Q4_K)
+runs one vec_dot per (row, token), so a forward over n tokens costs nearly n single-token forwards
+(SmolLM2-135M Q4_1, 2 shared cores: t(17)/t(1) ~ 7-13). Speculation pays off on CPU only when the draft is
+much cheaper than the target and acceptance is high; `extra_buffers=True` (repacked GEMM kernels) may
+flatten the curve where it does not crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Self
+
+import numpy as np
+import torch
+
+from specdec.backends.base import BackendError, ContextOverflowError
+
+# libgomp (llama.cpp's OpenMP worker threads) reads this once, when `llama_cpp` first loads libggml-cpu, so it
+# must be set before that import. With the default (ACTIVE) idle workers spin between decodes; on a shared or
+# oversubscribed machine this stalled 2-thread single-token decodes of SmolLM2-135M from ~20 ms to 0.1-3 s.
+# PASSIVE costs one futex wake-up per decode. An explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+DEFAULT_MAX_CTX = 4096
+DEFAULT_N_BATCH = 512
+
+
+class GGUFNotFoundError(ValueError):
+    """The GGUF file asked for does not exist (one-line message naming the path)."""
+
+
+def _require_file(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise GGUFNotFoundError(f"GGUF model file not found: {p} (give the path of a .gguf file)")
+    return p
+
+
+def _llama_cpp():
+    try:
+        import llama_cpp  # noqa: F401
+        from llama_cpp import _internals
+        from llama_cpp import llama_cpp as lib
+    except ImportError as exc:  # pragma: no cover - exercised only without llama-cpp-python
+        raise BackendError("the llama.cpp backend needs llama-cpp-python: pip install llama-cpp-python") from exc
+    return lib, _internals
+
+
+_BACKEND_READY = False
+
+
+def _init_backend(lib, verbose: bool) -> None:
+    global _BACKEND_READY
+    from llama_cpp._logger import set_verbose
+
+    set_verbose(verbose)  # llama-cpp-python's log callback: ERROR and above only when quiet
+    if not _BACKEND_READY:
+        lib.llama_backend_init()
+        _BACKEND_READY = True
+
+
+def default_threads() -> int:
+    """CPUs this process may run on (``sched_getaffinity``), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaCppBackend:
+    """A GGUF causal LM on llama.cpp behind the `Backend` interface (CPU logits, float32).
+
+    Args:
+        model_path: a ``.gguf`` file.
+        n_ctx: context window in tokens (default: ``min(trained context, 4096)``); `max_length` is this.
+        n_threads: threads for every decode, single-token or batched (default: the CPUs this process may
+            use). Both llama.cpp thread counts get this value (see the module docstring).
+        n_batch: tokens per ``llama_decode`` call (logical = physical batch). Longer inputs (a long prompt's
+            prefill) are fed in chunks of `n_batch`; logits, if asked for, are concatenated.
+        extra_buffers: let llama.cpp repack weights into its extra CPU buffer types (AMX, AVX repack).
+            Faster on some CPUs, but the AMX kernels crash on some VMs; off by default.
+        verbose: let llama.cpp print its load log.
+
+    Attributes:
+        name: ``"llamacpp"``.
+        vocab_size: ``n_vocab`` of the GGUF vocabulary (logits row width).
+        max_length: ``n_ctx``.
+        device: ``cpu`` (logits are always returned on the CPU).
+        n_threads, n_batch: as constructed.
+
+    Raises:
+        GGUFNotFoundError: `model_path` does not exist.
+        BackendError: llama.cpp cannot load the file or create a context, or the model is recurrent/hybrid
+            (its state cannot be rolled back to an arbitrary length with one ``seq_rm``).
+    """
+
+    name = "llamacpp"
+    device = torch.device("cpu")
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_batch: int = DEFAULT_N_BATCH,
+        extra_buffers: bool = False,
+        verbose: bool = False,
+    ) -> None:
+        path = _require_file(model_path)
+        lib, internals = _llama_cpp()
+        self._lib = lib
+        _init_backend(lib, verbose)
+        self.model_path = str(path)
+
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = bool(extra_buffers)
+        try:
+            self._model = internals.LlamaModel(path_model=self.model_path, params=mparams, verbose=verbose)
+        except ValueError as exc:
+            raise BackendError(f"llama.cpp cannot load {path.name}: {exc}") from exc
+        if lib.llama_model_is_recurrent(self._model.model) or lib.llama_model_is_hybrid(self._model.model):
+            self._model.close()
+            raise BackendError(
+                f"{path.name} is a recurrent/hybrid model: its state cannot be rolled back by llama_memory_seq_rm"
+            )
+        self.n_ctx_train = int(self._model.n_ctx_train())
+        if n_ctx is None:
+            n_ctx = min(self.n_ctx_train, DEFAULT_MAX_CTX) if self.n_ctx_train > 0 else DEFAULT_MAX_CTX
+        if n_ctx < 1 or n_batch < 1:
+            raise ValueError(f"n_ctx and n_batch must be >= 1, got {n_ctx}, {n_batch}")
+        self.n_threads = int(n_threads or default_threads())
+        self.n_batch = int(min(n_batch, n_ctx))
+
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = int(n_ctx)
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_outputs_max = 0  # = n_batch
+        cparams.n_outputs_max_per_seq = 0  # = n_outputs_max: logits for every position of a batch
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.no_perf = True
+        cparams.swa_full = True  # sliding-window layers keep every position, so seq_rm can roll back
+        cparams.embeddings = False
+        try:
+            self._ctx = internals.LlamaContext(model=self._model, params=cparams, verbose=verbose)
+        except ValueError as exc:
+            self._model.close()
+            raise BackendError(f"llama.cpp cannot create a context of {n_ctx} tokens for {path.name}: {exc}") from exc
+        if self._ctx.memory is None:
+            self.close()
+            raise BackendError(f"{path.name}: the llama.cpp context has no KV memory")
+
+        self.vocab_size = int(self._model.n_vocab())
+        self.max_length = int(min(n_ctx, lib.llama_n_ctx(self._ctx.ctx)))
+        self._n_past = 0
+
+        # One batch for the backend's lifetime; seq ids never change, tokens/positions/flags are written
+        # through numpy views of the C arrays (no per-token ctypes calls).
+        self._batch = internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=verbose)
+        b = self._batch.batch
+        for i in range(self.n_batch):
+            b.seq_id[i][0] = 0
+            b.n_seq_id[i] = 1
+        self._tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._flags = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        self._positions = np.arange(self.max_length, dtype=np.int32)
+        self._decode = lib.llama_decode
+        self._get_logits = lib.llama_get_logits
+        self.reset()
+
+    # -- Backend interface ---------------------------------------------------------------------------
+
+    @property
+    def cache_length(self) -> int:
+        return self._n_past
+
+    def forward(self, tokens: list[int], *, logits: bool = True) -> torch.Tensor | None:
+        """See `Backend.forward`.
+
+        Args:
+            tokens: ``n`` token ids appended at positions ``cache_length .. cache_length + n - 1``.
+            logits: True: every position's logits flag is set; False: none is (no LM head at all).
+
+        Returns:
+            float32 ``[n, vocab_size]`` CPU tensor (a copy: llama.cpp reuses its buffer), or None.
+
+        Raises:
+            ContextOverflowError: ``cache_length + n > max_length`` (nothing is evaluated).
+            BackendError: ``llama_decode`` failed (the cache is restored to `cache_length`).
+        """
+        n = len(tokens)
+        if n == 0:
+            return torch.empty(0, self.vocab_size) if logits else None
+        if self._n_past + n > self.max_length:
+            raise ContextOverflowError(
+                f"{self._n_past} cached + {n} new tokens exceed the context of {self.max_length}"
+            )
+        out = torch.empty(n, self.vocab_size, dtype=torch.float32) if logits else None
+        batch = self._batch.batch
+        row_bytes = 4 * self.vocab_size
+        for start in range(0, n, self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            m = len(chunk)
+            p = self._n_past
+            self._tok[:m] = chunk
+            self._pos[:m] = self._positions[p:p + m]
+            self._flags[:m] = 1 if logits else 0
+            batch.n_tokens = m
+            rc = self._decode(self._ctx.ctx, batch)
+            if rc != 0:
+                self._lib.llama_memory_seq_rm(self._ctx.memory, 0, self._n_past, -1)
+                raise BackendError(f"llama_decode returned {rc} for {m} tokens at position {p}")
+            self._n_past = p + m
+            if out is not None:
+                ptr = self._get_logits(self._ctx.ctx)
+                if not ptr:
+                    raise BackendError("llama_get_logits returned NULL")
+                ctypes.memmove(out.data_ptr() + start * row_bytes, ptr, m * row_bytes)
+        return out
+
+    def truncate(self, length: int) -> None:
+        """See `Backend.truncate`: one ``llama_memory_seq_rm(mem, 0, length, -1)`` call.
+
+        Raises:
+            ValueError: `length` is negative or above `cache_length`.
+            BackendError: llama.cpp refused the partial removal.
+        """
+        if length < 0 or length > self._n_past:
+            raise ValueError(f"cannot truncate a cache of {self._n_past} tokens to {length}")
+        if length == self._n_past:
+            return
+        if not self._lib.llama_memory_seq_rm(self._ctx.memory, 0, int(length), -1):
+            raise BackendError(f"llama.cpp cannot roll its cache back from {self._n_past} to {length} tokens")
+        self._n_past = int(length)
+
+    def reset(self) -> None:
+        """Empty the cache (``llama_memory_clear``, data included)."""
+        self._lib.llama_memory_clear(self._ctx.memory, True)
+        self._n_past = 0
+
+    def synchronize(self) -> None:
+        """No-op in effect: on the CPU ``llama_decode`` returns when done (``llama_synchronize`` is called
+        anyway, for builds that offload layers)."""
+        self._lib.llama_synchronize(self._ctx.ctx)
+
+    # -- extras ------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """llama.cpp's own tokenizer (``llama_tokenize``), for cross-checking a Hugging Face tokenizer."""
+        return list(self._model.tokenize(text.encode("utf-8"), add_special, parse_special))
+
+    def metadata(self) -> dict[str, str]:
+        """The GGUF key/value metadata (strings), e.g. ``general.architecture``."""
+        return self._model.metadata()
+
+    def close(self) -> None:
+        """Free the batch, context and model (the backend is unusable afterwards)."""
+        for obj in (getattr(self, "_batch", None), getattr(self, "_ctx", None), getattr(self, "_model", None)):
+            if obj is not None:
+                obj.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"LlamaCppBackend({Path(self.model_path).name!r}, n_ctx={self.max_length}, "
+            f"n_threads={self.n_threads}, cache_length={self._n_past})"
+        )
+
+
+def load_llamacpp(
+    path: str | os.PathLike, *, n_ctx: int | None = None, n_threads: int | None = None, **kwargs
+) -> LlamaCppBackend:
+    """Load a GGUF file as a `LlamaCppBackend` (quiet; see the class for `kwargs`).
+
+    Raises:
+        GGUFNotFoundError: (a ValueError) the file does not exist; one line naming it.
+        BackendError: llama-cpp-python is missing or llama.cpp cannot load the file.
+    """
+    return LlamaCppBackend(_require_file(path), n_ctx=n_ctx, n_threads=n_threads, **kwargs)
+
+
+def hf_tokenizer_from_gguf(path: str | os.PathLike):
+    """The Hugging Face tokenizer stored in a GGUF file (``AutoTokenizer.from_pretrained(dir, gguf_file=name)``;
+    needs the ``gguf`` package). The speculative engine tokenizes with it.
+
+    Raises:
+        GGUFNotFoundError: the file does not exist.
+    """
+    from transformers import AutoTokenizer
+
+    p = _require_file(path)
+    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)

@@ -88,7 +88,10 @@ def generate(
     if max_new_tokens < 0:
         fail("--max-new-tokens must be >= 0")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    target_spec, draft_spec = models.resolve_pair(pair, target, draft)
+    if drafter == "ngram" and target and not draft and not pair:
+        target_spec, draft_spec = target, None  # prompt lookup needs no draft model
+    else:
+        target_spec, draft_spec = models.resolve_pair(pair, target, draft)
     loaded = load_pair(
         target_spec,
         draft_spec if drafter == "model" else None,
@@ -120,6 +123,16 @@ def generate(
         out["baseline_tokens_per_s"] = base.tokens_per_s
         out["speedup"] = result.tokens_per_s / base.tokens_per_s if base.tokens_per_s else None
         out["identical_to_baseline"] = base.token_ids == result.token_ids
+        if sampling.greedy and not out["identical_to_baseline"]:
+            # Exact in fp32; in half precision K+1-token kernels can flip near-ties (case C3): report where,
+            # with the target's top-2 logit margin at that step, never silently.
+            from specdec.backends.compiled import first_divergence, next_token_logits
+
+            out["divergence"] = first_divergence(
+                base.token_ids, result.token_ids,
+                lambda seq: next_token_logits(loaded.target.backend, seq)[: loaded.vocab_size],
+                prompt=prompt_ids,
+            )
     print(text)
     print(
         f"\n[{result.num_tokens} tokens, {result.finish_reason}] {result.tokens_per_s:.2f} tok/s, "
@@ -134,6 +147,13 @@ def generate(
             f"outputs {same}",
             file=sys.stderr if as_json else sys.stdout,
         )
+        div = out.get("divergence")
+        if div:
+            print(
+                f"first difference at new token {div['step']}: baseline {div['eager_token']}, speculative "
+                f"{div['compiled_token']}; target top-2 logit margin there {div['margin']:.4g}",
+                file=sys.stderr if as_json else sys.stdout,
+            )
     if as_json:
         print(json.dumps(out))
 

@@ -1,0 +1,77 @@
+"""The `specdec` CLI on tiny local checkpoints: JSON output, baseline comparison, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, env=None):
+    e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "specdec", *args], capture_output=True, text=True, env=e,
+                          timeout=300)
+
+
+def test_generate_json_with_baseline(tiny_pair, near_draft_dir):
+    p = run("generate", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir),
+            "--prompt", "hello world the quick brown fox", "--k", "4", "--max-new-tokens", "24",
+            "--baseline", "--json", "--threads", "1")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    for key in ("token_ids", "text", "finish_reason", "num_rounds", "num_drafted", "num_accepted",
+                "acceptance_rate", "block_efficiency", "tokens_per_s", "ttft_s", "baseline_token_ids",
+                "baseline_tokens_per_s", "speedup"):
+        assert key in out, key
+    assert len(out["token_ids"]) == 24
+    assert out["token_ids"] == out["baseline_token_ids"] and out["identical_to_baseline"]
+    assert out["num_drafted"] > 0 and 0 < out["num_accepted"] <= out["num_drafted"]
+
+
+def test_generate_ngram_and_policy(tiny_pair):
+    p = run("generate", "--target", str(tiny_pair.target_dir), "--prompt", "abc abc abc abc abc abc",
+            "--drafter", "ngram", "--policy", "heuristic", "--k", "2", "--max-new-tokens", "12", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    n = len(out["token_ids"])
+    assert n == 12 or (n < 12 and out["finish_reason"] == "eos")
+    assert len(out["rounds_k"]) == out["num_rounds"]
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--k", "0"], "--k must be >= 1"),
+        (["--prompt", "   "], "prompt is empty"),
+        (["--target", "/nonexistent/model-dir"], "/nonexistent/model-dir"),
+    ],
+)
+def test_bad_input_is_one_line(tiny_pair, extra, needle):
+    args = ["generate", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
+            "--prompt", "hello"]
+    # later flags win in typer; put the override last
+    p = run(*args, *extra)
+    assert p.returncode == 2
+    lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), p.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in p.stderr
+
+
+def test_incompatible_tokenizers_refused(tiny_pair, tmp_path, smollm2_gguf):
+    p = run("generate", "--target", str(tiny_pair.target_dir), "--draft", str(smollm2_gguf), "--prompt", "hi",
+            "--draft-backend", "llamacpp")
+    assert p.returncode == 2
+    assert "incompatible tokenizers" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_unknown_pair_and_models_listing():
+    p = run("generate", "--pair", "no-such-pair", "--prompt", "x")
+    assert p.returncode == 2 and "no-such-pair" in p.stderr and "Traceback" not in p.stderr
+    p = run("models", "--json")
+    assert p.returncode == 0
+    names = [r["name"] for r in json.loads(p.stdout)]
+    assert {"qwen2.5-coder", "gpt2-medium", "gpt2-large"} <= set(names)

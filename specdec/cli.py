@@ -227,9 +227,19 @@ def _register_subcommands() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `specdec` console script: known errors become one stderr line and exit 2."""
+    import os
+
     from specdec.backends.base import BackendError
     from specdec.models import ChunkAssemblyError, ModelNotAvailableError
 
+    # Library progress bars ("Loading weights") would break the one-line error contract on stderr.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
     try:
         _register_subcommands()
         app(args=argv, standalone_mode=True)

@@ -75,3 +75,19 @@ def test_unknown_pair_and_models_listing():
     assert p.returncode == 0
     names = [r["name"] for r in json.loads(p.stdout)]
     assert {"qwen2.5-coder", "gpt2-medium", "gpt2-large"} <= set(names)
+
+
+def test_sweep_where_every_run_fails_exits_nonzero(tiny_pair, tmp_path):
+    """The built-in code prompt (~275 tiny-tokenizer tokens) overflows the tiny 128-token context: every run
+    fails, is stored with its error, and the command says so and exits non-zero instead of 'done'."""
+    db = tmp_path / "s.db"
+    p = run("sweep", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
+            "--prompt-types", "code", "--ks", "1", "--max-new-tokens", "8", "--db", str(db), "--no-peers",
+            "--methods", "baseline", "--policies", "none", "--no-progress")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "runs attempted failed" in p.stderr
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        errors = [r[0] for r in c.execute("select error from runs")]
+    assert errors and all(e and "context" in e for e in errors)

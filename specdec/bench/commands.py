@@ -192,6 +192,10 @@ def sweep(
             raise typer.Exit(130) from None
     typer.echo(f"sweep {result.sweep_id}: {result.status}; export with: specdec export --db {db_path} "
                f"--format csv --out runs.csv")
+    if result.failed and result.failed >= result.ran - result.skipped:
+        # Every run attempted now failed: that is not a result, it is a broken setup (exit non-zero).
+        raise ValueError(f"all {result.failed} runs attempted failed; their errors are stored in {db_path} "
+                         f"(specdec report names them)")
 
 
 def _dry_run(cfg, db_path: Path) -> None:

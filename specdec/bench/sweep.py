@@ -751,6 +751,8 @@ def machine_info(device: str = "cpu", threads: int | None = None) -> dict[str, A
         "specdec": _version("specdec"),
         "device": device,
         "device_name": _cpu_model(),
+        # Load before the sweep: timings are only honest on an otherwise idle machine.
+        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     if str(device).startswith("cuda") and torch.cuda.is_available():
         idx = torch.device(device).index or 0
@@ -1143,6 +1145,10 @@ def run_sweep(
         machine = machine_info(cfg.device, cfg.threads)
         row = store.begin_sweep(sid, cfg_meaning, resume=resume, name=cfg.name, machine=machine,
                                 git_commit=git_commit())
+        load = machine.get("loadavg_1m")
+        if load is not None and load > 0.5:
+            log(f"warning: the 1-minute load average is {load:.2f} before any model runs; other work on this "
+                f"machine distorts every timing (each thread needs an idle core)")
         changed = _machine_changes(row.get("machine_json"), machine)
         if changed:
             log(f"warning: this sweep was started with another {', '.join(changed)}; the runs added now are "

@@ -114,3 +114,24 @@ def smollm2_gguf() -> Path:
     if not path.is_file():
         pytest.skip(f"SmolLM2 GGUF not found at {path}")
     return path
+
+
+class CountingBackend:
+    """Wraps a backend and counts forward calls and tokens fed (to prove 'no forward' claims)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls = 0
+        self.tokens = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def cache_length(self):
+        return self.inner.cache_length
+
+    def forward(self, tokens, *, logits=True):
+        self.calls += 1
+        self.tokens += len(tokens)
+        return self.inner.forward(tokens, logits=logits)

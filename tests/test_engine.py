@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import load_backend
+from conftest import CountingBackend, load_backend
 
 from specdec.backends.base import ContextOverflowError
 from specdec.compat import IncompatibleTokenizersError, check_tokenizers
@@ -18,27 +18,6 @@ PROMPTS = [
     "zq",
     "one two three four five six seven eight nine ten eleven twelve thirteen",
 ]
-
-
-class CountingBackend:
-    """Wraps a backend and counts forward calls and tokens fed (to prove 'no forward' claims)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.calls = 0
-        self.tokens = 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    @property
-    def cache_length(self):
-        return self.inner.cache_length
-
-    def forward(self, tokens, *, logits=True):
-        self.calls += 1
-        self.tokens += len(tokens)
-        return self.inner.forward(tokens, logits=logits)
 
 
 @pytest.fixture(scope="module")

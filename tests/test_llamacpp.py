@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+from conftest import CountingBackend
 
 from specdec.backends.base import Backend, BackendError, ContextOverflowError
 from specdec.backends.llamacpp import (
@@ -37,25 +38,6 @@ THREADS = 1  # correctness does not depend on it; 1 thread is fastest on a share
 PROMPTS = ["def fibonacci(n):\n", "red green blue red green blue red green"]
 REPETITIVE = PROMPTS[1]  # prompt lookup gets accepted *and* rejected drafts here
 NEW = 24
-
-
-class CountingBackend:
-    """Wraps a backend and counts forward calls (to prove 'no forward' claims)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.calls = 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    @property
-    def cache_length(self):
-        return self.inner.cache_length
-
-    def forward(self, tokens, *, logits=True):
-        self.calls += 1
-        return self.inner.forward(tokens, logits=logits)
 
 
 @pytest.fixture(scope="module")

@@ -91,3 +91,33 @@ def test_sweep_where_every_run_fails_exits_nonzero(tiny_pair, tmp_path):
     with sqlite3.connect(db) as c:
         errors = [r[0] for r in c.execute("select error from runs")]
     assert errors and all(e and "context" in e for e in errors)
+
+
+def test_c3_divergence_is_reported_with_margin(tiny_pair, near_draft_dir, monkeypatch, capsys):
+    """Case C3: when greedy speculative output differs from target-only (as half-precision kernels can make
+    it), `generate --baseline` reports the first differing step and the target's top-2 logit margin there.
+    The divergence is simulated by flipping one token of the speculative output."""
+    import specdec.decoding as decoding
+    from specdec.cli import main
+
+    real = decoding.speculative_generate
+
+    def flipped(*args, **kwargs):
+        res = real(*args, **kwargs)
+        if len(res.token_ids) > 5:
+            res.token_ids[5] = (res.token_ids[5] + 1) % 1000
+        return res
+
+    monkeypatch.setattr(decoding, "speculative_generate", flipped)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--prompt",
+              "hello world the quick brown fox", "--k", "3", "--max-new-tokens", "12", "--baseline", "--json"])
+    assert exit_info.value.code in (0, None)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out.strip().splitlines()[-1])
+    assert out["identical_to_baseline"] is False
+    div = out["divergence"]
+    assert div["step"] == 5 and div["eager_token"] == out["baseline_token_ids"][5]
+    assert div["compiled_token"] == out["token_ids"][5] and div["margin"] > 0
+    assert div["top1"] == out["baseline_token_ids"][5]  # greedy baseline took the target's argmax
+    assert "first difference at new token 5" in captured.err

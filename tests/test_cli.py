@@ -97,7 +97,7 @@ def test_c3_divergence_is_reported_with_margin(tiny_pair, near_draft_dir, monkey
     """Case C3: when greedy speculative output differs from target-only (as half-precision kernels can make
     it), `generate --baseline` reports the first differing step and the target's top-2 logit margin there.
     The divergence is simulated by flipping one token of the speculative output."""
-    import specdec.decoding as decoding
+    from specdec import decoding
     from specdec.cli import main
 
     real = decoding.speculative_generate

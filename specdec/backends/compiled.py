@@ -189,7 +189,7 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
         ``([B, q, H, D], None)`` as transformers' attention functions.
     """
     if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
-        raise NotImplementedError("specdec's grouped SDPA supports neither softcap nor sliding windows")
+        raise BackendError("specdec's grouped SDPA supports neither softcap nor sliding windows")
     b, h, q, d = query.shape
     groups = h // key.shape[1]
     if groups > 1:

@@ -52,8 +52,8 @@ def main() -> None:
     ids = tok(args.prompt).input_ids
     model = pair.target.hf_model
     backend = pair.target.backend
-    gen_kw = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False,
-                  pad_token_id=tok.pad_token_id or 0)
+    gen_kw = {"max_new_tokens": args.tokens, "min_new_tokens": args.tokens, "do_sample": False,
+              "pad_token_id": tok.pad_token_id or 0}
 
     def ours():
         r = autoregressive_generate(backend, ids, args.tokens, vocab_size=pair.vocab_size)

@@ -234,12 +234,23 @@ class CostPolicy:
     alpha-hat of `specdec.metrics`, over an exponential window of about ``1 / (1 - decay)`` rounds so it
     follows the text). Rounds with K = 0 observe no acceptance and leave the estimate unchanged.
 
-    Probing: while the model says K = 0, every `probe_every` plain rounds (the back-off) the policy asks for
-    `probe_k` tokens once. If after that probe the model still prefers K = 0 the back-off doubles (up to
-    `max_backoff`); otherwise it is reset to `probe_every`. When even alpha = 1 cannot beat plain decoding
-    with these costs, the policy never probes.
+    Probing (loss-bounded): while the model says K = 0 the estimate cannot change, so every so often the
+    policy drafts anyway. The probe asks for the best K > 0 at the current estimate (usually 1) unless
+    `probe_k` fixes it, after ``N`` plain rounds, where N is the fewest that keep the probe's expected
+    overhead within `probe_overhead` of plain decoding: a probe costs ``R = round_cost(K) / T(1)`` plain
+    steps and yields ``E = E(a, K)`` tokens, so a cycle of N plain rounds and one probe takes ``N + R`` steps
+    for ``N + E`` tokens, and ``(R - E) / (N + E) <= probe_overhead`` gives
+    ``N = ceil((R - E) / probe_overhead - E)``, clamped to ``1..max_backoff``. E is taken at the lower of the
+    estimate and the data alone (``S / (S + F)``, no prior), so the prior cannot make a hopeless drafter look
+    cheap to probe. Near break-even a probe is almost free and comes after one plain round; a hopeless
+    drafter (alpha near 0) is probed rarely. When even alpha = 1 cannot beat plain decoding with these
+    costs, the policy never probes.
 
-    `start()` resets the estimate to the prior and the back-off: nothing carries across generations.
+    (An earlier version probed with K = 2 after 8 plain rounds and doubled that back-off after every probe
+    that still said K = 0; on the default pair it decoded plainly for most of a prompt whose K = 1
+    acceptance was 0.72, after a few early rejections; see docs/DESIGN.md.)
+
+    `start()` resets the estimate to the prior: nothing carries across generations.
 
     Args:
         draft_step_s: seconds of one draft step (one draft token), measured for this pair and machine
@@ -250,9 +261,9 @@ class CostPolicy:
         prior_alpha: prior acceptance probability in [0, 1].
         prior_weight: weight of the prior in acceptance trials (pseudo-counts), >= 0; constant, not decayed.
         decay: per observed round multiplier of the past counts, in (0, 1].
-        probe_every: plain rounds before the first probe (the initial back-off), >= 1.
-        probe_k: K asked for by a probe (default 2, capped at max_k).
-        max_backoff: cap on the back-off in plain rounds (default ``8 * probe_every``).
+        probe_overhead: the expected time a probe may add over plain decoding, as a fraction (> 0).
+        probe_k: K asked for by a probe (None: the best K > 0 at the current estimate; capped at max_k).
+        max_backoff: most plain rounds between probes (>= 1).
 
     Raises:
         ValueError: invalid costs or parameters.
@@ -268,10 +279,10 @@ class CostPolicy:
         prior_alpha: float = 0.6,
         prior_weight: float = 2.0,
         decay: float = 0.8,
-        probe_every: int = 8,
+        probe_overhead: float = 0.03,
         *,
-        probe_k: int = 2,
-        max_backoff: int | None = None,
+        probe_k: int | None = None,
+        max_backoff: int = 64,
     ) -> None:
         self.max_k = _check_k(max_k, "max_k")
         self.draft_step_s = float(draft_step_s)
@@ -296,11 +307,11 @@ class CostPolicy:
         self.prior_alpha = float(prior_alpha)
         self.prior_weight = float(prior_weight)
         self.decay = float(decay)
-        self.probe_every = _check_k(probe_every, "probe_every")
-        self.probe_k = min(_check_k(probe_k, "probe_k"), self.max_k)
-        self.max_backoff = 8 * self.probe_every if max_backoff is None else _check_k(max_backoff, "max_backoff")
-        if self.max_backoff < self.probe_every:
-            raise ValueError(f"max_backoff ({self.max_backoff}) must be >= probe_every ({self.probe_every})")
+        if not (math.isfinite(float(probe_overhead)) and float(probe_overhead) > 0.0):
+            raise ValueError(f"probe_overhead must be a finite fraction > 0, got {probe_overhead}")
+        self.probe_overhead = float(probe_overhead)
+        self.probe_k = None if probe_k is None else min(_check_k(probe_k, "probe_k"), self.max_k)
+        self.max_backoff = _check_k(max_backoff, "max_backoff")
 
         # Round cost in seconds for K = 0..max_k, fixed for the policy's life.
         t1 = self.target_forward_s[1]
@@ -347,8 +358,6 @@ class CostPolicy:
         self._succ = 0.0  # decayed accepted draft tokens
         self._fail = 0.0  # decayed rejections
         self._plain = 0  # consecutive plain (K = 0) decisions since the last probe / speculative round
-        self._backoff = self.probe_every
-        self._probing = False
         self._last_alpha = self.current_alpha()
         self._last_k: int | None = None
         self._last_tokens: float | None = None
@@ -380,13 +389,36 @@ class CostPolicy:
 
     # -- the protocol ----------------------------------------------------------------------------------
 
+    def probe_plan(self, alpha: float) -> tuple[int, int]:
+        """``(K, N)``: the K a probe asks for at acceptance `alpha` (tokens), and the plain rounds N before it:
+        the fewest that keep the probe's expected overhead within `probe_overhead` (class docstring)."""
+        rates = self.tokens_per_s(alpha)
+        if self.probe_k is not None:
+            k = self.probe_k
+        else:
+            k = 1
+            for j in range(2, self.max_k + 1):
+                if rates[j] > rates[k]:
+                    k = j
+        t1 = self.round_cost_s[0]
+        expected = rates[k] * self.round_cost_s[k]  # E(alpha, K) tokens
+        loss = self.round_cost_s[k] / t1 - expected  # plain steps one probe loses (>= 0 when K = 0 wins)
+        n = math.ceil(loss / self.probe_overhead - expected - 1e-9)
+        return k, max(1, min(n, self.max_backoff))
+
+    def _probe_alpha(self) -> float:
+        """The acceptance a probe is planned at: min(estimate, data-only S / (S + F))."""
+        a = self.current_alpha()
+        seen = self._succ + self._fail
+        return min(a, self._succ / seen) if seen > 0.0 else a
+
     def next_k(self) -> int:
         a = self.current_alpha()
         k = self.best_k(a)
         if k == 0:
-            if self.speculation_can_win and self._plain >= self._backoff:
-                k = self.probe_k
-                self._probing = True
+            probe_k, wait = self.probe_plan(self._probe_alpha())
+            if self.speculation_can_win and self._plain >= wait:
+                k = probe_k
                 self._plain = 0
             else:
                 self._plain += 1
@@ -413,20 +445,13 @@ class CostPolicy:
 
     @property
     def backoff(self) -> int:
-        """Plain rounds before the next probe (current back-off)."""
-        return self._backoff
+        """Plain rounds before the next probe at the current estimate (N of `probe_plan`)."""
+        return self.probe_plan(self._probe_alpha())[1]
 
     def observe(self, record: RoundRecord) -> None:
         if record.k > 0:
             self._succ = self.decay * self._succ + record.num_accepted
             self._fail = self.decay * self._fail + (1.0 if record.rejected else 0.0)
-        if self._probing:
-            self._probing = False
-            if record.k > 0:  # a probe the engine clamped to K = 0 taught nothing: keep the back-off
-                if self.best_k(self.current_alpha()) > 0:
-                    self._backoff = self.probe_every
-                else:
-                    self._backoff = min(2 * self._backoff, self.max_backoff)
 
     def configure(self, drafter: Any) -> bool:
         """Clear any confidence stop on `drafter` (the cost model assumes K tokens are drafted). Returns False."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -221,8 +222,9 @@ def test_cost_picks_large_k_when_alpha_near_one_and_draft_cheap():
     assert k == 16
 
 
-def test_cost_backs_off_and_probes_again():
-    p = CostPolicy.from_costs(CHEAP_DRAFT)  # probe_every 8, probe K 2, back-off cap 64
+def test_cost_probes_after_a_loss_bounded_backoff():
+    # CHEAP_DRAFT: t1 = 0.46 s, c = 0.05 / 0.46, v(n) = 1 + 0.15 (n - 1).
+    p = CostPolicy.from_costs(CHEAP_DRAFT)
     p.start()
     assert p.next_k() > 0  # the prior (0.6) says speculate
     for _ in range(20):  # a hard stretch: every first draft token rejected
@@ -241,25 +243,50 @@ def test_cost_backs_off_and_probes_again():
             n += 1
             assert n < limit
 
-    gaps = []
-    for _ in range(5):  # failed probes: the back-off doubles up to its cap
-        n, k = run_plain_until_probe()
-        gaps.append(n)
-        assert k == 2
-        p.observe(rec(2, 0))
+    # The probe is planned at the data-only alpha, 0 here: K = 1 costs R = c + v(2) = 0.1087 + 1.15 plain
+    # steps for E = 1 token, so N = ceil((R - E) / 0.03 - E) = ceil(8.623 - 1) = 8 plain rounds per probe.
+    expected_n = math.ceil((0.05 / 0.46 + 1.15 - 1.0) / 0.03 - 1.0)
+    assert expected_n == 8
+    for _ in range(4):  # failed probes: the same bounded back-off each time
+        assert run_plain_until_probe() == (expected_n, 1)
+        p.observe(rec(1, 0))
         alpha_low = p.current_alpha()
-    assert gaps == [8, 16, 32, 64, 64]
-    # a probe that succeeds (an easy stretch began): speculation resumes and the back-off resets
-    n, k = run_plain_until_probe()
-    assert (n, k) == (64, 2)
-    p.observe(full(2))
-    assert p.backoff == 8
+    # a probe that succeeds (an easy stretch began): the estimate moves and speculation resumes
+    assert run_plain_until_probe() == (expected_n, 1)
+    p.observe(full(1))
     assert p.next_k() > 0
-    # back in a hard stretch later: the first probe comes after the initial back-off again
-    for _ in range(20):
-        p.observe(rec(2, 0))
-    alpha_low = p.current_alpha()
-    assert run_plain_until_probe()[0] == 8
+
+
+def test_cost_probe_near_break_even_comes_after_one_plain_round():
+    # data-only estimate (no prior, no decay): S = 1, F = 3 -> alpha = 0.25, just below K = 1's break-even
+    # (1 + a = c + v(2) = 1.2587 at a = 0.2587). E = 1.25, R - E = 0.0087: N = ceil(0.29 - 1.25) -> 1.
+    p = CostPolicy.from_costs(CHEAP_DRAFT, prior_weight=0.0, decay=1.0)
+    for accepted in (1, 0, 0, 0):
+        p.observe(rec(1, accepted))
+    assert p.current_alpha() == pytest.approx(0.25)
+    assert p.best_k(0.25) == 0
+    assert p.probe_plan(0.25) == (1, 1)
+    assert [p.next_k(), p.next_k()] == [0, 1]
+
+
+def test_cost_policy_overhead_on_a_hopeless_drafter_stays_within_bound():
+    # Every draft token rejected for 2000 rounds: the time spent beyond plain decoding of the same tokens,
+    # on the policy's own cost model, stays within its 3% probe overhead (after the prior is forgotten).
+    # (Not for a free drafter such as prompt lookup: there the prior's floor, 1.2 / 7 = 0.17, is above
+    # K = 1's break-even of 0.15 and the policy keeps drafting; a lookup without a match drafts nothing.)
+    for costs in (CHEAP_DRAFT, {"draft_step_s": 0.3, "target_forward_s": CHEAP_DRAFT["target_forward_s"]}):
+        p = CostPolicy.from_costs(costs)
+        assert p.speculation_can_win
+        p.start()
+        seconds = tokens = 0.0
+        for i in range(2000):
+            k = p.next_k()
+            p.observe(rec(k, 0))
+            if i >= 50:
+                seconds += p.round_cost_s[k]
+                tokens += 1
+        overhead = seconds / (tokens * p.round_cost_s[0]) - 1.0
+        assert 0.0 < overhead <= 0.03 + 1e-9
 
 
 def test_cost_alpha_follows_a_change_in_acceptance():
@@ -298,6 +325,8 @@ def test_cost_validation():
         CostPolicy(0.1, {1: 0.0})
     with pytest.raises(ValueError):
         CostPolicy(0.1, {1: 1.0}, decay=0.0)
+    with pytest.raises(ValueError, match="probe_overhead"):
+        CostPolicy(0.1, {1: 1.0}, probe_overhead=0.0)
     with pytest.raises(ValueError):
         CostPolicy(0.1, {1: 1.0}, max_k=0)
 

@@ -27,6 +27,8 @@ class LoadedModel:
     eos_ids: frozenset[int] = frozenset()
     load_s: float = 0.0
     compiled: bool = False
+    #: seconds spent compiling (`CompiledHFBackend.warmup`, included in load_s; 0 when not compiled)
+    compile_s: float = 0.0
 
 
 @dataclass
@@ -72,11 +74,14 @@ def load_model(
         spec: e.g. ``"qwen2.5-coder:target"``, ``"gpt2"``, ``"/path/to/ckpt"``, ``"model.gguf"``.
         runtime: ``"transformers"`` (fp32/fp16/bf16 weights, eager or compiled) or ``"llamacpp"`` (GGUF).
         device, dtype: transformers only. threads: intra-op threads for either runtime.
-        compile: transformers only; use the compiled static-cache backend.
+        compile: transformers only; use the compiled static-cache backend
+            (`specdec.backends.compiled.CompiledHFBackend`), compiled here (``warmup``: every shape bucket;
+            seconds in ``compile_s``, minutes on a CPU the first time, less with a warm inductor cache).
         n_ctx: llama.cpp context size.
 
     Raises:
         ValueError: unknown runtime or dtype, or options that do not apply.
+        specdec.backends.base.BackendError: compilation failed (one line).
         specdec.models.ModelNotAvailableError: the weights are not available (one-line message).
     """
     import time
@@ -105,12 +110,15 @@ def load_model(
         from specdec.backends.compiled import CompiledHFBackend
 
         backend = CompiledHFBackend(model)
+        # Compile every shape bucket now, at load: compilation never lands inside a timed generation.
+        compile_s = backend.warmup()
     else:
         from specdec.backends.hf import HFBackend
 
         backend = HFBackend(model)
     eos = eos_ids_for(tok, getattr(model, "generation_config", None))
-    return LoadedModel(spec, runtime, backend, tok, model, eos, time.perf_counter() - t0, compile)
+    return LoadedModel(spec, runtime, backend, tok, model, eos, time.perf_counter() - t0, compile,
+                       compile_s if compile else 0.0)
 
 
 def load_pair(

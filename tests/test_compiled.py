@@ -337,3 +337,22 @@ def load_backend_from(model):
     from specdec.backends.hf import HFBackend
 
     return HFBackend(model)
+
+
+@slow
+def test_load_pair_with_compile_compiles_at_load_and_stays_exact(tiny_pair, near_draft_dir, tiny_tokenizer):
+    """`load_pair(compile=True)` (the CLI's --compile, the sweep's transformers-compiled config) compiles every
+    bucket while loading, so the first forward needs no warm-up call and no compilation is ever timed; greedy
+    speculative decoding on that path equals greedy target-only decoding on it."""
+    from specdec.loading import load_pair
+
+    pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), compile=True)
+    assert pair.target.compiled and pair.draft.compiled
+    assert 0 < pair.target.compile_s <= pair.target.load_s and 0 < pair.draft.compile_s <= pair.draft.load_s
+    assert isinstance(pair.target.backend, CompiledHFBackend) and pair.target.backend.warmup_s > 0
+    for text in PROMPTS[:2]:
+        prompt = ids_of(tiny_tokenizer, text)
+        ref = autoregressive_generate(pair.target.backend, prompt, 24, vocab_size=pair.vocab_size).token_ids
+        out = speculative_generate(pair.target.backend, ModelDrafter(pair.draft.backend, pair.vocab_size), prompt,
+                                   24, k=4, vocab_size=pair.vocab_size)
+        assert out.token_ids == ref

@@ -271,6 +271,9 @@ def test_llama_prompt_lookup_is_recorded_as_skipped(tiny_tokenizer):
     assert row["error"].startswith("skipped: ") and rounds == [] and row["prompt_tokens"] > 0
     assert "llama_prompt_lookup" in S.RUNTIME_CONFIGS["llamacpp"].peers()
     assert S.RUNTIME_CONFIGS["mixed:llamacpp-draft"].peers() == ("hf_generate", "hf_prompt_lookup")
+    # transformers' own generate()/assisted generation are measured on the eager model only
+    assert S.RUNTIME_CONFIGS["transformers-compiled"].peers() == ()
+    assert S.RUNTIME_CONFIGS["transformers-eager"].peers() == ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 
 
 # ------------------------------------------------------------------------------------ plan and config

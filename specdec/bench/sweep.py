@@ -118,7 +118,9 @@ class RuntimeConfig:
     def peers(self) -> tuple[str, ...]:
         """The peer methods that apply to this configuration."""
         out = []
-        if self.target_backend == "transformers":
+        if self.target_backend == "transformers" and not self.compile:
+            # the transformers peers run the model as users run it: eager (the compiled backend repacks
+            # the model's linear layers in place, so its generate() would no longer be transformers' own)
             out.append("hf_generate")
             if self.draft_backend == "transformers":
                 out.append("hf_assisted")
@@ -1242,7 +1244,9 @@ def _load_config(cfg, rc, loader, target_spec, draft_spec, store, sid, log) -> _
     )
     threads = int(cfg.threads or torch.get_num_threads())
     ctx = _Context(cfg, rc, pair, None, {}, threads)
-    log(f"[{rc.label}] loaded in {time.perf_counter() - t0:.1f} s")
+    compile_s = sum(m.compile_s for m in (pair.target, pair.draft) if m is not None)
+    log(f"[{rc.label}] loaded in {time.perf_counter() - t0:.1f} s"
+        + (f" (of which {compile_s:.1f} s compiling, before any timing)" if rc.compile else ""))
     costs = store.load_costs(sid, rc.label)
     max_n = cost_max_n(cfg)
     if costs is None or max(costs["target_forward_s"]) < max_n:

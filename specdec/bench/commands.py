@@ -76,7 +76,7 @@ def sweep(
                                  "(default: 1)", rich_help_panel=_PANEL_PLAN)
     ] = None,
     ks: Annotated[
-        str | None, typer.Option(help="Fixed-K grid on primary prompts. (default: 1,2,4)",
+        str | None, typer.Option(help="Fixed-K grid on primary prompts. (default: 1,2,4,8,16)",
                                  rich_help_panel=_PANEL_PLAN)
     ] = None,
     secondary_ks: Annotated[
@@ -88,6 +88,10 @@ def sweep(
     ] = None,
     repeats: Annotated[
         int | None, typer.Option(help="Timed runs per cell. (default: 1)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    baseline_repeats: Annotated[
+        int | None, typer.Option(help="Target-only runs per prompt, one before and the rest after its other "
+                                 "runs (at least --repeats). (default: 2)", rich_help_panel=_PANEL_PLAN)
     ] = None,
     methods: Annotated[
         str | None, typer.Option(help="baseline,draft,ngram (and/or peer names). (default: baseline,draft,ngram)",
@@ -174,7 +178,7 @@ def sweep(
             "name": name, "pair": pair, "target": target, "draft": draft, "prompt_types": prompt_types,
             "prompts": str(prompts) if prompts is not None else None, "prompts_per_type": prompts_per_type,
             "ks": ks, "secondary_ks": secondary_ks, "max_new_tokens": max_new_tokens, "repeats": repeats,
-            "methods": methods, "policies": policies, "policy_k": policy_k, "peers": peers,
+            "baseline_repeats": baseline_repeats, "methods": methods, "policies": policies, "policy_k": policy_k, "peers": peers,
             "peer_ks": peer_ks, "configs": configs, "temperature": temperature, "top_k": top_k,
             "top_p": top_p, "seed": seed, "device": device, "dtype": dtype, "threads": threads,
             "chat_template": chat_template, "backend": backend, "draft_backend": draft_backend,

@@ -188,6 +188,9 @@ class SweepConfig:
         prompts: a prompt file (`specdec.bench.prompts.load_prompt_file`); None = the built-in set.
         prompts_per_type: built-in prompts per type (1 = the primary ``<type>-01`` only).
         ks: the fixed-K grid run on primary prompts (the first prompt of each type).
+        baseline_repeats: timed target-only runs per prompt (at least `repeats`): the first precedes the
+            prompt's other runs, the extra ones follow them, so the baseline, the denominator of every
+            speedup, brackets the prompt's runs in time (drift shows as a spread between them).
         secondary_ks: the fixed-K grid on the other prompts (no peers or policies there).
         max_new_tokens: new tokens per generation.
         repeats: timed runs per cell (seed = seed + repeat under sampling).
@@ -215,10 +218,11 @@ class SweepConfig:
     prompt_types: tuple[str, ...] | str = "all"
     prompts: str | None = None
     prompts_per_type: int = 1
-    ks: tuple[int, ...] = (1, 2, 4)
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16)
     secondary_ks: tuple[int, ...] = (4,)
     max_new_tokens: int = 128
     repeats: int = 1
+    baseline_repeats: int = 2
     methods: tuple[str, ...] = OUR_METHODS
     policies: tuple[str, ...] = ("cost",)
     policy_k: int = 16
@@ -261,6 +265,7 @@ QUICK: dict[str, Any] = {
     "ks": (4,),
     "secondary_ks": (),
     "max_new_tokens": 32,
+    "baseline_repeats": 1,
     "peers": False,
     "policies": (),
     "warmup_tokens": 8,
@@ -340,13 +345,14 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(pt, (list, tuple)):
         pt = ",".join(str(x) for x in pt)
     v["prompt_types"] = str(pt).strip() or "all"
-    for name in ("prompts_per_type", "max_new_tokens", "repeats", "policy_k", "warmup_tokens",
+    for name in ("prompts_per_type", "max_new_tokens", "repeats", "baseline_repeats", "policy_k", "warmup_tokens",
                  "cost_repeats", "cost_context_tokens", "ngram_max", "ngram_min", "top_k", "seed"):
         try:
             v[name] = int(v[name])
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be an integer, got {v[name]!r}") from None
-    for name, low in (("prompts_per_type", 1), ("max_new_tokens", 1), ("repeats", 1), ("policy_k", 1),
+    for name, low in (("prompts_per_type", 1), ("max_new_tokens", 1), ("repeats", 1), ("baseline_repeats", 1),
+                      ("policy_k", 1),
                       ("warmup_tokens", 1), ("cost_repeats", 1), ("cost_context_tokens", 1),
                       ("ngram_min", 1), ("top_k", 0)):
         if v[name] < low:
@@ -497,7 +503,8 @@ class Cell:
 def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[Cell]:
     """Every run of the sweep, in execution order: per config, per prompt: baseline first (so that the
     other runs can be compared with it), then draft and ngram over K, their policies, then the peers;
-    repeats innermost.
+    repeats innermost; then the baseline's extra runs (``baseline_repeats`` beyond ``repeats``), so that the
+    baseline brackets the prompt's runs in time.
 
     Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
     `secondary_ks` only.
@@ -528,6 +535,9 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[Cell]:
             for method, k, policy in groups:
                 for r in range(cfg.repeats):
                     plan.append(Cell(label, prompt, method, k, policy, r, is_primary))
+            if "baseline" in cfg.methods:
+                for r in range(cfg.repeats, cfg.baseline_repeats):
+                    plan.append(Cell(label, prompt, "baseline", None, None, r, is_primary))
     return plan
 
 
@@ -561,16 +571,23 @@ def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str
 # ------------------------------------------------------------------------------------------ estimates
 
 
+#: Target forward seconds for n = 1..17 tokens, measured by the default study's sweep on the development
+#: machine (2-vCPU Xeon VM, 2 threads, fp32 Qwen2.5-Coder-1.5B, warm cache; results/study.db, costs table).
+_REFERENCE_TARGET_S = (0.2748, 0.2882, 0.2858, 0.5378, 0.5576, 0.5634, 0.7652, 0.7621, 0.7643, 0.9167, 0.9138,
+                       0.9075, 1.0635, 1.0771, 1.0724, 0.7681, 0.7822)
+
+
 def _reference_costs() -> dict[str, Any]:
-    """The reference CPU costs used to size the defaults (2 cores, fp32, Qwen2.5-Coder 0.5B -> 1.5B):
-    draft 0.212 s/token, target 0.459 s/token, a 17-token target forward = 3.5 target steps, the forward
-    curve linear in between."""
-    step = 0.459
+    """The reference CPU costs used to size the defaults and for `--dry-run` when a store has none: the
+    default pair (Qwen2.5-Coder 0.5B -> 1.5B, fp32, 2 threads) as measured on the development machine:
+    draft 0.0994 s/token, target 0.2748 s/token (c = 0.36), the forward curve `_REFERENCE_TARGET_S`
+    (v(5) = 2.03, v(17) = 2.85; MKL's small-row kernels make it a staircase, not a line)."""
+    step = _REFERENCE_TARGET_S[0]
     return {
         "target_step_s": step,
-        "draft_step_s": 0.212,
-        "c": 0.212 / step,
-        "target_forward_s": {n: step * (1.0 + 2.5 * (n - 1) / 16.0) for n in range(1, 18)},
+        "draft_step_s": 0.0994,
+        "c": 0.0994 / step,
+        "target_forward_s": {n: s for n, s in enumerate(_REFERENCE_TARGET_S, start=1)},
     }
 
 

@@ -336,6 +336,23 @@ def test_adaptive_vs_best_fixed(analysis):
     assert len(pooled) == 1 and pooled.iloc[0]["best_fixed_k"] in (1, 2, 4)
 
 
+def test_baseline_stability_spread_and_generate_ratio(tmp_path, analysis):
+    st = Store(tmp_path / "s.db").sweep().costs()
+    st.run(prompt_id="a", tokens_per_s=3.0)
+    st.run(prompt_id="a", repeat=1, tokens_per_s=3.6)
+    st.run(prompt_id="a", method="hf_generate", tokens_per_s=3.0)
+    st.run(prompt_id="b", tokens_per_s=4.0)
+    st.run(prompt_id="b", repeat=1, tokens_per_s=0.0, error="killed")
+    stab = an.baseline_stability_table(an.load_store(st.close()).runs).set_index("prompt_id")
+    assert stab.loc["a", "n_runs"] == 2 and stab.loc["a", "median_tok_s"] == pytest.approx(3.3)
+    assert stab.loc["a", "spread"] == pytest.approx(0.6 / 3.3)
+    assert stab.loc["a", "vs_hf_generate"] == pytest.approx(1.1)
+    assert stab.loc["b", "n_runs"] == 1 and stab.loc["b", "spread"] == 0.0  # the failed run does not count
+    assert math.isnan(stab.loc["b", "hf_generate_tok_s"])
+    full = analysis.table("baseline_stability")  # full store: 2 runs per prompt, equal, generate() 1.25x slower
+    assert len(full) == 6 and (full["spread"] == 0).all() and np.allclose(full["vs_hf_generate"], 1.25)
+
+
 def test_position_acceptance():
     runs = pd.DataFrame([{"run_id": 1, "config_label": "x", "prompt_id": "p", "prompt_type": "t", "method": "draft",
                               "policy": "fixed", "k": 3, "tokens_per_s": 1.0}])

@@ -48,6 +48,7 @@ __all__ = [
     "StoreData",
     "adaptive_table",
     "analyze",
+    "baseline_stability_table",
     "best_k_table",
     "break_even_table",
     "cell_table",
@@ -938,6 +939,37 @@ def gaps_table(runs: pd.DataFrame) -> pd.DataFrame:
     return out[cols].reset_index(drop=True)
 
 
+def baseline_stability_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """How steady the denominator of every speedup is: one row per (config_label, target, prompt_id).
+
+    Columns: ``prompt_type``, ``n_runs`` (successful baseline runs), ``median_tok_s``, ``min_tok_s``,
+    ``max_tok_s``, ``spread`` = (max - min) / median (0 with one run; a large spread means the machine
+    changed speed while the prompt's runs were taken, and every speedup of that prompt carries it), and
+    ``hf_generate_tok_s`` / ``vs_hf_generate`` (median baseline / transformers' generate() on the same
+    prompt, when that peer ran: a third, independent measurement of target-only decoding).
+    """
+    cols = ["config_label", "target", "prompt_id", "prompt_type", "n_runs", "median_tok_s", "min_tok_s",
+            "max_tok_s", "spread", "hf_generate_tok_s", "vs_hf_generate"]
+    df = runs if "ok" in runs.columns else prepare_runs(runs)
+    ok = df[df["ok"]]
+    base = ok[ok["method"] == "baseline"]
+    if base.empty:
+        return pd.DataFrame(columns=cols)
+    key = ["config_label", "target", "prompt_id"]
+    gen = ok[ok["method"] == "hf_generate"].groupby(key)["tokens_per_s"].median().to_dict()
+    rows = []
+    for k, g in base.groupby(key, sort=True):
+        tps = g["tokens_per_s"].astype(float)
+        med = float(tps.median())
+        hf = gen.get(k, np.nan)
+        rows.append({"config_label": k[0], "target": k[1], "prompt_id": k[2],
+                     "prompt_type": g["prompt_type"].iloc[0], "n_runs": len(g), "median_tok_s": med,
+                     "min_tok_s": float(tps.min()), "max_tok_s": float(tps.max()),
+                     "spread": float((tps.max() - tps.min()) / med) if med > 0 else np.nan,
+                     "hf_generate_tok_s": hf, "vs_hf_generate": med / hf if hf and not _isnan(hf) else np.nan})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def coverage_table(cells: pd.DataFrame) -> pd.DataFrame:
     """Cells holding fewer prompts than the sweep has of their type (n_prompts < n_prompts_expected):
     by plan (secondary prompts run only some K) or because runs failed."""
@@ -960,7 +992,8 @@ class Analysis:
         store: the `StoreData` analysed.
         tables: name -> DataFrame; names: ``cells``, ``overall``, ``best_k``, ``break_even``,
             ``condition``, ``model``, ``optimal_k``, ``peers``, ``equality``, ``adaptive``,
-            ``runtimes``, ``runtimes_by_type``, ``positions``, ``gaps``, ``coverage``.
+            ``runtimes``, ``runtimes_by_type``, ``positions``, ``gaps``, ``coverage``,
+            ``baseline_stability``.
         costs: `CostInfo` per config_label.
         missing: sentences naming what is absent from the store (and so from the report).
     """
@@ -1065,6 +1098,7 @@ def analyze(store: StoreData) -> Analysis:
         ("adaptive", adaptive_table, (runs, cells, overall)),
         ("positions", position_acceptance, (runs, store.rounds)),
         ("gaps", gaps_table, (runs,)),
+        ("baseline_stability", baseline_stability_table, (runs,)),
         ("coverage", coverage_table, (cells,)),
     ):
         res = attempt(name.replace("_", " "), fn, *args)

@@ -191,6 +191,22 @@ def _source_section(a: Analysis) -> Section:
         sec.blocks.append(Table(["key", "value"], [[k, v] for k, v in _flatten(machine)]))
     else:
         sec.blocks.append("Machine: not recorded in this store.")
+    stab = a.table("baseline_stability")
+    if len(stab):
+        t = _rows(stab, [("config", lambda r: s(r["config_label"])), ("prompt", lambda r: s(r["prompt_id"])),
+                         ("baseline runs", lambda r: i(r["n_runs"])), ("median tok/s", lambda r: f(r["median_tok_s"])),
+                         ("min", lambda r: f(r["min_tok_s"])), ("max", lambda r: f(r["max_tok_s"])),
+                         ("spread", lambda r: pct(r["spread"])),
+                         ("generate() tok/s", lambda r: f(r["hf_generate_tok_s"])),
+                         ("baseline / generate()", lambda r: f(r["vs_hf_generate"]))])
+        multi = stab[stab["n_runs"] > 1]
+        t.caption = ("Baseline stability: the target-only runs behind every speedup, per prompt. spread = "
+                     "(max - min) / median; a large one means the machine changed speed during that prompt's "
+                     "runs. generate(): transformers' own target-only decoding of the same prompt, an "
+                     "independent measurement." + (
+                         f" Median spread {pct(multi['spread'].median())}, largest {pct(multi['spread'].max())} "
+                         f"({multi.loc[multi['spread'].idxmax(), 'prompt_id']})." if len(multi) else ""))
+        sec.blocks.append(t)
     cfg = a.sweep_config
     if cfg is not None:
         sec.blocks.append("Sweep configuration (sweeps.config_json):")

@@ -353,6 +353,32 @@ def test_baseline_stability_spread_and_generate_ratio(tmp_path, analysis):
     assert len(full) == 6 and (full["spread"] == 0).all() and np.allclose(full["vs_hf_generate"], 1.25)
 
 
+def test_machine_drift_from_round_traces(tmp_path):
+    st = Store(tmp_path / "s.db").sweep().costs(t1=0.010, slope=0.001)  # v(n) = 1 + 0.1 (n - 1)
+
+    def trace(run_id, k, verify_s, n=6):
+        for idx in range(n):
+            st.con.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                           (run_id, idx, k, k, 0, "", "recovered", 1, 0.0, verify_s, 0.0, None))
+
+    trace(st.run(method="baseline", tokens_per_s=10.0), 0, 0.010)  # baseline: 0.010 s per step
+    # draft K=2 ran while the machine was twice as slow: its 3-token forwards took 2 x 0.010 x v(3) = 0.024 s
+    trace(st.run(method="draft", policy="fixed", k=2, tokens_per_s=15.0), 2, 0.024)
+    # ngram K=1 at the baseline's speed: 0.010 x v(2) = 0.011 s
+    trace(st.run(method="ngram", policy="fixed", k=1, tokens_per_s=12.0), 1, 0.011)
+    st.run(method="hf_generate", tokens_per_s=9.0)  # no trace: not in the drift table
+    a = an.analyze(an.load_store(st.close()))
+    runs = a.table("drift_runs").set_index("method")
+    assert set(runs.index) == {"baseline", "draft", "ngram"}
+    assert runs.loc["baseline", "step_s"] == pytest.approx(0.010) and runs.loc["baseline", "drift"] == pytest.approx(0)
+    assert runs.loc["draft", "step_s"] == pytest.approx(0.020) and runs.loc["draft", "drift"] == pytest.approx(1.0)
+    assert runs.loc["draft", "speedup"] == pytest.approx(1.5)
+    assert runs.loc["draft", "normalized_speedup"] == pytest.approx(3.0)
+    cells = a.table("drift").set_index("method")
+    assert bool(cells.loc["draft", "flagged"]) and not bool(cells.loc["ngram", "flagged"])
+    assert cells.loc["ngram", "normalized_speedup"] == pytest.approx(1.2)
+
+
 def test_position_acceptance():
     runs = pd.DataFrame([{"run_id": 1, "config_label": "x", "prompt_id": "p", "prompt_type": "t", "method": "draft",
                               "policy": "fixed", "k": 3, "tokens_per_s": 1.0}])

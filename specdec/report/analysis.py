@@ -53,6 +53,8 @@ __all__ = [
     "break_even_table",
     "cell_table",
     "cost_infos",
+    "drift_cells",
+    "drift_runs",
     "equality_table",
     "gaps_table",
     "load_store",
@@ -970,6 +972,73 @@ def baseline_stability_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+#: |drift| above this marks a run as taken while the machine ran at another speed than its baseline.
+DRIFT_FLAG = 0.15
+
+
+def drift_runs(runs: pd.DataFrame, rounds: pd.DataFrame, infos: dict[str, CostInfo]) -> pd.DataFrame:
+    """Each run's own target speed, inferred from its round trace, against its prompt's baseline runs.
+
+    A shared CPU (a VM whose neighbours take memory bandwidth) can change speed by 2x within minutes, and a
+    speedup divides two runs taken minutes apart. Every traced round times one target forward over
+    ``k + 1`` tokens (``verify_s``); dividing by the configuration's measured relative cost ``v(k + 1)``
+    gives that round's *equivalent single-step time*, and its median over the run's rounds is the run's
+    ``step_s`` (seconds per target step while it ran). Only n within the measured cost curve are used.
+
+    One row per successful run with a trace: the run's keys, ``step_s``, ``baseline_step_s`` (median
+    ``step_s`` of the prompt's baseline runs), ``drift`` = step_s / baseline_step_s - 1 (> 0: the machine
+    was slower than during the baseline), ``speedup`` (tokens/s over the prompt's median baseline tokens/s)
+    and ``normalized_speedup`` = speedup x (1 + drift): the speedup had the machine kept the baseline's
+    speed, assuming the draft and the rest of the loop slowed down in the same proportion as the target
+    (all are memory-bound here). A model-based correction, reported next to the raw figure, never instead.
+    """
+    cols = ["run_id", "config_label", "pair", "target", "prompt_id", "prompt_type", "method", "policy", "k",
+            "step_s", "baseline_step_s", "drift", "speedup", "normalized_speedup"]
+    df = runs if "ok" in runs.columns else prepare_runs(runs)
+    ok = df[df["ok"] & df["method"].isin(["baseline", *SPEC_METHODS])]
+    if ok.empty or rounds is None or rounds.empty:
+        return pd.DataFrame(columns=cols)
+    r = rounds[["run_id", "k", "verify_s"]].copy()
+    r["k"] = pd.to_numeric(r["k"], errors="coerce")
+    r["verify_s"] = pd.to_numeric(r["verify_s"], errors="coerce")
+    r = r.merge(ok[["run_id", "config_label"]], on="run_id")
+    r = r[np.isfinite(r["k"]) & np.isfinite(r["verify_s"]) & (r["verify_s"] > 0)]
+    parts = []
+    for label, g in r.groupby("config_label"):
+        info = infos.get(label)
+        if info is None or not info.v:
+            continue
+        rel = (g["k"].astype(int) + 1).map(info.v).astype(float)  # NaN where n was not measured
+        parts.append(g.assign(eq=g["verify_s"] / rel).dropna(subset=["eq"]))
+    if not parts:
+        return pd.DataFrame(columns=cols)
+    step = pd.concat(parts).groupby("run_id")["eq"].median().rename("step_s")
+    out = ok.join(step, on="run_id")
+    out = out[out["step_s"].notna()].copy()
+    key = ["config_label", "target", "prompt_id"]
+    base = out[out["method"] == "baseline"].groupby(key)["step_s"].median().rename("baseline_step_s")
+    base_tps = _baseline_medians(df[df["ok"]]).rename("baseline_tok_s")
+    out = out.join(base, on=key).join(base_tps, on=key)
+    out["drift"] = out["step_s"] / out["baseline_step_s"] - 1.0
+    out["speedup"] = out["tokens_per_s"] / out["baseline_tok_s"]
+    out["normalized_speedup"] = out["speedup"] * (1.0 + out["drift"])
+    return out[cols].reset_index(drop=True)
+
+
+def drift_cells(dr: pd.DataFrame) -> pd.DataFrame:
+    """`drift_runs` per cell (median over its runs): ``n_runs``, ``drift``, ``speedup``,
+    ``normalized_speedup``, ``flagged`` (|drift| > `DRIFT_FLAG`). Baseline rows are left out."""
+    cols = [*CELL_KEY, "n_runs", "drift", "speedup", "normalized_speedup", "flagged"]
+    d = dr[(dr["method"] != "baseline") & dr["drift"].notna()] if len(dr) else dr
+    if d is None or d.empty:
+        return pd.DataFrame(columns=cols)
+    g = d.groupby(CELL_KEY, sort=True)
+    out = pd.DataFrame({"n_runs": g.size(), "drift": g["drift"].median(), "speedup": g["speedup"].median(),
+                        "normalized_speedup": g["normalized_speedup"].median()}).reset_index()
+    out["flagged"] = out["drift"].abs() > DRIFT_FLAG
+    return out[cols]
+
+
 def coverage_table(cells: pd.DataFrame) -> pd.DataFrame:
     """Cells holding fewer prompts than the sweep has of their type (n_prompts < n_prompts_expected):
     by plan (secondary prompts run only some K) or because runs failed."""
@@ -993,7 +1062,7 @@ class Analysis:
         tables: name -> DataFrame; names: ``cells``, ``overall``, ``best_k``, ``break_even``,
             ``condition``, ``model``, ``optimal_k``, ``peers``, ``equality``, ``adaptive``,
             ``runtimes``, ``runtimes_by_type``, ``positions``, ``gaps``, ``coverage``,
-            ``baseline_stability``.
+            ``baseline_stability``, ``drift_runs``, ``drift``.
         costs: `CostInfo` per config_label.
         missing: sentences naming what is absent from the store (and so from the report).
     """
@@ -1103,6 +1172,10 @@ def analyze(store: StoreData) -> Analysis:
     ):
         res = attempt(name.replace("_", " "), fn, *args)
         tables[name] = res if res is not None else empty
+    dr = attempt("machine drift", drift_runs, runs, store.rounds, infos)
+    tables["drift_runs"] = dr if dr is not None else empty
+    dc = attempt("machine drift by cell", drift_cells, tables["drift_runs"]) if len(tables["drift_runs"]) else None
+    tables["drift"] = dc if dc is not None else empty
     ok_best = tables["best_k"] if len(tables["best_k"]) else pd.DataFrame(columns=["config_label"])
     opt = attempt("optimal K", optimal_k_table, cells, infos, ok_best)
     tables["optimal_k"] = opt if opt is not None else empty

@@ -20,7 +20,15 @@ from typing import Any
 
 import pandas as pd
 
-from specdec.report.analysis import ALL_PROMPTS, SINGLE_RUN, SPEC_METHODS, Analysis, analyze, load_store
+from specdec.report.analysis import (
+    ALL_PROMPTS,
+    DRIFT_FLAG,
+    SINGLE_RUN,
+    SPEC_METHODS,
+    Analysis,
+    analyze,
+    load_store,
+)
 from specdec.report.plots import FigureEntry, make_figures
 
 __all__ = ["ReportResult", "render_html", "render_markdown", "write_report"]
@@ -258,6 +266,11 @@ def _summary_section(a: Analysis) -> Section:
         for r in peers[peers["prompt_type"] == ALL_PROMPTS].itertuples():
             lines.append(f"Ours vs peer on {r.config_label}: {r.ours} runs at {f(r.ratio)}x the tokens/s of "
                          f"{r.peer} {ci(r.ratio_lo, r.ratio_hi)} over {r.n_prompts} prompts ({r.verdict}).")
+    dc = a.table("drift")
+    if len(dc) and dc["flagged"].any():
+        lines.append(f"Machine drift: {int(dc['flagged'].sum())} of {len(dc)} cells ran while the target step "
+                     f"was more than {100 * DRIFT_FLAG:.0f}% slower or faster than during their prompt's "
+                     "baseline; see 'Machine drift' for their step-normalized speedups.")
     base = ov[ov["method"] == "baseline"]
     for r in base.itertuples():
         lines.append(f"Target-only baseline on {r.config_label}: median {f(r.tok_s, 1)} tokens/s over "
@@ -411,6 +424,36 @@ def _model_section(a: Analysis) -> Section:
     return sec
 
 
+def _drift_section(a: Analysis) -> Section:
+    sec = Section("Machine drift", "drift")
+    dc = a.table("drift")
+    if dc.empty:
+        sec.blocks.append("No round traces with a measured cost curve: the machine's speed during each run "
+                          "cannot be inferred.")
+        return sec
+    sec.blocks.append(
+        "Each run's own target step time is inferred from its round trace (each round's verification forward "
+        "divided by the measured relative cost v(K+1), median over the run). drift = that step time / the "
+        "step time during the prompt's baseline runs - 1: above 0 the machine was slower than during the "
+        f"baseline. Cells with |drift| > {100 * DRIFT_FLAG:.0f}% are flagged: their raw speedup mixes the "
+        "method with a change of machine speed. 'normalized' = raw speedup x (1 + drift), the speedup had the "
+        "machine kept the baseline's speed, assuming draft and target slowed alike; a model-based correction "
+        "shown next to the raw figure, never instead of it.")
+    n_flag = int(dc["flagged"].sum())
+    sec.blocks.append(f"{n_flag} of {len(dc)} cells are flagged; median |drift| "
+                      f"{pct(dc['drift'].abs().median())}, largest {pct(dc['drift'].abs().max())}.")
+    t = _rows(dc, [("config", lambda r: s(r["config_label"])), ("prompt type", lambda r: s(r["prompt_type"])),
+                   ("method", lambda r: s(r["method"])), ("policy", lambda r: s(r["policy"])),
+                   ("K", lambda r: i(r["k"])), ("runs", lambda r: i(r["n_runs"])),
+                   ("drift", lambda r: pct(r["drift"])), ("speedup (raw)", lambda r: f(r["speedup"])),
+                   ("normalized", lambda r: f(r["normalized_speedup"])),
+                   ("flagged", lambda r: "yes" if r["flagged"] else "")])
+    t.caption = "Per cell, median over its runs."
+    t.collapsed = True
+    sec.blocks.append(t)
+    return sec
+
+
 def _peer_section(a: Analysis) -> Section:
     sec = Section("Our implementation against the peers", "peers")
     p = a.table("peers")
@@ -545,7 +588,8 @@ def build_sections(a: Analysis, figures: list[FigureEntry]) -> list[Section]:
     how = Section("How to read this", "how")
     how.blocks.append(Bullets(HOW_TO_READ))
     return [
-        _summary_section(a), _source_section(a), how, _speedup_section(a), _condition_section(a),
+        _summary_section(a), _source_section(a), how, _speedup_section(a), _drift_section(a),
+        _condition_section(a),
         _model_section(a), _peer_section(a), _adaptive_section(a), _runtime_section(a),
         _figures_section(figures), _gaps_section(a, figures),
     ]

@@ -188,12 +188,12 @@ class SweepConfig:
         prompts: a prompt file (`specdec.bench.prompts.load_prompt_file`); None = the built-in set.
         prompts_per_type: built-in prompts per type (1 = the primary ``<type>-01`` only).
         ks: the fixed-K grid run on primary prompts (the first prompt of each type).
-        baseline_repeats: timed target-only runs per prompt (at least `repeats`): the first precedes the
-            prompt's other runs, the extra ones follow them, so the baseline, the denominator of every
-            speedup, brackets the prompt's runs in time (drift shows as a spread between them).
         secondary_ks: the fixed-K grid on the other prompts (no peers or policies there).
         max_new_tokens: new tokens per generation.
         repeats: timed runs per cell (seed = seed + repeat under sampling).
+        baseline_repeats: timed target-only runs per prompt (at least `repeats`): the first precedes the
+            prompt's other runs, the extra ones follow them, so the baseline, the denominator of every
+            speedup, brackets the prompt's runs in time (drift shows as a spread between them).
         methods: among ``baseline``, ``draft``, ``ngram`` and the peer names (a peer named here is run even
             without `peers`).
         policies: adaptive policies run for ``draft`` and ``ngram`` on primary prompts, with K = `policy_k`.
@@ -352,8 +352,7 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be an integer, got {v[name]!r}") from None
     for name, low in (("prompts_per_type", 1), ("max_new_tokens", 1), ("repeats", 1), ("baseline_repeats", 1),
-                      ("policy_k", 1),
-                      ("warmup_tokens", 1), ("cost_repeats", 1), ("cost_context_tokens", 1),
+                      ("policy_k", 1), ("warmup_tokens", 1), ("cost_repeats", 1), ("cost_context_tokens", 1),
                       ("ngram_min", 1), ("top_k", 0)):
         if v[name] < low:
             raise ValueError(f"{name} must be >= {low}, got {v[name]}")

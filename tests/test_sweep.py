@@ -411,7 +411,8 @@ def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, promp
             "--policies", "none", "--db", str(db), "--no-progress", "--threads", "1"]
     dry = runner.invoke(app, args + ["--dry-run"])
     assert dry.exit_code == 0, dry.output
-    assert "5 timed generations" in dry.output and "rough estimate" in dry.output and not db.exists()
+    # code-01: the baseline before and after draft and ngram at K = 1, 2
+    assert "6 timed generations" in dry.output and "rough estimate" in dry.output and not db.exists()
     res = runner.invoke(app, args + ["--max-runs", "2"])
     assert res.exit_code == 0, res.output
     assert "interrupted" in res.output and "[transformers-eager] code-01 baseline" in res.output
@@ -425,7 +426,7 @@ def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, promp
         out = tmp_path / f"o.{fmt}"
         ex = runner.invoke(app, ["export", "--db", str(db), "--out", str(out)])
         assert ex.exit_code == 0, ex.output
-        assert "5 runs written" in ex.output
+        assert "6 runs written" in ex.output
     bad = runner.invoke(app, ["export", "--db", str(db), "--out", str(tmp_path / "o.xlsx")])
     assert bad.exit_code == 2 and "--format" in bad.output
 

@@ -208,7 +208,8 @@ def _dry_run(cfg, db_path: Path) -> None:
 
     prompts, target, draft, _, _, sid, plan = S.prepare(cfg)
     costs_by = {}
-    source = "reference CPU costs (2 cores, fp32 Qwen2.5-Coder 0.5B -> 1.5B: 0.212 / 0.459 s per token)"
+    source = ("reference CPU costs (2 cores, fp32 Qwen2.5-Coder 0.5B -> 1.5B: "
+              f"{S.REFERENCE_COSTS['draft_step_s']:.3f} / {S.REFERENCE_COSTS['target_step_s']:.3f} s per token)")
     if db_path.is_file():
         with Store(db_path) as store:
             for label in cfg.configs:

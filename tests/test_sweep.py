@@ -415,7 +415,8 @@ def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, promp
     assert "6 timed generations" in dry.output and "rough estimate" in dry.output and not db.exists()
     res = runner.invoke(app, args + ["--max-runs", "2"])
     assert res.exit_code == 0, res.output
-    assert "interrupted" in res.output and "[transformers-eager] code-01 baseline" in res.output
+    # (a cell's summary line comes after its last run: the baseline's after its second run, at the end)
+    assert "interrupted" in res.output and "[transformers-eager] code-01 draft K=1" in res.output
     again = runner.invoke(app, args)
     assert again.exit_code == 2 and "--resume" in again.output
     assert len([ln for ln in again.output.splitlines() if ln.startswith("specdec: error:")]) == 1

@@ -240,9 +240,10 @@ class CostPolicy:
     overhead within `probe_overhead` of plain decoding: a probe costs ``R = round_cost(K) / T(1)`` plain
     steps and yields ``E = E(a, K)`` tokens, so a cycle of N plain rounds and one probe takes ``N + R`` steps
     for ``N + E`` tokens, and ``(R - E) / (N + E) <= probe_overhead`` gives
-    ``N = ceil((R - E) / probe_overhead - E)``, clamped to ``1..max_backoff``. E is taken at the lower of the
-    estimate and the data alone (``S / (S + F)``, no prior), so the prior cannot make a hopeless drafter look
-    cheap to probe. Near break-even a probe is almost free and comes after one plain round; a hopeless
+    ``N = ceil((R - E) / probe_overhead - E)``, clamped to ``1..max_backoff``. Once the decayed evidence
+    ``S + F`` reaches 3 trials, E is taken at the lower of the estimate and the data alone
+    (``S / (S + F)``, no prior), so the prior cannot make a hopeless drafter look cheap to probe; before
+    that, one early rejection must not make the drafter look hopeless (the data alone would say 0). Near break-even a probe is almost free and comes after one plain round; a hopeless
     drafter (alpha near 0) is probed rarely. When even alpha = 1 cannot beat plain decoding with these
     costs, the policy never probes.
 
@@ -406,11 +407,15 @@ class CostPolicy:
         n = math.ceil(loss / self.probe_overhead - expected - 1e-9)
         return k, max(1, min(n, self.max_backoff))
 
+    #: Decayed trials (S + F) before the data-only estimate may lower the acceptance a probe is planned at.
+    PROBE_EVIDENCE = 3.0
+
     def _probe_alpha(self) -> float:
-        """The acceptance a probe is planned at: min(estimate, data-only S / (S + F))."""
+        """The acceptance a probe is planned at: the estimate, or min(estimate, data-only S / (S + F)) once
+        S + F >= `PROBE_EVIDENCE`."""
         a = self.current_alpha()
         seen = self._succ + self._fail
-        return min(a, self._succ / seen) if seen > 0.0 else a
+        return min(a, self._succ / seen) if seen >= self.PROBE_EVIDENCE else a
 
     def next_k(self) -> int:
         a = self.current_alpha()

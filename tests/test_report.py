@@ -353,6 +353,23 @@ def test_baseline_stability_spread_and_generate_ratio(tmp_path, analysis):
     assert len(full) == 6 and (full["spread"] == 0).all() and np.allclose(full["vs_hf_generate"], 1.25)
 
 
+def test_speedup_uses_the_baseline_run_nearest_in_time(tmp_path):
+    # baseline 10 tok/s first, 5 tok/s last (the machine slowed between); each run is compared with the
+    # baseline nearest it in run order (ties -> the earlier): all three are 1.2x, where the median of the
+    # two baselines (7.5) would say 1.6, 1.6 and 0.8.
+    st = Store(tmp_path / "s.db").sweep().costs()
+    st.run(method="baseline", tokens_per_s=10.0)
+    st.run(method="draft", policy="fixed", k=1, tokens_per_s=12.0)
+    st.run(method="ngram", policy="fixed", k=1, tokens_per_s=12.0)
+    st.run(method="draft", policy="fixed", k=2, tokens_per_s=6.0)
+    st.run(method="baseline", repeat=1, tokens_per_s=5.0)
+    cells = an.analyze(an.load_store(st.close())).table("cells")
+    assert _cell(cells, "code", "draft", 1)["speedup"] == pytest.approx(1.2)
+    assert _cell(cells, "code", "ngram", 1)["speedup"] == pytest.approx(1.2)
+    assert _cell(cells, "code", "draft", 2)["speedup"] == pytest.approx(1.2)
+    assert _cell(cells, "code", "draft", 2)["baseline_tok_s"] == pytest.approx(5.0)
+
+
 def test_machine_drift_from_round_traces(tmp_path):
     st = Store(tmp_path / "s.db").sweep().costs(t1=0.010, slope=0.001)  # v(n) = 1 + 0.1 (n - 1)
 

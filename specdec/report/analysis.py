@@ -10,7 +10,9 @@ Conventions used by every table:
   prompts of that type. ``policy`` is ``"-"`` and ``k`` is 0 where the store has NULL (baseline, peers
   without K). ``pair`` falls back to the target name where the store has none (prompt lookup).
 * **speedup** (dimensionless) = a method's end-to-end tokens/s / our target-only ``baseline`` tokens/s on
-  the same ``config_label``, target and prompt. Per prompt, each side is the median over its repeats; the
+  the same ``config_label``, target and prompt. The baseline side of each run is the prompt's baseline
+  run nearest it in time (`_nearest_baseline`: the baseline runs bracket a prompt's other runs, and a
+  resumed sweep can leave them hours apart). Per prompt, each side is the median over its repeats; the
   cell's speedup is the median over prompts of those per-prompt ratios, with a 95 % percentile-bootstrap
   CI resampling prompts (:func:`specdec.theory.bootstrap_ratio_ci`, ``paired=True``). With a single
   aligned prompt the repeats are resampled instead (per-run ratio to that prompt's baseline median);
@@ -340,6 +342,27 @@ def _baseline_medians(ok: pd.DataFrame) -> pd.Series:
     return base.groupby(["config_label", "target", "prompt_id"])["tokens_per_s"].median()
 
 
+def _nearest_baseline(ok: pd.DataFrame) -> dict[int, int]:
+    """run_id -> run_id of the baseline run of the same (config_label, target, prompt_id) nearest in time
+    (run_id order is insertion order; ties -> the earlier). A baseline run maps to itself.
+
+    A prompt's baseline runs bracket its other runs; when a sweep was resumed hours later (or the machine
+    changed speed) they can be far apart, and the speedup of a run is then measured against the baseline
+    taken closest to it rather than against a median that mixes two machine states."""
+    keys = ["config_label", "target", "prompt_id"]
+    base = ok[ok["method"] == "baseline"]
+    if base.empty or "run_id" not in ok.columns:
+        return {}
+    ids_by = {k: np.sort(g["run_id"].to_numpy(dtype=np.int64)) for k, g in base.groupby(keys)}
+    out: dict[int, int] = {}
+    for r in ok[["run_id", *keys]].itertuples(index=False):
+        ids = ids_by.get((r.config_label, r.target, r.prompt_id))
+        if ids is None or pd.isna(r.run_id):
+            continue
+        out[int(r.run_id)] = int(ids[np.argmin(np.abs(ids - int(r.run_id)))])  # argmin: first = earlier
+    return out
+
+
 def _ratio_ci(runs: pd.DataFrame, ref: pd.Series | dict, ref_keys: list[str] | None = None) -> dict:
     """Speedup of `runs` over per-prompt reference medians `ref` (see module docstring).
 
@@ -447,8 +470,8 @@ def cell_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None, *, pool_p
     if df.empty:
         return pd.DataFrame(columns=[*CELL_KEY, "speedup"])
     ok = _with_round_stats(df[df["ok"]], rounds if rounds is not None else _empty(ROUND_COLUMNS))
-    base = _baseline_medians(ok)
-    base_d = base.to_dict()
+    near = _nearest_baseline(ok)
+    base_tps = dict(zip(ok["run_id"], ok["tokens_per_s"], strict=False)) if near else {}
     expected = df.groupby(["config_label", "prompt_type"])["prompt_id"].nunique()
     expected_all = df.groupby("config_label")["prompt_id"].nunique()
     failed_counts = df[df["failed"]].groupby(key).size()
@@ -473,13 +496,19 @@ def cell_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None, *, pool_p
         dec = (g["new_tokens"] / decode_s.where(decode_s > 0)).dropna()
         rec["decode_tok_s"] = float(dec.median()) if len(dec) else np.nan
         prompts = g[["config_label", "target", "prompt_id"]].drop_duplicates().itertuples(index=False, name=None)
-        refs = [base_d[key] for key in prompts if key in base_d]
+        # per prompt: the median, over the cell's runs, of the baseline run nearest each of them in time
+        ref_d: dict = {}
+        for pkey, pg in g.groupby(["config_label", "target", "prompt_id"]):
+            vals = [base_tps[near[int(i)]] for i in pg["run_id"] if int(i) in near]
+            if vals:
+                ref_d[pkey] = float(np.median(vals))
+        refs = [ref_d[key] for key in prompts if key in ref_d]
         rec["baseline_tok_s"] = float(np.median(refs)) if refs else np.nan
         if rec["method"] == "baseline" and len(g):
             rec.update(speedup=1.0, speedup_lo=1.0, speedup_hi=1.0, verdict="baseline",
                        n_aligned=rec["n_prompts"], ci_over="")
         else:
-            rec.update(_ratio_ci(g, base_d))
+            rec.update(_ratio_ci(g, ref_d))
         rec.update(_counts(g) if len(g) else {})
         rec.update(_times(g) if len(g) else {})
         mb = g["matches_baseline"].dropna()
@@ -985,9 +1014,9 @@ def drift_runs(runs: pd.DataFrame, rounds: pd.DataFrame, infos: dict[str, CostIn
     gives that round's *equivalent single-step time*, and its median over the run's rounds is the run's
     ``step_s`` (seconds per target step while it ran). Only n within the measured cost curve are used.
 
-    One row per successful run with a trace: the run's keys, ``step_s``, ``baseline_step_s`` (median
-    ``step_s`` of the prompt's baseline runs), ``drift`` = step_s / baseline_step_s - 1 (> 0: the machine
-    was slower than during the baseline), ``speedup`` (tokens/s over the prompt's median baseline tokens/s)
+    One row per successful run with a trace: the run's keys, ``step_s``, ``baseline_step_s`` (``step_s`` of
+    the prompt's baseline run nearest in time, as in `cell_table`), ``drift`` = step_s / baseline_step_s - 1
+    (> 0: the machine was slower than during the baseline), ``speedup`` (tokens/s over that baseline's)
     and ``normalized_speedup`` = speedup x (1 + drift): the speedup had the machine kept the baseline's
     speed, assuming the draft and the rest of the loop slowed down in the same proportion as the target
     (all are memory-bound here). A model-based correction, reported next to the raw figure, never instead.
@@ -1015,10 +1044,13 @@ def drift_runs(runs: pd.DataFrame, rounds: pd.DataFrame, infos: dict[str, CostIn
     step = pd.concat(parts).groupby("run_id")["eq"].median().rename("step_s")
     out = ok.join(step, on="run_id")
     out = out[out["step_s"].notna()].copy()
-    key = ["config_label", "target", "prompt_id"]
-    base = out[out["method"] == "baseline"].groupby(key)["step_s"].median().rename("baseline_step_s")
-    base_tps = _baseline_medians(df[df["ok"]]).rename("baseline_tok_s")
-    out = out.join(base, on=key).join(base_tps, on=key)
+    # each run against the baseline run nearest it in time (as the speedups of `cell_table`)
+    near = _nearest_baseline(df[df["ok"]])
+    step_of = dict(zip(out["run_id"].astype(int), out["step_s"], strict=True))
+    tps_of = dict(zip(df["run_id"], df["tokens_per_s"], strict=False))
+    nb = out["run_id"].astype(int).map(near)
+    out["baseline_step_s"] = nb.map(step_of).astype(float)
+    out["baseline_tok_s"] = nb.map(tps_of).astype(float)
     out["drift"] = out["step_s"] / out["baseline_step_s"] - 1.0
     out["speedup"] = out["tokens_per_s"] / out["baseline_tok_s"]
     out["normalized_speedup"] = out["speedup"] * (1.0 + out["drift"])

@@ -136,7 +136,8 @@ HOW_TO_READ = [
     ("tokens/s: new tokens / end-to-end seconds of one generation (prefill included); the figure every "
      "speedup is quoted on."),
     ("speedup: a method's tokens/s / our target-only baseline's tokens/s on the same runtime (config), target "
-     "and prompt. Per prompt each side is the median over repeats; a cell's speedup is the median over its "
+     "and prompt, the baseline being the prompt's baseline run nearest in time to each run (they bracket the "
+     "prompt's runs). Per prompt each side is the median over repeats; a cell's speedup is the median over its "
      "prompts, with a 95 % percentile-bootstrap CI resampling prompts (repeats when a cell has one prompt)."),
     ("verdict: 'win' when the whole CI is above 1, 'loss' when it is below 1, otherwise 'no measurable "
      "difference'. A loss is a result, reported as plainly as a win. A cell with one run of one prompt (the "

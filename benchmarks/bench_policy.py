@@ -62,12 +62,17 @@ def main() -> None:
               f"{' '.join(marks)}")
     n_types = int((ad["prompt_type"] != ALL_PROMPTS).sum())
     print()
+    _print_targets("raw tokens/s", fails, n_types, args)
+    _normalized(an, args)
+
+
+def _print_targets(basis: str, fails: dict[str, list[str]], n_cells: int, args) -> None:
+    """One PASS / FAIL line per target; `fails` maps "within" / "floor" to the failing method/type cells."""
     for name, text in (("within", f"within {args.within:.0%} of the best fixed K on every prompt type"),
                        ("floor", f"no prompt type below {args.floor:.2f}x the baseline")):
         bad = fails[name]
-        verdict = "PASS" if not bad else f"FAIL ({len(bad)} of {n_types}: {', '.join(bad)})"
-        print(f"target (raw tokens/s): {args.policy} policy {text}: {verdict}")
-    _normalized(an, args)
+        verdict = "PASS" if not bad else f"FAIL ({len(bad)} of {n_cells}: {', '.join(bad)})"
+        print(f"target ({basis}): {args.policy} policy {text}: {verdict}")
 
 
 def _normalized(an, args) -> None:
@@ -83,12 +88,14 @@ def _normalized(an, args) -> None:
     print(f"{'config':<22} {'method':<6} {'prompt type':<20} {'drift':>6} {'speedup':>8} {'best K':>6} {'best':>6} "
           f"{'vs best':>8}  targets")
     fails: dict[str, list[str]] = {"within": [], "floor": []}
+    n_cells = 0
     spec = dr[dr["method"] != "baseline"]
     for (label, method, ptype), g in spec.groupby(["config_label", "method", "prompt_type"], sort=True):
         pol = g[g["policy"] == args.policy]
         fixed = g[g["policy"] == "fixed"].groupby("k")["normalized_speedup"].median()
         if pol.empty or fixed.empty:
             continue
+        n_cells += 1
         ns = float(pol["normalized_speedup"].median())
         best_k = int(fixed.idxmax())
         ratio = ns / float(fixed.max())
@@ -101,11 +108,7 @@ def _normalized(an, args) -> None:
               f"{float(fixed.max()):>5.2f}x {ratio:>7.2f}x  {'ok' if within_ok else 'BELOW-BEST'} "
               f"{'ok' if floor_ok else 'SLOWER'}")
     print()
-    for name, text in (("within", f"within {args.within:.0%} of the best fixed K on every prompt type"),
-                       ("floor", f"no prompt type below {args.floor:.2f}x the baseline")):
-        bad = fails[name]
-        print(f"target (step-normalized): {args.policy} policy {text}: "
-              + ("PASS" if not bad else f"FAIL ({len(bad)}: {', '.join(bad)})"))
+    _print_targets("step-normalized", fails, n_cells, args)
 
 
 if __name__ == "__main__":

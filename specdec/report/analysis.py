@@ -334,14 +334,6 @@ def _with_round_stats(ok: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------------
 
 
-def _baseline_medians(ok: pd.DataFrame) -> pd.Series:
-    """Median baseline tokens/s per (config_label, target, prompt_id)."""
-    base = ok[ok["method"] == "baseline"]
-    if base.empty:
-        return pd.Series(dtype=float)
-    return base.groupby(["config_label", "target", "prompt_id"])["tokens_per_s"].median()
-
-
 def _nearest_baseline(ok: pd.DataFrame) -> dict[int, int]:
     """run_id -> run_id of the baseline run of the same (config_label, target, prompt_id) nearest in time
     (run_id order is insertion order; ties -> the earlier). A baseline run maps to itself.

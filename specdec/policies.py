@@ -229,10 +229,14 @@ class CostPolicy:
     largest measured n.
 
     Acceptance estimate: decayed counts with a Beta-like prior,
-    ``a = (prior_weight * prior_alpha + S) / (prior_weight + S + F)``, where after each round that proposed
-    K > 0 tokens ``S <- decay * S + num_accepted`` and ``F <- decay * F + (1 if rejected else 0)`` (the
-    alpha-hat of `specdec.metrics`, over an exponential window of about ``1 / (1 - decay)`` rounds so it
-    follows the text). Rounds with K = 0 observe no acceptance and leave the estimate unchanged.
+    ``a = (w * prior_alpha + S) / (w + S + F)``, where after each round that proposed K > 0 tokens
+    ``S <- decay * S + num_accepted``, ``F <- decay * F + (1 if rejected else 0)`` and ``w <- decay * w``
+    (``w`` starts at `prior_weight`): the alpha-hat of `specdec.metrics` over an exponential window of about
+    ``1 / (1 - decay)`` rounds, so it follows the text, with the prior treated as the oldest data and
+    forgotten like it. Rounds with K = 0 observe no acceptance and leave the estimate unchanged. (A prior
+    that kept its weight, ``forget_prior=False``, caps the estimate: with K = 2 fully accepted every round,
+    ``(1.2 + 10) / (2 + 10) = 0.93``, which on the default pair's cost staircase keeps K at 2 where K = 16 is
+    faster; and it holds a free drafter's estimate at ``1.2 / 7 = 0.17`` however often it misses.)
 
     Probing (loss-bounded): while the model says K = 0 the estimate cannot change, so every so often the
     policy drafts anyway. The probe asks for the best K > 0 at the current estimate (usually 1) unless
@@ -260,11 +264,12 @@ class CostPolicy:
             (a plain decoding step). Keys may be strings (JSON).
         max_k: largest K asked for (tokens, >= 1).
         prior_alpha: prior acceptance probability in [0, 1].
-        prior_weight: weight of the prior in acceptance trials (pseudo-counts), >= 0; constant, not decayed.
+        prior_weight: initial weight of the prior in acceptance trials (pseudo-counts), >= 0.
         decay: per observed round multiplier of the past counts, in (0, 1].
         probe_overhead: the expected time a probe may add over plain decoding, as a fraction (> 0).
         probe_k: K asked for by a probe (None: the best K > 0 at the current estimate; capped at max_k).
         max_backoff: most plain rounds between probes (>= 1).
+        forget_prior: decay the prior's weight with the data (default) instead of keeping it constant.
 
     Raises:
         ValueError: invalid costs or parameters.
@@ -284,6 +289,7 @@ class CostPolicy:
         *,
         probe_k: int | None = None,
         max_backoff: int = 64,
+        forget_prior: bool = True,
     ) -> None:
         self.max_k = _check_k(max_k, "max_k")
         self.draft_step_s = float(draft_step_s)
@@ -313,6 +319,7 @@ class CostPolicy:
         self.probe_overhead = float(probe_overhead)
         self.probe_k = None if probe_k is None else min(_check_k(probe_k, "probe_k"), self.max_k)
         self.max_backoff = _check_k(max_backoff, "max_backoff")
+        self.forget_prior = bool(forget_prior)
 
         # Round cost in seconds for K = 0..max_k, fixed for the policy's life.
         t1 = self.target_forward_s[1]
@@ -358,6 +365,7 @@ class CostPolicy:
     def start(self) -> None:
         self._succ = 0.0  # decayed accepted draft tokens
         self._fail = 0.0  # decayed rejections
+        self._prior_w = self.prior_weight  # the prior's weight now (decays with the data if forget_prior)
         self._plain = 0  # consecutive plain (K = 0) decisions since the last probe / speculative round
         self._last_alpha = self.current_alpha()
         self._last_k: int | None = None
@@ -365,8 +373,8 @@ class CostPolicy:
 
     def current_alpha(self) -> float:
         """The acceptance estimate from everything observed so far (dimensionless, in [0, 1])."""
-        num = self.prior_weight * self.prior_alpha + self._succ
-        den = self.prior_weight + self._succ + self._fail
+        num = self._prior_w * self.prior_alpha + self._succ
+        den = self._prior_w + self._succ + self._fail
         return num / den if den > 0.0 else self.prior_alpha
 
     def tokens_per_s(self, alpha: float) -> list[float]:
@@ -457,6 +465,8 @@ class CostPolicy:
         if record.k > 0:
             self._succ = self.decay * self._succ + record.num_accepted
             self._fail = self.decay * self._fail + (1.0 if record.rejected else 0.0)
+            if self.forget_prior:
+                self._prior_w *= self.decay
 
     def configure(self, drafter: Any) -> bool:
         """Clear any confidence stop on `drafter` (the cost model assumes K tokens are drafted). Returns False."""

@@ -1,0 +1,215 @@
+"""Replay benchmark: adaptive K policies against every fixed K on the real acceptance sequences of a sweep.
+
+Under greedy decoding the committed sequence is the target's greedy output whatever K or policy is used, so
+whether the draft would accept at output position p is a fixed fact of the prompt: the draft model's greedy
+token at p (given the target's prefix) equals the target's token, or it does not; prompt lookup's proposal
+at p depends only on the prefix too. This script takes each primary prompt's target-only output from a
+results store, computes that acceptance sequence once (one draft forward over prompt + output; prompt lookup
+in pure Python), and replays any policy against it on the store's measured cost curve: a round with K
+tokens costs ``K * draft_step_s + T(K + 1)`` seconds (the cost model of `specdec.policies.CostPolicy`, the
+same for every policy) and yields its accepted prefix plus one token.
+
+So it compares policies on identical text and identical costs, free of the machine drift that a timed sweep
+carries, in about a minute. It is a model, not a measurement: it omits the draft's prefill after a bonus
+token, rollback time and timing noise, so its absolute speedups are not the sweep's. The timed check is
+`benchmarks/bench_policy.py` on a sweep. Prints PASS / FAIL for the issue-7 targets (policy within 10% of
+the best fixed K, never below 0.95x the baseline); asserts nothing, exits 0.
+
+    python benchmarks/sim_policy.py --db results/study.db                      # draft model and prompt lookup
+    python benchmarks/sim_policy.py --db results/study.db --methods ngram --policies cost,heuristic
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+
+FIXED_KS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def draft_matches(draft_model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> list[bool]:
+    """``m[p]``: the draft's greedy token at output position p, given the prompt and the target's first p
+    output tokens, equals the target's token p. One forward of the draft over prompt + output.
+
+    Args:
+        draft_model: a transformers causal LM.
+        prompt_ids, output_ids: token ids (the target's greedy output after the prompt).
+    """
+    import torch
+
+    ids = torch.tensor([list(prompt_ids) + list(output_ids)])
+    with torch.inference_mode():
+        logits = draft_model(ids).logits[0]  # [len(prompt) + len(output), vocab]
+    n0 = len(prompt_ids)
+    pred = logits[n0 - 1:n0 - 1 + len(output_ids)].argmax(-1).tolist()
+    return [int(a) == int(b) for a, b in zip(pred, output_ids)]
+
+
+def replay(
+    policy,
+    n_out: int,
+    accepted_from: Callable[[int, int], tuple[int, int]],
+    round_cost_s: Callable[[int], float],
+    *,
+    max_k: int,
+) -> tuple[float, int, float]:
+    """Replay one generation of `n_out` tokens.
+
+    Args:
+        policy: a `specdec.policies` K policy (started here).
+        accepted_from: ``(p, k) -> (proposed, accepted)`` at output position p for K = k.
+        round_cost_s: ``proposed -> seconds`` of one round.
+        max_k: the engine's cap on K.
+
+    Returns:
+        (seconds, rounds, mean proposed K).
+    """
+    from specdec.metrics import RoundRecord
+
+    policy.start()
+    p, secs, rounds, drafted = 0, 0.0, 0, 0
+    while p < n_out:
+        k = min(policy.next_k(), max_k, n_out - p - 1) if n_out - p > 1 else 0
+        k = max(k, 0)
+        proposed, acc = accepted_from(p, k) if k > 0 else (0, 0)
+        secs += round_cost_s(proposed)
+        rec = RoundRecord(
+            k=proposed, num_accepted=acc, accept_flags=tuple([True] * acc + ([False] if acc < proposed else [])),
+            next_kind="bonus" if acc == proposed else "recovered", num_emitted=acc + 1,
+        )
+        policy.observe(rec)
+        p += acc + 1
+        rounds += 1
+        drafted += proposed
+    return secs, rounds, drafted / max(rounds, 1)
+
+
+def _store(db: str, sweep: str | None) -> tuple[str, list[tuple[str, str, list[int]]], dict]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    if sweep is None:
+        sweep = con.execute("SELECT sweep_id FROM sweeps ORDER BY rowid DESC LIMIT 1").fetchone()[0]
+    rows = con.execute(
+        "SELECT prompt_id, prompt_type, token_ids, config_label FROM runs WHERE sweep_id LIKE ? "
+        "AND method = 'baseline' AND error IS NULL ORDER BY run_id", (sweep + "%",),
+    ).fetchall()
+    outs, seen = [], set()
+    for pid, ptype, tok, cfg in rows:
+        if pid not in seen:
+            seen.add(pid)
+            outs.append((pid, ptype, json.loads(tok)))
+    config = rows[0][3]
+    costs = {"target_forward_s": {}}
+    for role, n, s in con.execute(
+        "SELECT role, n_tokens, seconds FROM costs WHERE sweep_id LIKE ? AND config_label = ?", (sweep + "%", config)
+    ):
+        if role == "target":
+            costs["target_forward_s"][int(n)] = float(s)
+        elif role == "draft" and int(n) == 1:
+            costs["draft_step_s"] = float(s)
+    return sweep, outs, costs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", default="results/study.db", help="SQLite results store with baseline runs and costs")
+    ap.add_argument("--sweep", default=None, help="sweep id or prefix (default: the newest)")
+    ap.add_argument("--draft", default="qwen2.5-coder:draft", help="draft model spec (the store's pair)")
+    ap.add_argument("--methods", default="draft,ngram")
+    ap.add_argument("--policies", default="cost,heuristic")
+    ap.add_argument("--max-k", type=int, default=16, help="policies' maximum / heuristic's starting K")
+    ap.add_argument("--cost-kw", default="{}", help="JSON keyword arguments for CostPolicy (e.g. '{\"decay\": 0.9}')")
+    ap.add_argument("--within", type=float, default=0.10)
+    ap.add_argument("--floor", type=float, default=0.95)
+    args = ap.parse_args()
+
+    from specdec.bench.prompts import load_builtin
+    from specdec.bench.sweep import encode_prompt
+    from specdec.drafters import PromptLookupDrafter
+    from specdec.policies import CostPolicy, make_policy
+
+    sweep, outs, costs = _store(args.db, args.sweep)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    texts = {p.id: p.text for p in load_builtin()}
+    print(f"sweep {sweep} ({args.db}): {len(outs)} prompts; draft step {costs.get('draft_step_s', 0):.4f} s, "
+          f"target step {costs['target_forward_s'][1]:.4f} s")
+
+    from specdec.loading import load_model
+
+    lm = load_model(args.draft)  # its tokenizer is the pair's (prompt lookup needs it too)
+    model, tok = lm.hf_model, lm.tokenizer
+
+    shortfalls: dict[str, list[str]] = {p: [] for p in policies}
+    slow: dict[str, list[str]] = {p: [] for p in policies}
+    header = f"{'method':6} {'prompt':22} {'base':>5} " + " ".join(f"K={k:<3}" for k in FIXED_KS)
+    header += " " + " ".join(f"{p[:4] + '/mean K':<10}" for p in policies) + " best"
+    for method in methods:
+        d = costs.get("draft_step_s", 0.0) if method == "draft" else 0.0
+        pol_costs = {"draft_step_s": d, "target_forward_s": costs["target_forward_s"]}
+        shape = CostPolicy.from_costs(pol_costs, max_k=max(FIXED_KS))
+        t1 = shape.round_cost_s[0]
+
+        def cost(n: int, _s=shape) -> float:
+            return _s.round_cost_s[n]
+
+        print(f"\n{method}: speedups over target-only on the replayed cost model (c = {shape.c:.2f})")
+        print(header)
+        for pid, ptype, out in outs:
+            if pid not in texts:
+                continue
+            prompt_ids = encode_prompt(tok, texts[pid])
+            n = len(out)
+            if method == "draft":
+                m = draft_matches(model, prompt_ids, out)
+
+                def acc_from(p: int, k: int, _m=m) -> tuple[int, int]:
+                    a = 0
+                    while a < k and p + a < len(_m) and _m[p + a]:
+                        a += 1
+                    return k, a
+            else:
+                seq = list(prompt_ids) + list(out)
+                n0 = len(prompt_ids)
+                look = PromptLookupDrafter()
+
+                def acc_from(p: int, k: int, _seq=seq, _n0=n0, _look=look) -> tuple[int, int]:
+                    prop = _look.propose(_seq[:_n0 + p], k, None, None).tokens
+                    a = 0
+                    while a < len(prop) and _n0 + p + a < len(_seq) and prop[a] == _seq[_n0 + p + a]:
+                        a += 1
+                    return len(prop), a
+            base = n * t1
+            fixed = {}
+            for k in FIXED_KS:
+                secs, _, _ = replay(make_policy("fixed", k), n, acc_from, cost, max_k=k)
+                fixed[k] = base / secs
+            pol, mean_ks = {}, {}
+            for name in policies:
+                polobj = (
+                    CostPolicy.from_costs(pol_costs, max_k=args.max_k, **json.loads(args.cost_kw))
+                    if name == "cost" else make_policy(name, args.max_k, costs=pol_costs)
+                )
+                secs, _, mean_k = replay(polobj, n, acc_from, cost, max_k=args.max_k)
+                pol[name] = base / secs
+                mean_ks[name] = mean_k
+            best_k = max(fixed, key=fixed.get)
+            line = f"{method:6} {pid:22} {1.0:5.2f} " + " ".join(f"{fixed[k]:5.2f}" for k in FIXED_KS)
+            line += " " + " ".join(f"{pol[p]:5.2f}/{mean_ks[p]:<4.1f}" for p in policies) + f"  K={best_k}"
+            print(line)
+            for name in policies:
+                if pol[name] < (1 - args.within) * fixed[best_k]:
+                    shortfalls[name].append(f"{method}/{ptype}")
+                if pol[name] < args.floor:
+                    slow[name].append(f"{method}/{ptype}")
+    print()
+    for name in policies:
+        s, f = shortfalls[name], slow[name]
+        print(f"{name}: within {args.within:.0%} of the best fixed K everywhere: "
+              f"{'PASS' if not s else 'FAIL (' + ', '.join(s) + ')'}")
+        print(f"{name}: never below {args.floor:.2f}x the baseline: {'PASS' if not f else 'FAIL (' + ', '.join(f) + ')'}")
+
+
+if __name__ == "__main__":
+    main()

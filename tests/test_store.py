@@ -147,7 +147,7 @@ def test_baseline_tokens_and_counts(db):
 
 def test_costs_round_trip(db):
     costs = {
-        "target_step_s": 0.5, "draft_step_s": 0.2, "c": 0.4, "repeats": 3,
+        "target_step_s": 0.5, "draft_step_s": 0.2, "c": 0.4, "repeats": 3, "draft_repeats": 9,
         "target_forward_s": {n: 0.5 + 0.1 * (n - 1) for n in range(1, 18)},
         "target_forward_spread_s": {n: 0.01 for n in range(1, 18)},
         "draft_forward_s": {1: 0.2}, "draft_forward_spread_s": {1: 0.002},
@@ -161,6 +161,7 @@ def test_costs_round_trip(db):
     assert n_rows == 18
     assert got["target_forward_s"] == costs["target_forward_s"] and got["draft_step_s"] == 0.2
     assert got["c"] == pytest.approx(0.4) and got["repeats"] == 3 and got["target_step_s"] == 0.5
+    assert got["draft_repeats"] == 9
 
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])

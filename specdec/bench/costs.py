@@ -112,6 +112,12 @@ def verification_steps(target_forward_s: dict[int, float]) -> dict[int, float]:
     return {int(n): s / one for n, s in target_forward_s.items()}
 
 
+#: The draft is timed this many times as often as the target: its forwards are ~3x cheaper, and with 3
+#: samples a few slow ones decided the median (results/policy.db: draft step 137 ms, IQR 149 ms, while the
+#: same sweep's drafting ran at 97-106 ms per token), which made the cost policy think drafting dearer.
+DRAFT_REPEAT_FACTOR = 3
+
+
 def measure_costs(
     pair: LoadedPair,
     *,
@@ -126,7 +132,8 @@ def measure_costs(
     Args:
         pair: the loaded models (their backends are reset afterwards).
         max_n: the target is timed for n = 1 .. max_n tokens (17 covers verification at K = 16).
-        repeats: timed forwards per n; the median is reported, the IQR as the spread.
+        repeats: timed target forwards per n; the median is reported, the IQR as the spread. The draft is
+            timed ``DRAFT_REPEAT_FACTOR * repeats`` times per n.
         context_tokens: tokens in the warm cache before each timed forward (clipped so that
             ``context + max_n`` fits the smaller model's context window).
         draft_max_n: the draft is timed for n = 1 .. draft_max_n (1 = its single step).
@@ -136,7 +143,8 @@ def measure_costs(
         ``{"target_step_s": s, "draft_step_s": s | None, "c": draft/target | None,
         "target_forward_s": {n: s}, "target_forward_spread_s": {n: s}, "verify_steps": {n: v(n)},
         "draft_forward_s": {n: s} | None, "draft_forward_spread_s": {n: s} | None,
-        "repeats": int, "context_tokens": int, "max_n": int}``; all times in seconds.
+        "repeats": int, "draft_repeats": int | None, "context_tokens": int, "max_n": int}``; all times in
+        seconds.
 
     Raises:
         ValueError: `max_n`, `repeats` or `context_tokens` < 1, or the models' context is too short
@@ -162,12 +170,15 @@ def measure_costs(
         "draft_forward_s": None,
         "draft_forward_spread_s": None,
         "repeats": repeats,
+        "draft_repeats": None,
         "context_tokens": ctx_len,
         "max_n": max_n,
     }
     if pair.draft is not None:
+        draft_repeats = DRAFT_REPEAT_FACTOR * repeats
         d_fwd, d_iqr = forward_times(pair.draft.backend, context, list(range(1, draft_max_n + 1)),
-                                     repeats=repeats, clock=clock)
+                                     repeats=draft_repeats, clock=clock)
+        out["draft_repeats"] = draft_repeats
         out["draft_step_s"] = d_fwd[1]
         out["c"] = d_fwd[1] / t_fwd[1] if t_fwd[1] > 0 else None
         out["draft_forward_s"] = d_fwd

@@ -433,10 +433,12 @@ class Store:
 
         Rows: role ``'target'``, n_tokens 1..max_n from ``target_forward_s``; role ``'draft'`` from
         ``draft_forward_s`` (at least n_tokens 1 = the draft step) when a draft was measured. ``c`` is derived.
+        ``repeats`` per row: ``draft_repeats`` for the draft's rows when given, else ``repeats``.
         """
-        repeats = costs.get("repeats")
         rows = []
         for role in ("target", "draft"):
+            repeats = costs.get("draft_repeats") if role == "draft" else None
+            repeats = repeats or costs.get("repeats")
             fwd = costs.get(f"{role}_forward_s") or {}
             spread = costs.get(f"{role}_forward_spread_s") or {}
             for n, s in fwd.items():
@@ -453,7 +455,7 @@ class Store:
 
         Keys: ``target_step_s``, ``draft_step_s`` (None without a draft), ``c`` (draft/target step; None
         without a draft), ``target_forward_s`` / ``draft_forward_s`` (``{n: seconds}``), the matching
-        ``*_spread_s`` (IQR seconds) and ``repeats``.
+        ``*_spread_s`` (IQR seconds), ``repeats`` (the target's) and ``draft_repeats``.
         """
         rows = self.conn.execute(
             "SELECT role, n_tokens, seconds, repeats, spread_s FROM costs WHERE sweep_id = ? AND "
@@ -464,12 +466,12 @@ class Store:
             return None
         out: dict[str, Any] = {
             "target_forward_s": {}, "target_forward_spread_s": {},
-            "draft_forward_s": {}, "draft_forward_spread_s": {}, "repeats": None,
+            "draft_forward_s": {}, "draft_forward_spread_s": {}, "repeats": None, "draft_repeats": None,
         }  # fmt: skip
         for role, n, s, reps, spread in rows:
             out[f"{role}_forward_s"][int(n)] = s
             out[f"{role}_forward_spread_s"][int(n)] = spread
-            out["repeats"] = reps
+            out["repeats" if role == "target" else "draft_repeats"] = reps
         t1 = out["target_forward_s"].get(1)
         d1 = out["draft_forward_s"].get(1)
         out["target_step_s"] = t1

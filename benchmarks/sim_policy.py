@@ -136,10 +136,16 @@ def main() -> None:
     print(f"sweep {sweep} ({args.db}): {len(outs)} prompts; draft step {costs.get('draft_step_s', 0):.4f} s, "
           f"target step {costs['target_forward_s'][1]:.4f} s")
 
-    from specdec.loading import load_model
+    model = None
+    if "draft" in methods:
+        from specdec.loading import load_model
 
-    lm = load_model(args.draft)  # its tokenizer is the pair's (prompt lookup needs it too)
-    model, tok = lm.hf_model, lm.tokenizer
+        lm = load_model(args.draft)
+        model, tok = lm.hf_model, lm.tokenizer
+    else:  # prompt lookup only: the pair's tokenizer is enough
+        from specdec.models import hf_tokenizer
+
+        tok = hf_tokenizer(args.draft)
 
     shortfalls: dict[str, list[str]] = {p: [] for p in policies}
     slow: dict[str, list[str]] = {p: [] for p in policies}

@@ -67,6 +67,7 @@ def load_model(
     compile: bool = False,
     n_ctx: int | None = None,
     trust_remote_code: bool = False,
+    compile_mode: str = "onednn",
 ) -> LoadedModel:
     """Load one model spec (preset member, hub id, local dir or .gguf) on a runtime.
 
@@ -77,6 +78,8 @@ def load_model(
         compile: transformers only; use the compiled static-cache backend
             (`specdec.backends.compiled.CompiledHFBackend`), compiled here (``warmup``: every shape bucket;
             seconds in ``compile_s``, minutes on a CPU the first time, less with a warm inductor cache).
+        compile_mode: `CompiledHFBackend`'s mode when compiling (``onednn`` packs the weights for
+            multi-token verification; `load_pair` compiles the draft with ``inductor``).
         n_ctx: llama.cpp context size.
 
     Raises:
@@ -109,7 +112,7 @@ def load_model(
     if compile:
         from specdec.backends.compiled import CompiledHFBackend
 
-        backend = CompiledHFBackend(model)
+        backend = CompiledHFBackend(model, mode=compile_mode)
         # Compile every shape bucket now, at load: compilation never lands inside a timed generation.
         compile_s = backend.warmup()
     else:
@@ -141,7 +144,8 @@ def load_pair(
         backend: the target's runtime; draft_backend: the draft's (default: the same) — mixed-runtime pairs
             such as a llama.cpp Q4_K_M draft with an fp32 transformers target are allowed when the
             vocabularies match.
-        Other arguments as in `load_model`.
+        Other arguments as in `load_model`; with `compile` the target is compiled in ``onednn`` mode and
+            the draft in ``inductor`` mode (`specdec.backends.compiled`).
 
     Returns:
         A `LoadedPair`.
@@ -156,7 +160,11 @@ def load_pair(
     draft = None
     vocab = real_vocab_size(target.tokenizer)
     if draft_spec is not None:
-        draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile, **kw)
+        # The draft's forwards are 1-2 tokens, where MKL's GEMV beats oneDNN's packed GEMM: inductor (ATen
+        # GEMMs, compiled elementwise) measured 110 vs 129 ms per draft step against eager; oneDNN 122 vs 120
+        # (benchmarks/bench_compiled.py, interleaved, 2 threads, default pair).
+        draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile,
+                           compile_mode="inductor", **kw)
         vocab = check_tokenizers(target.tokenizer, draft.tokenizer)
         check_vocab_fits(vocab, target=target.backend, draft=draft.backend)
     else:

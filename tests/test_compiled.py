@@ -350,6 +350,8 @@ def test_load_pair_with_compile_compiles_at_load_and_stays_exact(tiny_pair, near
     assert pair.target.compiled and pair.draft.compiled
     assert 0 < pair.target.compile_s <= pair.target.load_s and 0 < pair.draft.compile_s <= pair.draft.load_s
     assert isinstance(pair.target.backend, CompiledHFBackend) and pair.target.backend.warmup_s > 0
+    # target: packed oneDNN GEMMs (multi-token verification); draft: inductor (1-2 token steps)
+    assert (pair.target.backend.mode, pair.draft.backend.mode) == ("onednn", "inductor")
     for text in PROMPTS[:2]:
         prompt = ids_of(tiny_tokenizer, text)
         ref = autoregressive_generate(pair.target.backend, prompt, 24, vocab_size=pair.vocab_size).token_ids

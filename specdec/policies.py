@@ -247,9 +247,9 @@ class CostPolicy:
     ``N = ceil((R - E) / probe_overhead - E)``, clamped to ``1..max_backoff``. Once the decayed evidence
     ``S + F`` reaches 3 trials, E is taken at the lower of the estimate and the data alone
     (``S / (S + F)``, no prior), so the prior cannot make a hopeless drafter look cheap to probe; before
-    that, one early rejection must not make the drafter look hopeless (the data alone would say 0). Near break-even a probe is almost free and comes after one plain round; a hopeless
-    drafter (alpha near 0) is probed rarely. When even alpha = 1 cannot beat plain decoding with these
-    costs, the policy never probes.
+    that, one early rejection must not make the drafter look hopeless (the data alone would say 0). Near
+    break-even a probe is almost free and comes after one plain round; a hopeless drafter (alpha near 0) is
+    probed rarely. When even alpha = 1 cannot beat plain decoding with these costs, the policy never probes.
 
     (An earlier version probed with K = 2 after 8 plain rounds and doubled that back-off after every probe
     that still said K = 0; on the default pair it decoded plainly for most of a prompt whose K = 1

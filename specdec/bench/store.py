@@ -437,8 +437,7 @@ class Store:
         """
         rows = []
         for role in ("target", "draft"):
-            repeats = costs.get("draft_repeats") if role == "draft" else None
-            repeats = repeats or costs.get("repeats")
+            repeats = costs.get(f"{role}_repeats") or costs.get("repeats")  # draft_repeats: 3x the target's
             fwd = costs.get(f"{role}_forward_s") or {}
             spread = costs.get(f"{role}_forward_spread_s") or {}
             for n, s in fwd.items():

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 from collections.abc import Callable, Sequence
 
 FIXED_KS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -87,28 +86,24 @@ def replay(
 
 
 def _store(db: str, sweep: str | None) -> tuple[str, list[tuple[str, str, list[int]]], dict]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    if sweep is None:
-        sweep = con.execute("SELECT sweep_id FROM sweeps ORDER BY rowid DESC LIMIT 1").fetchone()[0]
-    rows = con.execute(
-        "SELECT prompt_id, prompt_type, token_ids, config_label FROM runs WHERE sweep_id LIKE ? "
-        "AND method = 'baseline' AND error IS NULL ORDER BY run_id", (sweep + "%",),
-    ).fetchall()
-    outs, seen = [], set()
-    for pid, ptype, tok, cfg in rows:
-        if pid not in seen:
-            seen.add(pid)
-            outs.append((pid, ptype, json.loads(tok)))
-    config = rows[0][3]
-    costs = {"target_forward_s": {}}
-    for role, n, s in con.execute(
-        "SELECT role, n_tokens, seconds FROM costs WHERE sweep_id LIKE ? AND config_label = ?", (sweep + "%", config)
-    ):
-        if role == "target":
-            costs["target_forward_s"][int(n)] = float(s)
-        elif role == "draft" and int(n) == 1:
-            costs["draft_step_s"] = float(s)
-    return sweep, outs, costs
+    """(sweep id, [(prompt_id, prompt_type, baseline token ids)], the stored costs) of the sweep's first
+    configuration; the sweep is chosen as `specdec report` chooses it (id, unique prefix, or the newest)."""
+    from specdec.bench.store import Store
+    from specdec.report.analysis import load_store
+
+    data = load_store(db, sweep)
+    base = data.runs[(data.runs["method"] == "baseline") & data.runs["error"].isna()].sort_values("run_id")
+    if base.empty:
+        raise SystemExit(f"sweep {data.sweep_id} of {db} has no successful baseline run")
+    config = str(base["config_label"].iloc[0])
+    prompts = base[base["config_label"] == config].drop_duplicates("prompt_id")
+    with Store(db) as st:
+        outs = [(pid, ptype, st.baseline_tokens(data.sweep_id, config, pid))
+                for pid, ptype in zip(prompts["prompt_id"], prompts["prompt_type"], strict=True)]
+        costs = st.load_costs(data.sweep_id, config)
+    if costs is None:
+        raise SystemExit(f"sweep {data.sweep_id} of {db} has no stored costs for {config}")
+    return data.sweep_id, outs, costs
 
 
 def main() -> None:
@@ -133,7 +128,7 @@ def main() -> None:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     texts = {p.id: p.text for p in load_builtin()}
-    print(f"sweep {sweep} ({args.db}): {len(outs)} prompts; draft step {costs.get('draft_step_s', 0):.4f} s, "
+    print(f"sweep {sweep} ({args.db}): {len(outs)} prompts; draft step {costs['draft_step_s'] or 0.0:.4f} s, "
           f"target step {costs['target_forward_s'][1]:.4f} s")
 
     model = None
@@ -152,7 +147,7 @@ def main() -> None:
     header = f"{'method':6} {'prompt':22} {'base':>5} " + " ".join(f"K={k:<3}" for k in FIXED_KS)
     header += " " + " ".join(f"{p[:4] + '/mean K':<10}" for p in policies) + " best"
     for method in methods:
-        d = costs.get("draft_step_s", 0.0) if method == "draft" else 0.0
+        d = (costs["draft_step_s"] or 0.0) if method == "draft" else 0.0
         pol_costs = {"draft_step_s": d, "target_forward_s": costs["target_forward_s"]}
         shape = CostPolicy.from_costs(pol_costs, max_k=max(FIXED_KS))
         t1 = shape.round_cost_s[0]

@@ -17,6 +17,11 @@ the best fixed K, never below 0.95x the baseline); asserts nothing, exits 0.
 
     python benchmarks/sim_policy.py --db results/study.db                      # draft model and prompt lookup
     python benchmarks/sim_policy.py --db results/study.db --methods ngram --policies cost,heuristic
+    python benchmarks/sim_policy.py --db results/study.db --synthetic --cost-kw '{"explore_z": 0}'
+
+``--synthetic`` replays i.i.d. acceptance instead (each draft position accepted with probability alpha, 40
+seeded sequences per alpha, the draft model's cost), where the best fixed K is known from theory: it shows
+what a policy costs on text below break-even and how close it gets above.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ def replay(
     round_cost_s: Callable[[int], float],
     *,
     max_k: int,
+    trace: list | None = None,
 ) -> tuple[float, int, float]:
     """Replay one generation of `n_out` tokens.
 
@@ -61,6 +67,7 @@ def replay(
         accepted_from: ``(p, k) -> (proposed, accepted)`` at output position p for K = k.
         round_cost_s: ``proposed -> seconds`` of one round.
         max_k: the engine's cap on K.
+        trace: if given, ``(p, K, accepted, alpha estimate)`` of every round is appended to it.
 
     Returns:
         (seconds, rounds, mean proposed K).
@@ -78,11 +85,51 @@ def replay(
             k=proposed, num_accepted=acc, accept_flags=tuple([True] * acc + ([False] if acc < proposed else [])),
             next_kind="bonus" if acc == proposed else "recovered", num_emitted=acc + 1,
         )
+        if trace is not None:
+            alpha = getattr(policy, "alpha_estimate", lambda: None)()
+            trace.append((p, proposed, acc, alpha))
         policy.observe(rec)
         p += acc + 1
         rounds += 1
         drafted += proposed
     return secs, rounds, drafted / max(rounds, 1)
+
+
+def synthetic(policies: Sequence[str], costs: dict, cost_kw: dict, max_k: int, *, n_out: int = 128,
+              seeds: int = 40) -> None:
+    """Print mean speedups over plain decoding (replayed cost model) of fixed K and `policies` on i.i.d.
+    acceptance sequences (alpha = 0 ... 0.95, `seeds` sequences of `n_out` tokens each)."""
+    import random
+    import statistics
+
+    from specdec.policies import CostPolicy, make_policy
+
+    shape = CostPolicy.from_costs(costs, max_k=max(FIXED_KS))
+    t1 = shape.round_cost_s[0]
+    print(f"i.i.d. acceptance, c = {shape.c:.2f}: mean speedup over {seeds} sequences of {n_out} tokens")
+    print(f"{'alpha':>5} " + " ".join(f"K={k:<3}" for k in FIXED_KS) + " " + " ".join(f"{p:>9}" for p in policies))
+    for alpha in (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
+        res: dict = {}
+        for seed in range(seeds):
+            rng = random.Random(seed)
+            m = [rng.random() < alpha for _ in range(n_out)]
+
+            def acc_from(p: int, k: int, _m=m) -> tuple[int, int]:
+                a = 0
+                while a < k and p + a < len(_m) and _m[p + a]:
+                    a += 1
+                return k, a
+
+            for k in FIXED_KS:
+                secs = replay(make_policy("fixed", k), n_out, acc_from, lambda n: shape.round_cost_s[n], max_k=k)[0]
+                res.setdefault(k, []).append(n_out * t1 / secs)
+            for name in policies:
+                pol = (CostPolicy.from_costs(costs, max_k=max_k, **cost_kw) if name == "cost"
+                       else make_policy(name, max_k, costs=costs))
+                secs = replay(pol, n_out, acc_from, lambda n: shape.round_cost_s[n], max_k=max_k)[0]
+                res.setdefault(name, []).append(n_out * t1 / secs)
+        print(f"{alpha:5.2f} " + " ".join(f"{statistics.mean(res[k]):5.2f}" for k in FIXED_KS) + " "
+              + " ".join(f"{statistics.mean(res[p]):9.3f}" for p in policies))
 
 
 def _store(db: str, sweep: str | None) -> tuple[str, list[tuple[str, str, list[int]]], dict]:
@@ -117,6 +164,10 @@ def main() -> None:
     ap.add_argument("--cost-kw", default="{}", help="JSON keyword arguments for CostPolicy (e.g. '{\"decay\": 0.9}')")
     ap.add_argument("--within", type=float, default=0.10)
     ap.add_argument("--floor", type=float, default=0.95)
+    ap.add_argument("--trace", default=None, help="prompt id: print its acceptance sequence and each policy's "
+                    "rounds (position:K/accepted)")
+    ap.add_argument("--synthetic", action="store_true", help="replay i.i.d. acceptance at alpha = 0 ... 0.95 "
+                    "on the store's draft-model costs instead of the prompts' sequences")
     args = ap.parse_args()
 
     from specdec.bench.prompts import load_builtin
@@ -127,6 +178,10 @@ def main() -> None:
     sweep, outs, costs = _store(args.db, args.sweep)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if args.synthetic:
+        synthetic(policies, {"draft_step_s": costs["draft_step_s"] or 0.0,
+                             "target_forward_s": costs["target_forward_s"]}, json.loads(args.cost_kw), args.max_k)
+        return
     texts = {p.id: p.text for p in load_builtin()}
     print(f"sweep {sweep} ({args.db}): {len(outs)} prompts; draft step {costs['draft_step_s'] or 0.0:.4f} s, "
           f"target step {costs['target_forward_s'][1]:.4f} s")
@@ -192,7 +247,13 @@ def main() -> None:
                     CostPolicy.from_costs(pol_costs, max_k=args.max_k, **json.loads(args.cost_kw))
                     if name == "cost" else make_policy(name, args.max_k, costs=pol_costs)
                 )
-                secs, _, mean_k = replay(polobj, n, acc_from, cost, max_k=args.max_k)
+                trace = [] if pid == args.trace else None
+                secs, _, mean_k = replay(polobj, n, acc_from, cost, max_k=args.max_k, trace=trace)
+                if trace is not None:
+                    if method == "draft":
+                        print(f"  {pid} draft matches: " + "".join("1" if x else "." for x in m))
+                    print(f"  {pid} {name}: " + " ".join(
+                        f"{q}:{k}/{a}" + (f"@{al:.2f}" if al is not None else "") for q, k, a, al in trace))
                 pol[name] = base / secs
                 mean_ks[name] = mean_k
             best_k = max(fixed, key=fixed.get)

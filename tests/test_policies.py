@@ -278,12 +278,20 @@ def test_cost_probes_after_a_loss_bounded_backoff():
         p.observe(rec(1, 0))
         alpha_low = p.current_alpha()
     # a probe that succeeds (an easy stretch began): the estimate moves to S / (S + F) = 1 / (1 + 0.8 F)
-    # = 0.2 (the prior is forgotten), still under K = 1's break-even 0.2587, but the next probe is now
-    # nearly free (E = 1.2, N = ceil(0.0587 / 0.03 - 1.2) = 1) and a second success resumes speculation.
+    # = 0.2 (the prior is forgotten), still under K = 1's break-even 0.2587. It rests on about 5 decayed
+    # trials, so one standard deviation above it, 0.2 + sqrt(0.2 * 0.8 / 6) = 0.363, is above break-even:
+    # the policy drafts again at once (explore_z = 1). Without that, the next probe is nearly free
+    # (E = 1.2, N = ceil(0.0587 / 0.03 - 1.2) = 1) and comes after one plain round.
     assert run_plain_until_probe() == (expected_n, 1)
     p.observe(full(1))
     alpha_low = p.current_alpha()
     assert 0.19 < alpha_low < 0.21
+    assert p.upper_alpha() == pytest.approx(alpha_low + math.sqrt(alpha_low * (1 - alpha_low) / (
+        p._prior_w + p._succ + p._fail + 1)))
+    assert 0.35 < p.upper_alpha() < 0.37
+    assert p.best_k(alpha_low) == 0 and p.best_k(p.upper_alpha()) == 1
+    assert p.next_k() == 1  # explores: no plain round
+    p.explore_z = 0.0
     assert run_plain_until_probe() == (1, 1)
     p.observe(full(1))
     assert p.next_k() > 0
@@ -292,7 +300,7 @@ def test_cost_probes_after_a_loss_bounded_backoff():
 def test_cost_probe_near_break_even_comes_after_one_plain_round():
     # data-only estimate (no prior, no decay): S = 1, F = 3 -> alpha = 0.25, just below K = 1's break-even
     # (1 + a = c + v(2) = 1.2587 at a = 0.2587). E = 1.25, R - E = 0.0087: N = ceil(0.29 - 1.25) -> 1.
-    p = CostPolicy.from_costs(CHEAP_DRAFT, prior_weight=0.0, decay=1.0)
+    p = CostPolicy.from_costs(CHEAP_DRAFT, prior_weight=0.0, decay=1.0, explore_z=0.0)
     for accepted in (1, 0, 0, 0):
         p.observe(rec(1, accepted))
     assert p.current_alpha() == pytest.approx(0.25)
@@ -306,8 +314,14 @@ def test_cost_one_early_rejection_does_not_make_the_drafter_look_hopeless():
     # is (0.96 + 0) / (1.6 + 1) = 0.369, under K = 1's break-even (1 + a = c + v(2) -> a = 0.411), so the
     # policy decodes plainly; the data alone (0 of 1) would say alpha = 0 and wait 13 rounds, but one trial
     # is not evidence: the probe is planned at 0.369 (E = 1.369, R = 1.411, N = ceil(0.014) = 1).
+    # (With explore_z = 1, the default, the policy does not even pause: 0.369 rests on 2.6 trials, and one
+    # standard deviation above it, 0.369 + sqrt(0.369 * 0.631 / 3.6) = 0.623, is above break-even.)
     t = {1: 0.2748, 2: 0.2882, 3: 0.2858, 4: 0.5378, 5: 0.5576}
-    p = CostPolicy(0.0994, t, max_k=4)
+    explorer = CostPolicy(0.0994, t, max_k=4)
+    explorer.observe(rec(1, 0))
+    assert explorer.upper_alpha() == pytest.approx(0.96 / 2.6 + math.sqrt(0.96 / 2.6 * (1 - 0.96 / 2.6) / 3.6))
+    assert [explorer.next_k(), explorer.next_k()] == [1, 1]
+    p = CostPolicy(0.0994, t, max_k=4, explore_z=0.0)
     p.start()
     assert p.next_k() == 1
     p.observe(rec(1, 0))
@@ -554,3 +568,23 @@ def test_confidence_stop_keeps_sampling_exact(tiny_tokenizer, target, near_draft
     chi2 = sum((counts.get(c, 0) - n_runs * p) ** 2 / (n_runs * p) for c, p in joint.items())
     assert len(joint) - 1 == 8
     assert chi2 < 26.12, chi2  # chi-square with 8 degrees of freedom at p = 0.001
+
+
+def test_cost_explores_while_the_evidence_is_thin_and_stops_when_it_is_not():
+    # CHEAP_DRAFT: K = 1 breaks even at alpha = 0.2587. Data-only counts (no prior, no decay) at alpha = 0.2:
+    # on 5 trials one standard deviation above is 0.2 + sqrt(0.16 / 6) = 0.363 -> draft (K = 1);
+    # on 100 trials it is 0.2 + sqrt(0.16 / 101) = 0.240 -> decode plainly (and probe after the back-off).
+    p = CostPolicy.from_costs(CHEAP_DRAFT, prior_weight=0.0, decay=1.0)
+    for accepted in (1, 0, 0, 0, 0):
+        p.observe(rec(1, accepted))
+    assert p.current_alpha() == pytest.approx(0.2)
+    assert p.upper_alpha() == pytest.approx(0.2 + math.sqrt(0.16 / 6))
+    assert p.best_k(0.2) == 0 and p.next_k() == 1
+    for i in range(95):
+        p.observe(rec(1, 1 if i % 5 == 0 else 0))
+    assert p.current_alpha() == pytest.approx(0.2)
+    assert p.upper_alpha() == pytest.approx(0.2 + math.sqrt(0.16 / 101))
+    assert p.next_k() == 0
+    assert p.alpha_estimate() == pytest.approx(0.2)
+    with pytest.raises(ValueError):
+        CostPolicy.from_costs(CHEAP_DRAFT, explore_z=-1.0)

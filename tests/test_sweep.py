@@ -285,6 +285,15 @@ def test_llama_prompt_lookup_is_recorded_as_skipped(tiny_tokenizer):
 # ------------------------------------------------------------------------------------ plan and config
 
 
+def test_plan_repeats_run_in_passes_so_drift_hits_every_method():
+    cfg = S.make_config({"prompt_types": "natural", "ks": "2,16", "methods": "baseline,draft",
+                         "policies": "cost", "peers": False, "repeats": 2, "baseline_repeats": 3})
+    plan = S.build_plan(cfg, S.select_prompts(cfg))
+    order = [(c.method, c.k, c.policy, c.repeat) for c in plan]
+    one_pass = [("baseline", None, None), ("draft", 2, "fixed"), ("draft", 16, "fixed"), ("draft", 16, "cost")]
+    assert order == [(*g, 0) for g in one_pass] + [(*g, 1) for g in one_pass] + [("baseline", None, None, 2)]
+
+
 def test_default_plan_and_budget_fit_the_cpu():
     cfg = S.make_config({})
     prompts = S.select_prompts(cfg)

@@ -501,8 +501,10 @@ class Cell:
 
 def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[Cell]:
     """Every run of the sweep, in execution order: per config, per prompt: baseline first (so that the
-    other runs can be compared with it), then draft and ngram over K, their policies, then the peers;
-    repeats innermost; then the baseline's extra runs (``baseline_repeats`` beyond ``repeats``), so that the
+    other runs can be compared with it), then draft and ngram over K, their policies, then the peers; with
+    ``repeats`` > 1 that sequence runs once per repeat (repeat 0 of every run, then repeat 1 ...), so a
+    machine that slows down inside a prompt's window hits every method in every pass rather than the ones
+    that come last; then the baseline's extra runs (``baseline_repeats`` beyond ``repeats``), so that the
     baseline brackets the prompt's runs in time.
 
     Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
@@ -531,8 +533,8 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[Cell]:
                         groups.append((m, None, None))
                     else:
                         groups.extend((m, k, None) for k in cfg.peer_ks)
-            for method, k, policy in groups:
-                for r in range(cfg.repeats):
+            for r in range(cfg.repeats):  # repeats outermost: each pass runs every group once
+                for method, k, policy in groups:
                     plan.append(Cell(label, prompt, method, k, policy, r, is_primary))
             if "baseline" in cfg.methods:
                 for r in range(cfg.repeats, cfg.baseline_repeats):

@@ -9,12 +9,14 @@ four generations of one block run back to back, in an order rotated every block:
 
 so each ratio is taken inside a block of a few minutes and drift hits all four alike. Each timed run is the
 same call the sweep makes (`autoregressive_generate` / `speculative_generate` with a `ModelDrafter`),
-greedy, ``--tokens`` new tokens; every configuration has one untimed warm-up generation first. Speculative
+greedy, ``--tokens`` new tokens; on each prompt every configuration first runs one untimed warm-up
+generation. Speculative
 output is checked token for token against target-only output on the same path (eager vs eager, compiled vs
 compiled); eager vs compiled agreement is reported, not required (kernels round differently).
 
-Memory: two copies of each model (the compiled target's packed weights are new memory); about 17 GiB for
-the default pair in fp32.
+Memory: two copies of each model (the compiled target's packed weights are new memory); for the default
+pair in fp32 that is above 10 GB of weights (`bench_compiled.py` peaked at 22 GiB resident with two target
+copies while compiling), so run nothing else beside it on a 24 GiB machine.
 
 Example (the default pair, converted by `specdec.models` on first use):
 

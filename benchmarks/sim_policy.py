@@ -67,7 +67,8 @@ def replay(
         accepted_from: ``(p, k) -> (proposed, accepted)`` at output position p for K = k.
         round_cost_s: ``proposed -> seconds`` of one round.
         max_k: the engine's cap on K.
-        trace: if given, ``(p, K, accepted, alpha estimate)`` of every round is appended to it.
+        trace: if given, ``(p, K, accepted, alpha estimate, upper bound)`` of every round is appended to it
+            (None where the policy has no estimate / bound).
 
     Returns:
         (seconds, rounds, mean proposed K).
@@ -87,7 +88,8 @@ def replay(
         )
         if trace is not None:
             alpha = getattr(policy, "alpha_estimate", lambda: None)()
-            trace.append((p, proposed, acc, alpha))
+            upper = getattr(policy, "upper_alpha", lambda: None)()
+            trace.append((p, proposed, acc, alpha, upper))
         policy.observe(rec)
         p += acc + 1
         rounds += 1
@@ -164,8 +166,8 @@ def main() -> None:
     ap.add_argument("--cost-kw", default="{}", help="JSON keyword arguments for CostPolicy (e.g. '{\"decay\": 0.9}')")
     ap.add_argument("--within", type=float, default=0.10)
     ap.add_argument("--floor", type=float, default=0.95)
-    ap.add_argument("--trace", default=None, help="prompt id: print its acceptance sequence and each policy's "
-                    "rounds (position:K/accepted)")
+    ap.add_argument("--trace", default=None, help="prompt id: print the draft's per-position matches (draft method) "
+                    "and each policy's rounds (position:K/accepted@estimate^bound)")
     ap.add_argument("--synthetic", action="store_true", help="replay i.i.d. acceptance at alpha = 0 ... 0.95 "
                     "on the store's draft-model costs instead of the prompts' sequences")
     args = ap.parse_args()
@@ -176,6 +178,8 @@ def main() -> None:
     from specdec.policies import CostPolicy, make_policy
 
     sweep, outs, costs = _store(args.db, args.sweep)
+    if args.trace is not None and args.trace not in {pid for pid, _, _ in outs}:
+        raise SystemExit(f"--trace {args.trace}: no such prompt with a baseline in sweep {sweep} of {args.db}")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if args.synthetic:
@@ -219,6 +223,9 @@ def main() -> None:
             n = len(out)
             if method == "draft":
                 m = draft_matches(model, prompt_ids, out)
+                if pid == args.trace:
+                    print(f"  {pid} draft matches target (1) per output position: "
+                          + "".join("1" if x else "." for x in m))
 
                 def acc_from(p: int, k: int, _m=m) -> tuple[int, int]:
                     a = 0
@@ -250,10 +257,9 @@ def main() -> None:
                 trace = [] if pid == args.trace else None
                 secs, _, mean_k = replay(polobj, n, acc_from, cost, max_k=args.max_k, trace=trace)
                 if trace is not None:
-                    if method == "draft":
-                        print(f"  {pid} draft matches: " + "".join("1" if x else "." for x in m))
-                    print(f"  {pid} {name}: " + " ".join(
-                        f"{q}:{k}/{a}" + (f"@{al:.2f}" if al is not None else "") for q, k, a, al in trace))
+                    print(f"  {pid} {name} (position:K/accepted@estimate^upper bound): " + " ".join(
+                        f"{q}:{k}/{a}" + (f"@{al:.2f}" if al is not None else "")
+                        + (f"^{up:.2f}" if up is not None else "") for q, k, a, al, up in trace))
                 pol[name] = base / secs
                 mean_ks[name] = mean_k
             best_k = max(fixed, key=fixed.get)

@@ -51,10 +51,12 @@ def generate(
     pair: PairOpt = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
-    k: Annotated[int, typer.Option("--k", help="K: draft tokens per round (fixed, or the max for adaptive).")] = 4,
+    k: Annotated[int | None, typer.Option("--k", help="K: draft tokens per round (fixed), or the largest K an "
+                                          "adaptive policy may ask for. Default: 4 fixed/heuristic, 16 otherwise.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 128,
     drafter: Annotated[str, typer.Option("--drafter", help="model | ngram (prompt lookup).")] = "model",
-    policy: Annotated[str, typer.Option("--policy", help="fixed | heuristic | confidence | cost.")] = "fixed",
+    policy: Annotated[str | None, typer.Option("--policy", help="fixed | heuristic | confidence | cost. Default: "
+                                               "fixed when --k is given, else cost (K chosen per round).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k")] = 0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
@@ -79,6 +81,11 @@ def generate(
     from specdec.sampling import SamplingParams
 
     # Validate everything cheap before any model loads.
+    policy, k = default_policy(policy, k)
+    from specdec.policies import POLICY_NAMES
+
+    if policy not in POLICY_NAMES:
+        fail(f"unknown --policy {policy!r}; choose one of: {', '.join(POLICY_NAMES)}")
     if k < 1:
         fail(f"--k must be >= 1, got {k}")
     if not prompt.strip():
@@ -106,7 +113,10 @@ def generate(
     tok = loaded.tokenizer
     prompt_ids = encode_prompt(tok, prompt, chat_template=chat_template)
     the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size) if drafter == "model" else PromptLookupDrafter()
-    the_policy = build_policy(policy, k, loaded, the_drafter)
+    cost_key = {"target": target_spec, "draft": draft_spec if drafter == "model" else None, "backend": backend,
+                "draft_backend": draft_backend, "device": device, "dtype": dtype, "threads": threads,
+                "compile": compile}
+    the_policy = build_policy(policy, k, loaded, the_drafter, cost_key=cost_key)
     common = {"sampling": sampling, "eos_ids": loaded.eos_ids, "vocab_size": loaded.vocab_size, "seed": seed}
     if baseline:  # warm both paths up once so that neither timed run pays first-call costs
         warm = min(8, max_new_tokens)
@@ -117,6 +127,7 @@ def generate(
     out = result.summary()
     out.update(text=text, k=k, drafter=drafter, policy=policy, prompt_tokens=len(prompt_ids))
     out["rounds_k"] = [r.k for r in result.rounds]
+    out["rounds_alpha"] = [r.alpha_estimate for r in result.rounds]  # None for fixed K
     if baseline:
         base = autoregressive_generate(loaded.target.backend, prompt_ids, max_new_tokens, **common)
         out["baseline_token_ids"] = base.token_ids
@@ -162,8 +173,22 @@ def _fmt(x) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
 
 
-def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None):
-    """The K policy for a run; `cost` measures the pair's costs briefly when none are given."""
+def default_policy(policy: str | None, k: int | None) -> tuple[str, int]:
+    """``(policy, K)`` for `generate` from its options: ``--k`` alone keeps a fixed K; neither option gives the
+    `cost` policy (issue 7: within 10% of the best fixed K per prompt type, never 5% below target-only, on
+    the default pair) with K <= 16; a policy alone gets K = 4 (fixed, heuristic) or 16 (confidence, cost)."""
+    if policy is None:
+        policy = "fixed" if k is not None else "cost"
+    policy = policy.strip().lower()
+    if k is None:
+        k = 4 if policy in ("fixed", "heuristic") else 16
+    return policy, k
+
+
+def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, cost_key: dict | None = None):
+    """The K policy for a run. `cost` without `costs` measures the pair's costs (`measure_costs`, 3 target
+    samples per n, 9 draft samples), or with `cost_key` reuses an earlier measurement of the same setup on
+    this machine (`specdec.bench.costs.cached_costs`; a note goes to stderr)."""
     from specdec import policies
 
     if name == "fixed":
@@ -172,9 +197,13 @@ def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None):
     if make is None:
         raise ValueError(f"policy {name!r} is not available in this build")
     if name == "cost" and costs is None:
-        from specdec.bench.costs import measure_costs
+        from specdec.bench.costs import cached_costs, measure_costs
 
-        costs = measure_costs(loaded, repeats=1, max_n=k + 1)
+        if cost_key is None:
+            costs = measure_costs(loaded, repeats=3, max_n=k + 1)
+        else:
+            costs, note = cached_costs(loaded, cost_key, max_n=k + 1)
+            print(f"specdec: {note}", file=sys.stderr)
     if name == "cost" and getattr(drafter, "name", "") != "model":
         costs = {**costs, "draft_step_s": 0.0}  # prompt lookup drafts for free (no model step)
     policy = make(name, k, costs=costs)

@@ -251,17 +251,20 @@ class CostPolicy:
     break-even a probe is almost free and comes after one plain round; a hopeless drafter (alpha near 0) is
     probed rarely. When even alpha = 1 cannot beat plain decoding with these costs, the policy never probes.
 
-    Exploring (``explore_z``): the decision to decode plainly is taken only when the data say so with some
-    confidence. If the estimate asks for K = 0 but the estimate plus `explore_z` standard deviations of a
-    Beta posterior on the decayed counts (`upper_alpha`) would draft, the policy drafts (the probe's K). On
-    thin evidence (a few early rejections, a window of K = 1 rounds) that keeps drafting through a stretch
-    whose true acceptance is near break-even; with plenty of evidence the bound closes on the estimate.
-    In the replay of the default pair's real acceptance sequences (`benchmarks/sim_policy.py`, 48 method x
-    prompt cells on two stores' costs) it lifted draft/natural from 0.91x to 0.99x of the best fixed K (a
-    hard first 50 tokens that the estimate, read through single-token probes, put at 0.16-0.27, under
-    break-even, while the draft matched 45% of them) and the worst cell from 0.91x to 0.92x; on i.i.d.
-    acceptance below break-even (alpha = 0.1-0.25, ``--synthetic``) it costs under 1% more than
-    ``explore_z = 0``.
+    Exploring (``explore_z``): the policy decodes plainly only when the estimate plus `explore_z` standard
+    deviations of a Beta posterior on the decayed counts (`upper_alpha`: ``n = w + S + F`` trials) would
+    too; otherwise it drafts with the K a probe would use. The decayed window holds few trials (at the
+    default decay 0.8, about 5 with K = 1 rounds, ~10 with K = 2), so the estimate is noisy and the bound
+    stays 0.15-0.19 above it: in effect, on the default pair's costs, K = 1 is drafted down to an estimate
+    of ~0.24 instead of K = 1's break-even 0.41 (a longer window, ``decay`` near 1, closes the bound on the
+    estimate). A drafter near alpha = 0 is unaffected (the bound is 0 there, and probing keeps its 3%
+    budget); near break-even the optimism is not covered by that budget. Replayed (`benchmarks/
+    sim_policy.py`): on the default pair's real acceptance sequences (48 method x prompt cells, two
+    stores' costs) it lifted draft/natural from 0.91x to 0.99x of the best fixed K (a hard first 50 tokens
+    that single-token probes read at 0.16-0.27 while the draft matched 45% of them) and the worst cell
+    from 0.91x to 0.92x; on i.i.d. acceptance (``--synthetic``, c = 0.32) it is at most 0.9% slower than
+    ``explore_z = 0`` at any alpha (alpha = 0.25, just below break-even: 0.973x vs 0.982x plain) and up
+    to 2% faster at alpha = 0.4-0.5.
 
     (An earlier version probed with K = 2 after 8 plain rounds and doubled that back-off after every probe
     that still said K = 0; on the default pair it decoded plainly for most of a prompt whose K = 1
@@ -283,7 +286,7 @@ class CostPolicy:
         max_backoff: most plain rounds between probes (>= 1).
         forget_prior: decay the prior's weight with the data (default) instead of keeping it constant.
         explore_z: standard deviations of optimism before deciding on plain decoding (>= 0; 0: decide at the
-            estimate).
+            estimate; see "Exploring").
 
     Raises:
         ValueError: invalid costs or parameters.
@@ -454,7 +457,7 @@ class CostPolicy:
         a = self.current_alpha()
         k = self.best_k(a)
         if k == 0 and self.explore_z > 0.0 and self.best_k(self.upper_alpha()) > 0:
-            k = self.probe_plan(a)[0]
+            k = self.probe_plan(self._probe_alpha())[0]  # the K a probe would use now
         if k == 0:
             probe_k, wait = self.probe_plan(self._probe_alpha())
             if self.speculation_can_win and self._plain >= wait:

@@ -41,10 +41,40 @@ def test_generate_ngram_and_policy(tiny_pair):
     assert len(out["rounds_k"]) == out["num_rounds"]
 
 
+def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_draft_dir, tmp_path):
+    from specdec.cli import default_policy
+
+    assert default_policy(None, None) == ("cost", 16)
+    assert default_policy(None, 3) == ("fixed", 3)
+    assert default_policy("Heuristic", None) == ("heuristic", 4)
+    assert default_policy("confidence", None) == ("confidence", 16)
+    assert default_policy("cost", 8) == ("cost", 8)
+    args = ("generate", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir),
+            "--prompt", "hello world the quick brown fox", "--max-new-tokens", "16", "--baseline", "--json",
+            "--threads", "1")
+    env = {"SPECDEC_CACHE_DIR": str(tmp_path)}
+    p = run(*args, env=env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert (out["policy"], out["k"]) == ("cost", 16)
+    assert out["identical_to_baseline"] and len(out["rounds_k"]) == out["num_rounds"]
+    assert all(0 <= k <= 16 for k in out["rounds_k"])
+    # only an adaptive policy estimates alpha; each round records the estimate it chose K with
+    assert len(out["rounds_alpha"]) == out["num_rounds"] and all(0 <= a <= 1 for a in out["rounds_alpha"])
+    assert "costs measured" in p.stderr and len(list((tmp_path / "costs").glob("*.json"))) == 1
+    again = run(*args, env=env)  # the second run reuses the measurement
+    assert again.returncode == 0 and "costs from" in again.stderr, again.stderr
+    fixed = run(*args[:-4], "--k", "2", "--json", "--threads", "1", env=env)
+    out = json.loads(fixed.stdout.strip().splitlines()[-1])
+    assert (out["policy"], out["k"]) == ("fixed", 2) and set(out["rounds_k"]) <= {0, 1, 2}
+    assert out["rounds_alpha"] == [None] * out["num_rounds"]
+
+
 @pytest.mark.parametrize(
     "extra,needle",
     [
         (["--k", "0"], "--k must be >= 1"),
+        (["--policy", "bandit"], "unknown --policy 'bandit'"),
         (["--prompt", "   "], "prompt is empty"),
         (["--target", "/nonexistent/model-dir"], "/nonexistent/model-dir"),
     ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 import pytest
 import torch
@@ -588,3 +589,35 @@ def test_cost_explores_while_the_evidence_is_thin_and_stops_when_it_is_not():
     assert p.alpha_estimate() == pytest.approx(0.2)
     with pytest.raises(ValueError):
         CostPolicy.from_costs(CHEAP_DRAFT, explore_z=-1.0)
+
+
+def _iid_speedup(policy: CostPolicy, alpha: float, n_tokens: int, seed: int) -> float:
+    """Plain-decoding time over the policy's time for `n_tokens` of i.i.d. acceptance at `alpha`, both on
+    the policy's own cost model (each draft position accepted with probability alpha, independently)."""
+    rng = random.Random(seed)
+    policy.start()
+    seconds, done = 0.0, 0
+    while done < n_tokens:
+        k = policy.next_k()
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        policy.observe(rec(k, accepted) if k else rec(0, 0))
+        seconds += policy.round_cost_s[k]
+        done += accepted + 1
+    return done * policy.round_cost_s[0] / seconds
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5])
+def test_cost_exploring_costs_little_below_break_even(alpha):
+    # The default window is short (decay 0.8), so the exploration bound never closes: the policy drafts
+    # K = 1 down to an estimate of ~0.24 where K = 1 breaks even at 0.411 (the study's costs). On i.i.d.
+    # acceptance that must stay within 5% of plain decoding everywhere below break-even, and within 2% of
+    # the same policy without exploring.
+    explore = CostPolicy.from_costs(STUDY_COSTS)
+    plain_minded = CostPolicy.from_costs(STUDY_COSTS, explore_z=0.0)
+    assert explore.best_k(0.40) == 0 and explore.best_k(0.42) > 0  # K = 1's break-even is ~0.41
+    with_z = sum(_iid_speedup(explore, alpha, 4000, s) for s in range(3)) / 3
+    without = sum(_iid_speedup(plain_minded, alpha, 4000, s) for s in range(3)) / 3
+    assert with_z >= 0.95, with_z
+    assert with_z >= without - 0.02, (with_z, without)

@@ -482,3 +482,29 @@ def test_sampled_sweep_records_seeds_and_no_equality(tmp_path, tiny_pair, near_d
         (m, r, 10 + r) for m in ("baseline", "draft", "hf_generate") for r in (0, 1)
     )
     assert all(r["matches_baseline"] is None and r["temperature"] == 0.8 for r in runs)
+
+
+def test_cached_costs_measure_once_per_setup_and_max_n(tmp_path):
+    from specdec.bench.costs import cached_costs
+
+    calls = []
+
+    def fake_measure(pair, *, max_n, repeats):
+        calls.append((max_n, repeats))
+        return {"draft_step_s": 0.1, "target_step_s": 0.3, "target_forward_s": {n: 0.3 for n in range(1, max_n + 1)}}
+
+    key = {"target": "t", "draft": "d", "threads": 2}
+    costs, note = cached_costs(None, key, max_n=5, cache=str(tmp_path), measure=fake_measure)
+    assert calls == [(5, 3)] and "measured" in note and costs["target_forward_s"][5] == 0.3
+    costs, note = cached_costs(None, key, max_n=3, cache=str(tmp_path), measure=fake_measure)
+    assert calls == [(5, 3)] and note.startswith("costs from")  # covered by the stored n <= 5
+    assert costs["target_forward_s"]["5"] == 0.3  # JSON round trip: string keys (CostPolicy accepts them)
+    cached_costs(None, key, max_n=17, cache=str(tmp_path), measure=fake_measure)  # needs more: re-measure
+    cached_costs(None, {**key, "threads": 1}, max_n=3, cache=str(tmp_path), measure=fake_measure)  # other setup
+    assert calls == [(5, 3), (17, 3), (3, 3)]
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 2
+    for f in files:
+        f.write_text("{not json")
+    cached_costs(None, key, max_n=3, cache=str(tmp_path), measure=fake_measure)  # unreadable: measured again
+    assert len(calls) == 4

@@ -21,7 +21,7 @@ from typing import Any
 from specdec.backends.base import Backend
 from specdec.loading import LoadedPair
 
-__all__ = ["forward_times", "measure_costs", "verification_steps"]
+__all__ = ["cached_costs", "forward_times", "measure_costs", "verification_steps"]
 
 # Text whose tokens fill the warm context: the content does not change the timing, only its length does.
 _FILLER = (
@@ -184,3 +184,65 @@ def measure_costs(
         out["draft_forward_s"] = d_fwd
         out["draft_forward_spread_s"] = d_iqr
     return out
+
+
+def cached_costs(
+    pair: LoadedPair,
+    key: dict[str, Any],
+    *,
+    max_n: int,
+    repeats: int = 3,
+    cache: str | None = None,
+    measure: Callable[..., dict[str, Any]] | None = None,
+) -> tuple[dict[str, Any], str]:
+    """`measure_costs` for `pair`, reusing an earlier measurement of the same setup on this machine.
+
+    The measurement is stored as JSON under ``<cache>/costs/<hash of key + machine>.json`` (default cache:
+    `specdec.models.cache_dir`); it is reused when it covers ``max_n`` target tokens. The key should name
+    everything that changes the times (model specs, runtimes, dtype, device, threads, compile); the CPU
+    model, core count and library versions are added here. Delete the file to measure again (a machine
+    whose speed drifts keeps its first figures).
+
+    Args:
+        pair: the loaded models. key: JSON-serialisable description of the setup. max_n: target tokens
+            timed (K + 1 for a maximum K). repeats: as `measure_costs` (the draft gets 3x as many).
+        cache: directory instead of the default; measure: injectable `measure_costs` (tests).
+
+    Returns:
+        ``(costs, note)``: costs as `measure_costs` returns them (``target_forward_s`` keys may be strings
+        after a round trip through JSON), and a one-line note saying where they came from.
+    """
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from specdec.bench.sweep import machine_info
+    from specdec.models import cache_dir
+
+    machine = machine_info(key.get("device", "cpu"), key.get("threads"))
+    full_key = {**key, **{k: machine.get(k) for k in ("cpu_model", "cpu_count", "torch", "transformers",
+                                                       "llama_cpp_python")}}
+    digest = hashlib.sha256(json.dumps(full_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = Path(cache) if cache is not None else cache_dir()
+    path = path / "costs" / f"{digest}.json"
+    if path.exists():
+        try:
+            stored = json.loads(path.read_text())
+            costs = stored["costs"]
+            if max(int(n) for n in costs["target_forward_s"]) >= max_n:
+                return costs, f"costs from {path} (measured {stored.get('measured_at', '?')}; delete it to re-measure)"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable or partial: measure again and overwrite
+    t0 = time.perf_counter()
+    costs = (measure or measure_costs)(pair, max_n=max_n, repeats=repeats)
+    note = f"costs measured in {time.perf_counter() - t0:.1f} s"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": full_key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                   "costs": costs}, default=str))
+        tmp.replace(path)
+        note += f", cached in {path}"
+    except OSError as exc:
+        note += f" (not cached: {exc})"
+    return costs, note

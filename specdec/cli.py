@@ -52,7 +52,7 @@ def generate(
     target: TargetOpt = None,
     draft: DraftOpt = None,
     k: Annotated[int | None, typer.Option("--k", help="K: draft tokens per round (fixed), or the largest K an "
-                                          "adaptive policy may ask for. Default: 4 fixed/heuristic, 16 otherwise.")] = None,
+                                          "adaptive policy may ask for (the heuristic's starting K). Default: 4 fixed/heuristic, 16 otherwise.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 128,
     drafter: Annotated[str, typer.Option("--drafter", help="model | ngram (prompt lookup).")] = "model",
     policy: Annotated[str | None, typer.Option("--policy", help="fixed | heuristic | confidence | cost. Default: "
@@ -94,6 +94,8 @@ def generate(
         fail(f"unknown --drafter {drafter!r}; choose model or ngram")
     if max_new_tokens < 0:
         fail("--max-new-tokens must be >= 0")
+    if threads is not None and threads < 1:
+        fail(f"--threads must be >= 1, got {threads}")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if drafter == "ngram" and target and not draft and not pair:
         target_spec, draft_spec = target, None  # prompt lookup needs no draft model
@@ -113,6 +115,9 @@ def generate(
     tok = loaded.tokenizer
     prompt_ids = encode_prompt(tok, prompt, chat_template=chat_template)
     the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size) if drafter == "model" else PromptLookupDrafter()
+    from specdec.decoding import _check_inputs
+
+    _check_inputs(prompt_ids, max_new_tokens, loaded.target.backend.max_length)  # before measuring costs
     cost_key = {"target": target_spec, "draft": draft_spec if drafter == "model" else None, "backend": backend,
                 "draft_backend": draft_backend, "device": device, "dtype": dtype, "threads": threads,
                 "compile": compile}
@@ -131,8 +136,10 @@ def generate(
     if baseline:
         base = autoregressive_generate(loaded.target.backend, prompt_ids, max_new_tokens, **common)
         out["baseline_token_ids"] = base.token_ids
-        out["baseline_tokens_per_s"] = base.tokens_per_s
-        out["speedup"] = result.tokens_per_s / base.tokens_per_s if base.tokens_per_s else None
+        base_tps = base.tokens_per_s if base.tokens_per_s and math.isfinite(base.tokens_per_s) else None
+        out["baseline_tokens_per_s"] = base_tps  # None (JSON null), never NaN, when nothing was generated
+        spec_tps = result.tokens_per_s if result.tokens_per_s and math.isfinite(result.tokens_per_s) else None
+        out["speedup"] = spec_tps / base_tps if spec_tps and base_tps else None
         out["identical_to_baseline"] = base.token_ids == result.token_ids
         if sampling.greedy and not out["identical_to_baseline"]:
             # Exact in fp32; in half precision K+1-token kernels can flip near-ties (case C3): report where,
@@ -154,7 +161,7 @@ def generate(
     if baseline:
         same = "identical" if out["identical_to_baseline"] else "DIFFERENT"
         print(
-            f"baseline {out['baseline_tokens_per_s']:.2f} tok/s; speedup {_fmt(out['speedup'])}x; "
+            f"baseline {_fmt(out['baseline_tokens_per_s'])} tok/s; speedup {_fmt(out['speedup'])}x; "
             f"outputs {same}",
             file=sys.stderr if as_json else sys.stdout,
         )

@@ -52,9 +52,16 @@ class LoadedPair:
 
 
 def set_threads(threads: int | None) -> None:
-    """Pin torch's intra-op thread count (recorded with results). None leaves the default."""
-    if threads:
-        torch.set_num_threads(int(threads))
+    """Pin torch's intra-op thread count (recorded with results). None leaves the default.
+
+    Raises:
+        ValueError: `threads` < 1.
+    """
+    if threads is None:
+        return
+    if int(threads) < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    torch.set_num_threads(int(threads))
 
 
 def load_model(

@@ -31,6 +31,18 @@ def test_generate_json_with_baseline(tiny_pair, near_draft_dir):
     assert out["num_drafted"] > 0 and 0 < out["num_accepted"] <= out["num_drafted"]
 
 
+def test_generate_zero_tokens_with_baseline_prints_strict_json(tiny_pair):
+    p = run("generate", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
+            "--prompt", "hello", "--k", "2", "--max-new-tokens", "0", "--baseline", "--json", "--threads", "1")
+    assert p.returncode == 0, p.stderr
+
+    def no_nan(name):
+        raise AssertionError(f"{name} in JSON output")
+
+    out = json.loads(p.stdout.strip().splitlines()[-1], parse_constant=no_nan)
+    assert out["token_ids"] == [] and out["baseline_tokens_per_s"] is None and out["speedup"] is None
+
+
 def test_generate_ngram_and_policy(tiny_pair):
     p = run("generate", "--target", str(tiny_pair.target_dir), "--prompt", "abc abc abc abc abc abc",
             "--drafter", "ngram", "--policy", "heuristic", "--k", "2", "--max-new-tokens", "12", "--json")
@@ -75,6 +87,9 @@ def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_
     [
         (["--k", "0"], "--k must be >= 1"),
         (["--policy", "bandit"], "unknown --policy 'bandit'"),
+        (["--threads", "-1"], "--threads must be >= 1"),
+        # the default cost policy would measure costs first: the overflow must be reported before that
+        (["--max-new-tokens", "100000"], "exceeds the target's context"),
         (["--prompt", "   "], "prompt is empty"),
         (["--target", "/nonexistent/model-dir"], "/nonexistent/model-dir"),
     ],

@@ -51,6 +51,18 @@ def draft_matches(draft_model, prompt_ids: Sequence[int], output_ids: Sequence[i
     return [int(a) == int(b) for a, b in zip(pred, output_ids)]
 
 
+def prefix_acceptor(matches: Sequence[bool]) -> Callable[[int, int], tuple[int, int]]:
+    """``(p, k) -> (k, accepted)`` for a drafter whose token at output position i is right iff
+    ``matches[i]``: K tokens drafted at p, accepted up to the first miss."""
+    def accepted_from(p: int, k: int) -> tuple[int, int]:
+        a = 0
+        while a < k and p + a < len(matches) and matches[p + a]:
+            a += 1
+        return k, a
+
+    return accepted_from
+
+
 def replay(
     policy,
     n_out: int,
@@ -114,13 +126,7 @@ def synthetic(policies: Sequence[str], costs: dict, cost_kw: dict, max_k: int, *
         res: dict = {}
         for seed in range(seeds):
             rng = random.Random(seed)
-            m = [rng.random() < alpha for _ in range(n_out)]
-
-            def acc_from(p: int, k: int, _m=m) -> tuple[int, int]:
-                a = 0
-                while a < k and p + a < len(_m) and _m[p + a]:
-                    a += 1
-                return k, a
+            acc_from = prefix_acceptor([rng.random() < alpha for _ in range(n_out)])
 
             for k in FIXED_KS:
                 secs = replay(make_policy("fixed", k), n_out, acc_from, lambda n: shape.round_cost_s[n], max_k=k)[0]
@@ -226,12 +232,7 @@ def main() -> None:
                 if pid == args.trace:
                     print(f"  {pid} draft matches target (1) per output position: "
                           + "".join("1" if x else "." for x in m))
-
-                def acc_from(p: int, k: int, _m=m) -> tuple[int, int]:
-                    a = 0
-                    while a < k and p + a < len(_m) and _m[p + a]:
-                        a += 1
-                    return k, a
+                acc_from = prefix_acceptor(m)
             else:
                 seq = list(prompt_ids) + list(out)
                 n0 = len(prompt_ids)

@@ -109,6 +109,15 @@ def replay(
     return secs, rounds, drafted / max(rounds, 1)
 
 
+def make(name: str, costs: dict, max_k: int, cost_kw: dict):
+    """The policy `name` for a replay: `CostPolicy` with `cost_kw` for ``cost``, else `make_policy`."""
+    from specdec.policies import CostPolicy, make_policy
+
+    if name == "cost":
+        return CostPolicy.from_costs(costs, max_k=max_k, **cost_kw)
+    return make_policy(name, max_k, costs=costs)
+
+
 def synthetic(policies: Sequence[str], costs: dict, cost_kw: dict, max_k: int, *, n_out: int = 128,
               seeds: int = 40) -> None:
     """Print mean speedups over plain decoding (replayed cost model) of fixed K and `policies` on i.i.d.
@@ -120,6 +129,7 @@ def synthetic(policies: Sequence[str], costs: dict, cost_kw: dict, max_k: int, *
 
     shape = CostPolicy.from_costs(costs, max_k=max(FIXED_KS))
     t1 = shape.round_cost_s[0]
+    cost = shape.round_cost_s.__getitem__
     print(f"i.i.d. acceptance, c = {shape.c:.2f}: mean speedup over {seeds} sequences of {n_out} tokens")
     print(f"{'alpha':>5} " + " ".join(f"K={k:<3}" for k in FIXED_KS) + " " + " ".join(f"{p:>9}" for p in policies))
     for alpha in (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
@@ -129,12 +139,10 @@ def synthetic(policies: Sequence[str], costs: dict, cost_kw: dict, max_k: int, *
             acc_from = prefix_acceptor([rng.random() < alpha for _ in range(n_out)])
 
             for k in FIXED_KS:
-                secs = replay(make_policy("fixed", k), n_out, acc_from, lambda n: shape.round_cost_s[n], max_k=k)[0]
+                secs = replay(make_policy("fixed", k), n_out, acc_from, cost, max_k=k)[0]
                 res.setdefault(k, []).append(n_out * t1 / secs)
             for name in policies:
-                pol = (CostPolicy.from_costs(costs, max_k=max_k, **cost_kw) if name == "cost"
-                       else make_policy(name, max_k, costs=costs))
-                secs = replay(pol, n_out, acc_from, lambda n: shape.round_cost_s[n], max_k=max_k)[0]
+                secs = replay(make(name, costs, max_k, cost_kw), n_out, acc_from, cost, max_k=max_k)[0]
                 res.setdefault(name, []).append(n_out * t1 / secs)
         print(f"{alpha:5.2f} " + " ".join(f"{statistics.mean(res[k]):5.2f}" for k in FIXED_KS) + " "
               + " ".join(f"{statistics.mean(res[p]):9.3f}" for p in policies))
@@ -251,10 +259,7 @@ def main() -> None:
                 fixed[k] = base / secs
             pol, mean_ks = {}, {}
             for name in policies:
-                polobj = (
-                    CostPolicy.from_costs(pol_costs, max_k=args.max_k, **json.loads(args.cost_kw))
-                    if name == "cost" else make_policy(name, args.max_k, costs=pol_costs)
-                )
+                polobj = make(name, pol_costs, args.max_k, json.loads(args.cost_kw))
                 trace = [] if pid == args.trace else None
                 secs, _, mean_k = replay(polobj, n, acc_from, cost, max_k=args.max_k, trace=trace)
                 if trace is not None:

@@ -136,9 +136,8 @@ def generate(
     if baseline:
         base = autoregressive_generate(loaded.target.backend, prompt_ids, max_new_tokens, **common)
         out["baseline_token_ids"] = base.token_ids
-        base_tps = base.tokens_per_s if base.tokens_per_s and math.isfinite(base.tokens_per_s) else None
+        base_tps, spec_tps = _rate(base.tokens_per_s), _rate(result.tokens_per_s)
         out["baseline_tokens_per_s"] = base_tps  # None (JSON null), never NaN, when nothing was generated
-        spec_tps = result.tokens_per_s if result.tokens_per_s and math.isfinite(result.tokens_per_s) else None
         out["speedup"] = spec_tps / base_tps if spec_tps and base_tps else None
         out["identical_to_baseline"] = base.token_ids == result.token_ids
         if sampling.greedy and not out["identical_to_baseline"]:
@@ -176,6 +175,11 @@ def generate(
         print(json.dumps(out))
 
 
+def _rate(x: float | None) -> float | None:
+    """A tokens/s figure, or None where it is missing, zero or not finite (no tokens generated)."""
+    return x if x and math.isfinite(x) else None
+
+
 def _fmt(x) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
 
@@ -193,9 +197,13 @@ def default_policy(policy: str | None, k: int | None) -> tuple[str, int]:
 
 
 def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, cost_key: dict | None = None):
-    """The K policy for a run. `cost` without `costs` measures the pair's costs (`measure_costs`, 3 target
-    samples per n, 9 draft samples), or with `cost_key` reuses an earlier measurement of the same setup on
-    this machine (`specdec.bench.costs.cached_costs`; a note goes to stderr)."""
+    """The K policy for a run. `cost` without `costs` takes them from `specdec.bench.costs.cached_costs` under
+    `cost_key` (an earlier measurement of the same setup on this machine, or a new one: 3 target samples per
+    n, 9 draft samples; a note goes to stderr).
+
+    Raises:
+        ValueError: unknown policy, or ``cost`` with neither `costs` nor `cost_key`.
+    """
     from specdec import policies
 
     if name == "fixed":
@@ -204,13 +212,12 @@ def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, 
     if make is None:
         raise ValueError(f"policy {name!r} is not available in this build")
     if name == "cost" and costs is None:
-        from specdec.bench.costs import cached_costs, measure_costs
+        from specdec.bench.costs import cached_costs
 
         if cost_key is None:
-            costs = measure_costs(loaded, repeats=3, max_n=k + 1)
-        else:
-            costs, note = cached_costs(loaded, cost_key, max_n=k + 1)
-            print(f"specdec: {note}", file=sys.stderr)
+            raise ValueError("the cost policy needs measured costs or a cost_key to find or store them under")
+        costs, note = cached_costs(loaded, cost_key, max_n=k + 1)
+        print(f"specdec: {note}", file=sys.stderr)
     if name == "cost" and getattr(drafter, "name", "") != "model":
         costs = {**costs, "draft_step_s": 0.0}  # prompt lookup drafts for free (no model step)
     policy = make(name, k, costs=costs)

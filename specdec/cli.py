@@ -227,30 +227,48 @@ def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, 
 
 
 @app.command("models")
-def models_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List the model presets: draft/target, sizes, where the weights are, whether available offline now."""
+def models_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON list of presets (for scripts).")] = False,
+) -> None:
+    """List the model presets: draft/target, sizes, where the weights are, whether available offline now.
+
+    On a terminal: a table whose long cells fold onto further lines (preset names never wrap or get cut).
+    Piped or redirected: one tab-separated line per preset under a header line, nothing cut, so
+    ``specdec models | grep qwen2.5-coder`` finds the row. ``--json`` prints every field.
+    """
     from specdec.models import list_presets
 
     rows = list_presets()
     if as_json:
         print(json.dumps(rows, default=str))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="specdec model presets")
-    for col in ("preset", "draft -> target", "params", "offline now", "disk", "weights"):
-        table.add_column(col)
-    for r in rows:
-        params = f"{_human(r.get('draft_params'))} -> {_human(r.get('target_params'))}"
-        table.add_row(
+    header = ("preset", "draft -> target", "params", "offline now", "disk", "weights")
+    cells = [
+        (
             r["name"] + (" (default)" if r.get("default") else ""),
             f"{r['draft']} -> {r['target']}",
-            params,
+            f"{_human(r.get('draft_params'))} -> {_human(r.get('target_params'))}",
             "yes" if r.get("available_offline_now") else "no",
             f"{(r.get('disk_bytes') or 0) / 1e9:.2f} GB",
             str(r.get("weights", "")),
         )
+        for r in rows
+    ]
+    if not sys.stdout.isatty():
+        for line in (header, *cells):
+            print("\t".join(line))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="specdec model presets")
+    for i, col in enumerate(header):
+        if i == 0:  # the preset name is what users copy: never wrapped, never cut
+            table.add_column(col, no_wrap=True, min_width=max(len(c[0]) for c in cells) if cells else None)
+        else:
+            table.add_column(col, overflow="fold")
+    for c in cells:
+        table.add_row(*c)
     Console().print(table)
 
 

@@ -122,6 +122,48 @@ def test_unknown_pair_and_models_listing():
     assert {"qwen2.5-coder", "gpt2-medium", "gpt2-large"} <= set(names)
 
 
+def test_models_listing_piped_keeps_every_name_and_path_whole():
+    """Piped (not a terminal): one tab-separated row per preset, nothing cut, so `| grep` finds it."""
+    rows = json.loads(run("models", "--json").stdout)
+    p = run("models", env={"COLUMNS": "40"})
+    assert p.returncode == 0, p.stderr
+    assert "\u2026" not in p.stdout  # no ellipsis anywhere
+    lines = p.stdout.splitlines()
+    assert lines[0].split("\t")[0] == "preset"
+    for r in rows:
+        (line,) = [ln for ln in lines[1:] if ln.split("\t")[0].split(" ")[0] == r["name"]]
+        assert f"{r['draft']} -> {r['target']}" in line
+    assert any("qwen2.5-coder" in ln for ln in lines if "(default)" in ln)
+
+
+def test_models_listing_on_a_narrow_terminal_folds_but_never_cuts():
+    """On a 60-column terminal the table folds long cells onto more lines; preset names stay whole."""
+    import pty
+    import re
+
+    rows = json.loads(run("models", "--json").stdout)
+    main, sub = pty.openpty()
+    env = dict(os.environ, COLUMNS="60", LINES="50", OMP_NUM_THREADS="1", TERM="dumb")
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", "models"], stdout=sub, stderr=sub, env=env)
+    os.close(sub)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=120) == 0
+    os.close(main)
+    screen = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", b"".join(chunks).decode())
+    assert "\u2026" not in screen
+    assert max(len(ln) for ln in screen.splitlines()) <= 60
+    for r in rows:
+        assert re.search(rf"(^|\W){re.escape(r['name'])}(\W|$)", screen), r["name"]
+
+
 def test_sweep_where_every_run_fails_exits_nonzero(tiny_pair, tmp_path):
     """The built-in code prompt (~275 tiny-tokenizer tokens) overflows the tiny 128-token context: every run
     fails, is stored with its error, and the command says so and exits non-zero instead of 'done'."""

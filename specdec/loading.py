@@ -9,6 +9,7 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.compat import check_tokenizers, check_vocab_fits, eos_ids_for, real_vocab_size
+from specdec.precision import apply_quant, check_dtype_supported
 
 RUNTIMES = ("transformers", "llamacpp")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -75,6 +76,7 @@ def load_model(
     n_ctx: int | None = None,
     trust_remote_code: bool = False,
     compile_mode: str = "onednn",
+    quant: str | None = None,
 ) -> LoadedModel:
     """Load one model spec (preset member, hub id, local dir or .gguf) on a runtime.
 
@@ -88,9 +90,12 @@ def load_model(
         compile_mode: `CompiledHFBackend`'s mode when compiling (``onednn`` packs the weights for
             multi-token verification; `load_pair` compiles the draft with ``inductor``).
         n_ctx: llama.cpp context size.
+        quant: transformers only: ``"int8"`` = int8 weight-only linear layers (`specdec.precision`), in the
+            model's `dtype`; None keeps the checkpoint's weights.
 
     Raises:
-        ValueError: unknown runtime or dtype, or options that do not apply.
+        ValueError: unknown runtime, dtype or quantization, options that do not apply, or bfloat16 on a CPU
+            without native bf16 kernels (`specdec.precision.check_dtype_supported`).
         specdec.backends.base.BackendError: compilation failed (one line).
         specdec.models.ModelNotAvailableError: the weights are not available (one-line message).
     """
@@ -104,6 +109,10 @@ def load_model(
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+    if quant is not None and (runtime != "transformers" or compile):
+        raise ValueError("--quant applies to the eager transformers backend only (llama.cpp: pick a quantized GGUF)")
+    if runtime == "transformers":
+        check_dtype_supported(dtype, device)
     t0 = time.perf_counter()
     if runtime == "llamacpp":
         from specdec.backends.llamacpp import load_llamacpp
@@ -116,6 +125,7 @@ def load_model(
         eos = eos_ids_for(tok)
         return LoadedModel(spec, runtime, backend, tok, None, eos, time.perf_counter() - t0)
     model, tok = models.load_hf(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    apply_quant(model, quant)
     if compile:
         from specdec.backends.compiled import CompiledHFBackend
 
@@ -143,6 +153,9 @@ def load_pair(
     compile: bool = False,
     n_ctx: int | None = None,
     trust_remote_code: bool = False,
+    quant: str | None = None,
+    draft_dtype: str | None = None,
+    draft_quant: str | None = "same",
 ) -> LoadedPair:
     """Load target and draft and check that they can be compared token by token.
 
@@ -151,6 +164,9 @@ def load_pair(
         backend: the target's runtime; draft_backend: the draft's (default: the same) — mixed-runtime pairs
             such as a llama.cpp Q4_K_M draft with an fp32 transformers target are allowed when the
             vocabularies match.
+        draft_dtype: the draft's dtype (default: `dtype`). draft_quant: the draft's quantization (default
+            ``"same"``: `quant`; None: full weights). A quantized copy of the target is a draft of itself:
+            ``load_pair(T, T, dtype="bfloat16", draft_quant="int8")``.
         Other arguments as in `load_model`; with `compile` the target is compiled in ``onednn`` mode and
             the draft in ``inductor`` mode (`specdec.backends.compiled`).
 
@@ -162,8 +178,8 @@ def load_pair(
         specdec.models.ModelNotAvailableError, ValueError: as `load_model`.
     """
     set_threads(threads)
-    kw = {"device": device, "dtype": dtype, "threads": threads, "n_ctx": n_ctx, "trust_remote_code": trust_remote_code}
-    target = load_model(target_spec, runtime=backend, compile=compile, **kw)
+    kw = {"device": device, "threads": threads, "n_ctx": n_ctx, "trust_remote_code": trust_remote_code}
+    target = load_model(target_spec, runtime=backend, compile=compile, dtype=dtype, quant=quant, **kw)
     draft = None
     vocab = real_vocab_size(target.tokenizer)
     if draft_spec is not None:
@@ -171,7 +187,8 @@ def load_pair(
         # GEMMs, compiled elementwise) measured 110 vs 129 ms per draft step against eager; oneDNN 122 vs 120
         # (benchmarks/bench_compiled.py, interleaved, 2 threads, default pair).
         draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile,
-                           compile_mode="inductor", **kw)
+                           compile_mode="inductor", dtype=draft_dtype or dtype,
+                           quant=quant if draft_quant == "same" else draft_quant, **kw)
         vocab = check_tokenizers(target.tokenizer, draft.tokenizer)
         check_vocab_fits(vocab, target=target.backend, draft=draft.backend)
     else:

@@ -255,11 +255,15 @@ def costs(
         "--arch", help="Instead of a pair: published architectures built with RANDOM weights (timing only), "
         "e.g. gpt2,gpt2-medium,gpt2-large; c is given for the original study's pairs and the default pair.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="With --arch: also write the JSON here.")] = None,
+    quant: Annotated[str | None, typer.Option("--quant", help="int8: int8 weight-only linears (torchao).")] = None,
+    draft_dtype: Annotated[str | None, typer.Option("--draft-dtype", help="The draft's dtype (default: --dtype).")] = None,
+    draft_quant: Annotated[str | None, typer.Option("--draft-quant", help="int8 | none (default: --quant).")] = None,
 ) -> None:
     """Measure c (draft step / target step) and the target's forward-time curve on a warm cache."""
     from specdec import models
     from specdec.bench.costs import measure_costs
     from specdec.loading import load_pair
+    from specdec.precision import draft_quant_arg
 
     if arch is not None:
         _arch_costs(arch, device=device, dtype=dtype, threads=threads, max_n=max_n, repeats=repeats,
@@ -269,13 +273,15 @@ def costs(
         target_spec, draft_spec = models.resolve_pair(pair, target, draft)
         typer.echo(f"loading {target_spec} and {draft_spec} ...", err=True)
         loaded = load_pair(target_spec, draft_spec, backend=backend, draft_backend=draft_backend, device=device,
-                           dtype=dtype, threads=threads, compile=compile)
+                           dtype=dtype, threads=threads, compile=compile, quant=quant, draft_dtype=draft_dtype,
+                           draft_quant=draft_quant_arg(draft_quant))
         result = measure_costs(loaded, max_n=max_n, repeats=repeats, context_tokens=context_tokens)
     if as_json:
         out = {
             "target": target_spec, "draft": draft_spec, "backend": backend,
             "draft_backend": draft_backend or backend, "device": device, "dtype": dtype,
-            "threads": threads, "compiled": compile,
+            "threads": threads, "compiled": compile, "quant": quant, "draft_dtype": draft_dtype or dtype,
+            "draft_quant": quant if draft_quant is None else draft_quant,
             **result,
         }  # fmt: skip
         typer.echo(json.dumps(out, sort_keys=True))

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from specdec.bench import sweep as S
 from specdec.bench.prompts import Prompt, PromptFileError
+from specdec.bench.environment import machine_changes
 from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError, export_runs
 
 PROMPTS = [
@@ -466,9 +467,9 @@ def test_cli_costs_json(app, tiny_pair, near_draft_dir):
 
 def test_machine_change_detected():
     now = {"cpu_model": "A", "cpu_count": 2, "torch": "2.13.0", "transformers": "5.24.0"}
-    assert S._machine_changes(json.dumps(now), now) == []
-    assert S._machine_changes(json.dumps({**now, "cpu_model": "B", "torch": "2.12"}), now) == ["cpu_model", "torch"]
-    assert S._machine_changes(None, now) == [] and S._machine_changes("{bad", now) == []
+    assert machine_changes(json.dumps(now), now) == []
+    assert machine_changes(json.dumps({**now, "cpu_model": "B", "torch": "2.12"}), now) == ["cpu_model", "torch"]
+    assert machine_changes(None, now) == [] and machine_changes("{bad", now) == []
 
 
 def test_sampled_sweep_records_seeds_and_no_equality(tmp_path, tiny_pair, near_draft_dir, prompt_file):

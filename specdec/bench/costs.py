@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specdec.backends.base import Backend
+from specdec.bench.environment import machine_info
 from specdec.loading import LoadedPair
 
 __all__ = ["cached_costs", "forward_times", "measure_costs", "verification_steps"]
@@ -216,7 +217,6 @@ def cached_costs(
     import json
     from pathlib import Path
 
-    from specdec.bench.sweep import machine_info
     from specdec.models import cache_dir
 
     machine = machine_info(key.get("device", "cpu"), key.get("threads"))

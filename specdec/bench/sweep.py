@@ -34,10 +34,7 @@ import importlib
 import importlib.util
 import json
 import math
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import tomllib
@@ -49,6 +46,7 @@ from typing import Any
 import torch
 
 from specdec.bench.costs import measure_costs
+from specdec.bench.environment import git_commit, machine_changes, machine_info
 from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
 from specdec.bench.store import Store, cell_key, sweep_id_for
 from specdec.decoding import GREEDY, autoregressive_generate, speculative_generate
@@ -711,76 +709,6 @@ def cost_max_n(cfg: SweepConfig) -> int:
     return max([17] + [k + 1 for k in ks])
 
 
-# --------------------------------------------------------------------------------------- environment
-
-
-def git_commit() -> str | None:
-    """``git rev-parse HEAD`` of the specdec checkout (``+dirty`` when tracked files changed), or None."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("+dirty" if dirty else "") if head else None
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _memory_gib() -> float | None:
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    return None
-
-
-def _version(module: str) -> str | None:
-    import importlib.metadata as md
-
-    try:
-        return md.version(module)
-    except (md.PackageNotFoundError, ValueError):
-        return None
-
-
-def machine_info(device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
-    """The machine and libraries: CPU model, logical cores, CPUs this process may use, torch threads, memory
-    (GiB), OS, Python / torch / transformers / llama-cpp-python / specdec versions, device name."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
-    info: dict[str, Any] = {
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
-        "torch_threads": threads or torch.get_num_threads(),
-        "memory_gib": _memory_gib(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "llama_cpp_python": _version("llama_cpp_python") or _version("llama-cpp-python"),
-        "specdec": _version("specdec"),
-        "device": device,
-        "device_name": _cpu_model(),
-        # Load before the sweep: timings are only honest on an otherwise idle machine.
-        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
-    if str(device).startswith("cuda") and torch.cuda.is_available():
-        idx = torch.device(device).index or 0
-        info["device_name"] = torch.cuda.get_device_name(idx)
-        info["cuda"] = torch.version.cuda
-    return info
-
-
 def encode_prompt(tokenizer, text: str, *, chat_template: bool = False) -> list[int]:
     """Token ids of a prompt: the tokenizer's default encoding (its special tokens, e.g. a BOS), or with
     `chat_template` the chat template around one user turn plus the generation prompt.
@@ -1169,7 +1097,7 @@ def run_sweep(
         if load is not None and load > 0.5:
             log(f"warning: the 1-minute load average is {load:.2f} before any model runs; other work on this "
                 f"machine distorts every timing (each thread needs an idle core)")
-        changed = _machine_changes(row.get("machine_json"), machine)
+        changed = machine_changes(row.get("machine_json"), machine)
         if changed:
             log(f"warning: this sweep was started with another {', '.join(changed)}; the runs added now are "
                 f"timed on this machine, so compare them with care")
@@ -1229,18 +1157,6 @@ def run_sweep(
         if bar is not None:
             bar.close()
         store.close()
-
-
-_MACHINE_KEYS = ("cpu_model", "cpu_count", "device_name", "torch", "transformers", "llama_cpp_python")
-
-
-def _machine_changes(stored_json: str | None, now: Mapping[str, Any]) -> list[str]:
-    """Keys of `_MACHINE_KEYS` whose value differs between the sweep's recorded machine and this one."""
-    try:
-        stored = json.loads(stored_json) if stored_json else {}
-    except ValueError:
-        return []
-    return [k for k in _MACHINE_KEYS if k in stored and stored.get(k) != now.get(k)]
 
 
 def _baseline_tps(store: Store, sid: str) -> dict[tuple[str, str], list[float]]:

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from specdec.metrics import RoundRecord
-from specdec.theory import cost_at, relative_costs
+from specdec.costs import CostCurve
 
 POLICY_NAMES = ("fixed", "heuristic", "confidence", "cost")
 
@@ -310,19 +310,11 @@ class CostPolicy:
         explore_z: float = 1.0,
     ) -> None:
         self.max_k = _check_k(max_k, "max_k")
-        self.draft_step_s = float(draft_step_s)
-        if not math.isfinite(self.draft_step_s) or self.draft_step_s < 0.0:
-            raise ValueError(f"draft_step_s must be finite and >= 0 seconds, got {draft_step_s}")
-        if not isinstance(target_forward_s, Mapping) or not target_forward_s:
-            raise ValueError("target_forward_s must be a non-empty mapping {n_tokens: seconds}")
-        try:
-            forward = {int(n): float(s) for n, s in target_forward_s.items()}
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"target_forward_s must map token counts to seconds: {exc}") from exc
-        if 1 not in forward:
-            raise ValueError("target_forward_s must contain n = 1 (the time of a plain decoding step)")
-        self.target_forward_s = dict(sorted(forward.items()))
-        rel = relative_costs(self.target_forward_s)  # validates; v(1) == 1
+        if draft_step_s is None or not isinstance(target_forward_s, Mapping):
+            raise ValueError("the cost policy needs draft_step_s (seconds) and target_forward_s {n: seconds}")
+        self.curve = CostCurve(target_forward_s, draft_step_s)  # validates both; n = 1 required
+        self.draft_step_s = float(self.curve.draft_step_s)
+        self.target_forward_s = dict(self.curve.target_forward_s)
         if not (0.0 <= float(prior_alpha) <= 1.0):
             raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha}")
         if not (math.isfinite(float(prior_weight)) and float(prior_weight) >= 0.0):
@@ -342,19 +334,10 @@ class CostPolicy:
             raise ValueError(f"explore_z must be finite and >= 0, got {explore_z}")
         self.explore_z = float(explore_z)
 
-        # Round cost in seconds for K = 0..max_k, fixed for the policy's life.
-        t1 = self.target_forward_s[1]
-        n_max = max(rel)
-        slope = 0.0
-        if len(rel) >= 2:
-            n_prev = sorted(rel)[-2]
-            slope = max(0.0, (rel[n_max] - rel[n_prev]) / (n_max - n_prev))
-
-        def v(n: int) -> float:
-            return cost_at(rel, n) if n <= n_max else rel[n_max] + slope * (n - n_max)
-
-        self.c = self.draft_step_s / t1  # Leviathan's c (dimensionless)
-        self.round_cost_s = [k * self.draft_step_s + t1 * v(k + 1) for k in range(self.max_k + 1)]
+        # Round cost in seconds for K = 0..max_k, fixed for the policy's life (specdec.costs' one rule
+        # for forwards longer than the measured curve).
+        self.c = self.curve.c  # Leviathan's c (dimensionless)
+        self.round_cost_s = [self.curve.round_s(k) for k in range(self.max_k + 1)]
         # Can any K beat plain decoding even at alpha = 1?  If not, probing is pointless.
         self.speculation_can_win = any(
             (k + 1) / self.round_cost_s[k] > 1.0 / self.round_cost_s[0] for k in range(1, self.max_k + 1)

@@ -15,9 +15,10 @@ import typer
 from typer.testing import CliRunner
 
 from specdec.bench import sweep as S
-from specdec.bench.prompts import Prompt, PromptFileError
 from specdec.bench.environment import machine_changes
+from specdec.bench.prompts import Prompt, PromptFileError
 from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError, export_runs
+from specdec.costs import CostCurve
 
 PROMPTS = [
     {"id": "rep-01", "type": "repetitive", "prompt": "abc abc abc abc abc abc abc abc abc abc"},
@@ -333,8 +334,12 @@ def test_estimate_follows_the_analytical_model():
     assert draft4 == pytest.approx(0.2748 * (1 + 0.0994 / 0.2748) + 128 / 1.9375 * (4 * 0.0994 + 0.5576))
     best = min(S.estimate_generation_s("ngram", k, "fixed", costs, 128) for k in range(1, 17))
     assert S.estimate_generation_s("ngram", 16, "cost", costs, 128) == pytest.approx(best)
-    assert S._forward_s({"target_forward_s": {1: 1.0, 3: 2.0}}, 2) == pytest.approx(1.5)
-    assert S._forward_s({"target_forward_s": {1: 1.0, 3: 2.0}}, 5) == pytest.approx(3.0)
+    # the estimate reads forwards off the one cost curve (specdec.costs): interpolated, extended by the
+    # least-squares slope past the measured range
+    assert S.estimate_generation_s("baseline", None, None, CostCurve({1: 1.0, 3: 2.0}), 1,
+                                   prompt_tokens=3) == pytest.approx(1.5 + 1.0)
+    assert S.estimate_generation_s("ngram", 4, "fixed", CostCurve({1: 1.0, 3: 2.0}), 5,
+                                   prompt_tokens=2, alpha=0.0) == pytest.approx(1.0 + 5 * 3.0)
 
 
 def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file):

@@ -205,17 +205,18 @@ def sweep(
 def _dry_run(cfg, db_path: Path) -> None:
     from specdec.bench import sweep as S
     from specdec.bench.store import Store
+    from specdec.costs import CostCurve
 
     prompts, target, draft, _, _, sid, plan = S.prepare(cfg)
     costs_by = {}
     source = ("reference CPU costs (2 cores, fp32 Qwen2.5-Coder 0.5B -> 1.5B: "
-              f"{S.REFERENCE_COSTS['draft_step_s']:.3f} / {S.REFERENCE_COSTS['target_step_s']:.3f} s per token)")
+              f"{S.REFERENCE_COSTS.draft_step_s:.3f} / {S.REFERENCE_COSTS.target_step_s:.3f} s per token)")
     if db_path.is_file():
         with Store(db_path) as store:
             for label in cfg.configs:
                 c = store.load_costs(sid, label)
                 if c is not None:
-                    costs_by[label] = c
+                    costs_by[label] = CostCurve.from_costs(c)
         if costs_by:
             source = f"costs stored in {db_path}"
     for label in cfg.configs:

@@ -49,6 +49,7 @@ from specdec.bench.costs import measure_costs
 from specdec.bench.environment import git_commit, machine_changes, machine_info
 from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
 from specdec.bench.store import Store, cell_key, sweep_id_for
+from specdec.costs import CostCurve
 from specdec.decoding import GREEDY, autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.sampling import SamplingParams
@@ -576,49 +577,18 @@ _REFERENCE_TARGET_S = (0.2748, 0.2882, 0.2858, 0.5378, 0.5576, 0.5634, 0.7652, 0
                        0.9075, 1.0635, 1.0771, 1.0724, 0.7681, 0.7822)
 
 
-def _reference_costs() -> dict[str, Any]:
-    """The reference CPU costs used to size the defaults and for `--dry-run` when a store has none: the
-    default pair (Qwen2.5-Coder 0.5B -> 1.5B, fp32, 2 threads) as measured on the development machine:
-    draft 0.0994 s/token, target 0.2748 s/token (c = 0.36), the forward curve `_REFERENCE_TARGET_S`
-    (v(5) = 2.03, v(17) = 2.85; MKL's small-row kernels make it a staircase, not a line)."""
-    step = _REFERENCE_TARGET_S[0]
-    return {
-        "target_step_s": step,
-        "draft_step_s": 0.0994,
-        "c": 0.0994 / step,
-        "target_forward_s": {n: s for n, s in enumerate(_REFERENCE_TARGET_S, start=1)},
-    }
-
-
-REFERENCE_COSTS: dict[str, Any] = _reference_costs()
-
-
-def _forward_s(costs: Mapping[str, Any], n: int) -> float:
-    """Target forward seconds for n tokens: measured, interpolated, or extrapolated past the largest
-    measured n with the least-squares slope of the whole curve (robust to a noisy last point)."""
-    fwd = {int(k): float(v) for k, v in costs["target_forward_s"].items()}
-    if n in fwd:
-        return fwd[n]
-    xs = sorted(fwd)
-    if n > xs[-1]:
-        if len(xs) >= 2:
-            mx = statistics.fmean(xs)
-            my = statistics.fmean(fwd[x] for x in xs)
-            slope = sum((x - mx) * (fwd[x] - my) for x in xs) / sum((x - mx) ** 2 for x in xs)
-            slope = max(0.0, slope)
-        else:
-            slope = fwd[xs[-1]] / xs[-1]
-        return fwd[xs[-1]] + slope * (n - xs[-1])
-    lo = max(x for x in xs if x < n)
-    hi = min(x for x in xs if x > n)
-    return fwd[lo] + (fwd[hi] - fwd[lo]) * (n - lo) / (hi - lo)
+#: The reference CPU costs used to size the defaults and for `--dry-run` when a store has none: the default
+#: pair (Qwen2.5-Coder 0.5B -> 1.5B, fp32, 2 threads) as measured on the development machine: draft
+#: 0.0994 s/token, target 0.2748 s/token (c = 0.36), the forward curve `_REFERENCE_TARGET_S` (v(5) = 2.03,
+#: v(17) = 2.85; MKL's small-row kernels make it a staircase, not a line).
+REFERENCE_COSTS = CostCurve(dict(enumerate(_REFERENCE_TARGET_S, start=1)), 0.0994)
 
 
 def estimate_generation_s(
     method: str,
     k: int | None,
     policy: str | None,
-    costs: Mapping[str, Any],
+    costs: CostCurve,
     new_tokens: int,
     *,
     prompt_tokens: int = 100,
@@ -632,9 +602,9 @@ def estimate_generation_s(
     ``(1 - alpha^(K+1)) / (1 - alpha)`` tokens. An adaptive policy is assumed to run at the best fixed
     K <= its K. Not a measurement: the sweep prints it labelled as a rough estimate.
     """
-    step = float(costs["target_step_s"])
-    draft_step = float(costs.get("draft_step_s") or 0.0)
-    prefill = _forward_s(costs, max(1, prompt_tokens - 1))
+    step = costs.target_step_s
+    draft_step = costs.draft_step_s or 0.0
+    prefill = costs.forward_s(max(1, prompt_tokens - 1))
     if method in ("baseline", "hf_generate"):
         return prefill + new_tokens * step
     uses_model = method in ("draft", "hf_assisted")
@@ -642,7 +612,7 @@ def estimate_generation_s(
         prefill *= 1.0 + draft_step / step
 
     def fixed(kk: int) -> float:
-        per_round = (kk * draft_step if uses_model else 0.0) + _forward_s(costs, kk + 1)
+        per_round = costs.round_s(kk, draft=uses_model)
         return prefill + new_tokens / float(expected_tokens_per_round(alpha, kk)) * per_round
 
     kk = int(k or 1)
@@ -653,7 +623,7 @@ def estimate_generation_s(
 
 def estimate_plan_s(
     cells: Iterable[Cell],
-    costs_by_config: Mapping[str, Mapping[str, Any]],
+    costs_by_config: Mapping[str, CostCurve],
     *,
     max_new_tokens: int,
     warmup_tokens: int,
@@ -685,9 +655,9 @@ def estimate_plan_s(
     return timed, warm
 
 
-def cost_measurement_s(costs: Mapping[str, Any], max_n: int, repeats: int) -> float:
+def cost_measurement_s(costs: CostCurve, max_n: int, repeats: int) -> float:
     """Rough seconds `measure_costs` takes: (repeats + 1 warm-up) passes over forwards of 1..max_n tokens."""
-    return (repeats + 1) * sum(_forward_s(costs, n) for n in range(1, max_n + 1))
+    return (repeats + 1) * sum(costs.forward_s(n) for n in range(1, max_n + 1))
 
 
 def format_duration(seconds: float) -> str:
@@ -1216,7 +1186,7 @@ def _run_config(ctx, cells, plan, sid, store, result, baseline_tps, target_spec,
     for c in cells:
         with contextlib.suppress(Exception):
             token_counts[c.prompt.id] = len(_prompt_ids(ctx, c.prompt))
-    timed, warm = estimate_plan_s(cells, {label: ctx.costs}, max_new_tokens=cfg.max_new_tokens,
+    timed, warm = estimate_plan_s(cells, {label: CostCurve.from_costs(ctx.costs)}, max_new_tokens=cfg.max_new_tokens,
                                   warmup_tokens=cfg.warmup_tokens, prompt_tokens=token_counts)
     log(f"[{label}] {len(cells)} generations + {len({c.group for c in cells})} warm-ups: rough estimate "
         f"{format_duration(timed + warm)} (from the measured step times and an ASSUMED acceptance "

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 __all__ = ["CostCurve", "curve_value"]
@@ -82,7 +83,7 @@ def _value(pts: list[tuple[int, float]], slope: float, n: int) -> float:
     hi_n, hi_y = pts[-1]
     if n >= hi_n:
         return hi_y + slope * (n - hi_n)
-    for (a, ya), (b, yb) in zip(pts, pts[1:], strict=False):
+    for (a, ya), (b, yb) in pairwise(pts):
         if a <= n <= b:
             return ya + (yb - ya) * (n - a) / (b - a)
     raise AssertionError("unreachable: n lies between two measured points")

@@ -30,8 +30,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from specdec.metrics import RoundRecord
 from specdec.costs import CostCurve
+from specdec.metrics import RoundRecord
 
 POLICY_NAMES = ("fixed", "heuristic", "confidence", "cost")
 

@@ -208,3 +208,33 @@ def test_export_errors(tmp_path, db, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
     with pytest.raises(ValueError, match="needs pyarrow"):
         S.export_runs(db, "parquet", tmp_path / "o.parquet")
+
+
+def test_schema_declared_once_matches_the_published_store(tmp_path):
+    """`TABLES` is the one declaration: the SQL, RUN_COLUMNS/ROUND_COLUMNS and `columns` come from it, and a
+    store written by an earlier specdec (results/study.db) has exactly these columns and types."""
+    from pathlib import Path
+
+    assert {t: list(S.columns(t)) for t in S.TABLES} == SCHEMA
+    assert S.RUN_COLUMNS == S.columns("runs")[1:] and S.ROUND_COLUMNS == S.columns("rounds")[1:]
+    published = Path(__file__).resolve().parents[1] / "results" / "study.db"
+    if not published.is_file():
+        pytest.skip("the published study store is not in this checkout")
+    conn = sqlite3.connect(f"file:{published}?mode=ro", uri=True)
+    try:
+        for table, cols in S.TABLES.items():
+            got = [(r[1], r[2]) for r in conn.execute(f"PRAGMA table_info({table})")]
+            assert got == [(name, decl.split()[0]) for name, decl in cols], table
+    finally:
+        conn.close()
+
+
+def test_report_column_lists_are_the_store_schema():
+    """The report reads the store through its own column lists (specdec/report/analysis.py); they must be the
+    schema's, in table order, or a renamed column would silently read as NULL."""
+    from specdec.report import analysis
+
+    assert list(analysis.RUN_COLUMNS) == list(S.columns("runs"))
+    assert list(analysis.ROUND_COLUMNS) == list(S.columns("rounds"))
+    assert list(analysis.COST_COLUMNS) == list(S.columns("costs"))
+    assert list(analysis.SWEEP_COLUMNS) == list(S.columns("sweeps"))

@@ -31,86 +31,94 @@ from typing import Any, Self
 
 __all__ = [
     "EXPORT_FORMATS",
+    "ROUND_COLUMNS",
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
+    "TABLES",
     "Store",
     "StoreError",
     "SweepExistsError",
     "SweepNotFoundError",
     "canonical_json",
     "cell_key",
+    "columns",
     "export_runs",
     "sweep_id_for",
 ]
 
 SCHEMA_VERSION = "1"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT
-);
-CREATE TABLE IF NOT EXISTS sweeps (
-    sweep_id TEXT PRIMARY KEY,
-    name TEXT,
-    config_json TEXT NOT NULL,
-    created_at TEXT,
-    git_commit TEXT,
-    machine_json TEXT,
-    status TEXT
-);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id INTEGER PRIMARY KEY,
-    sweep_id TEXT REFERENCES sweeps(sweep_id),
-    cell_key TEXT NOT NULL UNIQUE,
-    config_label TEXT,
-    pair TEXT, target TEXT, draft TEXT,
-    target_backend TEXT, draft_backend TEXT, compiled INTEGER,
-    device TEXT, dtype TEXT, threads INTEGER,
-    prompt_id TEXT, prompt_type TEXT, chat_template INTEGER, prompt_tokens INTEGER,
-    method TEXT, policy TEXT, k INTEGER, repeat INTEGER, seed INTEGER,
-    temperature REAL, top_k INTEGER, top_p REAL, max_new_tokens INTEGER,
-    new_tokens INTEGER, finish_reason TEXT, token_ids TEXT, matches_baseline INTEGER,
-    num_rounds INTEGER, num_drafted INTEGER, num_accepted INTEGER, num_rejections INTEGER,
-    prefill_s REAL, ttft_s REAL, decode_s REAL, total_s REAL, draft_s REAL, verify_s REAL,
-    tokens_per_s REAL,
-    error TEXT,
-    created_at TEXT
-);
-CREATE INDEX IF NOT EXISTS runs_by_sweep ON runs (sweep_id, config_label, prompt_id, method);
-CREATE TABLE IF NOT EXISTS rounds (
-    run_id INTEGER REFERENCES runs(run_id),
-    round_idx INTEGER,
-    k INTEGER, k_requested INTEGER, num_accepted INTEGER, accept_flags TEXT, next_kind TEXT,
-    num_emitted INTEGER, draft_s REAL, verify_s REAL, other_s REAL, alpha_estimate REAL,
-    PRIMARY KEY (run_id, round_idx)
-);
-CREATE TABLE IF NOT EXISTS costs (
-    sweep_id TEXT, config_label TEXT, role TEXT, n_tokens INTEGER,
-    seconds REAL, repeats INTEGER, spread_s REAL,
-    PRIMARY KEY (sweep_id, config_label, role, n_tokens)
-);
-"""
+#: The schema, declared once: table -> ((column, SQL type and constraints), ...). `_SCHEMA` (the SQL),
+#: `RUN_COLUMNS`, `ROUND_COLUMNS` and `columns` derive from it; docs/STORE.md documents every column.
+TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "meta": (("key", "TEXT PRIMARY KEY"), ("value", "TEXT")),
+    "sweeps": (
+        ("sweep_id", "TEXT PRIMARY KEY"), ("name", "TEXT"), ("config_json", "TEXT NOT NULL"),
+        ("created_at", "TEXT"), ("git_commit", "TEXT"), ("machine_json", "TEXT"), ("status", "TEXT"),
+    ),
+    "runs": (
+        ("run_id", "INTEGER PRIMARY KEY"), ("sweep_id", "TEXT REFERENCES sweeps(sweep_id)"),
+        ("cell_key", "TEXT NOT NULL UNIQUE"), ("config_label", "TEXT"),
+        ("pair", "TEXT"), ("target", "TEXT"), ("draft", "TEXT"),
+        ("target_backend", "TEXT"), ("draft_backend", "TEXT"), ("compiled", "INTEGER"),
+        ("device", "TEXT"), ("dtype", "TEXT"), ("threads", "INTEGER"),
+        ("prompt_id", "TEXT"), ("prompt_type", "TEXT"), ("chat_template", "INTEGER"), ("prompt_tokens", "INTEGER"),
+        ("method", "TEXT"), ("policy", "TEXT"), ("k", "INTEGER"), ("repeat", "INTEGER"), ("seed", "INTEGER"),
+        ("temperature", "REAL"), ("top_k", "INTEGER"), ("top_p", "REAL"), ("max_new_tokens", "INTEGER"),
+        ("new_tokens", "INTEGER"), ("finish_reason", "TEXT"), ("token_ids", "TEXT"), ("matches_baseline", "INTEGER"),
+        ("num_rounds", "INTEGER"), ("num_drafted", "INTEGER"), ("num_accepted", "INTEGER"),
+        ("num_rejections", "INTEGER"),
+        ("prefill_s", "REAL"), ("ttft_s", "REAL"), ("decode_s", "REAL"), ("total_s", "REAL"), ("draft_s", "REAL"),
+        ("verify_s", "REAL"), ("tokens_per_s", "REAL"),
+        ("error", "TEXT"), ("created_at", "TEXT"),
+    ),
+    "rounds": (
+        ("run_id", "INTEGER REFERENCES runs(run_id)"), ("round_idx", "INTEGER"),
+        ("k", "INTEGER"), ("k_requested", "INTEGER"), ("num_accepted", "INTEGER"), ("accept_flags", "TEXT"),
+        ("next_kind", "TEXT"), ("num_emitted", "INTEGER"), ("draft_s", "REAL"), ("verify_s", "REAL"),
+        ("other_s", "REAL"), ("alpha_estimate", "REAL"),
+    ),
+    "costs": (
+        ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("role", "TEXT"), ("n_tokens", "INTEGER"),
+        ("seconds", "REAL"), ("repeats", "INTEGER"), ("spread_s", "REAL"),
+    ),
+}  # fmt: skip
+#: Table-level constraints and indexes (not columns).
+_CONSTRAINTS = {
+    "rounds": "PRIMARY KEY (run_id, round_idx)",
+    "costs": "PRIMARY KEY (sweep_id, config_label, role, n_tokens)",
+}
+_INDEXES = ("CREATE INDEX IF NOT EXISTS runs_by_sweep ON runs (sweep_id, config_label, prompt_id, method)",)
+
+
+def columns(table: str) -> tuple[str, ...]:
+    """Every column of `table` in the store, in table order (``run_id`` included for runs/rounds).
+
+    Raises:
+        KeyError: an unknown table (``meta``, ``sweeps``, ``runs``, ``rounds``, ``costs``).
+    """
+    return tuple(name for name, _ in TABLES[table])
+
+
+def _create_statements() -> list[str]:
+    out = []
+    for table, cols in TABLES.items():
+        parts = [f"{name} {decl}" for name, decl in cols]
+        if table in _CONSTRAINTS:
+            parts.append(_CONSTRAINTS[table])
+        out.append(f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(parts) + "\n)")
+    return out + list(_INDEXES)
+
+
+_SCHEMA = ";\n".join(_create_statements()) + ";\n"
 
 #: Columns of ``runs`` that a caller fills (``run_id`` is assigned by SQLite).
-RUN_COLUMNS: tuple[str, ...] = (
-    "sweep_id", "cell_key", "config_label",
-    "pair", "target", "draft", "target_backend", "draft_backend", "compiled", "device", "dtype", "threads",
-    "prompt_id", "prompt_type", "chat_template", "prompt_tokens",
-    "method", "policy", "k", "repeat", "seed", "temperature", "top_k", "top_p", "max_new_tokens",
-    "new_tokens", "finish_reason", "token_ids", "matches_baseline",
-    "num_rounds", "num_drafted", "num_accepted", "num_rejections",
-    "prefill_s", "ttft_s", "decode_s", "total_s", "draft_s", "verify_s", "tokens_per_s",
-    "error", "created_at",
-)  # fmt: skip
-
-ROUND_COLUMNS: tuple[str, ...] = (
-    "round_idx", "k", "k_requested", "num_accepted", "accept_flags", "next_kind", "num_emitted",
-    "draft_s", "verify_s", "other_s", "alpha_estimate",
-)  # fmt: skip
+RUN_COLUMNS: tuple[str, ...] = columns("runs")[1:]
+#: Columns of ``rounds`` that a caller fills (``run_id`` is the run's).
+ROUND_COLUMNS: tuple[str, ...] = columns("rounds")[1:]
 
 #: Columns the sweep's row contributes to each exported run (prefixed with ``sweep_``).
-_SWEEP_EXPORT = ("name", "config_json", "created_at", "git_commit", "machine_json", "status")
+_SWEEP_EXPORT = columns("sweeps")[1:]
 
 EXPORT_FORMATS = ("csv", "jsonl", "parquet")
 

@@ -52,6 +52,7 @@ from specdec.bench.store import Store, cell_key, sweep_id_for
 from specdec.costs import CostCurve
 from specdec.decoding import GREEDY, autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.metrics import RATES, rates
 from specdec.sampling import SamplingParams
 from specdec.theory import expected_tokens_per_round
 
@@ -1262,7 +1263,7 @@ def _execute(ctx: _Context, cell: Cell, sid, target_spec, draft_spec, pair_name)
         n = len(peer.token_ids)
         row.update(
             new_tokens=n, finish_reason=peer.finish_reason, token_ids=peer.token_ids, total_s=peer.total_s,
-            tokens_per_s=n / peer.total_s if peer.total_s > 0 else None,
+            tokens_per_s=RATES["tokens_per_s"].of({"new_tokens": n, "total_s": peer.total_s}),
         )
         return row, []
     s = res.summary()
@@ -1287,13 +1288,12 @@ def _summary_line(cell: Cell, rows: list[dict], baseline: list[float] | None) ->
     parts = [f"{tps:.2f} tok/s"]
     if cell.method != "baseline" and baseline:
         parts.append(f"x{tps / statistics.median(baseline):.2f} vs baseline")
-    drafted = sum(r.get("num_drafted") or 0 for r in ok)
-    if drafted:
-        acc = sum(r.get("num_accepted") or 0 for r in ok)
-        rej = sum(r.get("num_rejections") or 0 for r in ok)
-        parts.append(f"acceptance {acc / drafted:.2f}")
-        if acc + rej:
-            parts.append(f"alpha-hat {acc / (acc + rej):.2f}")
+    counts = {c: sum(r.get(c) or 0 for r in ok) for c in ("num_drafted", "num_accepted", "num_rejections")}
+    if counts["num_drafted"]:
+        acceptance, alpha_hat = rates(counts, ("acceptance_rate", "alpha_hat")).values()
+        parts.append(f"acceptance {acceptance:.2f}")
+        if not math.isnan(alpha_hat):
+            parts.append(f"alpha-hat {alpha_hat:.2f}")
     matches = [r.get("matches_baseline") for r in ok if r.get("matches_baseline") is not None]
     if matches:
         parts.append("= baseline" if all(matches) else "DIFFERS from baseline")

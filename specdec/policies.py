@@ -345,8 +345,8 @@ class CostPolicy:
         self.start()
 
     @classmethod
-    def from_costs(cls, costs: Mapping[str, Any], **kw: Any) -> CostPolicy:
-        """Build from a costs dict ``{"draft_step_s": s, "target_forward_s": {n: s}}`` (e.g. loaded from the
+    def from_costs(cls, costs: Mapping[str, Any] | CostCurve, **kw: Any) -> CostPolicy:
+        """Build from a `CostCurve` or a costs dict ``{"draft_step_s": s, "target_forward_s": {n: s}}`` (e.g. loaded from the
         JSON written by ``specdec costs``; the n keys may be strings; other keys are ignored). `kw` go to the
         constructor (max_k, prior_alpha, ...).
 
@@ -354,6 +354,8 @@ class CostPolicy:
             ValueError: a key is missing, ``draft_step_s`` is None (costs measured without a draft), or a
                 value is invalid.
         """
+        if isinstance(costs, CostCurve):
+            costs = {"draft_step_s": costs.draft_step_s, "target_forward_s": costs.target_forward_s}
         missing = [key for key in ("draft_step_s", "target_forward_s") if key not in costs]
         if missing:
             raise ValueError(f"costs lack {missing}: measure them with `specdec costs`")

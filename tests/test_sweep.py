@@ -14,23 +14,19 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from specdec.bench import methods as M
 from specdec.bench import sweep as S
 from specdec.bench.environment import machine_changes
 from specdec.bench.prompts import Prompt, PromptFileError
 from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError, export_runs
 from specdec.costs import CostCurve
+from specdec.drafters import PromptLookupDrafter
 
 PROMPTS = [
     {"id": "rep-01", "type": "repetitive", "prompt": "abc abc abc abc abc abc abc abc abc abc"},
     {"id": "rep-02", "type": "repetitive", "prompt": "one two one two one two one two"},
     {"id": "code-01", "type": "code", "prompt": "def f(x): return x + 1\ndef g(x): return f(x) + f(x)"},
 ]
-
-
-def _has_policies() -> bool:
-    import specdec.policies
-
-    return hasattr(specdec.policies, "make_policy")
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +52,8 @@ def _cfg(tiny_pair, draft_dir, prompt_file, **kw) -> S.SweepConfig:
 @pytest.fixture(scope="module")
 def full_sweep(tmp_path_factory, tiny_pair, near_draft_dir, prompt_file):
     db = tmp_path_factory.mktemp("sweep") / "full.db"
-    policies = "heuristic,confidence,cost" if _has_policies() else "none"
-    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, peers=True, peer_ks="2", policies=policies, policy_k=4)
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, peers=True, peer_ks="2", policies="heuristic,confidence,cost",
+               policy_k=4)
     lines: list[str] = []
     result = S.run_sweep(cfg, db=db, progress=False, echo=lines.append)
     return cfg, db, result, lines
@@ -79,9 +75,8 @@ def test_full_sweep_runs_every_method_and_peer(full_sweep):
     rep2 = [(r["method"], r["k"], r["policy"], r["repeat"]) for r in runs if r["prompt_id"] == "rep-02"]
     assert rep2 == [("baseline", None, None, 0), ("draft", 1, "fixed", 0), ("ngram", 1, "fixed", 0),
                     ("baseline", None, None, 1)]
-    if _has_policies():
-        pol = {(r["method"], r["policy"]) for r in runs if r["policy"] not in (None, "fixed")}
-        assert pol == {(m, p) for m in ("draft", "ngram") for p in ("heuristic", "confidence", "cost")}
+    pol = {(r["method"], r["policy"]) for r in runs if r["policy"] not in (None, "fixed")}
+    assert pol == {(m, p) for m in ("draft", "ngram") for p in ("heuristic", "confidence", "cost")}
     for r in runs:
         ids = json.loads(r["token_ids"])
         assert r["new_tokens"] == len(ids) <= cfg.max_new_tokens
@@ -180,7 +175,7 @@ def test_killed_mid_run_loses_only_the_run_in_flight(tmp_path, tiny_pair, near_d
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
     db = tmp_path / "k.db"
     planned = len(S.build_plan(cfg, S.select_prompts(cfg)))
-    real = S.speculative_generate
+    real = M.speculative_generate
     calls = {"n": 0}
 
     def dying(*a, **kw):
@@ -189,7 +184,7 @@ def test_killed_mid_run_loses_only_the_run_in_flight(tmp_path, tiny_pair, near_d
             raise KeyboardInterrupt
         return real(*a, **kw)
 
-    monkeypatch.setattr(S, "speculative_generate", dying)
+    monkeypatch.setattr(M, "speculative_generate", dying)
     stored: list[dict] = []
     with pytest.raises(KeyboardInterrupt):
         S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None, on_run=stored.append)
@@ -197,7 +192,7 @@ def test_killed_mid_run_loses_only_the_run_in_flight(tmp_path, tiny_pair, near_d
         sid = st.sweeps()[0]["sweep_id"]
         assert st.get_sweep(sid)["status"] == "interrupted"
         assert st.count_runs(sid) == len(stored) > 0
-    monkeypatch.setattr(S, "speculative_generate", real)
+    monkeypatch.setattr(M, "speculative_generate", real)
     done = S.run_sweep(cfg, db=db, resume=True, progress=False, echo=lambda _: None)
     assert done.already_done == len(stored) and done.status == "done"
     with Store(db) as st:
@@ -209,21 +204,21 @@ def test_failed_run_recorded_sweep_continues_and_resume_retries(tmp_path, tiny_p
                                                                 prompt_file, monkeypatch):
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
     db = tmp_path / "f.db"
-    real = S.speculative_generate
+    real = M.speculative_generate
 
     def flaky(target, drafter, ids, n, **kw):
-        if kw.get("k") == 2 and isinstance(drafter, S.PromptLookupDrafter) and n == cfg.max_new_tokens:
+        if kw.get("k") == 2 and isinstance(drafter, PromptLookupDrafter) and n == cfg.max_new_tokens:
             raise RuntimeError("boom\nsecond line")
         return real(target, drafter, ids, n, **kw)
 
-    monkeypatch.setattr(S, "speculative_generate", flaky)
+    monkeypatch.setattr(M, "speculative_generate", flaky)
     res = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
     assert res.status == "done" and res.failed == 2  # ngram K=2 on the two primaries
     with Store(db) as st:
         bad = st.runs(res.sweep_id, method="ngram", k=2)
         assert [r["error"] for r in bad] == ["RuntimeError: boom"] * 2
         assert all(r["token_ids"] is None and r["tokens_per_s"] is None for r in bad)
-    monkeypatch.setattr(S, "speculative_generate", real)
+    monkeypatch.setattr(M, "speculative_generate", real)
     again = S.run_sweep(cfg, db=db, resume=True, progress=False, echo=lambda _: None)
     assert again.ran == 2 and again.failed == 0
     with Store(db) as st:
@@ -247,6 +242,22 @@ def test_mixing_configurations_refused(tmp_path, tiny_pair, near_draft_dir, prom
     assert S.prepare(bigger)[5] == first.sweep_id
     more = S.run_sweep(bigger, db=db, resume=True, progress=False, echo=lambda _: None)
     assert more.already_done == first.planned and more.ran == more.planned - first.planned > 0
+
+
+def test_a_new_drafting_method_is_one_registry_entry(tmp_path, tiny_pair, near_draft_dir, prompt_file,
+                                                     monkeypatch):
+    """Register a method (a drafter that repeats the last token) and nothing else: the plan runs it over the
+    K grid, the runner times and stores it, and greedy output still equals the baseline's."""
+    from specdec.drafters import ScriptedDrafter
+
+    echo = M.Method("echo", M.speculative(lambda rt: ScriptedDrafter(lambda seq, k: [seq[-1]] * k)), takes_k=True)
+    monkeypatch.setitem(M.METHODS, "echo", echo)
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, methods="baseline,echo", ks="2,3", secondary_ks="")
+    res = S.run_sweep(cfg, db=tmp_path / "e.db", progress=False, echo=lambda _: None)
+    with Store(tmp_path / "e.db") as st:
+        runs = st.runs(res.sweep_id, method="echo")
+    assert res.failed == 0 and sorted({r["k"] for r in runs}) == [2, 3] and len(runs) == 4  # 2 primaries
+    assert all(r["matches_baseline"] == 1 and r["num_drafted"] > 0 for r in runs)
 
 
 def test_bad_prompt_file_fails_before_any_model_loads(tmp_path, tiny_pair, near_draft_dir):

@@ -25,16 +25,10 @@ _PANEL_STORE = "Results"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [ValueError]
-    with contextlib.suppress(ImportError):
-        from specdec.models import ChunkAssemblyError, ModelNotAvailableError
+    from specdec.backends.base import BackendError
+    from specdec.models import ChunkAssemblyError, ModelNotAvailableError
 
-        errors += [ModelNotAvailableError, ChunkAssemblyError]
-    with contextlib.suppress(ImportError):
-        from specdec.backends.base import BackendError
-
-        errors.append(BackendError)
-    return tuple(errors)
+    return (ValueError, ModelNotAvailableError, ChunkAssemblyError, BackendError)
 
 
 @contextlib.contextmanager

@@ -27,10 +27,8 @@ killed sweep loses at most the run in flight; ``resume=True`` skips finished cel
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import hashlib
-import importlib
 import importlib.util
 import json
 import math
@@ -39,7 +37,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +45,22 @@ import torch
 
 from specdec.bench.costs import measure_costs
 from specdec.bench.environment import git_commit, machine_changes, machine_info
-from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
+from specdec.bench.methods import (
+    LLAMA_PROMPT_LOOKUP_SKIP,
+    METHODS,
+    RunRecord,
+    RunRequest,
+    Runtime,
+    our_methods,
+    peer_methods,
+    peers_for,
+    reference_method,
+)
+from specdec.bench.peers import hf_peer_generate
+from specdec.bench.prompts import Prompt, encode_prompt, load_builtin, load_prompt_file
 from specdec.bench.store import Store, cell_key, sweep_id_for
 from specdec.costs import CostCurve
-from specdec.decoding import GREEDY, autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.metrics import RATES, rates
+from specdec.metrics import rates
 from specdec.sampling import SamplingParams
 from specdec.theory import expected_tokens_per_round
 
@@ -83,16 +91,10 @@ __all__ = [
     "select_prompts",
 ]
 
-OUR_METHODS = ("baseline", "draft", "ngram")
-PEER_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup")
+OUR_METHODS = tuple(m.name for m in our_methods())
+PEER_METHODS = tuple(m.name for m in peer_methods())
 ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
 DEFAULT_DB = "results/sweep.db"
-
-LLAMA_PROMPT_LOOKUP_SKIP = (
-    "skipped: llama-cpp-python 0.3.36's Llama class, which LlamaPromptLookupDecoding needs, cannot set "
-    "n_outputs_max_per_seq (so a batch returns logits for one position only) nor turn off the AMX weight "
-    "repack that segfaults on some CPUs (see specdec/backends/llamacpp.py)"
-)
 
 _SUMMARY_ERR_LEN = 300  # characters kept of an error message
 
@@ -116,18 +118,8 @@ class RuntimeConfig:
     compile: bool = False
 
     def peers(self) -> tuple[str, ...]:
-        """The peer methods that apply to this configuration."""
-        out = []
-        if self.target_backend == "transformers" and not self.compile:
-            # the transformers peers run the model as users run it: eager (the compiled backend repacks
-            # the model's linear layers in place, so its generate() would no longer be transformers' own)
-            out.append("hf_generate")
-            if self.draft_backend == "transformers":
-                out.append("hf_assisted")
-            out.append("hf_prompt_lookup")
-        if self.target_backend == "llamacpp":
-            out.append("llama_prompt_lookup")
-        return tuple(out)
+        """The peer methods that apply to this configuration (`Method.applies`)."""
+        return peers_for(self)
 
 
 RUNTIME_CONFIGS: dict[str, RuntimeConfig] = {
@@ -160,18 +152,9 @@ def _config_for_backends(target_backend: str, draft_backend: str) -> str:
 
 
 def _check_config_available(rc: RuntimeConfig) -> None:
-    """Refuse, before any model loads, a configuration whose backend module or library is missing."""
-    if rc.compile and importlib.util.find_spec("specdec.backends.compiled") is None:
-        raise ValueError(
-            f"config {rc.label} needs specdec.backends.compiled (CompiledHFBackend), missing from this install"
-        )
-    if "llamacpp" in (rc.target_backend, rc.draft_backend):
-        if importlib.util.find_spec("specdec.backends.llamacpp") is None:
-            raise ValueError(f"config {rc.label} needs specdec.backends.llamacpp, missing from this install")
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise ValueError(
-                f"config {rc.label} needs llama-cpp-python: pip install 'specdec[llamacpp]'"
-            )
+    """Refuse, before any model loads, a configuration whose optional library (llama-cpp-python) is missing."""
+    if "llamacpp" in (rc.target_backend, rc.draft_backend) and importlib.util.find_spec("llama_cpp") is None:
+        raise ValueError(f"config {rc.label} needs llama-cpp-python: pip install 'specdec[llamacpp]'")
 
 
 # ------------------------------------------------------------------------------------- configuration
@@ -314,11 +297,9 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     v["secondary_ks"] = _int_list(v["secondary_ks"], "secondary_ks", allow_empty=True)
     v["peer_ks"] = _int_list(v["peer_ks"], "peer_ks", allow_empty=True)
     methods = [m.lower() for m in _as_list(v["methods"], "methods")]
-    bad = [m for m in methods if m not in OUR_METHODS + PEER_METHODS]
+    bad = [m for m in methods if m not in METHODS]
     if bad:
-        raise ValueError(
-            f"unknown method(s) {', '.join(bad)}; choose from {', '.join(OUR_METHODS + PEER_METHODS)}"
-        )
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS)}")
     if not methods:
         raise ValueError("methods: give at least one method")
     v["methods"] = tuple(dict.fromkeys(methods))
@@ -514,31 +495,27 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[Cell]:
     plan: list[Cell] = []
     for label in cfg.configs:
         rc = RUNTIME_CONFIGS[label]
-        peers = [m for m in PEER_METHODS if (cfg.peers or m in cfg.methods) and m in rc.peers()]
+        peers = [m for m in peer_methods() if (cfg.peers or m.name in cfg.methods) and m.applies(rc)]
+        plain = [m.name for m in our_methods() if not m.takes_k and m.name in cfg.methods]
+        drafting = [m.name for m in our_methods() if m.takes_k and m.name in cfg.methods]
+        base = reference_method().name
         for prompt in prompts:
             is_primary = prompt.id in prim
             ks = cfg.ks if is_primary else cfg.secondary_ks
-            groups: list[tuple[str, int | None, str | None]] = []
-            if "baseline" in cfg.methods:
-                groups.append(("baseline", None, None))
-            for m in ("draft", "ngram"):
-                if m in cfg.methods:
-                    groups.extend((m, k, "fixed") for k in ks)
+            groups: list[tuple[str, int | None, str | None]] = [(m, None, None) for m in plain]
+            for m in drafting:
+                groups.extend((m, k, "fixed") for k in ks)
             if is_primary:
-                for m in ("draft", "ngram"):
-                    if m in cfg.methods:
-                        groups.extend((m, cfg.policy_k, p) for p in cfg.policies)
-                for m in peers:
-                    if m == "hf_generate":
-                        groups.append((m, None, None))
-                    else:
-                        groups.extend((m, k, None) for k in cfg.peer_ks)
+                for m in drafting:
+                    groups.extend((m, cfg.policy_k, p) for p in cfg.policies)
+                for pm in peers:
+                    groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
             for r in range(cfg.repeats):  # repeats outermost: each pass runs every group once
                 for method, k, policy in groups:
                     plan.append(Cell(label, prompt, method, k, policy, r, is_primary))
-            if "baseline" in cfg.methods:
+            if base in cfg.methods:
                 for r in range(cfg.repeats, cfg.baseline_repeats):
-                    plan.append(Cell(label, prompt, "baseline", None, None, r, is_primary))
+                    plan.append(Cell(label, prompt, base, None, None, r, is_primary))
     return plan
 
 
@@ -606,9 +583,10 @@ def estimate_generation_s(
     step = costs.target_step_s
     draft_step = costs.draft_step_s or 0.0
     prefill = costs.forward_s(max(1, prompt_tokens - 1))
-    if method in ("baseline", "hf_generate"):
+    m = METHODS[method]
+    if not m.takes_k:
         return prefill + new_tokens * step
-    uses_model = method in ("draft", "hf_assisted")
+    uses_model = m.drafts_with_model
     if uses_model:
         prefill *= 1.0 + draft_step / step
 
@@ -644,7 +622,7 @@ def estimate_plan_s(
         costs = costs_by_config.get(c.config_label)
         if costs is None:
             continue
-        if c.method == "llama_prompt_lookup":
+        if METHODS[c.method].skip:
             continue  # recorded as skipped, costs nothing
         n_prompt = pt.get(c.prompt.id, 100)
         timed += estimate_generation_s(c.method, c.k, c.policy, costs, max_new_tokens,
@@ -680,157 +658,6 @@ def cost_max_n(cfg: SweepConfig) -> int:
     return max([17] + [k + 1 for k in ks])
 
 
-def encode_prompt(tokenizer, text: str, *, chat_template: bool = False) -> list[int]:
-    """Token ids of a prompt: the tokenizer's default encoding (its special tokens, e.g. a BOS), or with
-    `chat_template` the chat template around one user turn plus the generation prompt.
-
-    Raises:
-        ValueError: `chat_template` but the tokenizer has none; the prompt encodes to no tokens.
-    """
-    if chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("--chat-template: this tokenizer has no chat template")
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(out, Mapping) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        if out and isinstance(out[0], (list, tuple)):
-            out = out[0]
-        ids = [int(t) for t in out]
-    else:
-        ids = [int(t) for t in tokenizer(text)["input_ids"]]
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens")
-    return ids
-
-
-# --------------------------------------------------------------------------------------------- peers
-
-
-@dataclass
-class PeerOutput:
-    """A peer's generation: new token ids, wall seconds around the library call, finish reason."""
-
-    token_ids: list[int]
-    total_s: float
-    finish_reason: str
-
-
-def _neutral_generation_config(model, *, max_new_tokens: int, sampling: SamplingParams, eos_ids, pad_id):
-    """A copy of the model's generation config with every logits processor our engine does not apply
-    turned off, so that ``generate()`` decodes exactly what our engine decodes (greedy: argmax).
-
-    transformers fills the None fields of a passed config from ``model.generation_config``, so the
-    neutral values are set explicitly rather than cleared.
-    """
-    gc_ = copy.deepcopy(model.generation_config)
-    eos = sorted(int(e) for e in eos_ids)
-    neutral = {
-        "max_new_tokens": int(max_new_tokens), "min_new_tokens": None, "min_length": 0,
-        "do_sample": not sampling.greedy, "num_beams": 1, "use_cache": True,
-        "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0,
-        "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "forced_bos_token_id": None,
-        "forced_eos_token_id": None, "suppress_tokens": None, "begin_suppress_tokens": None,
-        "sequence_bias": None, "exponential_decay_length_penalty": None, "renormalize_logits": False,
-        "remove_invalid_values": False, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-        "min_p": None, "top_h": None, "guidance_scale": None, "watermarking_config": None,
-        "eos_token_id": eos if len(eos) != 1 else eos[0], "pad_token_id": pad_id,
-        "return_dict_in_generate": False, "output_scores": False, "output_logits": False,
-        "prompt_lookup_num_tokens": None, "assistant_early_exit": None,
-    }  # fmt: skip
-    if sampling.greedy:
-        neutral.update(temperature=1.0, top_k=50, top_p=1.0)
-    else:
-        neutral.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
-    for key, value in neutral.items():
-        setattr(gc_, key, value)
-    return gc_
-
-
-def hf_peer_generate(
-    pair,
-    method: str,
-    prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    *,
-    k: int | None = None,
-    sampling: SamplingParams = GREEDY,
-    seed: int | None = None,
-) -> PeerOutput:
-    """Run one transformers peer on `pair` (a `specdec.loading.LoadedPair`) and time it by the wall clock.
-
-    Methods: ``hf_generate`` (``generate()``, target only); ``hf_assisted`` (``assistant_model=`` the draft
-    model, whose generation config is swapped for a copy with ``num_assistant_tokens=K``,
-    ``num_assistant_tokens_schedule="constant"`` and ``assistant_confidence_threshold=0`` (off), restored
-    afterwards — transformers reads these from the *assistant's* config); ``hf_prompt_lookup``
-    (``prompt_lookup_num_tokens=K``, transformers' default n-gram size). Every call uses our EOS ids, an
-    attention mask, ``do_sample=False`` under greedy, and no logits processor our engine lacks.
-
-    Returns:
-        `PeerOutput` with the new token ids (EOS kept), seconds from just before the call to just after it
-        (device synchronized; prefill included and not separable), and ``"eos"``/``"length"``.
-
-    Raises:
-        ValueError: unknown method, a peer that needs a transformers target/draft, or K missing.
-    """
-    if method not in ("hf_generate", "hf_assisted", "hf_prompt_lookup"):
-        raise ValueError(f"not a transformers peer: {method!r}")
-    model = pair.target.hf_model
-    if model is None:
-        raise ValueError(f"{method} needs the target on transformers")
-    if method != "hf_generate" and not k:
-        raise ValueError(f"{method} needs K")
-    eos = frozenset(pair.eos_ids)
-    tok = pair.tokenizer
-    pad_id = getattr(tok, "pad_token_id", None)
-    if pad_id is None:
-        pad_id = min(eos) if eos else 0
-    gen_cfg = _neutral_generation_config(model, max_new_tokens=max_new_tokens, sampling=sampling,
-                                         eos_ids=eos, pad_id=pad_id)
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "generation_config": gen_cfg}
-    assistant = None
-    saved_cfg = None
-    if method == "hf_assisted":
-        if pair.draft is None or pair.draft.hf_model is None:
-            raise ValueError("hf_assisted needs the draft model on transformers")
-        assistant = pair.draft.hf_model
-        saved_cfg = assistant.generation_config
-        a_cfg = copy.deepcopy(saved_cfg)
-        a_cfg.num_assistant_tokens = int(k)
-        a_cfg.num_assistant_tokens_schedule = "constant"
-        a_cfg.assistant_confidence_threshold = 0.0
-        assistant.generation_config = a_cfg
-        kwargs["assistant_model"] = assistant
-    elif method == "hf_prompt_lookup":
-        gen_cfg.prompt_lookup_num_tokens = int(k)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    try:
-        if not sampling.greedy:
-            torch.manual_seed(0 if seed is None else int(seed))
-        sync()
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(ids, **kwargs)
-        sync()
-        total = time.perf_counter() - t0
-    finally:
-        if assistant is not None:
-            assistant.generation_config = saved_cfg
-    new = [int(t) for t in out[0, ids.shape[1]:].tolist()]
-    # Batch of one: nothing is padded after an EOS, but cut defensively at the first one.
-    for i, t in enumerate(new):
-        if t in eos:
-            return PeerOutput(new[: i + 1], total, "eos")
-    return PeerOutput(new, total, "length")
-
-
 # -------------------------------------------------------------------------------------------- runner
 
 
@@ -864,37 +691,6 @@ def _one_line(exc: BaseException) -> str:
     return msg[:_SUMMARY_ERR_LEN]
 
 
-def _make_policy(name: str, k: int, costs: Mapping[str, Any] | None, method: str):
-    try:
-        policies = importlib.import_module("specdec.policies")
-    except ImportError:  # pragma: no cover - the module ships with specdec
-        policies = None
-    make = getattr(policies, "make_policy", None)
-    if make is None:
-        raise ValueError(
-            f"adaptive policy {name!r} needs specdec.policies.make_policy, which this build lacks; "
-            f"run without --policies"
-        )
-    if name == "cost":
-        if costs is None:
-            raise ValueError("the cost policy needs measured costs for this configuration")
-        c = dict(costs)
-        if method == "ngram":
-            c["draft_step_s"] = 0.0  # prompt lookup drafts at (almost) no cost
-        return make(name, k, costs=c)
-    return make(name, k)
-
-
-def _check_policies_available(cfg: SweepConfig) -> None:
-    if not cfg.policies:
-        return
-    policies = importlib.import_module("specdec.policies")
-    if getattr(policies, "make_policy", None) is None:
-        raise ValueError(
-            "--policies needs specdec.policies.make_policy, which this build lacks; run without --policies"
-        )
-
-
 @dataclass
 class _Context:
     """State of one loaded configuration during the sweep."""
@@ -906,41 +702,11 @@ class _Context:
     prompt_ids: dict[str, list[int]]
     threads: int
 
-
-def _drafter(method: str, ctx: _Context):
-    if method == "draft":
-        if ctx.pair.draft is None:
-            raise ValueError("the draft method needs a draft model")
-        return ModelDrafter(ctx.pair.draft.backend, ctx.pair.vocab_size)
-    return PromptLookupDrafter(ctx.cfg.ngram_max, ctx.cfg.ngram_min)
-
-
-def _generate(ctx: _Context, cell: Cell, ids: list[int], n: int) -> tuple[Any, PeerOutput | None]:
-    """Run one generation of `cell`: ``(GenerationResult, None)`` for ours, ``(None, PeerOutput)`` for peers."""
-    cfg, pair = ctx.cfg, ctx.pair
-    seed = cfg.seed + cell.repeat
-    sampling = cfg.sampling
-    if cell.method in ("hf_generate", "hf_assisted", "hf_prompt_lookup"):
-        return None, hf_peer_generate(pair, cell.method, ids, n, k=cell.k, sampling=sampling, seed=seed)
-    if cell.method == "llama_prompt_lookup":
-        raise _Skip(LLAMA_PROMPT_LOOKUP_SKIP)
-    common = {"sampling": sampling, "eos_ids": pair.eos_ids, "vocab_size": pair.vocab_size, "seed": seed}
-    target = pair.target.backend
-    if cell.method == "baseline":
-        return autoregressive_generate(target, ids, n, **common), None
-    drafter = _drafter(cell.method, ctx)
-    if cell.policy in (None, "fixed"):
-        return speculative_generate(target, drafter, ids, n, k=cell.k, **common), None
-    policy = _make_policy(cell.policy, int(cell.k), ctx.costs, cell.method)
-    policies = importlib.import_module("specdec.policies")
-    configure = getattr(policies, "configure_drafter", None)
-    if configure is not None:
-        configure(policy, drafter)
-    return speculative_generate(target, drafter, ids, n, policy=policy, **common), None
-
-
-class _Skip(Exception):
-    """A run that cannot be done here; recorded with its reason as the error."""
+    @property
+    def runtime(self) -> Runtime:
+        """What the methods run on: the pair, the sampling settings, the measured costs, n-gram sizes."""
+        costs = CostCurve.from_costs(self.costs) if self.costs else None
+        return Runtime(self.pair, self.cfg.sampling, costs, self.cfg.ngram_max, self.cfg.ngram_min)
 
 
 def _row(ctx: _Context, cell: Cell, sweep_id: str, target_spec: str, draft_spec: str | None, pair_name,
@@ -1007,7 +773,6 @@ def prepare(cfg: SweepConfig) -> tuple[list[Prompt], str, str | None, str | None
     pair_name = cfg.pair or (models.DEFAULT_PAIR if cfg.target is None and cfg.draft is None else None)
     for rc in cfg.runtime_configs():
         _check_config_available(rc)
-    _check_policies_available(cfg)
     m = meaning(cfg, prompts, target, draft)
     sid = sweep_id_for(m)
     return prompts, target, draft, pair_name, m, sid, build_plan(cfg, prompts)
@@ -1132,7 +897,7 @@ def run_sweep(
 
 def _baseline_tps(store: Store, sid: str) -> dict[tuple[str, str], list[float]]:
     out: dict[tuple[str, str], list[float]] = {}
-    for r in store.runs(sid, method="baseline"):
+    for r in store.runs(sid, method=reference_method().name):
         if r["error"] is None and r["tokens_per_s"]:
             out.setdefault((r["config_label"], r["prompt_id"]), []).append(r["tokens_per_s"])
     return out
@@ -1211,7 +976,7 @@ def _run_config(ctx, cells, plan, sid, store, result, baseline_tps, target_spec,
             if cell.prompt.id not in baseline_ids or baseline_ids[cell.prompt.id] is None:
                 baseline_ids[cell.prompt.id] = store.baseline_tokens(sid, label, cell.prompt.id)
             ref = baseline_ids[cell.prompt.id]
-            if cell.method == "baseline" and ref is None:
+            if METHODS[cell.method].reference and ref is None:
                 ref = row["token_ids"]
             row["matches_baseline"] = None if ref is None else int(row["token_ids"] == ref)
         store.record_run(row, rounds)
@@ -1221,7 +986,7 @@ def _run_config(ctx, cells, plan, sid, store, result, baseline_tps, target_spec,
                 result.skipped += 1
             else:
                 result.failed += 1
-        if cell.method == "baseline" and not row.get("error") and row.get("tokens_per_s"):
+        if METHODS[cell.method].reference and not row.get("error") and row.get("tokens_per_s"):
             baseline_tps.setdefault((label, cell.prompt.id), []).append(row["tokens_per_s"])
         if on_run is not None:
             on_run(row)
@@ -1233,13 +998,18 @@ def _run_config(ctx, cells, plan, sid, store, result, baseline_tps, target_spec,
     return False
 
 
+def _run(ctx: _Context, cell: Cell, ids: list[int], n: int) -> RunRecord:
+    """Run `cell`'s method on prompt `ids` for `n` new tokens (raises what the method raises)."""
+    request = RunRequest(ids, n, cell.k, cell.policy, ctx.cfg.seed + cell.repeat)
+    return METHODS[cell.method].run(ctx.runtime, request)
+
+
 def _warm_up(ctx: _Context, cell: Cell, prompt: Prompt, log) -> None:
     """One untimed, unstored generation of `cell`'s group on `prompt` (`warmup_tokens` new tokens)."""
-    if cell.method == "llama_prompt_lookup":
+    if METHODS[cell.method].skip:
         return
     try:
-        ids = _prompt_ids(ctx, prompt)
-        _generate(ctx, replace(cell, prompt=prompt), ids, min(ctx.cfg.warmup_tokens, ctx.cfg.max_new_tokens))
+        _run(ctx, cell, _prompt_ids(ctx, prompt), min(ctx.cfg.warmup_tokens, ctx.cfg.max_new_tokens))
     except Exception as exc:  # noqa: BLE001 - the timed run will fail the same way and be recorded
         log(f"{cell.describe()}: warm-up failed: {_one_line(exc)}")
 
@@ -1247,34 +1017,20 @@ def _warm_up(ctx: _Context, cell: Cell, prompt: Prompt, log) -> None:
 def _execute(ctx: _Context, cell: Cell, sid, target_spec, draft_spec, pair_name) -> tuple[dict, list[dict]]:
     """Run one timed generation; return its ``runs`` row and ``rounds`` rows (an error is recorded, never
     raised, except KeyboardInterrupt)."""
-    ids = None
     row = _row(ctx, cell, sid, target_spec, draft_spec, pair_name, None)
+    skip = METHODS[cell.method].skip
     try:
         ids = _prompt_ids(ctx, cell.prompt)
         row["prompt_tokens"] = len(ids)
-        res, peer = _generate(ctx, cell, ids, ctx.cfg.max_new_tokens)
-    except _Skip as exc:
-        row["error"] = str(exc)[:_SUMMARY_ERR_LEN]
-        return row, []
+        if skip:
+            row["error"] = skip[:_SUMMARY_ERR_LEN]
+            return row, []
+        record = _run(ctx, cell, ids, ctx.cfg.max_new_tokens)
     except Exception as exc:  # noqa: BLE001 - a failed run is recorded (error set) and the sweep goes on
         row["error"] = _one_line(exc)
         return row, []
-    if peer is not None:
-        n = len(peer.token_ids)
-        row.update(
-            new_tokens=n, finish_reason=peer.finish_reason, token_ids=peer.token_ids, total_s=peer.total_s,
-            tokens_per_s=RATES["tokens_per_s"].of({"new_tokens": n, "total_s": peer.total_s}),
-        )
-        return row, []
-    s = res.summary()
-    row.update(
-        new_tokens=res.num_tokens, finish_reason=res.finish_reason, token_ids=list(res.token_ids),
-        num_rounds=res.num_rounds, num_drafted=res.num_drafted, num_accepted=res.num_accepted,
-        num_rejections=res.num_rejections, prefill_s=res.prefill_s, ttft_s=res.ttft_s,
-        decode_s=res.decode_s, total_s=res.total_s, draft_s=res.draft_s, verify_s=res.verify_s,
-        tokens_per_s=s["tokens_per_s"],
-    )
-    return row, res.rounds_as_dicts()
+    row.update(record.columns())
+    return row, record.rounds
 
 
 def _summary_line(cell: Cell, rows: list[dict], baseline: list[float] | None) -> str:
@@ -1286,7 +1042,7 @@ def _summary_line(cell: Cell, rows: list[dict], baseline: list[float] | None) ->
     tps = statistics.median(r["tokens_per_s"] for r in ok if r["tokens_per_s"] is not None) \
         if any(r["tokens_per_s"] for r in ok) else math.nan
     parts = [f"{tps:.2f} tok/s"]
-    if cell.method != "baseline" and baseline:
+    if not METHODS[cell.method].reference and baseline:
         parts.append(f"x{tps / statistics.median(baseline):.2f} vs baseline")
     counts = {c: sum(r.get(c) or 0 for r in ok) for c in ("num_drafted", "num_accepted", "num_rejections")}
     if counts["num_drafted"]:

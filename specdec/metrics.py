@@ -2,7 +2,8 @@
 
 Raw counts are recorded per round; every rate is derived here, never stored pre-computed (as vLLM's
 spec-decode metrics), and declared once in `RATES` as (numerator, denominator) of the raw `COUNTS`, which
-`GenerationResult`, the sweep's console lines and the report all evaluate. Definitions (the bonus/recovered token is the ``+1`` of each round):
+`GenerationResult`, the sweep's console lines and the report all evaluate. Definitions (the bonus/recovered
+token is the ``+1`` of each round):
 
 - **drafted** = sum of K over rounds (tokens actually proposed; a prompt-lookup round may propose < K).
 - **accepted** = sum of accepted draft tokens. Excludes the recovered/bonus token.

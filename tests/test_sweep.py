@@ -239,7 +239,7 @@ def test_mixing_configurations_refused(tmp_path, tiny_pair, near_draft_dir, prom
         S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
     # A larger grid is the same sweep: --resume adds only the new cells.
     bigger = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="1,2", methods="baseline,ngram", secondary_ks="")
-    assert S.prepare(bigger)[5] == first.sweep_id
+    assert S.prepare(bigger).sweep_id == first.sweep_id
     more = S.run_sweep(bigger, db=db, resume=True, progress=False, echo=lambda _: None)
     assert more.already_done == first.planned and more.ran == more.planned - first.planned > 0
 
@@ -285,8 +285,8 @@ def test_llama_prompt_lookup_is_recorded_as_skipped(tiny_tokenizer):
     cell = S.Cell("llamacpp", prompt, "llama_prompt_lookup", 4, None, 0)
     cfg = S.make_config({"configs": "llamacpp"})
     pair = type("P", (), {"tokenizer": tiny_tokenizer})()
-    ctx = S._Context(cfg, S.RUNTIME_CONFIGS["llamacpp"], pair, None, {}, 1)
-    row, rounds = S._execute(ctx, cell, "sid", "t.gguf", "d.gguf", None)
+    prepared = S.Prepared([prompt], "t.gguf", "d.gguf", None, {}, "sid", [cell])
+    row, rounds = S.execute(S.LoadedConfig(cfg, S.RUNTIME_CONFIGS["llamacpp"], pair), cell, prepared)
     assert row["error"].startswith("skipped: ") and rounds == [] and row["prompt_tokens"] > 0
     assert "llama_prompt_lookup" in S.RUNTIME_CONFIGS["llamacpp"].peers()
     assert S.RUNTIME_CONFIGS["mixed:llamacpp-draft"].peers() == ("hf_generate", "hf_prompt_lookup")
@@ -355,14 +355,44 @@ def test_estimate_follows_the_analytical_model():
 
 def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file):
     base = _cfg(tiny_pair, near_draft_dir, prompt_file)
-    sid = S.prepare(base)[5]
+    sid = S.prepare(base).sweep_id
     same = [{"ks": "4"}, {"repeats": 3}, {"peers": True}, {"methods": "baseline"}, {"name": "x"}]
     for kw in same:
-        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw))[5] == sid, kw
+        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw)).sweep_id == sid, kw
     differ = [{"max_new_tokens": 9}, {"temperature": 0.7}, {"threads": 2}, {"dtype": "bfloat16"},
               {"draft": str(tiny_pair.draft_dir)}, {"prompt_types": "code"}]
     for kw in differ:
-        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw))[5] != sid, kw
+        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw)).sweep_id != sid, kw
+
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "results"
+
+
+@pytest.mark.parametrize("db, flags", [
+    ("study.db", {"threads": 2}),  # README: specdec sweep --db results/study.db --threads 2 --resume
+    ("policy2.db", {"threads": 2, "prompt_types": "natural,code,code_python,technical_ml", "ks": "2,16",
+                    "methods": "baseline,draft", "policies": "cost", "peers": False, "repeats": 2,
+                    "baseline_repeats": 3, "name": "policy-interleaved"}),
+    ("compiled.db", {"threads": 2, "configs": "transformers-eager,transformers-compiled",
+                     "prompt_types": "repetitive,natural", "ks": "4", "methods": "baseline,draft",
+                     "policies": "none", "peers": False}),
+])
+def test_published_sweeps_keep_their_identity(db, flags):
+    """The README's rerun commands must --resume the published stores: the same settings give the same sweep
+    id (the hash of `meaning`), whatever the code's layout. Read-only: the published files are not opened by
+    Store (WAL writes)."""
+    import sqlite3
+
+    path = PUBLISHED / db
+    if not path.is_file():
+        pytest.skip(f"{db} is not in this checkout")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        stored = conn.execute("SELECT sweep_id, config_json FROM sweeps").fetchall()
+    finally:
+        conn.close()
+    prepared = S.prepare(S.make_config(flags))
+    assert [(prepared.sweep_id, prepared.meaning)] == [(sid, json.loads(cfg)) for sid, cfg in stored]
 
 
 def test_make_config_merging_and_validation(tmp_path):

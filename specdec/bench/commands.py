@@ -201,7 +201,8 @@ def _dry_run(cfg, db_path: Path) -> None:
     from specdec.bench.store import Store
     from specdec.costs import CostCurve
 
-    prompts, target, draft, _, _, sid, plan = S.prepare(cfg)
+    prepared = S.prepare(cfg)
+    sid, plan = prepared.sweep_id, prepared.plan
     costs_by = {}
     source = ("reference CPU costs (2 cores, fp32 Qwen2.5-Coder 0.5B -> 1.5B: "
               f"{S.REFERENCE_COSTS.draft_step_s:.3f} / {S.REFERENCE_COSTS.target_step_s:.3f} s per token)")
@@ -219,7 +220,7 @@ def _dry_run(cfg, db_path: Path) -> None:
                                     warmup_tokens=cfg.warmup_tokens)
     measure = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats)
                   for label in cfg.configs)
-    _echo(f"sweep {sid}: target {target}, draft {draft}; {len(prompts)} prompts, configs "
+    _echo(f"sweep {sid}: target {prepared.target}, draft {prepared.draft}; {len(prepared.prompts)} prompts, configs "
           f"{', '.join(cfg.configs)}; {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)")
     _echo(f"{len(plan)} timed generations:")
     for key, n in S.plan_summary(plan).items():

@@ -201,7 +201,8 @@ def _common(rt: Runtime, req: RunRequest) -> dict[str, Any]:
 
 
 def _baseline(rt: Runtime, req: RunRequest) -> RunRecord:
-    res = autoregressive_generate(rt.pair.target.backend, req.prompt_ids, req.max_new_tokens, **_common(rt, req))
+    target = rt.pair.target.backend
+    res = autoregressive_generate(target, req.prompt_ids, req.max_new_tokens, **_common(rt, req))
     return RunRecord.from_result(res)
 
 
@@ -251,8 +252,8 @@ def _prompt_lookup_drafter(rt: Runtime) -> Drafter:
 
 def _hf_peer(name: str) -> Callable[[Runtime, RunRequest], RunRecord]:
     def run(rt: Runtime, req: RunRequest) -> RunRecord:
-        out = hf_peer_generate(rt.pair, name, req.prompt_ids, req.max_new_tokens, k=req.k, sampling=rt.sampling,
-                               seed=req.seed)
+        out = hf_peer_generate(rt.pair, name, req.prompt_ids, req.max_new_tokens, k=req.k,
+                               sampling=rt.sampling, seed=req.seed)
         return RunRecord.timed(out.token_ids, out.total_s, out.finish_reason)
 
     return run
@@ -280,7 +281,8 @@ for _m in (
     Method("hf_prompt_lookup", _hf_peer("hf_prompt_lookup"), peer=True, takes_k=True,
            applies=_eager_transformers_target, counterpart="ngram"),
     Method("llama_prompt_lookup", _skipped, peer=True, takes_k=True,
-           applies=lambda rc: rc.target_backend == "llamacpp", skip=LLAMA_PROMPT_LOOKUP_SKIP, counterpart="ngram"),
+           applies=lambda rc: rc.target_backend == "llamacpp", skip=LLAMA_PROMPT_LOOKUP_SKIP,
+           counterpart="ngram"),
 ):
     register(_m)
 

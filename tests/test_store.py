@@ -220,7 +220,7 @@ def test_schema_declared_once_matches_the_published_store(tmp_path):
     published = Path(__file__).resolve().parents[1] / "results" / "study.db"
     if not published.is_file():
         pytest.skip("the published study store is not in this checkout")
-    conn = sqlite3.connect(f"file:{published}?mode=ro", uri=True)
+    conn = sqlite3.connect(f"file:{published}?mode=ro&immutable=1", uri=True)
     try:
         for table, cols in S.TABLES.items():
             got = [(r[1], r[2]) for r in conn.execute(f"PRAGMA table_info({table})")]

@@ -386,7 +386,7 @@ def test_published_sweeps_keep_their_identity(db, flags):
     path = PUBLISHED / db
     if not path.is_file():
         pytest.skip(f"{db} is not in this checkout")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
     try:
         stored = conn.execute("SELECT sweep_id, config_json FROM sweeps").fetchall()
     finally:

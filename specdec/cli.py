@@ -217,10 +217,7 @@ def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, 
         print(f"specdec: {note}", file=sys.stderr)
     if name == "cost" and getattr(drafter, "name", "") != "model":
         costs = {**costs, "draft_step_s": 0.0}  # prompt lookup drafts for free (no model step)
-    policy = policies.make_policy(name, k, costs=costs)
-    if hasattr(policy, "configure"):
-        policy.configure(drafter)
-    return policy
+    return policies.make_policy(name, k, costs=costs)
 
 
 @app.command("models")

@@ -23,7 +23,7 @@ from specdec.costs import CostCurve
 from specdec.decoding import autoregressive_generate, speculative_generate
 from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from specdec.metrics import RATES, GenerationResult
-from specdec.policies import configure_drafter, make_policy
+from specdec.policies import make_policy
 from specdec.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -229,7 +229,6 @@ def speculative(make_drafter: Callable[[Runtime], Drafter], *, free_drafts: bool
             res = speculative_generate(target, drafter, req.prompt_ids, req.max_new_tokens, k=req.k, **common)
         else:
             policy = _policy(req.policy, int(req.k), rt.costs, free_drafts=free_drafts)
-            configure_drafter(policy, drafter)
             res = speculative_generate(target, drafter, req.prompt_ids, req.max_new_tokens, policy=policy,
                                        **common)
         return RunRecord.from_result(res)

@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 
 from specdec.bench import store as S
+from specdec.bench.export import export_runs
 from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError
 
 SCHEMA = {
@@ -173,7 +174,7 @@ def test_export_round_trips_row_count(tmp_path, db, fmt):
             st.record_run(_run("s1", f"p{i}"))
         st.record_run(_run("s2", "p0", error="E: f", token_ids=None, tokens_per_s=None, total_s=None))
     out = tmp_path / f"runs.{fmt}"
-    assert S.export_runs(db, fmt, out) == 4
+    assert export_runs(db, fmt, out) == 4
     if fmt == "csv":
         with open(out, newline="") as fh:
             rows = list(csv.DictReader(fh))
@@ -185,17 +186,17 @@ def test_export_round_trips_row_count(tmp_path, db, fmt):
     assert len(rows) == 4
     assert {r["sweep_name"] for r in rows} == {"one", "two"}
     assert "sweep_config_json" in rows[0] and "cell_key" in rows[0]
-    assert S.export_runs(db, fmt, tmp_path / f"only.{fmt}", sweep_id="s1") == 3
+    assert export_runs(db, fmt, tmp_path / f"only.{fmt}", sweep_id="s1") == 3
     with pytest.raises(S.StoreError, match="no sweep"):
-        S.export_runs(db, fmt, tmp_path / f"x.{fmt}", sweep_id="nope")
+        export_runs(db, fmt, tmp_path / f"x.{fmt}", sweep_id="nope")
 
 
 def test_export_errors(tmp_path, db, monkeypatch):
     with pytest.raises(S.StoreError, match="no such results database"):
-        S.export_runs(tmp_path / "missing.db", "csv", tmp_path / "o.csv")
+        export_runs(tmp_path / "missing.db", "csv", tmp_path / "o.csv")
     Store(db).close()
     with pytest.raises(ValueError, match="unknown export format"):
-        S.export_runs(db, "xlsx", tmp_path / "o.xlsx")
+        export_runs(db, "xlsx", tmp_path / "o.xlsx")
     import builtins
 
     real_import = builtins.__import__
@@ -207,7 +208,7 @@ def test_export_errors(tmp_path, db, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
     with pytest.raises(ValueError, match="needs pyarrow"):
-        S.export_runs(db, "parquet", tmp_path / "o.parquet")
+        export_runs(db, "parquet", tmp_path / "o.parquet")
 
 
 def test_schema_declared_once_matches_the_published_store(tmp_path):

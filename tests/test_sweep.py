@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 from specdec.bench import methods as M
 from specdec.bench import sweep as S
 from specdec.bench.environment import machine_changes
+from specdec.bench.export import export_runs
 from specdec.bench.prompts import Prompt, PromptFileError
-from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError, export_runs
+from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError
 from specdec.costs import CostCurve
 from specdec.drafters import PromptLookupDrafter
 

@@ -293,7 +293,7 @@ def export(
     sweep_id: Annotated[str | None, typer.Option(help="Only this sweep's runs.")] = None,
 ) -> None:
     """Export every run, joined with its sweep's configuration, to CSV, JSON Lines or Parquet."""
-    from specdec.bench.store import EXPORT_FORMATS, export_runs
+    from specdec.bench.export import EXPORT_FORMATS, export_runs
 
     with _cli_errors():
         fmt = format

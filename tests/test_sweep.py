@@ -285,7 +285,7 @@ def test_unloadable_config_is_a_clear_error(tmp_path, tiny_pair, near_draft_dir,
 
 def test_llama_prompt_lookup_is_recorded_as_skipped(tiny_tokenizer):
     prompt = Prompt("p-01", "code", "def f(x): return x")
-    cell = S.Cell("llamacpp", prompt, "llama_prompt_lookup", 4, None, 0)
+    cell = S.PlannedRun("llamacpp", prompt, "llama_prompt_lookup", 4, None, 0)
     cfg = S.make_config({"configs": "llamacpp"})
     pair = type("P", (), {"tokenizer": tiny_tokenizer})()
     prepared = S.Prepared([prompt], "t.gguf", "d.gguf", None, {}, "sid", [cell])

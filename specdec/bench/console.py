@@ -6,13 +6,13 @@ import math
 import statistics
 
 from specdec.bench.methods import METHODS
-from specdec.bench.plan import Cell
+from specdec.bench.plan import PlannedRun
 from specdec.metrics import rates
 
 __all__ = ["summary_line"]
 
 
-def summary_line(cell: Cell, rows: list[dict], baseline: list[float] | None) -> str:
+def summary_line(cell: PlannedRun, rows: list[dict], baseline: list[float] | None) -> str:
     """The console line of a finished cell: median tokens/s, speedup against the median of `baseline`
     (tokens/s of the prompt's baseline runs), pooled acceptance rate and alpha-hat (`specdec.metrics.RATES`),
     equality with the baseline, failures."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from specdec.bench.methods import METHODS
-from specdec.bench.plan import Cell
+from specdec.bench.plan import PlannedRun
 from specdec.costs import CostCurve
 from specdec.theory import expected_tokens_per_round
 
@@ -71,7 +71,7 @@ def estimate_generation_s(
 
 
 def estimate_plan_s(
-    cells: Iterable[Cell],
+    cells: Iterable[PlannedRun],
     costs_by_config: Mapping[str, CostCurve],
     *,
     max_new_tokens: int,

@@ -1,6 +1,7 @@
 """The plan of a sweep: its prompts, its cells in execution order, and its identity (`prepare`).
 
-A **cell** is (config_label, prompt, method, K, policy); a `Cell` here is one run of it (cell x repeat).
+Vocabulary: a **cell** is (config_label, prompt, method, K, policy); a **run** is one timed generation of a
+cell, and a `PlannedRun` is one run to do (cell x repeat; `PlannedRun.cell` is its cell).
 Everything in this module is checked without loading a model.
 """
 
@@ -17,7 +18,7 @@ from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
 from specdec.bench.store import cell_key, sweep_id_for
 
 __all__ = [
-    "Cell",
+    "PlannedRun",
     "Prepared",
     "build_plan",
     "cost_max_n",
@@ -59,7 +60,7 @@ def primary_ids(prompts: Sequence[Prompt]) -> set[str]:
 
 
 @dataclass(frozen=True)
-class Cell:
+class PlannedRun:
     """One run to do: a cell x repeat. ``k`` is None for ``baseline``/``hf_generate``; ``policy`` is
     ``"fixed"`` or an adaptive policy for ``draft``/``ngram`` and None for baseline and peers."""
 
@@ -94,7 +95,7 @@ class Cell:
         return f"[{self.config_label}] {self.prompt.id} {what}"
 
 
-def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[Cell]:
+def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
     """Every run of the sweep, in execution order: per config, per prompt: baseline first (so that the
     other runs can be compared with it), then draft and ngram over K, their policies, then the peers; with
     ``repeats`` > 1 that sequence runs once per repeat (repeat 0 of every run, then repeat 1 ...), so a
@@ -106,7 +107,7 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[Cell]:
     `secondary_ks` only.
     """
     prim = primary_ids(prompts)
-    plan: list[Cell] = []
+    plan: list[PlannedRun] = []
     for label in cfg.configs:
         rc = RUNTIME_CONFIGS[label]
         peers = [m for m in peer_methods() if (cfg.peers or m.name in cfg.methods) and m.applies(rc)]
@@ -126,10 +127,10 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[Cell]:
                     groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
             for r in range(cfg.repeats):  # repeats outermost: each pass runs every group once
                 for method, k, policy in groups:
-                    plan.append(Cell(label, prompt, method, k, policy, r, is_primary))
+                    plan.append(PlannedRun(label, prompt, method, k, policy, r, is_primary))
             if base in cfg.methods:
                 for r in range(cfg.repeats, cfg.baseline_repeats):
-                    plan.append(Cell(label, prompt, base, None, None, r, is_primary))
+                    plan.append(PlannedRun(label, prompt, base, None, None, r, is_primary))
     return plan
 
 
@@ -169,7 +170,7 @@ def cost_max_n(cfg: SweepConfig) -> int:
     return max([17] + [k + 1 for k in ks])
 
 
-def plan_summary(plan: Sequence[Cell]) -> dict[str, int]:
+def plan_summary(plan: Sequence[PlannedRun]) -> dict[str, int]:
     """Runs per method label (``draft K=4``, ``ngram cost``, ``hf_generate`` ...), for ``--dry-run``."""
     out: dict[str, int] = {}
     for c in plan:
@@ -198,7 +199,7 @@ class Prepared:
     pair_name: str | None
     meaning: dict[str, Any]
     sweep_id: str
-    plan: list[Cell]
+    plan: list[PlannedRun]
 
 
 def prepare(cfg: SweepConfig) -> Prepared:

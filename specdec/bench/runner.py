@@ -29,7 +29,7 @@ from specdec.bench.costs import measure_costs
 from specdec.bench.environment import git_commit, machine_changes, machine_info
 from specdec.bench.estimate import estimate_plan_s, format_duration
 from specdec.bench.methods import METHODS, RunRecord, RunRequest, Runtime, reference_method
-from specdec.bench.plan import Cell, Prepared, cost_max_n, prepare
+from specdec.bench.plan import PlannedRun, Prepared, cost_max_n, prepare
 from specdec.bench.prompts import Prompt, encode_prompt
 from specdec.bench.store import Store
 from specdec.costs import CostCurve
@@ -114,7 +114,7 @@ def _one_line(exc: BaseException) -> str:
     return msg[:_ERR_LEN]
 
 
-def _row(loaded: LoadedConfig, cell: Cell, prepared: Prepared) -> dict[str, Any]:
+def _row(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> dict[str, Any]:
     """The settings columns of `cell`'s ``runs`` row (the measured ones come from its `RunRecord`)."""
     cfg, rc, sid = loaded.cfg, loaded.rc, prepared.sweep_id
     return {
@@ -129,13 +129,13 @@ def _row(loaded: LoadedConfig, cell: Cell, prepared: Prepared) -> dict[str, Any]
     }  # fmt: skip
 
 
-def _run(loaded: LoadedConfig, cell: Cell, ids: list[int], n: int) -> RunRecord:
+def _run(loaded: LoadedConfig, cell: PlannedRun, ids: list[int], n: int) -> RunRecord:
     """Run `cell`'s method on prompt `ids` for `n` new tokens (raises what the method raises)."""
     request = RunRequest(ids, n, cell.k, cell.policy, loaded.cfg.seed + cell.repeat)
     return METHODS[cell.method].run(loaded.runtime(), request)
 
 
-def execute(loaded: LoadedConfig, cell: Cell, prepared: Prepared) -> tuple[dict, list[dict]]:
+def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> tuple[dict, list[dict]]:
     """Run one timed generation of `cell`; return its ``runs`` row and ``rounds`` rows.
 
     A failure is recorded in the row (``error``, one line), never raised (KeyboardInterrupt excepted); a
@@ -157,7 +157,7 @@ def execute(loaded: LoadedConfig, cell: Cell, prepared: Prepared) -> tuple[dict,
     return row, record.rounds
 
 
-def _warm_up(loaded: LoadedConfig, cell: Cell, prompt: Prompt, log: Callable[[str], None]) -> None:
+def _warm_up(loaded: LoadedConfig, cell: PlannedRun, prompt: Prompt, log: Callable[[str], None]) -> None:
     """One untimed, unstored generation of `cell`'s group on `prompt` (`warmup_tokens` new tokens)."""
     if METHODS[cell.method].skip:
         return
@@ -222,7 +222,7 @@ def _load(cfg: SweepConfig, rc: RuntimeConfig, loader, s: _Session) -> LoadedCon
     return loaded
 
 
-def _announce(loaded: LoadedConfig, cells: list[Cell], log: Callable[[str], None]) -> None:
+def _announce(loaded: LoadedConfig, cells: list[PlannedRun], log: Callable[[str], None]) -> None:
     """The configuration's rough duration (from its measured costs and an assumed acceptance)."""
     counts = {}
     for c in cells:
@@ -237,7 +237,7 @@ def _announce(loaded: LoadedConfig, cells: list[Cell], log: Callable[[str], None
         f"alpha = 0.5; not a measurement)")
 
 
-def _check_equal(loaded: LoadedConfig, cell: Cell, row: dict, s: _Session, refs: dict) -> None:
+def _check_equal(loaded: LoadedConfig, cell: PlannedRun, row: dict, s: _Session, refs: dict) -> None:
     """Under greedy decoding, set ``matches_baseline``: the run's ids equal our baseline's for its prompt."""
     if not loaded.cfg.greedy or row.get("token_ids") is None:
         return
@@ -250,7 +250,7 @@ def _check_equal(loaded: LoadedConfig, cell: Cell, row: dict, s: _Session, refs:
     row["matches_baseline"] = None if ref is None else int(row["token_ids"] == ref)
 
 
-def _record(cell: Cell, row: dict, rounds: list[dict], label: str, s: _Session) -> None:
+def _record(cell: PlannedRun, row: dict, rounds: list[dict], label: str, s: _Session) -> None:
     s.store.record_run(row, rounds)
     s.result.ran += 1
     if row.get("error"):
@@ -265,7 +265,7 @@ def _record(cell: Cell, row: dict, rounds: list[dict], label: str, s: _Session) 
     s.bar.update(1)
 
 
-def _run_config(loaded: LoadedConfig, cells: list[Cell], s: _Session) -> bool:
+def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: _Session) -> bool:
     """Warm up and run one configuration's remaining cells; True when `max_runs` stopped the sweep."""
     label = loaded.rc.label
     _announce(loaded, cells, s.log)
@@ -291,7 +291,7 @@ def _run_config(loaded: LoadedConfig, cells: list[Cell], s: _Session) -> bool:
     return False
 
 
-def _begin(cfg: SweepConfig, prepared: Prepared, store: Store, resume: bool, log) -> list[Cell]:
+def _begin(cfg: SweepConfig, prepared: Prepared, store: Store, resume: bool, log) -> list[PlannedRun]:
     """Open (or resume) the sweep in the store, warn about a busy or changed machine; the runs left to do."""
     sid, plan = prepared.sweep_id, prepared.plan
     machine = machine_info(cfg.device, cfg.threads)
@@ -309,7 +309,7 @@ def _begin(cfg: SweepConfig, prepared: Prepared, store: Store, resume: bool, log
     return [c for c in plan if c.key(sid) not in done]
 
 
-def _run_configs(cfg: SweepConfig, todo: list[Cell], loader, s: _Session) -> bool:
+def _run_configs(cfg: SweepConfig, todo: list[PlannedRun], loader, s: _Session) -> bool:
     """Load and run each configuration in turn (a configuration that fails to load is reported and left for
     --resume); True when `max_runs` stopped the sweep."""
     for rc in cfg.runtime_configs():

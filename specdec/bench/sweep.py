@@ -17,7 +17,7 @@ This module is the sweep's public face (``specdec sweep``, the benchmarks and th
 work is done by one module per job:
 
 - `specdec.bench.config`: runtime configurations, `SweepConfig`, ``--quick``, TOML files, `make_config`;
-- `specdec.bench.plan`: prompts, `Cell`, `build_plan`, the sweep's identity (`meaning`), `prepare`;
+- `specdec.bench.plan`: prompts, `PlannedRun`, `build_plan`, the sweep's identity (`meaning`), `prepare`;
 - `specdec.bench.methods`: the `Method` registry (ours and the peers) and `RunRecord`;
   `specdec.bench.peers`: the transformers peers;
 - `specdec.bench.runner`: `run_sweep` (load, measure costs, warm up, time, store, console lines);
@@ -53,7 +53,7 @@ from specdec.bench.estimate import (
 from specdec.bench.methods import LLAMA_PROMPT_LOOKUP_SKIP, METHODS, Method, RunRecord
 from specdec.bench.peers import hf_peer_generate
 from specdec.bench.plan import (
-    Cell,
+    PlannedRun,
     Prepared,
     build_plan,
     cost_max_n,
@@ -77,9 +77,9 @@ __all__ = [
     "QUICK",
     "REFERENCE_COSTS",
     "RUNTIME_CONFIGS",
-    "Cell",
     "LoadedConfig",
     "Method",
+    "PlannedRun",
     "Prepared",
     "RunRecord",
     "RuntimeConfig",

@@ -193,8 +193,6 @@ QUICK: dict[str, Any] = {
 }
 
 _FIELD_NAMES = tuple(f.name for f in fields(SweepConfig))
-_INT_LISTS = ("ks", "secondary_ks", "peer_ks")
-_NAME_LISTS = ("methods", "policies", "configs")
 #: Keys a TOML file may hold besides the `SweepConfig` fields.
 FILE_ONLY_KEYS = ("db",)
 
@@ -227,12 +225,8 @@ def _int_list(value: Any, what: str, *, allow_empty: bool) -> tuple[int, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _normalize(values: dict[str, Any]) -> dict[str, Any]:
-    """Coerce and validate raw values (from defaults, QUICK, a TOML file and flags)."""
-    v = dict(values)
-    v["ks"] = _int_list(v["ks"], "ks", allow_empty=False)
-    v["secondary_ks"] = _int_list(v["secondary_ks"], "secondary_ks", allow_empty=True)
-    v["peer_ks"] = _int_list(v["peer_ks"], "peer_ks", allow_empty=True)
+def _normalize_names(v: dict[str, Any]) -> None:
+    """Validate the name lists in place: methods (`METHODS`), policies, configs (aliases resolved)."""
     methods = [m.lower() for m in _as_list(v["methods"], "methods")]
     bad = [m for m in methods if m not in METHODS]
     if bad:
@@ -259,6 +253,15 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     if not configs:
         raise ValueError("configs: give at least one runtime configuration")
     v["configs"] = tuple(dict.fromkeys(configs))
+
+
+def _normalize(values: dict[str, Any]) -> dict[str, Any]:
+    """Coerce and validate raw values (from defaults, QUICK, a TOML file and flags)."""
+    v = dict(values)
+    v["ks"] = _int_list(v["ks"], "ks", allow_empty=False)
+    v["secondary_ks"] = _int_list(v["secondary_ks"], "secondary_ks", allow_empty=True)
+    v["peer_ks"] = _int_list(v["peer_ks"], "peer_ks", allow_empty=True)
+    _normalize_names(v)
     pt = v["prompt_types"]
     if isinstance(pt, (list, tuple)):
         pt = ",".join(str(x) for x in pt)

@@ -8,9 +8,10 @@ baseline decodes (the sweep records whether they do). The registry entries that 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,33 @@ def _neutral_generation_config(model, *, max_new_tokens: int, sampling: Sampling
     return gc_
 
 
+@contextlib.contextmanager
+def _assistant(pair, k: int | None) -> Iterator[Any]:
+    """The draft model set up for assisted generation with a constant K and no confidence stop (transformers
+    reads these from the *assistant's* generation config), its own config restored afterwards; None when
+    `k` is None (not assisted).
+
+    Raises:
+        ValueError: the draft is not on transformers.
+    """
+    if k is None:
+        yield None
+        return
+    if pair.draft is None or pair.draft.hf_model is None:
+        raise ValueError("hf_assisted needs the draft model on transformers")
+    assistant = pair.draft.hf_model
+    saved = assistant.generation_config
+    a_cfg = copy.deepcopy(saved)
+    a_cfg.num_assistant_tokens = k
+    a_cfg.num_assistant_tokens_schedule = "constant"
+    a_cfg.assistant_confidence_threshold = 0.0
+    assistant.generation_config = a_cfg
+    try:
+        yield assistant
+    finally:
+        assistant.generation_config = saved
+
+
 def hf_peer_generate(
     pair,
     method: str,
@@ -108,27 +136,16 @@ def hf_peer_generate(
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
     kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "generation_config": gen_cfg}
-    assistant = None
-    saved_cfg = None
-    if method == "hf_assisted":
-        if pair.draft is None or pair.draft.hf_model is None:
-            raise ValueError("hf_assisted needs the draft model on transformers")
-        assistant = pair.draft.hf_model
-        saved_cfg = assistant.generation_config
-        a_cfg = copy.deepcopy(saved_cfg)
-        a_cfg.num_assistant_tokens = int(k)
-        a_cfg.num_assistant_tokens_schedule = "constant"
-        a_cfg.assistant_confidence_threshold = 0.0
-        assistant.generation_config = a_cfg
-        kwargs["assistant_model"] = assistant
-    elif method == "hf_prompt_lookup":
+    if method == "hf_prompt_lookup":
         gen_cfg.prompt_lookup_num_tokens = int(k)
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    try:
+    with _assistant(pair, int(k) if method == "hf_assisted" else None) as assistant:
+        if assistant is not None:
+            kwargs["assistant_model"] = assistant
         if not sampling.greedy:
             torch.manual_seed(0 if seed is None else int(seed))
         sync()
@@ -137,9 +154,6 @@ def hf_peer_generate(
             out = model.generate(ids, **kwargs)
         sync()
         total = time.perf_counter() - t0
-    finally:
-        if assistant is not None:
-            assistant.generation_config = saved_cfg
     new = [int(t) for t in out[0, ids.shape[1]:].tolist()]
     # Batch of one: nothing is padded after an EOS, but cut defensively at the first one.
     for i, t in enumerate(new):

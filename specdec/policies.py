@@ -447,7 +447,7 @@ def make_policy(
     name: str,
     k: int,
     *,
-    costs: Mapping[str, Any] | None = None,
+    costs: Mapping[str, Any] | CostCurve | None = None,
     confidence_threshold: float = 0.4,
     max_k: int | None = None,
 ) -> KPolicy:
@@ -457,8 +457,8 @@ def make_policy(
         name: one of ``fixed``, ``heuristic``, ``confidence``, ``cost`` (case-insensitive).
         k: tokens (>= 1): the fixed K (``fixed``), the initial K (``heuristic``), or the maximum K
             (``confidence``, ``cost``).
-        costs: for ``cost`` only: ``{"draft_step_s": s, "target_forward_s": {n: s}}`` measured with
-            ``specdec costs`` (or stored from an earlier measurement).
+        costs: for ``cost`` only: a `specdec.costs.CostCurve` or ``{"draft_step_s": s, "target_forward_s":
+            {n: s}}`` measured with ``specdec costs`` (or stored from an earlier measurement).
         confidence_threshold: for ``confidence`` only (see `ConfidenceK`).
         max_k: for ``heuristic`` only: optional cap on K (None = only the engine's clamps).
 

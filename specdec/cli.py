@@ -224,9 +224,6 @@ def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, 
 
     if name == "fixed":
         return policies.FixedK(k)
-    make = getattr(policies, "make_policy", None)
-    if make is None:
-        raise ValueError(f"policy {name!r} is not available in this build")
     if name == "cost" and costs is None:
         from specdec.bench.costs import cached_costs
 
@@ -236,10 +233,7 @@ def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, 
         print(f"specdec: {note}", file=sys.stderr)
     if name == "cost" and getattr(drafter, "name", "") != "model":
         costs = {**costs, "draft_step_s": 0.0}  # prompt lookup drafts for free (no model step)
-    policy = make(name, k, costs=costs)
-    if hasattr(policy, "configure"):
-        policy.configure(drafter)
-    return policy
+    return policies.make_policy(name, k, costs=costs)
 
 
 @app.command("models")

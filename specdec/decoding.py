@@ -195,7 +195,8 @@ def speculative_generate(
     finish = "length"
     while len(new) < max_new_tokens:
         t_start = now()
-        k_req = max(0, int(policy.next_k()))
+        plan = policy.next_round()  # K and this round's confidence stop
+        k_req = max(0, int(plan.k))
         alpha_est = policy.alpha_estimate()
         remaining = max_new_tokens - len(new)
         k_round = min(
@@ -205,7 +206,7 @@ def speculative_generate(
             drafter.max_k(len(committed)),
         )
         k_round = max(k_round, 0)
-        draft = drafter.propose(committed, k_round, sampling, generator)
+        draft = drafter.propose(committed, k_round, sampling, generator, plan.min_confidence)
         d = draft.tokens
         t_draft = now()
         logits = target.forward([committed[-1]] + d)[:, :vocab]  # [len(d)+1, vocab]

@@ -38,9 +38,13 @@ class Drafter(Protocol):
         ...
 
     def propose(
-        self, committed: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None
+        self, committed: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None,
+        min_confidence: float | None = None,
     ) -> Draft:
-        """Propose up to `k` tokens to follow `committed` (prompt + generated, last token included)."""
+        """Propose up to `k` tokens to follow `committed` (prompt + generated, last token included).
+
+        `min_confidence` is this round's confidence stop (`specdec.policies.RoundPlan`); drafters without
+        probabilities ignore it."""
         ...
 
     def rollback(self, committed: list[int]) -> None:
@@ -61,28 +65,25 @@ class ModelDrafter:
     `rollback` truncates the cache once, to the longest prefix shared with the committed sequence.
 
     Optional confidence stop (llama.cpp's ``--draft-p-min``; transformers'
-    ``assistant_confidence_threshold``): when `confidence_threshold` is set, drafting stops *before* token
+    ``assistant_confidence_threshold``): when `propose` gets a `min_confidence`, drafting stops *before* token
     i >= 1 if the largest probability of the draft distribution at that step is below the threshold (the
     softmax of the draft logits under greedy decoding, the warped q under sampling). At least one token is
     always proposed, so a round proposes between 1 and K tokens. The decision depends only on q_i (itself a
     function of the tokens already drafted), never on the token sampled from it, so speculative sampling stays
     exact (the stop is a stopping time of the draft prefix); greedy output is the target's in any case.
-    ``confidence_threshold`` is usually set by `specdec.policies.ConfidenceK.configure`.
+    The threshold comes with each call (from the policy's `specdec.policies.RoundPlan`): a probability in
+    [0, 1] (values > 1 mean "never confident": 1 token per round), None for no stop.
 
     Args:
         backend: the draft model and its cache.
         vocab_size: shared vocabulary size; logits are sliced to it (embedding padding rows masked out).
-        confidence_threshold: probability in [0, 1] (values > 1 mean "never confident": 1 token per round);
-            None (default) disables the stop.
     """
 
     name = "model"
-    confidence_threshold: float | None = None
 
-    def __init__(self, backend: Backend, vocab_size: int, *, confidence_threshold: float | None = None) -> None:
+    def __init__(self, backend: Backend, vocab_size: int) -> None:
         self.backend = backend
         self.vocab_size = vocab_size
-        self.confidence_threshold = confidence_threshold
         self._cached: list[int] = []
 
     def prefill(self, context: list[int]) -> None:
@@ -94,7 +95,7 @@ class ModelDrafter:
         # The cache ends a round holding committed[:-1] + last + d1..d_{k-1} = committed_len + k - 1 tokens.
         return self.backend.max_length - committed_len + 1
 
-    def propose(self, committed, k, sampling, generator) -> Draft:
+    def propose(self, committed, k, sampling, generator, min_confidence=None) -> Draft:
         if k <= 0:
             return Draft([], None)
         pending = committed[len(self._cached):]
@@ -102,7 +103,7 @@ class ModelDrafter:
         self._cached.extend(pending)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
-        threshold = self.confidence_threshold
+        threshold = min_confidence
         for i in range(k):
             q = None if sampling.greedy else warp(logits, sampling)
             if i >= 1 and threshold is not None:
@@ -162,7 +163,7 @@ class PromptLookupDrafter:
     def max_k(self, committed_len: int) -> int:
         return 1 << 30
 
-    def propose(self, committed, k, sampling, generator) -> Draft:
+    def propose(self, committed, k, sampling, generator, min_confidence=None) -> Draft:
         if k <= 0:
             return Draft([], None)
         seq = committed
@@ -198,7 +199,7 @@ class ScriptedDrafter:
     def max_k(self, committed_len: int) -> int:
         return 1 << 30
 
-    def propose(self, committed, k, sampling, generator) -> Draft:
+    def propose(self, committed, k, sampling, generator, min_confidence=None) -> Draft:
         return Draft(list(self.fn(list(committed), k))[:k], None)
 
     def rollback(self, committed) -> None:

@@ -1,7 +1,9 @@
 """Per-round records and the rates derived from them.
 
 Raw counts are recorded per round; every rate is derived here, never stored pre-computed (as vLLM's
-spec-decode metrics). Definitions (the bonus/recovered token is the ``+1`` of each round):
+spec-decode metrics), and declared once in `RATES` as (numerator, denominator) of the raw `COUNTS`, which
+`GenerationResult`, the sweep's console lines and the report all evaluate. Definitions (the bonus/recovered
+token is the ``+1`` of each round):
 
 - **drafted** = sum of K over rounds (tokens actually proposed; a prompt-lookup round may propose < K).
 - **accepted** = sum of accepted draft tokens. Excludes the recovered/bonus token.
@@ -21,7 +23,74 @@ spec-decode metrics). Definitions (the bonus/recovered token is the ``+1`` of ea
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+
+__all__ = ["COUNTS", "RATES", "GenerationResult", "Rate", "RoundRecord", "rates"]
+
+#: The raw counts every rate is built from, by the names the ``runs`` table (and `GenerationResult.counts`)
+#: gives them. Tokens and rounds are counts; ``*_s`` are seconds.
+COUNTS = (
+    "new_tokens", "num_rounds", "num_speculative_rounds", "num_drafted", "num_accepted", "num_rejections",
+    "num_emitted", "total_s", "prefill_s", "decode_s",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A derived figure declared once as (sum of raw counts) / (sum of raw counts).
+
+    Attributes:
+        name: the figure's name everywhere (``GenerationResult`` property, summary key, report column).
+        numerator, denominator: names from `COUNTS`, summed.
+        doc: the definition in words (units; whether the recovered/bonus token counts).
+    """
+
+    name: str
+    numerator: tuple[str, ...]
+    denominator: tuple[str, ...]
+    doc: str
+
+    def of(self, counts: Mapping[str, float | None]) -> float:
+        """The rate from `counts` (a mapping with at least the numerator's and denominator's names; values
+        may be sums over many runs). NaN when a count is missing, None or NaN, or the denominator is 0."""
+        parts = []
+        for names in (self.numerator, self.denominator):
+            vals = [counts.get(n) for n in names]
+            if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in vals):
+                return math.nan
+            parts.append(float(sum(vals)))
+        num, den = parts
+        return num / den if den else math.nan
+
+
+#: Every rate the project reports, by name (module docstring; docs/DESIGN.md, "Metrics").
+RATES: dict[str, Rate] = {
+    r.name: r
+    for r in (
+        Rate("acceptance_rate", ("num_accepted",), ("num_drafted",),
+             "accepted draft tokens / drafted tokens (bonus/recovered token excluded)"),
+        Rate("alpha_hat", ("num_accepted",), ("num_accepted", "num_rejections"),
+             "accepted / (accepted + rejections): the per-token acceptance estimate (bonus excluded)"),
+        Rate("mean_accepted", ("num_accepted",), ("num_speculative_rounds",),
+             "accepted draft tokens per round with K > 0 (bonus excluded)"),
+        Rate("mean_k", ("num_drafted",), ("num_speculative_rounds",),
+             "drafted tokens per round with K > 0"),
+        Rate("block_efficiency", ("num_emitted",), ("num_rounds",),
+             "tokens committed per target forward (bonus/recovered included; >= 1)"),
+        Rate("tokens_per_s", ("new_tokens",), ("total_s",), "new tokens / end-to-end seconds"),
+        Rate("decode_tokens_per_s", ("new_tokens",), ("decode_s",), "new tokens / (total - prefill) seconds"),
+    )
+}  # fmt: skip
+
+
+def rates(counts: Mapping[str, float | None], names: Iterable[str] | None = None) -> dict[str, float]:
+    """``{name: value}`` of the `RATES` named (all by default) evaluated on `counts` (see `Rate.of`).
+
+    Raises:
+        KeyError: an unknown rate name.
+    """
+    return {n: RATES[n].of(counts) for n in (RATES if names is None else names)}
 
 
 @dataclass(frozen=True)
@@ -56,10 +125,6 @@ class RoundRecord:
     def rejected(self) -> bool:
         """True when the round stopped at a rejected draft token."""
         return self.num_accepted < self.k
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else math.nan
 
 
 @dataclass
@@ -112,22 +177,22 @@ class GenerationResult:
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted; NaN when nothing was drafted."""
-        return _ratio(self.num_accepted, self.num_drafted)
+        return RATES["acceptance_rate"].of(self.counts())
 
     @property
     def alpha_hat(self) -> float:
         """accepted / (accepted + rejections); NaN when nothing was drafted."""
-        return _ratio(self.num_accepted, self.num_accepted + self.num_rejections)
+        return RATES["alpha_hat"].of(self.counts())
 
     @property
     def mean_accepted(self) -> float:
         """Accepted draft tokens per speculative round (bonus excluded)."""
-        return _ratio(self.num_accepted, self.num_speculative_rounds)
+        return RATES["mean_accepted"].of(self.counts())
 
     @property
     def block_efficiency(self) -> float:
         """Tokens committed per target forward (bonus/recovered included)."""
-        return _ratio(sum(r.num_emitted for r in self.rounds), self.num_rounds)
+        return RATES["block_efficiency"].of(self.counts())
 
     @property
     def decode_s(self) -> float:
@@ -136,16 +201,26 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         """End-to-end tokens/s: new tokens / total seconds."""
-        return _ratio(self.num_tokens, self.total_s)
+        return RATES["tokens_per_s"].of(self.counts())
 
     @property
     def decode_tokens_per_s(self) -> float:
         """Decode-phase tokens/s: new tokens / (total - prefill) seconds."""
-        return _ratio(self.num_tokens, self.decode_s)
+        return RATES["decode_tokens_per_s"].of(self.counts())
 
     @property
     def draft_s(self) -> float:
         return sum(r.draft_s for r in self.rounds)
+
+    def counts(self) -> dict[str, float]:
+        """The raw `COUNTS` of this generation (tokens, rounds, seconds) that every rate is built from."""
+        return {
+            "new_tokens": self.num_tokens, "num_rounds": self.num_rounds,
+            "num_speculative_rounds": self.num_speculative_rounds, "num_drafted": self.num_drafted,
+            "num_accepted": self.num_accepted, "num_rejections": self.num_rejections,
+            "num_emitted": sum(r.num_emitted for r in self.rounds), "total_s": self.total_s,
+            "prefill_s": self.prefill_s, "decode_s": self.decode_s,
+        }  # fmt: skip
 
     @property
     def verify_s(self) -> float:
@@ -165,12 +240,7 @@ class GenerationResult:
             "num_drafted": self.num_drafted,
             "num_accepted": self.num_accepted,
             "num_rejections": self.num_rejections,
-            "acceptance_rate": clean(self.acceptance_rate),
-            "alpha_hat": clean(self.alpha_hat),
-            "mean_accepted": clean(self.mean_accepted),
-            "block_efficiency": clean(self.block_efficiency),
-            "tokens_per_s": clean(self.tokens_per_s),
-            "decode_tokens_per_s": clean(self.decode_tokens_per_s),
+            **{name: clean(value) for name, value in rates(self.counts()).items() if name != "mean_k"},
             "prefill_s": self.prefill_s,
             "ttft_s": self.ttft_s,
             "decode_s": self.decode_s,

@@ -1,8 +1,10 @@
 """K policies: how many draft tokens to propose in the next round.
 
-The engine calls `start()` once per generation, `next_k()` before every round and `observe(record)` after
-it. A policy only *asks*; the engine clamps K to the token budget and to every model's context, and records
-both the asked (``RoundRecord.k_requested``) and the used (``RoundRecord.k``) K, plus `alpha_estimate()`.
+The engine calls `start()` once per generation, `next_round()` before every round and `observe(record)`
+after it. `next_round()` returns what to do: a `RoundPlan` (K, and the draft's confidence stop for this
+round, which the engine passes to ``drafter.propose``); a policy holds no state in the drafter. A policy
+only *asks*; the engine clamps K to the token budget and to every model's context, and records both the
+asked (``RoundRecord.k_requested``) and the used (``RoundRecord.k``) K, plus `alpha_estimate()`.
 
 Policies (build them by name with `make_policy`):
 
@@ -12,26 +14,23 @@ Policies (build them by name with `make_policy`):
   ``"heuristic_transient"``.
 - ``confidence`` (`ConfidenceK`): asks for its max K every round and lets the draft model stop early when
   its top-token probability falls below a threshold (llama.cpp ``--draft-p-min``; transformers'
-  ``assistant_confidence_threshold``). The stop happens inside `ModelDrafter.propose`; call
-  ``policy.configure(drafter)`` once before generating so the drafter knows the threshold.
+  ``assistant_confidence_threshold``): its `RoundPlan` carries the threshold, and `ModelDrafter.propose`
+  stops there (a drafter without probabilities, prompt lookup, ignores it).
 - ``cost`` (`CostPolicy`, ours): picks the K in 0..max_k that maximises expected tokens per second under the
   analytical model of Leviathan et al. 2023 (Sec. 3.4; `specdec.theory.refined_speedup`) with the measured
   draft step time and target verification cost curve, using a decayed running estimate of alpha; K = 0
   decodes plainly and is left again by periodic probes.
-
-Every policy has ``configure(drafter)``: call it once per (policy, drafter) pairing before generating. Only
-`ConfidenceK` sets a threshold; the others clear one a previous confidence run may have left on a reused
-drafter. `configure_drafter` does this for any policy object.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from specdec.costs import CostCurve
 from specdec.metrics import RoundRecord
-from specdec.theory import cost_at, relative_costs
 
 POLICY_NAMES = ("fixed", "heuristic", "confidence", "cost")
 
@@ -45,8 +44,12 @@ class KPolicy(Protocol):
         """Reset per-generation state (no state carries across generations)."""
         ...
 
+    def next_round(self) -> RoundPlan:
+        """What to do in the next round: K (>= 0) and the draft's confidence stop (None: none)."""
+        ...
+
     def next_k(self) -> int:
-        """K for the next round (>= 0)."""
+        """K for the next round (>= 0): `next_round`'s K, advancing the policy's state the same way."""
         ...
 
     def alpha_estimate(self) -> float | None:
@@ -64,28 +67,28 @@ def _check_k(k: object, what: str = "K") -> int:
     return int(k)
 
 
-def _set_threshold(drafter: Any, threshold: float | None) -> bool:
-    """Set ``drafter.confidence_threshold`` if the drafter supports a confidence stop; True if it does."""
-    if hasattr(drafter, "confidence_threshold"):
-        drafter.confidence_threshold = threshold
-        return True
-    return False
+@dataclass(frozen=True)
+class RoundPlan:
+    """A policy's decision for one round.
 
-
-def configure_drafter(policy: Any, drafter: Any) -> bool:
-    """Prepare `drafter` for `policy` (call once before generating with the pair).
-
-    Calls ``policy.configure(drafter)`` when the policy has one; otherwise clears any confidence threshold
-    on the drafter. Returns True when the drafter ends up using a confidence stop.
+    Attributes:
+        k: draft tokens asked for (0 = one plain decoding step).
+        min_confidence: the draft's confidence stop for this round (llama.cpp ``--draft-p-min``): before
+            drafting token i >= 2 the draft stops when its top probability is below this; None = no stop.
     """
-    configure = getattr(policy, "configure", None)
-    if configure is not None:
-        return bool(configure(drafter))
-    _set_threshold(drafter, None)
-    return False
+
+    k: int
+    min_confidence: float | None = None
 
 
-class FixedK:
+class _KOnly:
+    """For policies that only choose K: the round plan is K with no confidence stop."""
+
+    def next_round(self) -> RoundPlan:
+        return RoundPlan(self.next_k())  # type: ignore[attr-defined]
+
+
+class FixedK(_KOnly):
     """Always propose K tokens (the classic setting of Leviathan et al.).
 
     Raises:
@@ -111,13 +114,9 @@ class FixedK:
     def observe(self, record: RoundRecord) -> None:
         pass
 
-    def configure(self, drafter: Any) -> bool:
-        """Clear any confidence stop on `drafter` (a fixed K means exactly K draft tokens). Returns False."""
-        _set_threshold(drafter, None)
-        return False
 
 
-class HeuristicK:
+class HeuristicK(_KOnly):
     """transformers' ``"heuristic_transient"`` schedule (``AssistedCandidateGenerator.update_candidate_strategy``).
 
     After a round whose every proposed draft token was accepted, K += 2; after a round with a rejection,
@@ -162,21 +161,16 @@ class HeuristicK:
         else:
             self.k = max(1, self.k - 1)
 
-    def configure(self, drafter: Any) -> bool:
-        """Clear any confidence stop on `drafter`. Returns False."""
-        _set_threshold(drafter, None)
-        return False
 
 
 class ConfidenceK:
     """Ask for `max_k` every round; the draft stops early when its top-token probability is below a threshold.
 
-    The stop itself is implemented by drafters that have probabilities (`ModelDrafter.confidence_threshold`):
-    before drafting token i >= 1, if max q_i < `confidence_threshold` the round ends with i tokens (always
-    at least one). Sources: llama.cpp ``common_speculative_gen_draft`` (``p_min``, default 0.75 in
-    ``speculative-simple``) and transformers' ``assistant_confidence_threshold`` (default 0.4). Call
-    `configure` once with the drafter before generating; for a drafter without probabilities (prompt
-    lookup) this is `FixedK(max_k)`.
+    Every `RoundPlan` carries the threshold; drafters that have probabilities stop on it
+    (`ModelDrafter.propose`): before drafting token i >= 1, if max q_i < `confidence_threshold` the round
+    ends with i tokens (always at least one). Sources: llama.cpp ``common_speculative_gen_draft``
+    (``p_min``, default 0.75 in ``speculative-simple``) and transformers' ``assistant_confidence_threshold``
+    (default 0.4). For a drafter without probabilities (prompt lookup) this is `FixedK(max_k)`.
 
     Args:
         max_k: K asked for every round (tokens, >= 1).
@@ -207,70 +201,26 @@ class ConfidenceK:
     def observe(self, record: RoundRecord) -> None:
         pass
 
-    def configure(self, drafter: Any) -> bool:
-        """Set ``drafter.confidence_threshold`` when the drafter supports a confidence stop.
-
-        Returns:
-            True if the drafter will stop on low confidence; False if it has no such stop (then this policy
-            behaves as `FixedK(max_k)`).
-        """
-        return _set_threshold(drafter, self.confidence_threshold)
+    def next_round(self) -> RoundPlan:
+        return RoundPlan(self.max_k, self.confidence_threshold)
 
 
-class CostPolicy:
+class CostPolicy(_KOnly):
     """Choose K to maximise expected tokens per second, from a running alpha estimate and measured costs.
 
-    Model (Leviathan et al. 2023, Thm. 3.8 and Sec. 3.4, with a measured verification cost as in
-    `specdec.theory.refined_speedup`): a round with K draft tokens yields on average
-    ``E(a, K) = (1 - a^(K+1)) / (1 - a)`` tokens and costs ``K * draft_step_s + T(K + 1)`` seconds, where
-    ``T(n)`` is the time of one target forward over n tokens. The policy asks for the K in ``0..max_k``
-    with the highest ``E / cost`` (ties -> the smaller K); K = 0 is plain decoding, 1 token per ``T(1)``.
-    ``T`` is linearly interpolated between measured n, and linearly extrapolated (never decreasing) past the
-    largest measured n.
+    `next_k` returns the K in ``0..max_k`` with the highest ``E(a, K) / round_cost_s[K]`` (ties -> the
+    smaller K), where ``E(a, K) = (1 - a^(K+1)) / (1 - a)`` tokens (Leviathan et al. 2023, Thm. 3.8) and
+    ``round_cost_s[K] = K * draft_step_s + T(K + 1)`` seconds, T being the measured target forward curve
+    (`specdec.costs.CostCurve`; Sec. 3.4 with a measured verification cost); K = 0 is one plain step.
+    Two departures from that argmax: it drafts with a probe's K when the optimistic estimate `upper_alpha`
+    (`explore_z` standard deviations above) would draft, and after `backoff` consecutive plain rounds it
+    probes (`probe_plan`: the fewest plain rounds that keep one probe's expected overhead within
+    `probe_overhead`); it never probes when no K beats plain decoding even at alpha = 1.
 
-    Acceptance estimate: decayed counts with a Beta-like prior,
-    ``a = (w * prior_alpha + S) / (w + S + F)``, where after each round that proposed K > 0 tokens
-    ``S <- decay * S + num_accepted``, ``F <- decay * F + (1 if rejected else 0)`` and ``w <- decay * w``
-    (``w`` starts at `prior_weight`): the alpha-hat of `specdec.metrics` over an exponential window of about
-    ``1 / (1 - decay)`` rounds, so it follows the text, with the prior treated as the oldest data and
-    forgotten like it. Rounds with K = 0 observe no acceptance and leave the estimate unchanged. (A prior
-    that kept its weight, ``forget_prior=False``, caps the estimate: with K = 2 fully accepted every round,
-    ``(1.2 + 10) / (2 + 10) = 0.93``, which on the default pair's cost staircase keeps K at 2 where K = 16 is
-    faster; and it holds a free drafter's estimate at ``1.2 / 7 = 0.17`` however often it misses.)
-
-    Probing (loss-bounded): while the model says K = 0 the estimate cannot change, so every so often the
-    policy drafts anyway. The probe asks for the best K > 0 at the current estimate (usually 1) unless
-    `probe_k` fixes it, after ``N`` plain rounds, where N is the fewest that keep the probe's expected
-    overhead within `probe_overhead` of plain decoding: a probe costs ``R = round_cost(K) / T(1)`` plain
-    steps and yields ``E = E(a, K)`` tokens, so a cycle of N plain rounds and one probe takes ``N + R`` steps
-    for ``N + E`` tokens, and ``(R - E) / (N + E) <= probe_overhead`` gives
-    ``N = ceil((R - E) / probe_overhead - E)``, clamped to ``1..max_backoff``. Once the decayed evidence
-    ``S + F`` reaches 3 trials, E is taken at the lower of the estimate and the data alone
-    (``S / (S + F)``, no prior), so the prior cannot make a hopeless drafter look cheap to probe; before
-    that, one early rejection must not make the drafter look hopeless (the data alone would say 0). Near
-    break-even a probe is almost free and comes after one plain round; a hopeless drafter (alpha near 0) is
-    probed rarely. When even alpha = 1 cannot beat plain decoding with these costs, the policy never probes.
-
-    Exploring (``explore_z``): the policy decodes plainly only when the estimate plus `explore_z` standard
-    deviations of a Beta posterior on the decayed counts (`upper_alpha`: ``n = w + S + F`` trials) would
-    too; otherwise it drafts with the K a probe would use. The decayed window holds few trials (at the
-    default decay 0.8, about 5 with K = 1 rounds, ~10 with K = 2), so the estimate is noisy and the bound
-    stays 0.15-0.19 above it: in effect, on the default pair's costs, K = 1 is drafted down to an estimate
-    of ~0.24 instead of K = 1's break-even 0.41 (a longer window, ``decay`` near 1, closes the bound on the
-    estimate). A drafter near alpha = 0 is unaffected (the bound is 0 there, and probing keeps its 3%
-    budget); near break-even the optimism is not covered by that budget. Replayed (`benchmarks/
-    sim_policy.py`): on the default pair's real acceptance sequences (48 method x prompt cells, two
-    stores' costs) it lifted draft/natural from 0.91x to 0.99x of the best fixed K (a hard first 50 tokens
-    that single-token probes read at 0.16-0.27 while the draft matched 45% of them) and the worst cell
-    from 0.91x to 0.92x; on i.i.d. acceptance (``--synthetic``, c = 0.32) it is at most 0.9% slower than
-    ``explore_z = 0`` at any alpha (alpha = 0.25, just below break-even: 0.973x vs 0.982x plain) and up
-    to 2% faster at alpha = 0.4-0.5.
-
-    (An earlier version probed with K = 2 after 8 plain rounds and doubled that back-off after every probe
-    that still said K = 0; on the default pair it decoded plainly for most of a prompt whose K = 1
-    acceptance was 0.72, after a few early rejections; see docs/DESIGN.md.)
-
-    `start()` resets the estimate to the prior: nothing carries across generations.
+    The estimate (`current_alpha`) is ``(w * prior_alpha + S) / (w + S + F)`` over decayed counts: after each
+    round with K > 0, ``S <- decay * S + accepted``, ``F <- decay * F + rejected`` and (`forget_prior`)
+    ``w <- decay * w`` from ``w = prior_weight``. `start()` resets it to the prior: nothing carries across
+    generations. Why these choices, their history and their replayed results: docs/DESIGN.md, "K policies".
 
     Args:
         draft_step_s: seconds of one draft step (one draft token), measured for this pair and machine
@@ -286,7 +236,7 @@ class CostPolicy:
         max_backoff: most plain rounds between probes (>= 1).
         forget_prior: decay the prior's weight with the data (default) instead of keeping it constant.
         explore_z: standard deviations of optimism before deciding on plain decoding (>= 0; 0: decide at the
-            estimate; see "Exploring").
+            estimate; see `upper_alpha`).
 
     Raises:
         ValueError: invalid costs or parameters.
@@ -310,19 +260,11 @@ class CostPolicy:
         explore_z: float = 1.0,
     ) -> None:
         self.max_k = _check_k(max_k, "max_k")
-        self.draft_step_s = float(draft_step_s)
-        if not math.isfinite(self.draft_step_s) or self.draft_step_s < 0.0:
-            raise ValueError(f"draft_step_s must be finite and >= 0 seconds, got {draft_step_s}")
-        if not isinstance(target_forward_s, Mapping) or not target_forward_s:
-            raise ValueError("target_forward_s must be a non-empty mapping {n_tokens: seconds}")
-        try:
-            forward = {int(n): float(s) for n, s in target_forward_s.items()}
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"target_forward_s must map token counts to seconds: {exc}") from exc
-        if 1 not in forward:
-            raise ValueError("target_forward_s must contain n = 1 (the time of a plain decoding step)")
-        self.target_forward_s = dict(sorted(forward.items()))
-        rel = relative_costs(self.target_forward_s)  # validates; v(1) == 1
+        if draft_step_s is None or not isinstance(target_forward_s, Mapping):
+            raise ValueError("the cost policy needs draft_step_s (seconds) and target_forward_s {n: seconds}")
+        self.curve = CostCurve(target_forward_s, draft_step_s)  # validates both; n = 1 required
+        self.draft_step_s = float(self.curve.draft_step_s)
+        self.target_forward_s = dict(self.curve.target_forward_s)
         if not (0.0 <= float(prior_alpha) <= 1.0):
             raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha}")
         if not (math.isfinite(float(prior_weight)) and float(prior_weight) >= 0.0):
@@ -342,19 +284,10 @@ class CostPolicy:
             raise ValueError(f"explore_z must be finite and >= 0, got {explore_z}")
         self.explore_z = float(explore_z)
 
-        # Round cost in seconds for K = 0..max_k, fixed for the policy's life.
-        t1 = self.target_forward_s[1]
-        n_max = max(rel)
-        slope = 0.0
-        if len(rel) >= 2:
-            n_prev = sorted(rel)[-2]
-            slope = max(0.0, (rel[n_max] - rel[n_prev]) / (n_max - n_prev))
-
-        def v(n: int) -> float:
-            return cost_at(rel, n) if n <= n_max else rel[n_max] + slope * (n - n_max)
-
-        self.c = self.draft_step_s / t1  # Leviathan's c (dimensionless)
-        self.round_cost_s = [k * self.draft_step_s + t1 * v(k + 1) for k in range(self.max_k + 1)]
+        # Round cost in seconds for K = 0..max_k, fixed for the policy's life (specdec.costs' one rule
+        # for forwards longer than the measured curve).
+        self.c = self.curve.c  # Leviathan's c (dimensionless)
+        self.round_cost_s = [self.curve.round_s(k) for k in range(self.max_k + 1)]
         # Can any K beat plain decoding even at alpha = 1?  If not, probing is pointless.
         self.speculation_can_win = any(
             (k + 1) / self.round_cost_s[k] > 1.0 / self.round_cost_s[0] for k in range(1, self.max_k + 1)
@@ -362,8 +295,8 @@ class CostPolicy:
         self.start()
 
     @classmethod
-    def from_costs(cls, costs: Mapping[str, Any], **kw: Any) -> CostPolicy:
-        """Build from a costs dict ``{"draft_step_s": s, "target_forward_s": {n: s}}`` (e.g. loaded from the
+    def from_costs(cls, costs: Mapping[str, Any] | CostCurve, **kw: Any) -> CostPolicy:
+        """Build from a `CostCurve` or a costs dict ``{"draft_step_s": s, "target_forward_s": {n: s}}`` (e.g. loaded from the
         JSON written by ``specdec costs``; the n keys may be strings; other keys are ignored). `kw` go to the
         constructor (max_k, prior_alpha, ...).
 
@@ -371,6 +304,8 @@ class CostPolicy:
             ValueError: a key is missing, ``draft_step_s`` is None (costs measured without a draft), or a
                 value is invalid.
         """
+        if isinstance(costs, CostCurve):
+            costs = {"draft_step_s": costs.draft_step_s, "target_forward_s": costs.target_forward_s}
         missing = [key for key in ("draft_step_s", "target_forward_s") if key not in costs]
         if missing:
             raise ValueError(f"costs lack {missing}: measure them with `specdec costs`")
@@ -421,7 +356,10 @@ class CostPolicy:
 
     def probe_plan(self, alpha: float) -> tuple[int, int]:
         """``(K, N)``: the K a probe asks for at acceptance `alpha` (tokens), and the plain rounds N before it:
-        the fewest that keep the probe's expected overhead within `probe_overhead` (class docstring)."""
+        the fewest that keep the probe's expected overhead within `probe_overhead`: a probe costs
+        ``R = round_cost_s[K] / round_cost_s[0]`` plain steps for ``E = E(alpha, K)`` tokens, so N plain rounds
+        and one probe lose ``(R - E) / (N + E)``, and ``N = ceil((R - E) / probe_overhead - E)`` clamped to
+        ``1..max_backoff``."""
         rates = self.tokens_per_s(alpha)
         if self.probe_k is not None:
             k = self.probe_k
@@ -446,11 +384,16 @@ class CostPolicy:
         seen = self._succ + self._fail
         return min(a, self._succ / seen) if seen >= self.PROBE_EVIDENCE else a
 
+    def trials(self) -> float:
+        """The decayed acceptance trials behind the estimate, ``n = w + S + F`` (the prior's remaining weight
+        plus decayed accepted tokens and rejections)."""
+        return self._prior_w + self._succ + self._fail
+
     def upper_alpha(self) -> float:
         """The estimate plus `explore_z` standard deviations of a Beta posterior with the decayed counts
-        (``n = w + S + F`` trials): ``a + z * sqrt(a (1 - a) / (n + 1))``, capped at 1."""
+        (``n = trials()``): ``a + z * sqrt(a (1 - a) / (n + 1))``, capped at 1."""
         a = self.current_alpha()
-        n = self._prior_w + self._succ + self._fail
+        n = self.trials()
         return min(1.0, a + self.explore_z * math.sqrt(a * (1.0 - a) / (n + 1.0)))
 
     def next_k(self) -> int:
@@ -498,17 +441,13 @@ class CostPolicy:
             if self.forget_prior:
                 self._prior_w *= self.decay
 
-    def configure(self, drafter: Any) -> bool:
-        """Clear any confidence stop on `drafter` (the cost model assumes K tokens are drafted). Returns False."""
-        _set_threshold(drafter, None)
-        return False
 
 
 def make_policy(
     name: str,
     k: int,
     *,
-    costs: Mapping[str, Any] | None = None,
+    costs: Mapping[str, Any] | CostCurve | None = None,
     confidence_threshold: float = 0.4,
     max_k: int | None = None,
 ) -> KPolicy:
@@ -518,8 +457,8 @@ def make_policy(
         name: one of ``fixed``, ``heuristic``, ``confidence``, ``cost`` (case-insensitive).
         k: tokens (>= 1): the fixed K (``fixed``), the initial K (``heuristic``), or the maximum K
             (``confidence``, ``cost``).
-        costs: for ``cost`` only: ``{"draft_step_s": s, "target_forward_s": {n: s}}`` measured with
-            ``specdec costs`` (or stored from an earlier measurement).
+        costs: for ``cost`` only: a `specdec.costs.CostCurve` or ``{"draft_step_s": s, "target_forward_s":
+            {n: s}}`` measured with ``specdec costs`` (or stored from an earlier measurement).
         confidence_threshold: for ``confidence`` only (see `ConfidenceK`).
         max_k: for ``heuristic`` only: optional cap on K (None = only the engine's clamps).
 

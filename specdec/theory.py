@@ -34,6 +34,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from specdec.costs import curve_value
+
 __all__ = [
     "CostModel",
     "alpha_from_acceptance",
@@ -185,11 +187,12 @@ def cost_at(v: CostModel, n: int) -> float:
     """Relative target forward cost ``v(n)`` (units of one target single-token step).
 
     ``v`` is either a callable ``n -> float`` (called as ``v(n)``) or a mapping ``{n: v(n)}`` of
-    measured points.  For a mapping, ``v(n)`` is linearly interpolated between the measured ``n`` and
-    clamped to the nearest measured value outside the measured range (so extrapolating beyond the
-    largest measured ``n`` *underestimates* the cost of longer verifications -- measure the ``n`` you
-    use).  A mapping that contains ``n == 1`` must have ``v[1] == 1`` (to 1e-6): passing raw seconds
-    is an error; use :func:`relative_costs` first.
+    measured points.  For a mapping, ``v(n)`` follows the one rule of :mod:`specdec.costs`
+    (:func:`specdec.costs.curve_value`): linear interpolation between measured ``n``, the smallest
+    measured value below them, and beyond the largest measured ``n`` the least-squares slope of the whole
+    curve (the rule the cost policy and the sweep's estimate use too).  A mapping that contains
+    ``n == 1`` must have ``v[1] == 1`` (to 1e-6): passing raw seconds is an error; use
+    :func:`relative_costs` first.
 
     Raises:
         ValueError: empty mapping, non-positive keys, ``v[1] != 1``, or a non-finite or
@@ -211,7 +214,7 @@ def cost_at(v: CostModel, n: int) -> float:
                 f"cost mapping must be relative (v[1] == 1), got v[1] = {float(v[1])}; "
                 "use relative_costs() to convert seconds"
             )
-        value = float(np.interp(float(n), xs, ys))
+        value = curve_value(v, n)
     elif callable(v):
         value = float(v(n))
     else:
@@ -229,8 +232,8 @@ def refined_speedup(alpha, k, c, v: CostModel):
 
         speedup = E[tokens per round] / (k c + v(k + 1))
 
-    ``v`` as in :func:`cost_at` (callable or ``{n: relative_cost}`` mapping, interpolated linearly,
-    clamped beyond the measured range).  Units: dimensionless ratio.  Scalar or array ``alpha``.
+    ``v`` as in :func:`cost_at` (callable or ``{n: relative_cost}`` mapping, evaluated by the rule of
+    :mod:`specdec.costs`).  Units: dimensionless ratio.  Scalar or array ``alpha``.
 
     Raises:
         ValueError: ``alpha`` outside ``[0, 1]``, ``k < 0``, ``c`` negative / non-finite, or an

@@ -51,6 +51,17 @@ def test_generate_ngram_and_policy(tiny_pair):
     n = len(out["token_ids"])
     assert n == 12 or (n < 12 and out["finish_reason"] == "eos")
     assert len(out["rounds_k"]) == out["num_rounds"]
+    # the oracle: target-only greedy decoding of the same prompt (prompt lookup + heuristic K must not change
+    # a single token), and prompt lookup did draft on this repetitive prompt
+    from specdec.bench.prompts import encode_prompt
+    from specdec.decoding import autoregressive_generate
+    from specdec.loading import load_pair
+
+    pair = load_pair(str(tiny_pair.target_dir), None)
+    ids = encode_prompt(pair.tokenizer, "abc abc abc abc abc abc")
+    ref = autoregressive_generate(pair.target.backend, ids, 12, eos_ids=pair.eos_ids, vocab_size=pair.vocab_size)
+    assert out["token_ids"] == ref.token_ids and out["finish_reason"] == ref.finish_reason
+    assert out["num_drafted"] > 0
 
 
 def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_draft_dir, tmp_path):

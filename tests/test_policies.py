@@ -19,7 +19,7 @@ from specdec.policies import (
     CostPolicy,
     FixedK,
     HeuristicK,
-    configure_drafter,
+    RoundPlan,
     make_policy,
 )
 from specdec.sampling import SamplingParams, warp
@@ -109,22 +109,15 @@ def test_heuristic_counts_clamped_full_round_as_full():
     assert p.next_k() == 8
 
 
-class _FakeModelDrafter:
-    confidence_threshold = None
-
-
-def test_confidence_policy_configures_drafters():
+def test_policies_return_the_confidence_stop_with_k():
+    """The stop is part of each round's plan (passed to propose), never state left in a drafter."""
     p = ConfidenceK(5, 0.3)
-    assert p.next_k() == 5 and p.confidence_threshold == 0.3 and p.alpha_estimate() is None
-    d = _FakeModelDrafter()
-    assert p.configure(d) is True and d.confidence_threshold == 0.3
-    assert p.configure(PromptLookupDrafter()) is False  # no probabilities: plain K = max
-    # any other policy clears a threshold left on a reused drafter
+    assert p.next_round() == RoundPlan(5, 0.3) and p.alpha_estimate() is None
     for other in (FixedK(2), HeuristicK(2), CostPolicy.from_costs(CHEAP_DRAFT)):
-        d.confidence_threshold = 0.3
-        assert configure_drafter(other, d) is False
-        assert d.confidence_threshold is None
-    assert configure_drafter(p, d) is True and d.confidence_threshold == 0.3
+        other.start()
+        plan = other.next_round()
+        assert plan.min_confidence is None and plan.k >= 0, other.name
+    assert FixedK(3).next_round() == RoundPlan(3)
     with pytest.raises(ValueError):
         ConfidenceK(4, -0.1)
     with pytest.raises(ValueError):
@@ -287,8 +280,8 @@ def test_cost_probes_after_a_loss_bounded_backoff():
     p.observe(full(1))
     alpha_low = p.current_alpha()
     assert 0.19 < alpha_low < 0.21
-    assert p.upper_alpha() == pytest.approx(alpha_low + math.sqrt(alpha_low * (1 - alpha_low) / (
-        p._prior_w + p._succ + p._fail + 1)))
+    assert 4.5 < p.trials() < 5.5  # "about 5 decayed trials"
+    assert p.upper_alpha() == pytest.approx(alpha_low + math.sqrt(alpha_low * (1 - alpha_low) / (p.trials() + 1)))
     assert 0.35 < p.upper_alpha() < 0.37
     assert p.best_k(alpha_low) == 0 and p.best_k(p.upper_alpha()) == 1
     assert p.next_k() == 1  # explores: no plain round
@@ -442,7 +435,6 @@ def test_every_policy_is_exact_under_greedy(tiny_tokenizer, target, near_draft):
         ref = autoregressive_generate(target, prompt, 32, vocab_size=V).token_ids
         for policy in _policies():
             for drafter in (ModelDrafter(near_draft, V), PromptLookupDrafter()):
-                configure_drafter(policy, drafter)
                 out = speculative_generate(target, drafter, prompt, 32, policy=policy, vocab_size=V)
                 assert out.token_ids == ref, (policy.name, drafter.name, text)
                 assert out.rounds and all(r.k_requested is not None for r in out.rounds)
@@ -473,18 +465,17 @@ def test_confidence_threshold_controls_draft_length_greedy(tiny_tokenizer, targe
     ref = autoregressive_generate(target, prompt, n, vocab_size=V).token_ids
     drafter = ModelDrafter(near_draft, V)
     never = make_policy("confidence", 4, confidence_threshold=1.01)
-    assert never.configure(drafter) and drafter.confidence_threshold == 1.01
     out = speculative_generate(target, drafter, prompt, n, policy=never, vocab_size=V)
     assert out.token_ids == ref
     assert all(r.k == 1 and r.k_requested == 4 for r in out.rounds[:-1])
-    always = make_policy("confidence", 4, confidence_threshold=0.0)
-    always.configure(drafter)
-    out = speculative_generate(target, drafter, prompt, n, policy=always, vocab_size=V)
-    assert out.token_ids == ref
-    produced = 0
-    for r in out.rounds:
-        assert r.k == min(4, n - produced - 1)  # K, clamped only by the budget
-        produced += r.num_emitted
+    # the same drafter object afterwards: nothing of the stop stays in it
+    for policy in (make_policy("confidence", 4, confidence_threshold=0.0), make_policy("fixed", 4)):
+        out = speculative_generate(target, drafter, prompt, n, policy=policy, vocab_size=V)
+        assert out.token_ids == ref
+        produced = 0
+        for r in out.rounds:
+            assert r.k == min(4, n - produced - 1), policy.name  # K, clamped only by the budget
+            produced += r.num_emitted
 
 
 class MemoBackend:
@@ -553,13 +544,15 @@ def test_confidence_stop_keeps_sampling_exact(tiny_tokenizer, target, near_draft
     q1 = dist(dft, prompt)
     tops = sorted(float(dist(dft, prompt + [d]).max()) for d in torch.nonzero(q1).flatten().tolist())
     assert tops[0] < tops[-1]
-    drafter = ModelDrafter(dft, V, confidence_threshold=(tops[0] + tops[-1]) / 2)
+    drafter = ModelDrafter(dft, V)
+    policy = ConfidenceK(2, (tops[0] + tops[-1]) / 2)
 
     n_runs = 1000
     counts: dict[tuple[int, int], int] = {}
     first_round_k = set()
     for seed in range(n_runs):
-        out = speculative_generate(tgt, drafter, prompt, 3, k=2, sampling=sampling, vocab_size=V, seed=seed)
+        out = speculative_generate(tgt, drafter, prompt, 3, policy=policy, sampling=sampling, vocab_size=V,
+                                   seed=seed)
         assert out.rounds[0].k_requested == 2
         first_round_k.add(out.rounds[0].k)
         key = tuple(out.token_ids[:2])

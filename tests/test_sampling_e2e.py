@@ -81,14 +81,27 @@ def test_same_seed_same_tokens(tiny_tokenizer, target, far_draft):
 
 
 def test_ngram_drafter_sampling_keeps_distribution(tiny_tokenizer, target):
-    """Prompt lookup under sampling (one-hot q): first-token histogram still matches p."""
+    """Prompt lookup under sampling (one-hot q): every first round drafts the lookup token d (K clamped to the
+    budget - 1 = 1), accepts it with probability min(1, p(d) / q(d)) = p(d), and the first-token histogram
+    still matches p."""
     prompt = tiny_tokenizer("abc abc abc abc").input_ids
     sp = SamplingParams(temperature=1.0)
     p = first_token_p(target, prompt, sp)
+    d = PromptLookupDrafter().propose(prompt, 1, sp, None).tokens
+    assert len(d) == 1  # the prompt repeats, so there is a lookup match to draft
     n = 800
     counts = torch.zeros(V)
+    accepted = 0
     for seed in range(n):
         out = speculative_generate(target, PromptLookupDrafter(), prompt, 2, k=4, sampling=sp, seed=seed, vocab_size=V)
+        first = out.rounds[0]
+        assert (first.k, first.k_requested) == (1, 4), seed  # drafting happened, K clamped by the budget
+        accepted += first.num_accepted
+        if first.num_accepted:
+            assert out.token_ids[0] == d[0]
         counts[out.token_ids[0]] += 1
+    # acceptance frequency against p(d): binomial, 4 standard deviations (plus one draw for tiny p(d))
+    p_d = float(p[d[0]])
+    assert abs(accepted / n - p_d) <= 4 * (p_d * (1 - p_d) / n) ** 0.5 + 1 / n, (accepted, p_d)
     top = torch.topk(p, 5).indices
     assert float((counts[top] / n - p[top]).abs().max()) < 0.05

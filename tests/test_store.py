@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 
 from specdec.bench import store as S
+from specdec.bench.export import export_runs
 from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError
 
 SCHEMA = {
@@ -173,7 +174,7 @@ def test_export_round_trips_row_count(tmp_path, db, fmt):
             st.record_run(_run("s1", f"p{i}"))
         st.record_run(_run("s2", "p0", error="E: f", token_ids=None, tokens_per_s=None, total_s=None))
     out = tmp_path / f"runs.{fmt}"
-    assert S.export_runs(db, fmt, out) == 4
+    assert export_runs(db, fmt, out) == 4
     if fmt == "csv":
         with open(out, newline="") as fh:
             rows = list(csv.DictReader(fh))
@@ -185,17 +186,17 @@ def test_export_round_trips_row_count(tmp_path, db, fmt):
     assert len(rows) == 4
     assert {r["sweep_name"] for r in rows} == {"one", "two"}
     assert "sweep_config_json" in rows[0] and "cell_key" in rows[0]
-    assert S.export_runs(db, fmt, tmp_path / f"only.{fmt}", sweep_id="s1") == 3
+    assert export_runs(db, fmt, tmp_path / f"only.{fmt}", sweep_id="s1") == 3
     with pytest.raises(S.StoreError, match="no sweep"):
-        S.export_runs(db, fmt, tmp_path / f"x.{fmt}", sweep_id="nope")
+        export_runs(db, fmt, tmp_path / f"x.{fmt}", sweep_id="nope")
 
 
 def test_export_errors(tmp_path, db, monkeypatch):
     with pytest.raises(S.StoreError, match="no such results database"):
-        S.export_runs(tmp_path / "missing.db", "csv", tmp_path / "o.csv")
+        export_runs(tmp_path / "missing.db", "csv", tmp_path / "o.csv")
     Store(db).close()
     with pytest.raises(ValueError, match="unknown export format"):
-        S.export_runs(db, "xlsx", tmp_path / "o.xlsx")
+        export_runs(db, "xlsx", tmp_path / "o.xlsx")
     import builtins
 
     real_import = builtins.__import__
@@ -207,4 +208,34 @@ def test_export_errors(tmp_path, db, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
     with pytest.raises(ValueError, match="needs pyarrow"):
-        S.export_runs(db, "parquet", tmp_path / "o.parquet")
+        export_runs(db, "parquet", tmp_path / "o.parquet")
+
+
+def test_schema_declared_once_matches_the_published_store(tmp_path):
+    """`TABLES` is the one declaration: the SQL, RUN_COLUMNS/ROUND_COLUMNS and `columns` come from it, and a
+    store written by an earlier specdec (results/study.db) has exactly these columns and types."""
+    from pathlib import Path
+
+    assert {t: list(S.columns(t)) for t in S.TABLES} == SCHEMA
+    assert S.RUN_COLUMNS == S.columns("runs")[1:] and S.ROUND_COLUMNS == S.columns("rounds")[1:]
+    published = Path(__file__).resolve().parents[1] / "results" / "study.db"
+    if not published.is_file():
+        pytest.skip("the published study store is not in this checkout")
+    conn = sqlite3.connect(f"file:{published}?mode=ro&immutable=1", uri=True)
+    try:
+        for table, cols in S.TABLES.items():
+            got = [(r[1], r[2]) for r in conn.execute(f"PRAGMA table_info({table})")]
+            assert got == [(name, decl.split()[0]) for name, decl in cols], table
+    finally:
+        conn.close()
+
+
+def test_report_column_lists_are_the_store_schema():
+    """The report reads the store through its own column lists (specdec/report/analysis.py); they must be the
+    schema's, in table order, or a renamed column would silently read as NULL."""
+    from specdec.report import analysis
+
+    assert list(analysis.RUN_COLUMNS) == list(S.columns("runs"))
+    assert list(analysis.ROUND_COLUMNS) == list(S.columns("rounds"))
+    assert list(analysis.COST_COLUMNS) == list(S.columns("costs"))
+    assert list(analysis.SWEEP_COLUMNS) == list(S.columns("sweeps"))

@@ -14,21 +14,22 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from specdec.bench import methods as M
 from specdec.bench import sweep as S
+from specdec.bench.environment import machine_changes
+from specdec.bench.export import export_runs
 from specdec.bench.prompts import Prompt, PromptFileError
-from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError, export_runs
+from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError
+from specdec.costs import CostCurve
+from specdec.drafters import PromptLookupDrafter
 
+#: The published stores (results/*.db), read-only.
+PUBLISHED = Path(__file__).resolve().parents[1] / "results"
 PROMPTS = [
     {"id": "rep-01", "type": "repetitive", "prompt": "abc abc abc abc abc abc abc abc abc abc"},
     {"id": "rep-02", "type": "repetitive", "prompt": "one two one two one two one two"},
     {"id": "code-01", "type": "code", "prompt": "def f(x): return x + 1\ndef g(x): return f(x) + f(x)"},
 ]
-
-
-def _has_policies() -> bool:
-    import specdec.policies
-
-    return hasattr(specdec.policies, "make_policy")
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,8 @@ def _cfg(tiny_pair, draft_dir, prompt_file, **kw) -> S.SweepConfig:
 @pytest.fixture(scope="module")
 def full_sweep(tmp_path_factory, tiny_pair, near_draft_dir, prompt_file):
     db = tmp_path_factory.mktemp("sweep") / "full.db"
-    policies = "heuristic,confidence,cost" if _has_policies() else "none"
-    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, peers=True, peer_ks="2", policies=policies, policy_k=4)
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, peers=True, peer_ks="2", policies="heuristic,confidence,cost",
+               policy_k=4)
     lines: list[str] = []
     result = S.run_sweep(cfg, db=db, progress=False, echo=lines.append)
     return cfg, db, result, lines
@@ -77,9 +78,8 @@ def test_full_sweep_runs_every_method_and_peer(full_sweep):
     rep2 = [(r["method"], r["k"], r["policy"], r["repeat"]) for r in runs if r["prompt_id"] == "rep-02"]
     assert rep2 == [("baseline", None, None, 0), ("draft", 1, "fixed", 0), ("ngram", 1, "fixed", 0),
                     ("baseline", None, None, 1)]
-    if _has_policies():
-        pol = {(r["method"], r["policy"]) for r in runs if r["policy"] not in (None, "fixed")}
-        assert pol == {(m, p) for m in ("draft", "ngram") for p in ("heuristic", "confidence", "cost")}
+    pol = {(r["method"], r["policy"]) for r in runs if r["policy"] not in (None, "fixed")}
+    assert pol == {(m, p) for m in ("draft", "ngram") for p in ("heuristic", "confidence", "cost")}
     for r in runs:
         ids = json.loads(r["token_ids"])
         assert r["new_tokens"] == len(ids) <= cfg.max_new_tokens
@@ -178,7 +178,7 @@ def test_killed_mid_run_loses_only_the_run_in_flight(tmp_path, tiny_pair, near_d
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
     db = tmp_path / "k.db"
     planned = len(S.build_plan(cfg, S.select_prompts(cfg)))
-    real = S.speculative_generate
+    real = M.speculative_generate
     calls = {"n": 0}
 
     def dying(*a, **kw):
@@ -187,7 +187,7 @@ def test_killed_mid_run_loses_only_the_run_in_flight(tmp_path, tiny_pair, near_d
             raise KeyboardInterrupt
         return real(*a, **kw)
 
-    monkeypatch.setattr(S, "speculative_generate", dying)
+    monkeypatch.setattr(M, "speculative_generate", dying)
     stored: list[dict] = []
     with pytest.raises(KeyboardInterrupt):
         S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None, on_run=stored.append)
@@ -195,7 +195,7 @@ def test_killed_mid_run_loses_only_the_run_in_flight(tmp_path, tiny_pair, near_d
         sid = st.sweeps()[0]["sweep_id"]
         assert st.get_sweep(sid)["status"] == "interrupted"
         assert st.count_runs(sid) == len(stored) > 0
-    monkeypatch.setattr(S, "speculative_generate", real)
+    monkeypatch.setattr(M, "speculative_generate", real)
     done = S.run_sweep(cfg, db=db, resume=True, progress=False, echo=lambda _: None)
     assert done.already_done == len(stored) and done.status == "done"
     with Store(db) as st:
@@ -207,21 +207,21 @@ def test_failed_run_recorded_sweep_continues_and_resume_retries(tmp_path, tiny_p
                                                                 prompt_file, monkeypatch):
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
     db = tmp_path / "f.db"
-    real = S.speculative_generate
+    real = M.speculative_generate
 
     def flaky(target, drafter, ids, n, **kw):
-        if kw.get("k") == 2 and isinstance(drafter, S.PromptLookupDrafter) and n == cfg.max_new_tokens:
+        if kw.get("k") == 2 and isinstance(drafter, PromptLookupDrafter) and n == cfg.max_new_tokens:
             raise RuntimeError("boom\nsecond line")
         return real(target, drafter, ids, n, **kw)
 
-    monkeypatch.setattr(S, "speculative_generate", flaky)
+    monkeypatch.setattr(M, "speculative_generate", flaky)
     res = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
     assert res.status == "done" and res.failed == 2  # ngram K=2 on the two primaries
     with Store(db) as st:
         bad = st.runs(res.sweep_id, method="ngram", k=2)
         assert [r["error"] for r in bad] == ["RuntimeError: boom"] * 2
         assert all(r["token_ids"] is None and r["tokens_per_s"] is None for r in bad)
-    monkeypatch.setattr(S, "speculative_generate", real)
+    monkeypatch.setattr(M, "speculative_generate", real)
     again = S.run_sweep(cfg, db=db, resume=True, progress=False, echo=lambda _: None)
     assert again.ran == 2 and again.failed == 0
     with Store(db) as st:
@@ -242,9 +242,25 @@ def test_mixing_configurations_refused(tmp_path, tiny_pair, near_draft_dir, prom
         S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
     # A larger grid is the same sweep: --resume adds only the new cells.
     bigger = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="1,2", methods="baseline,ngram", secondary_ks="")
-    assert S.prepare(bigger)[5] == first.sweep_id
+    assert S.prepare(bigger).sweep_id == first.sweep_id
     more = S.run_sweep(bigger, db=db, resume=True, progress=False, echo=lambda _: None)
     assert more.already_done == first.planned and more.ran == more.planned - first.planned > 0
+
+
+def test_a_new_drafting_method_is_one_registry_entry(tmp_path, tiny_pair, near_draft_dir, prompt_file,
+                                                     monkeypatch):
+    """Register a method (a drafter that repeats the last token) and nothing else: the plan runs it over the
+    K grid, the runner times and stores it, and greedy output still equals the baseline's."""
+    from specdec.drafters import ScriptedDrafter
+
+    echo = M.Method("echo", M.speculative(lambda rt: ScriptedDrafter(lambda seq, k: [seq[-1]] * k)), takes_k=True)
+    monkeypatch.setitem(M.METHODS, "echo", echo)
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, methods="baseline,echo", ks="2,3", secondary_ks="")
+    res = S.run_sweep(cfg, db=tmp_path / "e.db", progress=False, echo=lambda _: None)
+    with Store(tmp_path / "e.db") as st:
+        runs = st.runs(res.sweep_id, method="echo")
+    assert res.failed == 0 and sorted({r["k"] for r in runs}) == [2, 3] and len(runs) == 4  # 2 primaries
+    assert all(r["matches_baseline"] == 1 and r["num_drafted"] > 0 for r in runs)
 
 
 def test_bad_prompt_file_fails_before_any_model_loads(tmp_path, tiny_pair, near_draft_dir):
@@ -269,11 +285,11 @@ def test_unloadable_config_is_a_clear_error(tmp_path, tiny_pair, near_draft_dir,
 
 def test_llama_prompt_lookup_is_recorded_as_skipped(tiny_tokenizer):
     prompt = Prompt("p-01", "code", "def f(x): return x")
-    cell = S.Cell("llamacpp", prompt, "llama_prompt_lookup", 4, None, 0)
+    cell = S.PlannedRun("llamacpp", prompt, "llama_prompt_lookup", 4, None, 0)
     cfg = S.make_config({"configs": "llamacpp"})
     pair = type("P", (), {"tokenizer": tiny_tokenizer})()
-    ctx = S._Context(cfg, S.RUNTIME_CONFIGS["llamacpp"], pair, None, {}, 1)
-    row, rounds = S._execute(ctx, cell, "sid", "t.gguf", "d.gguf", None)
+    prepared = S.Prepared([prompt], "t.gguf", "d.gguf", None, {}, "sid", [cell])
+    row, rounds = S.execute(S.LoadedConfig(cfg, S.RUNTIME_CONFIGS["llamacpp"], pair), cell, prepared)
     assert row["error"].startswith("skipped: ") and rounds == [] and row["prompt_tokens"] > 0
     assert "llama_prompt_lookup" in S.RUNTIME_CONFIGS["llamacpp"].peers()
     assert S.RUNTIME_CONFIGS["mixed:llamacpp-draft"].peers() == ("hf_generate", "hf_prompt_lookup")
@@ -306,21 +322,59 @@ def test_default_plan_and_budget_fit_the_cpu():
         "draft cost (K<=16)": 12, "ngram cost (K<=16)": 12, "hf_generate": 12,
         "hf_assisted K=4": 12, "hf_prompt_lookup K=4": 12,
     }  # fmt: skip
+    assert len(plan) == 204  # README: "204 generations"
     # the baseline brackets each prompt's runs: first and last
     for pid in {c.prompt.id for c in plan}:
         cells = [c for c in plan if c.prompt.id == pid]
         assert [(c.method, c.repeat) for c in (cells[0], cells[-1])] == [("baseline", 0), ("baseline", 1)]
-    costs = {"transformers-eager": S.REFERENCE_COSTS}
-    timed, warm = S.estimate_plan_s(plan, costs, max_new_tokens=128, warmup_tokens=16)
-    total = timed + warm + S.cost_measurement_s(S.REFERENCE_COSTS, S.cost_max_n(cfg), cfg.cost_repeats)
-    assert 2.6 * 3600 < total < 3.3 * 3600, S.format_duration(total)  # "about 3 hours" (issue 9)
     quick = S.make_config({}, quick=True)
     qplan = S.build_plan(quick, S.select_prompts(quick))
     assert {c.method for c in qplan} == {"baseline", "draft", "ngram"} and len(qplan) == 36
-    qt, qw = S.estimate_plan_s(qplan, costs, max_new_tokens=32, warmup_tokens=16)
-    q_total = qt + qw + S.cost_measurement_s(S.REFERENCE_COSTS, S.cost_max_n(quick), quick.cost_repeats)
-    assert 8 * 60 < q_total < 15 * 60, S.format_duration(q_total)
     assert [c.method for c in qplan].count("baseline") == 12  # one baseline run per prompt in --quick
+
+
+def _published_study() -> tuple[list[dict], CostCurve, str]:
+    import sqlite3
+
+    path = PUBLISHED / "study.db"
+    if not path.is_file():
+        pytest.skip("results/study.db is not in this checkout")
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        runs = [dict(r) for r in conn.execute("SELECT * FROM runs WHERE error IS NULL")]
+        forward = {n: s for n, s in conn.execute("SELECT n_tokens, seconds FROM costs WHERE role = 'target'")}
+        (draft,) = conn.execute("SELECT seconds FROM costs WHERE role = 'draft' AND n_tokens = 1").fetchone()
+        (sid,) = conn.execute("SELECT sweep_id FROM sweeps").fetchone()
+    finally:
+        conn.close()
+    return runs, CostCurve(forward, draft), sid
+
+
+def test_duration_estimate_against_the_published_study():
+    """The estimate (measured costs, ASSUMED alpha = 0.5) against what the published default study measured:
+    its 184 runs took 2.30 h of generation; the estimate for exactly those cells must be within a factor 1.5
+    of that, and the full default plan on the same measured costs is the README's "about 3 hours"."""
+    runs, curve, sid = _published_study()
+    cfg = S.make_config({"threads": 2})
+    prepared = S.prepare(cfg)
+    done = {r["cell_key"] for r in runs}
+    cells = [c for c in prepared.plan if c.key(sid) in done]
+    assert len(cells) == len(runs) > 100
+    tokens = {r["prompt_id"]: r["prompt_tokens"] for r in runs}
+    timed, _ = S.estimate_plan_s(cells, {"transformers-eager": curve}, max_new_tokens=cfg.max_new_tokens,
+                                 warmup_tokens=cfg.warmup_tokens, prompt_tokens=tokens)
+    measured = sum(r["total_s"] for r in runs)
+    assert 1 / 1.5 < timed / measured < 1.5, (timed, measured)
+    t, w = S.estimate_plan_s(prepared.plan, {"transformers-eager": curve}, max_new_tokens=cfg.max_new_tokens,
+                             warmup_tokens=cfg.warmup_tokens)
+    total = t + w + S.cost_measurement_s(curve, S.cost_max_n(cfg), cfg.cost_repeats)
+    assert 2.6 * 3600 < total < 3.3 * 3600, S.format_duration(total)  # "about 3 hours" (issue 9)
+    quick = S.make_config({"threads": 2}, quick=True)
+    qt, qw = S.estimate_plan_s(S.prepare(quick).plan, {"transformers-eager": curve}, max_new_tokens=32,
+                               warmup_tokens=quick.warmup_tokens)
+    q_total = qt + qw + S.cost_measurement_s(curve, S.cost_max_n(quick), quick.cost_repeats)
+    assert 8 * 60 < q_total < 15 * 60, S.format_duration(q_total)  # README: "~15 min"
 
 
 def test_estimate_follows_the_analytical_model():
@@ -332,20 +386,51 @@ def test_estimate_follows_the_analytical_model():
     assert draft4 == pytest.approx(0.2748 * (1 + 0.0994 / 0.2748) + 128 / 1.9375 * (4 * 0.0994 + 0.5576))
     best = min(S.estimate_generation_s("ngram", k, "fixed", costs, 128) for k in range(1, 17))
     assert S.estimate_generation_s("ngram", 16, "cost", costs, 128) == pytest.approx(best)
-    assert S._forward_s({"target_forward_s": {1: 1.0, 3: 2.0}}, 2) == pytest.approx(1.5)
-    assert S._forward_s({"target_forward_s": {1: 1.0, 3: 2.0}}, 5) == pytest.approx(3.0)
+    # the estimate reads forwards off the one cost curve (specdec.costs): interpolated, extended by the
+    # least-squares slope past the measured range
+    assert S.estimate_generation_s("baseline", None, None, CostCurve({1: 1.0, 3: 2.0}), 1,
+                                   prompt_tokens=3) == pytest.approx(1.5 + 1.0)
+    assert S.estimate_generation_s("ngram", 4, "fixed", CostCurve({1: 1.0, 3: 2.0}), 5,
+                                   prompt_tokens=2, alpha=0.0) == pytest.approx(1.0 + 5 * 3.0)
 
 
 def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file):
     base = _cfg(tiny_pair, near_draft_dir, prompt_file)
-    sid = S.prepare(base)[5]
+    sid = S.prepare(base).sweep_id
     same = [{"ks": "4"}, {"repeats": 3}, {"peers": True}, {"methods": "baseline"}, {"name": "x"}]
     for kw in same:
-        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw))[5] == sid, kw
+        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw)).sweep_id == sid, kw
     differ = [{"max_new_tokens": 9}, {"temperature": 0.7}, {"threads": 2}, {"dtype": "bfloat16"},
               {"draft": str(tiny_pair.draft_dir)}, {"prompt_types": "code"}]
     for kw in differ:
-        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw))[5] != sid, kw
+        assert S.prepare(_cfg(tiny_pair, near_draft_dir, prompt_file, **kw)).sweep_id != sid, kw
+
+
+@pytest.mark.parametrize("db, flags", [
+    ("study.db", {"threads": 2}),  # README: specdec sweep --db results/study.db --threads 2 --resume
+    ("policy2.db", {"threads": 2, "prompt_types": "natural,code,code_python,technical_ml", "ks": "2,16",
+                    "methods": "baseline,draft", "policies": "cost", "peers": False, "repeats": 2,
+                    "baseline_repeats": 3, "name": "policy-interleaved"}),
+    ("compiled.db", {"threads": 2, "configs": "transformers-eager,transformers-compiled",
+                     "prompt_types": "repetitive,natural", "ks": "4", "methods": "baseline,draft",
+                     "policies": "none", "peers": False}),
+])
+def test_published_sweeps_keep_their_identity(db, flags):
+    """The README's rerun commands must --resume the published stores: the same settings give the same sweep
+    id (the hash of `meaning`), whatever the code's layout. Read-only: the published files are not opened by
+    Store (WAL writes)."""
+    import sqlite3
+
+    path = PUBLISHED / db
+    if not path.is_file():
+        pytest.skip(f"{db} is not in this checkout")
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    try:
+        stored = conn.execute("SELECT sweep_id, config_json FROM sweeps").fetchall()
+    finally:
+        conn.close()
+    prepared = S.prepare(S.make_config(flags))
+    assert [(prepared.sweep_id, prepared.meaning)] == [(sid, json.loads(cfg)) for sid, cfg in stored]
 
 
 def test_make_config_merging_and_validation(tmp_path):
@@ -466,9 +551,9 @@ def test_cli_costs_json(app, tiny_pair, near_draft_dir):
 
 def test_machine_change_detected():
     now = {"cpu_model": "A", "cpu_count": 2, "torch": "2.13.0", "transformers": "5.24.0"}
-    assert S._machine_changes(json.dumps(now), now) == []
-    assert S._machine_changes(json.dumps({**now, "cpu_model": "B", "torch": "2.12"}), now) == ["cpu_model", "torch"]
-    assert S._machine_changes(None, now) == [] and S._machine_changes("{bad", now) == []
+    assert machine_changes(json.dumps(now), now) == []
+    assert machine_changes(json.dumps({**now, "cpu_model": "B", "torch": "2.12"}), now) == ["cpu_model", "torch"]
+    assert machine_changes(None, now) == [] and machine_changes("{bad", now) == []
 
 
 def test_sampled_sweep_records_seeds_and_no_equality(tmp_path, tiny_pair, near_draft_dir, prompt_file):

@@ -114,13 +114,16 @@ def test_refined_speedup_callable_and_mapping():
     assert refined_speedup(0.8, 4, 0.46, v) == pytest.approx(3.3616 / (1.84 + 1.4), rel=1e-12)
 
 
-def test_cost_interpolation_and_clamping():
+def test_cost_interpolation_and_extrapolation():
     v = {1: 1.0, 3: 1.2, 9: 2.4}
     assert cost_at(v, 1) == 1.0
     assert cost_at(v, 2) == pytest.approx(1.1)
     assert cost_at(v, 6) == pytest.approx(1.8)
-    assert cost_at(v, 17) == pytest.approx(2.4)  # clamped beyond the largest measured n
-    assert cost_at({2: 1.3}, 1) == pytest.approx(1.3)  # clamped below
+    # beyond the largest measured n: the least-squares slope of the whole curve (specdec.costs' one rule)
+    slope = np.polyfit([1, 3, 9], [1.0, 1.2, 2.4], 1)[0]
+    assert cost_at(v, 17) == pytest.approx(2.4 + 8 * slope)
+    assert cost_at(v, 17) > cost_at(v, 9)  # a longer verification never comes out cheaper
+    assert cost_at({2: 1.3}, 1) == pytest.approx(1.3)  # below the smallest measured n: its value
 
 
 def test_cost_mapping_validation():

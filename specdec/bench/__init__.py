@@ -1,1 +1,4 @@
-"""Benchmark inputs: the built-in prompt set and prompt-file loaders."""
+"""The benchmark half: prompts, settings, plan, the method registry, the runner, cost measurement and the store.
+
+`specdec.bench.sweep` is the public face of the sweep; docs/DESIGN.md ("The benchmark half") has the module map.
+"""

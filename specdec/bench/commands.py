@@ -25,16 +25,10 @@ _PANEL_STORE = "Results"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [ValueError]
-    with contextlib.suppress(ImportError):
-        from specdec.models import ChunkAssemblyError, ModelNotAvailableError
+    from specdec.backends.base import BackendError
+    from specdec.models import ChunkAssemblyError, ModelNotAvailableError
 
-        errors += [ModelNotAvailableError, ChunkAssemblyError]
-    with contextlib.suppress(ImportError):
-        from specdec.backends.base import BackendError
-
-        errors.append(BackendError)
-    return tuple(errors)
+    return (ValueError, ModelNotAvailableError, ChunkAssemblyError, BackendError)
 
 
 @contextlib.contextmanager
@@ -205,17 +199,19 @@ def sweep(
 def _dry_run(cfg, db_path: Path) -> None:
     from specdec.bench import sweep as S
     from specdec.bench.store import Store
+    from specdec.costs import CostCurve
 
-    prompts, target, draft, _, _, sid, plan = S.prepare(cfg)
+    prepared = S.prepare(cfg)
+    sid, plan = prepared.sweep_id, prepared.plan
     costs_by = {}
     source = ("reference CPU costs (2 cores, fp32 Qwen2.5-Coder 0.5B -> 1.5B: "
-              f"{S.REFERENCE_COSTS['draft_step_s']:.3f} / {S.REFERENCE_COSTS['target_step_s']:.3f} s per token)")
+              f"{S.REFERENCE_COSTS.draft_step_s:.3f} / {S.REFERENCE_COSTS.target_step_s:.3f} s per token)")
     if db_path.is_file():
         with Store(db_path) as store:
             for label in cfg.configs:
                 c = store.load_costs(sid, label)
                 if c is not None:
-                    costs_by[label] = c
+                    costs_by[label] = CostCurve.from_costs(c)
         if costs_by:
             source = f"costs stored in {db_path}"
     for label in cfg.configs:
@@ -224,7 +220,7 @@ def _dry_run(cfg, db_path: Path) -> None:
                                     warmup_tokens=cfg.warmup_tokens)
     measure = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats)
                   for label in cfg.configs)
-    _echo(f"sweep {sid}: target {target}, draft {draft}; {len(prompts)} prompts, configs "
+    _echo(f"sweep {sid}: target {prepared.target}, draft {prepared.draft}; {len(prepared.prompts)} prompts, configs "
           f"{', '.join(cfg.configs)}; {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)")
     _echo(f"{len(plan)} timed generations:")
     for key, n in S.plan_summary(plan).items():
@@ -334,7 +330,7 @@ def export(
     sweep_id: Annotated[str | None, typer.Option(help="Only this sweep's runs.")] = None,
 ) -> None:
     """Export every run, joined with its sweep's configuration, to CSV, JSON Lines or Parquet."""
-    from specdec.bench.store import EXPORT_FORMATS, export_runs
+    from specdec.bench.export import EXPORT_FORMATS, export_runs
 
     with _cli_errors():
         fmt = format

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from specdec.backends.base import Backend
+from specdec.bench.environment import machine_info
+from specdec.costs import CostCurve
 from specdec.loading import LoadedPair
 
 __all__ = ["cached_costs", "forward_times", "measure_costs", "verification_steps"]
@@ -105,11 +107,11 @@ def forward_times(
 
 
 def verification_steps(target_forward_s: dict[int, float]) -> dict[int, float]:
-    """v(n) = forward(n) / forward(1): the cost of scoring n tokens in target steps (v(1) = 1)."""
-    one = target_forward_s.get(1) or target_forward_s.get("1")  # type: ignore[call-overload]
-    if not one:
-        return {}
-    return {int(n): s / one for n, s in target_forward_s.items()}
+    """v(n) = forward(n) / forward(1): the cost of scoring n tokens in target steps (v(1) = 1).
+
+    Raises:
+        ValueError: n = 1 missing or an invalid time (`specdec.costs.CostCurve`)."""
+    return CostCurve(target_forward_s).relative()
 
 
 #: The draft is timed this many times as often as the target: its forwards are ~3x cheaper, and with 3
@@ -216,7 +218,6 @@ def cached_costs(
     import json
     from pathlib import Path
 
-    from specdec.bench.sweep import machine_info
     from specdec.models import cache_dir
 
     machine = machine_info(key.get("device", "cpu"), key.get("threads"))

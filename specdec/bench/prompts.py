@@ -16,7 +16,7 @@ where there is one). The loaders only read files; they never touch a model.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -27,6 +27,7 @@ __all__ = [
     "PROMPT_TYPES",
     "Prompt",
     "PromptFileError",
+    "encode_prompt",
     "load_builtin",
     "load_prompt_file",
     "parse_types",
@@ -333,3 +334,28 @@ def load_prompt_file(path: str | Path) -> list[Prompt]:
             f"{source}: unknown format: not UTF-8 text (bad byte at offset {exc.start})"
         ) from None
     return _parse_text(text, source, p.suffix.lower())
+
+
+def encode_prompt(tokenizer, text: str, *, chat_template: bool = False) -> list[int]:
+    """Token ids of a prompt: the tokenizer's default encoding (its special tokens, e.g. a BOS), or with
+    `chat_template` the chat template around one user turn plus the generation prompt.
+
+    Raises:
+        ValueError: `chat_template` but the tokenizer has none; the prompt encodes to no tokens.
+    """
+    if chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("--chat-template: this tokenizer has no chat template")
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(out, Mapping) or hasattr(out, "keys"):
+            out = out["input_ids"]
+        if out and isinstance(out[0], (list, tuple)):
+            out = out[0]
+        ids = [int(t) for t in out]
+    else:
+        ids = [int(t) for t in tokenizer(text)["input_ids"]]
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    return ids

@@ -18,7 +18,6 @@ analysis time from the raw counts (see `specdec.metrics`).
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import math
@@ -30,89 +29,90 @@ from pathlib import Path
 from typing import Any, Self
 
 __all__ = [
-    "EXPORT_FORMATS",
+    "ROUND_COLUMNS",
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
+    "TABLES",
     "Store",
     "StoreError",
     "SweepExistsError",
     "SweepNotFoundError",
     "canonical_json",
     "cell_key",
-    "export_runs",
+    "columns",
     "sweep_id_for",
 ]
 
 SCHEMA_VERSION = "1"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT
-);
-CREATE TABLE IF NOT EXISTS sweeps (
-    sweep_id TEXT PRIMARY KEY,
-    name TEXT,
-    config_json TEXT NOT NULL,
-    created_at TEXT,
-    git_commit TEXT,
-    machine_json TEXT,
-    status TEXT
-);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id INTEGER PRIMARY KEY,
-    sweep_id TEXT REFERENCES sweeps(sweep_id),
-    cell_key TEXT NOT NULL UNIQUE,
-    config_label TEXT,
-    pair TEXT, target TEXT, draft TEXT,
-    target_backend TEXT, draft_backend TEXT, compiled INTEGER,
-    device TEXT, dtype TEXT, threads INTEGER,
-    prompt_id TEXT, prompt_type TEXT, chat_template INTEGER, prompt_tokens INTEGER,
-    method TEXT, policy TEXT, k INTEGER, repeat INTEGER, seed INTEGER,
-    temperature REAL, top_k INTEGER, top_p REAL, max_new_tokens INTEGER,
-    new_tokens INTEGER, finish_reason TEXT, token_ids TEXT, matches_baseline INTEGER,
-    num_rounds INTEGER, num_drafted INTEGER, num_accepted INTEGER, num_rejections INTEGER,
-    prefill_s REAL, ttft_s REAL, decode_s REAL, total_s REAL, draft_s REAL, verify_s REAL,
-    tokens_per_s REAL,
-    error TEXT,
-    created_at TEXT
-);
-CREATE INDEX IF NOT EXISTS runs_by_sweep ON runs (sweep_id, config_label, prompt_id, method);
-CREATE TABLE IF NOT EXISTS rounds (
-    run_id INTEGER REFERENCES runs(run_id),
-    round_idx INTEGER,
-    k INTEGER, k_requested INTEGER, num_accepted INTEGER, accept_flags TEXT, next_kind TEXT,
-    num_emitted INTEGER, draft_s REAL, verify_s REAL, other_s REAL, alpha_estimate REAL,
-    PRIMARY KEY (run_id, round_idx)
-);
-CREATE TABLE IF NOT EXISTS costs (
-    sweep_id TEXT, config_label TEXT, role TEXT, n_tokens INTEGER,
-    seconds REAL, repeats INTEGER, spread_s REAL,
-    PRIMARY KEY (sweep_id, config_label, role, n_tokens)
-);
-"""
+#: The schema, declared once: table -> ((column, SQL type and constraints), ...). `_SCHEMA` (the SQL),
+#: `RUN_COLUMNS`, `ROUND_COLUMNS` and `columns` derive from it; docs/STORE.md documents every column.
+TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "meta": (("key", "TEXT PRIMARY KEY"), ("value", "TEXT")),
+    "sweeps": (
+        ("sweep_id", "TEXT PRIMARY KEY"), ("name", "TEXT"), ("config_json", "TEXT NOT NULL"),
+        ("created_at", "TEXT"), ("git_commit", "TEXT"), ("machine_json", "TEXT"), ("status", "TEXT"),
+    ),
+    "runs": (
+        ("run_id", "INTEGER PRIMARY KEY"), ("sweep_id", "TEXT REFERENCES sweeps(sweep_id)"),
+        ("cell_key", "TEXT NOT NULL UNIQUE"), ("config_label", "TEXT"),
+        ("pair", "TEXT"), ("target", "TEXT"), ("draft", "TEXT"),
+        ("target_backend", "TEXT"), ("draft_backend", "TEXT"), ("compiled", "INTEGER"),
+        ("device", "TEXT"), ("dtype", "TEXT"), ("threads", "INTEGER"),
+        ("prompt_id", "TEXT"), ("prompt_type", "TEXT"), ("chat_template", "INTEGER"), ("prompt_tokens", "INTEGER"),
+        ("method", "TEXT"), ("policy", "TEXT"), ("k", "INTEGER"), ("repeat", "INTEGER"), ("seed", "INTEGER"),
+        ("temperature", "REAL"), ("top_k", "INTEGER"), ("top_p", "REAL"), ("max_new_tokens", "INTEGER"),
+        ("new_tokens", "INTEGER"), ("finish_reason", "TEXT"), ("token_ids", "TEXT"), ("matches_baseline", "INTEGER"),
+        ("num_rounds", "INTEGER"), ("num_drafted", "INTEGER"), ("num_accepted", "INTEGER"),
+        ("num_rejections", "INTEGER"),
+        ("prefill_s", "REAL"), ("ttft_s", "REAL"), ("decode_s", "REAL"), ("total_s", "REAL"), ("draft_s", "REAL"),
+        ("verify_s", "REAL"), ("tokens_per_s", "REAL"),
+        ("error", "TEXT"), ("created_at", "TEXT"),
+    ),
+    "rounds": (
+        ("run_id", "INTEGER REFERENCES runs(run_id)"), ("round_idx", "INTEGER"),
+        ("k", "INTEGER"), ("k_requested", "INTEGER"), ("num_accepted", "INTEGER"), ("accept_flags", "TEXT"),
+        ("next_kind", "TEXT"), ("num_emitted", "INTEGER"), ("draft_s", "REAL"), ("verify_s", "REAL"),
+        ("other_s", "REAL"), ("alpha_estimate", "REAL"),
+    ),
+    "costs": (
+        ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("role", "TEXT"), ("n_tokens", "INTEGER"),
+        ("seconds", "REAL"), ("repeats", "INTEGER"), ("spread_s", "REAL"),
+    ),
+}  # fmt: skip
+#: Table-level constraints and indexes (not columns).
+_CONSTRAINTS = {
+    "rounds": "PRIMARY KEY (run_id, round_idx)",
+    "costs": "PRIMARY KEY (sweep_id, config_label, role, n_tokens)",
+}
+_INDEXES = ("CREATE INDEX IF NOT EXISTS runs_by_sweep ON runs (sweep_id, config_label, prompt_id, method)",)
+
+
+def columns(table: str) -> tuple[str, ...]:
+    """Every column of `table` in the store, in table order (``run_id`` included for runs/rounds).
+
+    Raises:
+        KeyError: an unknown table (``meta``, ``sweeps``, ``runs``, ``rounds``, ``costs``).
+    """
+    return tuple(name for name, _ in TABLES[table])
+
+
+def _create_statements() -> list[str]:
+    out = []
+    for table, cols in TABLES.items():
+        parts = [f"{name} {decl}" for name, decl in cols]
+        if table in _CONSTRAINTS:
+            parts.append(_CONSTRAINTS[table])
+        out.append(f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(parts) + "\n)")
+    return out + list(_INDEXES)
+
+
+_SCHEMA = ";\n".join(_create_statements()) + ";\n"
 
 #: Columns of ``runs`` that a caller fills (``run_id`` is assigned by SQLite).
-RUN_COLUMNS: tuple[str, ...] = (
-    "sweep_id", "cell_key", "config_label",
-    "pair", "target", "draft", "target_backend", "draft_backend", "compiled", "device", "dtype", "threads",
-    "prompt_id", "prompt_type", "chat_template", "prompt_tokens",
-    "method", "policy", "k", "repeat", "seed", "temperature", "top_k", "top_p", "max_new_tokens",
-    "new_tokens", "finish_reason", "token_ids", "matches_baseline",
-    "num_rounds", "num_drafted", "num_accepted", "num_rejections",
-    "prefill_s", "ttft_s", "decode_s", "total_s", "draft_s", "verify_s", "tokens_per_s",
-    "error", "created_at",
-)  # fmt: skip
-
-ROUND_COLUMNS: tuple[str, ...] = (
-    "round_idx", "k", "k_requested", "num_accepted", "accept_flags", "next_kind", "num_emitted",
-    "draft_s", "verify_s", "other_s", "alpha_estimate",
-)  # fmt: skip
-
-#: Columns the sweep's row contributes to each exported run (prefixed with ``sweep_``).
-_SWEEP_EXPORT = ("name", "config_json", "created_at", "git_commit", "machine_json", "status")
-
-EXPORT_FORMATS = ("csv", "jsonl", "parquet")
+RUN_COLUMNS: tuple[str, ...] = columns("runs")[1:]
+#: Columns of ``rounds`` that a caller fills (``run_id`` is the run's).
+ROUND_COLUMNS: tuple[str, ...] = columns("rounds")[1:]
 
 
 class StoreError(ValueError):
@@ -251,7 +251,8 @@ class Store:
             sql += " AND error IS NULL"
         return int(self.conn.execute(sql, (sweep_id,)).fetchone()[0])
 
-    def _describe_sweeps(self) -> str:
+    def describe_sweeps(self) -> str:
+        """One line naming every sweep in the database (id, name, runs, status, models), for error messages."""
         items = []
         for s in self.sweeps():
             try:
@@ -296,7 +297,7 @@ class Store:
             if resume and row is None:
                 raise SweepNotFoundError(
                     f"--resume: {self.path} holds no sweep with this configuration (id {sweep_id}); "
-                    f"sweeps there: {self._describe_sweeps()}. Rerun with the same settings as the sweep "
+                    f"sweeps there: {self.describe_sweeps()}. Rerun with the same settings as the sweep "
                     f"to continue, or drop --resume to start a new sweep"
                 )
             if row is not None and not resume and self.count_runs(sweep_id) > 0:
@@ -479,71 +480,3 @@ class Store:
         if not out["draft_forward_s"]:
             out["draft_forward_s"] = out["draft_forward_spread_s"] = None
         return out
-
-
-# ---------------------------------------------------------------------------------------------- export
-
-
-def _export_rows(store: Store, sweep_id: str | None) -> list[dict]:
-    sweep_cols = ", ".join(f"s.{c} AS sweep_{c}" for c in _SWEEP_EXPORT)
-    sql = f"SELECT r.*, {sweep_cols} FROM runs r LEFT JOIN sweeps s ON s.sweep_id = r.sweep_id"
-    params: tuple = ()
-    if sweep_id is not None:
-        sql += " WHERE r.sweep_id = ?"
-        params = (sweep_id,)
-    sql += " ORDER BY r.run_id"
-    return [dict(r) for r in store.conn.execute(sql, params).fetchall()]
-
-
-def export_runs(db: str | Path, fmt: str, out: str | Path, *, sweep_id: str | None = None) -> int:
-    """Write every run (or one sweep's), joined with its sweep's row, to `out`; return the row count.
-
-    Columns: all ``runs`` columns (``token_ids`` stays a JSON string) plus ``sweep_name``,
-    ``sweep_config_json``, ``sweep_created_at``, ``sweep_git_commit``, ``sweep_machine_json``,
-    ``sweep_status``.
-
-    Args:
-        db: an existing results database.
-        fmt: ``"csv"``, ``"jsonl"`` (one object per line) or ``"parquet"`` (needs pyarrow).
-        out: output file (parent directories are created).
-        sweep_id: only this sweep's runs.
-
-    Raises:
-        StoreError: `db` does not exist or is not a results database; unknown `sweep_id`.
-        ValueError: unknown format, or parquet without pyarrow installed.
-    """
-    fmt = fmt.lower()
-    if fmt not in EXPORT_FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
-    if not Path(db).is_file():
-        raise StoreError(f"{db}: no such results database")
-    if fmt == "parquet":
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ValueError(
-                "parquet export needs pyarrow: pip install 'specdec[parquet]' (or use --format csv/jsonl)"
-            ) from None
-    with Store(db) as store:
-        if sweep_id is not None and store.get_sweep(sweep_id) is None:
-            raise StoreError(f"{db}: no sweep {sweep_id!r}; sweeps there: {store._describe_sweeps()}")
-        rows = _export_rows(store, sweep_id)
-        decl = {r[1]: (r[2] or "TEXT").upper() for r in store.conn.execute("PRAGMA table_info(runs)")}
-    columns = list(decl) + [f"sweep_{c}" for c in _SWEEP_EXPORT]
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "csv":
-        with open(out, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
-    elif fmt == "jsonl":
-        with open(out, "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
-    else:
-        # An explicit schema from the SQLite declarations, so an all-NULL column still gets its type.
-        types = {"INTEGER": pa.int64(), "REAL": pa.float64(), "TEXT": pa.string()}
-        schema = pa.schema([(c, types.get(decl.get(c, "TEXT"), pa.string())) for c in columns])
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(out))
-    return len(rows)

@@ -1,0 +1,119 @@
+"""Rough durations of a plan, from measured costs and an ASSUMED acceptance (``--dry-run`` and the line
+printed before a configuration runs). Not measurements: every caller labels them as rough estimates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from specdec.bench.methods import METHODS
+from specdec.bench.plan import PlannedRun
+from specdec.costs import CostCurve
+from specdec.theory import expected_tokens_per_round
+
+__all__ = [
+    "REFERENCE_COSTS",
+    "cost_measurement_s",
+    "estimate_generation_s",
+    "estimate_plan_s",
+    "format_duration",
+]
+
+
+#: Target forward seconds for n = 1..17 tokens, measured by the default study's sweep on the development
+#: machine (2-vCPU Xeon VM, 2 threads, fp32 Qwen2.5-Coder-1.5B, warm cache; results/study.db, costs table).
+_REFERENCE_TARGET_S = (0.2748, 0.2882, 0.2858, 0.5378, 0.5576, 0.5634, 0.7652, 0.7621, 0.7643, 0.9167, 0.9138,
+                       0.9075, 1.0635, 1.0771, 1.0724, 0.7681, 0.7822)
+
+
+#: The reference CPU costs used to size the defaults and for `--dry-run` when a store has none: the default
+#: pair (Qwen2.5-Coder 0.5B -> 1.5B, fp32, 2 threads) as measured on the development machine: draft
+#: 0.0994 s/token, target 0.2748 s/token (c = 0.36), the forward curve `_REFERENCE_TARGET_S` (v(5) = 2.03,
+#: v(17) = 2.85; MKL's small-row kernels make it a staircase, not a line).
+REFERENCE_COSTS = CostCurve(dict(enumerate(_REFERENCE_TARGET_S, start=1)), 0.0994)
+
+
+def estimate_generation_s(
+    method: str,
+    k: int | None,
+    policy: str | None,
+    costs: CostCurve,
+    new_tokens: int,
+    *,
+    prompt_tokens: int = 100,
+    alpha: float = 0.5,
+) -> float:
+    """A rough duration (seconds) of one generation, from the costs and a GUESSED acceptance `alpha`.
+
+    Model (Leviathan et al. 2023 with the measured forward curve): prefill = one target forward over the
+    prompt (plus c times that for a draft model); target-only = ``new_tokens`` steps; a fixed-K round costs
+    ``K * draft_step_s + forward(K + 1)`` (draft cost 0 for prompt lookup) and yields
+    ``(1 - alpha^(K+1)) / (1 - alpha)`` tokens. An adaptive policy is assumed to run at the best fixed
+    K <= its K. Not a measurement: the sweep prints it labelled as a rough estimate.
+    """
+    step = costs.target_step_s
+    draft_step = costs.draft_step_s or 0.0
+    prefill = costs.forward_s(max(1, prompt_tokens - 1))
+    m = METHODS[method]
+    if not m.takes_k:
+        return prefill + new_tokens * step
+    uses_model = m.drafts_with_model
+    if uses_model:
+        prefill *= 1.0 + draft_step / step
+
+    def fixed(kk: int) -> float:
+        per_round = costs.round_s(kk, draft=uses_model)
+        return prefill + new_tokens / float(expected_tokens_per_round(alpha, kk)) * per_round
+
+    kk = int(k or 1)
+    if policy not in (None, "fixed"):
+        return min(fixed(j) for j in range(1, kk + 1))
+    return fixed(kk)
+
+
+def estimate_plan_s(
+    cells: Iterable[PlannedRun],
+    costs_by_config: Mapping[str, CostCurve],
+    *,
+    max_new_tokens: int,
+    warmup_tokens: int,
+    prompt_tokens: Mapping[str, int] | None = None,
+    alpha: float = 0.5,
+    warmed: Iterable[tuple] = (),
+) -> tuple[float, float]:
+    """``(timed_s, warmup_s)``: the rough duration of `cells` and of their warm-ups (one per group not in
+    `warmed`), by `estimate_generation_s`. Cells whose config has no costs are left out.
+
+    `prompt_tokens` maps prompt ids to their token counts (default 100 each).
+    """
+    timed = warm = 0.0
+    seen = set(warmed)
+    pt = prompt_tokens or {}
+    for c in cells:
+        costs = costs_by_config.get(c.config_label)
+        if costs is None:
+            continue
+        if METHODS[c.method].skip:
+            continue  # recorded as skipped, costs nothing
+        n_prompt = pt.get(c.prompt.id, 100)
+        timed += estimate_generation_s(c.method, c.k, c.policy, costs, max_new_tokens,
+                                       prompt_tokens=n_prompt, alpha=alpha)
+        if c.group not in seen:
+            seen.add(c.group)
+            warm += estimate_generation_s(c.method, c.k, c.policy, costs, min(warmup_tokens, max_new_tokens),
+                                          prompt_tokens=n_prompt, alpha=alpha)
+    return timed, warm
+
+
+def cost_measurement_s(costs: CostCurve, max_n: int, repeats: int) -> float:
+    """Rough seconds `measure_costs` takes: (repeats + 1 warm-up) passes over forwards of 1..max_n tokens."""
+    return (repeats + 1) * sum(costs.forward_s(n) for n in range(1, max_n + 1))
+
+
+def format_duration(seconds: float) -> str:
+    """``"2h 05m"``, ``"14m 30s"`` or ``"42s"``."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s}s"

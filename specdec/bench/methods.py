@@ -1,0 +1,296 @@
+"""The timed methods, one registry entry each, behind one contract: ``run(runtime, request) -> RunRecord``.
+
+As Spec-Bench gives every method one forward function, every method the sweep times (ours and the library
+peers) is a `Method` in `METHODS`: its name (stored in ``runs.method``), its run function, and the facts the
+planner, the runner and the estimate need (does it take K, does it draft with the draft model, where does it
+apply, is it recorded as skipped). Nothing else in the bench half dispatches on a method's name.
+
+Adding a drafting method is one entry plus its drafter::
+
+    register(Method("suffix", speculative(lambda rt: SuffixDrafter(...)), takes_k=True))
+
+after which ``--methods suffix`` plans it over the K grid and the policies, and the runner times it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specdec.bench.peers import hf_peer_generate
+from specdec.costs import CostCurve
+from specdec.decoding import autoregressive_generate, speculative_generate
+from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from specdec.metrics import RATES, GenerationResult
+from specdec.policies import make_policy
+from specdec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specdec.bench.config import RuntimeConfig
+
+__all__ = [
+    "LLAMA_PROMPT_LOOKUP_SKIP",
+    "METHODS",
+    "Method",
+    "RunRecord",
+    "RunRequest",
+    "Runtime",
+    "counterparts",
+    "our_methods",
+    "peer_methods",
+    "peers_for",
+    "reference_method",
+    "register",
+    "speculative",
+]
+
+LLAMA_PROMPT_LOOKUP_SKIP = (
+    "skipped: llama-cpp-python 0.3.36's Llama class, which LlamaPromptLookupDecoding needs, cannot set "
+    "n_outputs_max_per_seq (so a batch returns logits for one position only) nor turn off the AMX weight "
+    "repack that segfaults on some CPUs (see specdec/backends/llamacpp.py)"
+)
+
+
+@dataclass
+class Runtime:
+    """What a method runs on: one loaded runtime configuration.
+
+    Attributes:
+        pair: the loaded models (`specdec.loading.LoadedPair`).
+        sampling: every generation's sampling settings.
+        costs: the configuration's measured costs (the cost policy needs them), or None.
+        ngram_max, ngram_min: n-gram sizes of our prompt-lookup drafter.
+    """
+
+    pair: Any
+    sampling: SamplingParams
+    costs: CostCurve | None = None
+    ngram_max: int = 3
+    ngram_min: int = 1
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One generation to run: prompt token ids, new-token budget, K (None for target-only methods), policy
+    (``"fixed"``/None or an adaptive policy name, for methods that take K) and seed."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    k: int | None = None
+    policy: str | None = None
+    seed: int = 0
+
+
+@dataclass
+class RunRecord:
+    """What one timed generation produced: the measured columns of its ``runs`` row and its ``rounds``.
+
+    Our methods fill everything (`from_result`); a peer, timed around a library call, only the tokens and
+    the total seconds (`timed`): the other columns stay NULL (prefill is not separable there).
+    """
+
+    token_ids: list[int]
+    finish_reason: str
+    total_s: float
+    num_rounds: int | None = None
+    num_drafted: int | None = None
+    num_accepted: int | None = None
+    num_rejections: int | None = None
+    prefill_s: float | None = None
+    ttft_s: float | None = None
+    decode_s: float | None = None
+    draft_s: float | None = None
+    verify_s: float | None = None
+    rounds: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def from_result(cls, res: GenerationResult) -> RunRecord:
+        """From our engine's `GenerationResult` (with its per-round trace)."""
+        return cls(
+            list(res.token_ids), res.finish_reason, res.total_s, res.num_rounds, res.num_drafted,
+            res.num_accepted, res.num_rejections, res.prefill_s, res.ttft_s, res.decode_s, res.draft_s,
+            res.verify_s, res.rounds_as_dicts(),
+        )  # fmt: skip
+
+    @classmethod
+    def timed(cls, token_ids: list[int], total_s: float, finish_reason: str) -> RunRecord:
+        """From a call timed as a whole (a peer)."""
+        return cls(list(token_ids), finish_reason, total_s)
+
+    def columns(self) -> dict[str, Any]:
+        """The ``runs`` columns this record fills (`specdec.bench.store.TABLES`); ``tokens_per_s`` by
+        `specdec.metrics.RATES` (NaN, stored as NULL, when nothing was timed)."""
+        n = len(self.token_ids)
+        return {
+            "new_tokens": n, "finish_reason": self.finish_reason, "token_ids": self.token_ids,
+            "num_rounds": self.num_rounds, "num_drafted": self.num_drafted, "num_accepted": self.num_accepted,
+            "num_rejections": self.num_rejections, "prefill_s": self.prefill_s, "ttft_s": self.ttft_s,
+            "decode_s": self.decode_s, "total_s": self.total_s, "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "tokens_per_s": RATES["tokens_per_s"].of({"new_tokens": n, "total_s": self.total_s}),
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Method:
+    """One timed method.
+
+    Attributes:
+        name: stored in ``runs.method``; the name on the command line (``--methods``).
+        run: ``run(runtime, request) -> RunRecord``; raises on failure (the runner records the error).
+        peer: a library's implementation measured next to ours (planned on primary prompts with ``--peers``).
+        takes_k: K is a parameter: ours run over the K grid and the adaptive policies, peers at ``peer_ks``.
+        drafts_with_model: each drafted token costs a draft-model step (duration estimate, cost policy).
+        reference: the target-only baseline every speedup divides by (exactly one method).
+        applies: which runtime configurations the method can run on.
+        skip: planned but recorded as skipped with this reason (``runs.error``), never run.
+        counterpart: for a peer, our method it is compared with (same K where it takes K).
+    """
+
+    name: str
+    run: Callable[[Runtime, RunRequest], RunRecord]
+    peer: bool = False
+    takes_k: bool = False
+    drafts_with_model: bool = False
+    reference: bool = False
+    applies: Callable[[RuntimeConfig], bool] = lambda rc: True
+    skip: str | None = None
+    counterpart: str | None = None
+
+
+#: Every timed method by name, in plan order (`register` adds one).
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add `method` to `METHODS` (returns it).
+
+    Raises:
+        ValueError: the name is taken, or a second reference method.
+    """
+    if method.name in METHODS:
+        raise ValueError(f"method {method.name!r} is already registered")
+    if method.reference and any(m.reference for m in METHODS.values()):
+        raise ValueError("there is exactly one reference (baseline) method")
+    METHODS[method.name] = method
+    return method
+
+
+def our_methods() -> tuple[Method, ...]:
+    """Our methods (through our engine and backends), in plan order."""
+    return tuple(m for m in METHODS.values() if not m.peer)
+
+
+def peer_methods() -> tuple[Method, ...]:
+    """The library peers, in plan order."""
+    return tuple(m for m in METHODS.values() if m.peer)
+
+
+def reference_method() -> Method:
+    """The target-only baseline."""
+    return next(m for m in METHODS.values() if m.reference)
+
+
+# ------------------------------------------------------------------------------------------- ours
+
+
+def _common(rt: Runtime, req: RunRequest) -> dict[str, Any]:
+    return {"sampling": rt.sampling, "eos_ids": rt.pair.eos_ids, "vocab_size": rt.pair.vocab_size,
+            "seed": req.seed}
+
+
+def _baseline(rt: Runtime, req: RunRequest) -> RunRecord:
+    target = rt.pair.target.backend
+    res = autoregressive_generate(target, req.prompt_ids, req.max_new_tokens, **_common(rt, req))
+    return RunRecord.from_result(res)
+
+
+def _policy(name: str, k: int, costs: CostCurve | None, *, free_drafts: bool):
+    """An adaptive policy; the cost policy gets the configuration's costs (a draft step of 0 s for a
+    drafter without a model: prompt lookup drafts at almost no cost)."""
+    if name != "cost":
+        return make_policy(name, k)
+    if costs is None:
+        raise ValueError("the cost policy needs measured costs for this configuration")
+    return make_policy(name, k, costs=costs.with_draft_step(0.0) if free_drafts else costs)
+
+
+def speculative(make_drafter: Callable[[Runtime], Drafter], *, free_drafts: bool = True):
+    """The run function of a speculative method whose drafter `make_drafter(runtime)` builds (fresh per run):
+    fixed K (policy None/``"fixed"``) or an adaptive policy with K as its starting/maximum K. `free_drafts`:
+    the drafter needs no model step (the cost policy then prices a drafted token at 0 s)."""
+
+    def run(rt: Runtime, req: RunRequest) -> RunRecord:
+        drafter = make_drafter(rt)
+        target = rt.pair.target.backend
+        common = _common(rt, req)
+        if req.policy in (None, "fixed"):
+            res = speculative_generate(target, drafter, req.prompt_ids, req.max_new_tokens, k=req.k, **common)
+        else:
+            policy = _policy(req.policy, int(req.k), rt.costs, free_drafts=free_drafts)
+            res = speculative_generate(target, drafter, req.prompt_ids, req.max_new_tokens, policy=policy,
+                                       **common)
+        return RunRecord.from_result(res)
+
+    return run
+
+
+def _model_drafter(rt: Runtime) -> Drafter:
+    if rt.pair.draft is None:
+        raise ValueError("the draft method needs a draft model")
+    return ModelDrafter(rt.pair.draft.backend, rt.pair.vocab_size)
+
+
+def _prompt_lookup_drafter(rt: Runtime) -> Drafter:
+    return PromptLookupDrafter(rt.ngram_max, rt.ngram_min)
+
+
+# ------------------------------------------------------------------------------------------- peers
+
+
+def _hf_peer(name: str) -> Callable[[Runtime, RunRequest], RunRecord]:
+    def run(rt: Runtime, req: RunRequest) -> RunRecord:
+        out = hf_peer_generate(rt.pair, name, req.prompt_ids, req.max_new_tokens, k=req.k,
+                               sampling=rt.sampling, seed=req.seed)
+        return RunRecord.timed(out.token_ids, out.total_s, out.finish_reason)
+
+    return run
+
+
+def _skipped(rt: Runtime, req: RunRequest) -> RunRecord:
+    raise RuntimeError("a skipped method is never run")  # the runner records `Method.skip` instead
+
+
+def _eager_transformers_target(rc: RuntimeConfig) -> bool:
+    # The transformers peers run the model as users run it: eager (the compiled backend repacks the model's
+    # linear layers in place, so its generate() would no longer be transformers' own).
+    return rc.target_backend == "transformers" and not rc.compile
+
+
+for _m in (
+    Method("baseline", _baseline, reference=True),
+    Method("draft", speculative(_model_drafter, free_drafts=False), takes_k=True, drafts_with_model=True),
+    Method("ngram", speculative(_prompt_lookup_drafter), takes_k=True),
+    Method("hf_generate", _hf_peer("hf_generate"), peer=True, applies=_eager_transformers_target,
+           counterpart="baseline"),
+    Method("hf_assisted", _hf_peer("hf_assisted"), peer=True, takes_k=True, drafts_with_model=True,
+           applies=lambda rc: _eager_transformers_target(rc) and rc.draft_backend == "transformers",
+           counterpart="draft"),
+    Method("hf_prompt_lookup", _hf_peer("hf_prompt_lookup"), peer=True, takes_k=True,
+           applies=_eager_transformers_target, counterpart="ngram"),
+    Method("llama_prompt_lookup", _skipped, peer=True, takes_k=True,
+           applies=lambda rc: rc.target_backend == "llamacpp", skip=LLAMA_PROMPT_LOOKUP_SKIP,
+           counterpart="ngram"),
+):
+    register(_m)
+
+
+def peers_for(rc: RuntimeConfig) -> tuple[str, ...]:
+    """Names of the peers that apply to runtime configuration `rc`, in plan order."""
+    return tuple(m.name for m in peer_methods() if m.applies(rc))
+
+
+def counterparts() -> Mapping[str, str]:
+    """``{peer: our method it is compared with}`` (the report's peer pairs)."""
+    return {m.name: m.counterpart for m in peer_methods() if m.counterpart}

@@ -1,0 +1,219 @@
+"""The plan of a sweep: its prompts, its cells in execution order, and its identity (`prepare`).
+
+Vocabulary: a **cell** is (config_label, prompt, method, K, policy); a **run** is one timed generation of a
+cell, and a `PlannedRun` is one run to do (cell x repeat; `PlannedRun.cell` is its cell).
+Everything in this module is checked without loading a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.bench.config import RUNTIME_CONFIGS, SweepConfig, check_available
+from specdec.bench.methods import our_methods, peer_methods, reference_method
+from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
+from specdec.bench.store import cell_key, sweep_id_for
+
+__all__ = [
+    "PlannedRun",
+    "Prepared",
+    "build_plan",
+    "cost_max_n",
+    "meaning",
+    "plan_summary",
+    "prepare",
+    "primary_ids",
+    "select_prompts",
+]
+
+
+def select_prompts(cfg: SweepConfig) -> list[Prompt]:
+    """The prompts of the sweep: the built-in set (`prompts_per_type` per type) or the prompt file, filtered
+    by `prompt_types`. Reads files only; no model is touched.
+
+    Raises:
+        PromptFileError (ValueError): the file is unusable. ValueError: unknown types / nothing selected.
+    """
+    if cfg.prompts is None:
+        prompts = load_builtin(cfg.prompt_types, per_type=cfg.prompts_per_type)
+    else:
+        prompts = load_prompt_file(cfg.prompts)
+        if cfg.prompt_types.lower() != "all":
+            wanted = [t.strip() for t in cfg.prompt_types.split(",") if t.strip()]
+            prompts = [p for p in prompts if p.type in wanted]
+            if not prompts:
+                raise ValueError(f"{cfg.prompts}: no prompt of type(s) {', '.join(wanted)}")
+    if not prompts:
+        raise ValueError("no prompts selected")
+    return prompts
+
+
+def primary_ids(prompts: Sequence[Prompt]) -> set[str]:
+    """Ids of the primary prompts: the first prompt of each type (``<type>-01`` in the built-in set)."""
+    seen: dict[str, str] = {}
+    for p in prompts:
+        seen.setdefault(p.type, p.id)
+    return set(seen.values())
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run to do: a cell x repeat. ``k`` is None for ``baseline``/``hf_generate``; ``policy`` is
+    ``"fixed"`` or an adaptive policy for ``draft``/``ngram`` and None for baseline and peers."""
+
+    config_label: str
+    prompt: Prompt
+    method: str
+    k: int | None
+    policy: str | None
+    repeat: int
+    primary: bool = True
+
+    def key(self, sweep_id: str) -> str:
+        return cell_key(sweep_id, self.config_label, self.prompt.id, self.method, self.k, self.policy,
+                        self.repeat)
+
+    @property
+    def group(self) -> tuple:
+        """(config_label, method, k, policy): what one warm-up covers."""
+        return (self.config_label, self.method, self.k, self.policy)
+
+    @property
+    def cell(self) -> tuple:
+        """(config_label, prompt_id, method, k, policy): the cell, all repeats."""
+        return (self.config_label, self.prompt.id, self.method, self.k, self.policy)
+
+    def describe(self) -> str:
+        what = self.method
+        if self.k is not None:
+            what += f" K={self.k}"
+        if self.policy not in (None, "fixed"):
+            what += f" {self.policy}"
+        return f"[{self.config_label}] {self.prompt.id} {what}"
+
+
+def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
+    """Every run of the sweep, in execution order: per config, per prompt: baseline first (so that the
+    other runs can be compared with it), then draft and ngram over K, their policies, then the peers; with
+    ``repeats`` > 1 that sequence runs once per repeat (repeat 0 of every run, then repeat 1 ...), so a
+    machine that slows down inside a prompt's window hits every method in every pass rather than the ones
+    that come last; then the baseline's extra runs (``baseline_repeats`` beyond ``repeats``), so that the
+    baseline brackets the prompt's runs in time.
+
+    Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
+    `secondary_ks` only.
+    """
+    prim = primary_ids(prompts)
+    plan: list[PlannedRun] = []
+    for label in cfg.configs:
+        rc = RUNTIME_CONFIGS[label]
+        peers = [m for m in peer_methods() if (cfg.peers or m.name in cfg.methods) and m.applies(rc)]
+        plain = [m.name for m in our_methods() if not m.takes_k and m.name in cfg.methods]
+        drafting = [m.name for m in our_methods() if m.takes_k and m.name in cfg.methods]
+        base = reference_method().name
+        for prompt in prompts:
+            is_primary = prompt.id in prim
+            ks = cfg.ks if is_primary else cfg.secondary_ks
+            groups: list[tuple[str, int | None, str | None]] = [(m, None, None) for m in plain]
+            for m in drafting:
+                groups.extend((m, k, "fixed") for k in ks)
+            if is_primary:
+                for m in drafting:
+                    groups.extend((m, cfg.policy_k, p) for p in cfg.policies)
+                for pm in peers:
+                    groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
+            for r in range(cfg.repeats):  # repeats outermost: each pass runs every group once
+                for method, k, policy in groups:
+                    plan.append(PlannedRun(label, prompt, method, k, policy, r, is_primary))
+            if base in cfg.methods:
+                for r in range(cfg.repeats, cfg.baseline_repeats):
+                    plan.append(PlannedRun(label, prompt, base, None, None, r, is_primary))
+    return plan
+
+
+def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str | None) -> dict[str, Any]:
+    """The configuration that gives a run its meaning; `sweep_id_for` of this is the sweep's id.
+
+    In: models, prompts (id, type, text digest), max_new_tokens, sampling and base seed, device, dtype,
+    threads, chat template, n-gram sizes. Not in: the grid (Ks, methods, policies, peers, repeats,
+    configs), so ``--resume`` with a larger grid adds cells to the same sweep.
+    """
+    return {
+        "schema": 1,
+        "target": target,
+        "draft": draft,
+        "prompts": sorted(
+            [p.id, p.type, hashlib.sha256(p.text.encode()).hexdigest()[:16]] for p in prompts
+        ),
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "top_k": cfg.top_k,
+        "top_p": cfg.top_p,
+        "seed": cfg.seed,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "threads": cfg.threads,
+        "chat_template": cfg.chat_template,
+        "ngram": [cfg.ngram_max, cfg.ngram_min],
+    }
+
+
+def cost_max_n(cfg: SweepConfig) -> int:
+    """Largest forward the cost curve covers: n = 1..17 always (K up to 16), more when a cell uses K > 16
+    (its verification forward scores K + 1 tokens)."""
+    ks = list(cfg.ks) + list(cfg.secondary_ks) + list(cfg.peer_ks)
+    if cfg.policies:
+        ks.append(cfg.policy_k)
+    return max([17] + [k + 1 for k in ks])
+
+
+def plan_summary(plan: Sequence[PlannedRun]) -> dict[str, int]:
+    """Runs per method label (``draft K=4``, ``ngram cost``, ``hf_generate`` ...), for ``--dry-run``."""
+    out: dict[str, int] = {}
+    for c in plan:
+        key = c.method
+        if c.policy not in (None, "fixed"):
+            key += f" {c.policy} (K<={c.k})"
+        elif c.k is not None:
+            key += f" K={c.k}"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A sweep checked and planned before any model loads (`prepare`).
+
+    Attributes:
+        prompts: the selected prompts. target, draft: the resolved model specs; pair_name: the preset or None.
+        meaning: what gives the sweep's rows their meaning (`meaning`); sweep_id: its hash.
+        plan: every run, in execution order (`build_plan`).
+    """
+
+    prompts: list[Prompt]
+    target: str
+    draft: str | None
+    pair_name: str | None
+    meaning: dict[str, Any]
+    sweep_id: str
+    plan: list[PlannedRun]
+
+
+def prepare(cfg: SweepConfig) -> Prepared:
+    """Everything that can be checked without loading a model: prompts, models, configurations, the plan.
+
+    Raises:
+        ValueError (incl. PromptFileError): bad prompts, unknown preset, unavailable configuration.
+    """
+    from specdec import models
+
+    prompts = select_prompts(cfg)
+    target, draft = models.resolve_pair(cfg.pair, cfg.target, cfg.draft)
+    pair_name = cfg.pair or (models.DEFAULT_PAIR if cfg.target is None and cfg.draft is None else None)
+    for rc in cfg.runtime_configs():
+        check_available(rc)
+    m = meaning(cfg, prompts, target, draft)
+    return Prepared(prompts, target, draft, pair_name, m, sweep_id_for(m), build_plan(cfg, prompts))

@@ -1,0 +1,412 @@
+"""The sweep's runner: load each runtime configuration once, measure its costs, warm up, time every planned
+run through its `Method`, and store each run the moment it finishes.
+
+Method (MEASUREMENT.md): each runtime configuration loads its models once (the previous one is freed first),
+measures its costs (`specdec.bench.costs.measure_costs`, stored once per config_label), then runs one
+untimed warm-up generation per (config_label, method, K, policy) on the first prompt before the first timed
+run of that group. Under greedy decoding every run records whether its token ids equal our baseline's for the
+same config_label and prompt. Every run is committed with its rounds in one transaction
+(`specdec.bench.store.Store.record_run`), so a killed sweep loses at most the run in flight; ``resume=True``
+skips finished runs and retries failed ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.bench.config import DEFAULT_DB, RuntimeConfig, SweepConfig
+from specdec.bench.console import summary_line
+from specdec.bench.costs import measure_costs
+from specdec.bench.environment import git_commit, machine_changes, machine_info
+from specdec.bench.estimate import estimate_plan_s, format_duration
+from specdec.bench.methods import METHODS, RunRecord, RunRequest, Runtime, reference_method
+from specdec.bench.plan import PlannedRun, Prepared, cost_max_n, prepare
+from specdec.bench.prompts import Prompt, encode_prompt
+from specdec.bench.store import Store
+from specdec.costs import CostCurve
+
+__all__ = ["LoadedConfig", "SweepResult", "execute", "run_sweep"]
+
+_ERR_LEN = 300  # characters kept of an error message
+
+
+@dataclass
+class SweepResult:
+    """What `run_sweep` did.
+
+    Attributes:
+        sweep_id, db: the sweep and its database.
+        planned: runs in the plan; already_done: of those, finished before this call (resume).
+        ran: runs executed now (successful + failed); failed: of those, recorded with an error;
+        skipped: recorded as skipped (error starting with ``skipped:``).
+        status: ``done`` (every planned run attempted) or ``interrupted``.
+        failed_configs: config_label -> one-line load error, for configurations that could not be loaded.
+    """
+
+    sweep_id: str
+    db: str
+    planned: int
+    already_done: int
+    ran: int = 0
+    failed: int = 0
+    skipped: int = 0
+    status: str = "running"
+    failed_configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LoadedConfig:
+    """One runtime configuration, loaded: its models, its measured costs and the prompts' token ids.
+
+    Attributes:
+        cfg: the sweep's settings. rc: the runtime configuration. pair: the loaded models
+            (`specdec.loading.LoadedPair`; anything with a ``tokenizer`` for a skipped method).
+        costs: the stored costs dict (`Store.load_costs`), None before they are measured.
+        threads: intra-op threads the runs use (recorded per run).
+    """
+
+    cfg: SweepConfig
+    rc: RuntimeConfig
+    pair: Any
+    costs: dict | None = None
+    threads: int = 1
+    _ids: dict[str, list[int]] = field(default_factory=dict, repr=False)
+
+    def runtime(self) -> Runtime:
+        """What the methods run on: the pair, the sampling settings, the measured costs, n-gram sizes."""
+        costs = CostCurve.from_costs(self.costs) if self.costs else None
+        return Runtime(self.pair, self.cfg.sampling, costs, self.cfg.ngram_max, self.cfg.ngram_min)
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """`prompt`'s token ids on this configuration's tokenizer (encoded once)."""
+        if prompt.id not in self._ids:
+            self._ids[prompt.id] = encode_prompt(self.pair.tokenizer, prompt.text,
+                                                 chat_template=self.cfg.chat_template)
+        return self._ids[prompt.id]
+
+
+@dataclass
+class _Session:
+    """What every configuration of one `run_sweep` call shares."""
+
+    prepared: Prepared
+    store: Store
+    result: SweepResult
+    log: Callable[[str], None]
+    bar: Any
+    max_runs: int | None
+    on_run: Callable[[dict], None] | None
+    baseline_tps: dict[tuple[str, str], list[float]]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    msg = f"{type(exc).__name__}: {text[0] if text else ''}".strip().rstrip(":")
+    return msg[:_ERR_LEN]
+
+
+def _row(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> dict[str, Any]:
+    """The settings columns of `cell`'s ``runs`` row (the measured ones come from its `RunRecord`)."""
+    cfg, rc, sid = loaded.cfg, loaded.rc, prepared.sweep_id
+    return {
+        "sweep_id": sid, "cell_key": cell.key(sid), "config_label": cell.config_label,
+        "pair": prepared.pair_name, "target": prepared.target, "draft": prepared.draft,
+        "target_backend": rc.target_backend, "draft_backend": rc.draft_backend, "compiled": int(rc.compile),
+        "device": cfg.device, "dtype": cfg.dtype, "threads": loaded.threads,
+        "prompt_id": cell.prompt.id, "prompt_type": cell.prompt.type, "chat_template": int(cfg.chat_template),
+        "prompt_tokens": None, "method": cell.method, "policy": cell.policy, "k": cell.k,
+        "repeat": cell.repeat, "seed": cfg.seed + cell.repeat, "temperature": cfg.temperature,
+        "top_k": cfg.top_k, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
+    }  # fmt: skip
+
+
+def _run(loaded: LoadedConfig, cell: PlannedRun, ids: list[int], n: int) -> RunRecord:
+    """Run `cell`'s method on prompt `ids` for `n` new tokens (raises what the method raises)."""
+    request = RunRequest(ids, n, cell.k, cell.policy, loaded.cfg.seed + cell.repeat)
+    return METHODS[cell.method].run(loaded.runtime(), request)
+
+
+def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> tuple[dict, list[dict]]:
+    """Run one timed generation of `cell`; return its ``runs`` row and ``rounds`` rows.
+
+    A failure is recorded in the row (``error``, one line), never raised (KeyboardInterrupt excepted); a
+    method with `Method.skip` is recorded as skipped without running.
+    """
+    row = _row(loaded, cell, prepared)
+    skip = METHODS[cell.method].skip
+    try:
+        ids = loaded.prompt_ids(cell.prompt)
+        row["prompt_tokens"] = len(ids)
+        if skip:
+            row["error"] = skip[:_ERR_LEN]
+            return row, []
+        record = _run(loaded, cell, ids, loaded.cfg.max_new_tokens)
+    except Exception as exc:  # noqa: BLE001 - a failed run is recorded (error set) and the sweep goes on
+        row["error"] = _one_line(exc)
+        return row, []
+    row.update(record.columns())
+    return row, record.rounds
+
+
+def _warm_up(loaded: LoadedConfig, cell: PlannedRun, prompt: Prompt, log: Callable[[str], None]) -> None:
+    """One untimed, unstored generation of `cell`'s group on `prompt` (`warmup_tokens` new tokens)."""
+    if METHODS[cell.method].skip:
+        return
+    try:
+        n = min(loaded.cfg.warmup_tokens, loaded.cfg.max_new_tokens)
+        _run(loaded, cell, loaded.prompt_ids(prompt), n)
+    except Exception as exc:  # noqa: BLE001 - the timed run will fail the same way and be recorded
+        log(f"{cell.describe()}: warm-up failed: {_one_line(exc)}")
+
+
+def _free(pair) -> None:
+    """Drop a loaded pair's models (and llama.cpp contexts) so the next configuration fits in memory."""
+    if pair is None:
+        return
+    for m in (pair.target, pair.draft):
+        if m is None:
+            continue
+        close = getattr(m.backend, "close", None)  # llama.cpp frees its context; transformers has none
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _baseline_tps(store: Store, sid: str) -> dict[tuple[str, str], list[float]]:
+    out: dict[tuple[str, str], list[float]] = {}
+    for r in store.runs(sid, method=reference_method().name):
+        if r["error"] is None and r["tokens_per_s"]:
+            out.setdefault((r["config_label"], r["prompt_id"]), []).append(r["tokens_per_s"])
+    return out
+
+
+def _load(cfg: SweepConfig, rc: RuntimeConfig, loader, s: _Session) -> LoadedConfig:
+    """Load a configuration's models once and measure (or reuse) its costs."""
+    p = s.prepared
+    s.log(f"[{rc.label}] loading target {p.target} ({rc.target_backend}) and draft {p.draft} "
+          f"({rc.draft_backend}){' compiled' if rc.compile else ''} ...")
+    t0 = time.perf_counter()
+    pair = loader(p.target, p.draft, backend=rc.target_backend, draft_backend=rc.draft_backend,
+                  device=cfg.device, dtype=cfg.dtype, threads=cfg.threads, compile=rc.compile)
+    loaded = LoadedConfig(cfg, rc, pair, threads=int(cfg.threads or torch.get_num_threads()))
+    compile_s = sum(m.compile_s for m in (pair.target, pair.draft) if m is not None)
+    s.log(f"[{rc.label}] loaded in {time.perf_counter() - t0:.1f} s"
+          + (f" (of which {compile_s:.1f} s compiling, before any timing)" if rc.compile else ""))
+    costs = s.store.load_costs(p.sweep_id, rc.label)
+    max_n = cost_max_n(cfg)
+    if costs is None or max(costs["target_forward_s"]) < max_n:
+        t0 = time.perf_counter()
+        measured = measure_costs(pair, max_n=max_n, repeats=cfg.cost_repeats,
+                                 context_tokens=cfg.cost_context_tokens)
+        s.store.save_costs(p.sweep_id, rc.label, measured)
+        costs = s.store.load_costs(p.sweep_id, rc.label)
+        s.log(f"[{rc.label}] costs measured in {time.perf_counter() - t0:.1f} s")
+    loaded.costs = costs
+    curve = CostCurve.from_costs(costs)
+    c_txt = f"{curve.c:.3f}" if curve.c is not None else "n/a"
+    d_txt = f"{curve.draft_step_s * 1e3:.1f} ms" if curve.draft_step_s is not None else "n/a"
+    s.log(f"[{rc.label}] target step {curve.target_step_s * 1e3:.1f} ms, draft step {d_txt}, c = {c_txt}, "
+          f"v({max_n}) = {curve.v(max_n):.2f} target steps")
+    return loaded
+
+
+def _announce(loaded: LoadedConfig, cells: list[PlannedRun], log: Callable[[str], None]) -> None:
+    """The configuration's rough duration (from its measured costs and an assumed acceptance)."""
+    counts = {}
+    for c in cells:
+        with contextlib.suppress(Exception):
+            counts[c.prompt.id] = len(loaded.prompt_ids(c.prompt))
+    cfg, label = loaded.cfg, loaded.rc.label
+    timed, warm = estimate_plan_s(cells, {label: CostCurve.from_costs(loaded.costs)},
+                                  max_new_tokens=cfg.max_new_tokens, warmup_tokens=cfg.warmup_tokens,
+                                  prompt_tokens=counts)
+    log(f"[{label}] {len(cells)} generations + {len({c.group for c in cells})} warm-ups: rough estimate "
+        f"{format_duration(timed + warm)} (from the measured step times and an ASSUMED acceptance "
+        f"alpha = 0.5; not a measurement)")
+
+
+def _check_equal(loaded: LoadedConfig, cell: PlannedRun, row: dict, s: _Session, refs: dict) -> None:
+    """Under greedy decoding, set ``matches_baseline``: the run's ids equal our baseline's for its prompt."""
+    if not loaded.cfg.greedy or row.get("token_ids") is None:
+        return
+    pid = cell.prompt.id
+    if refs.get(pid) is None:
+        refs[pid] = s.store.baseline_tokens(s.prepared.sweep_id, loaded.rc.label, pid)
+    ref = refs[pid]
+    if METHODS[cell.method].reference and ref is None:
+        ref = row["token_ids"]
+    row["matches_baseline"] = None if ref is None else int(row["token_ids"] == ref)
+
+
+def _record(cell: PlannedRun, row: dict, rounds: list[dict], label: str, s: _Session) -> None:
+    s.store.record_run(row, rounds)
+    s.result.ran += 1
+    if row.get("error"):
+        if str(row["error"]).startswith("skipped:"):
+            s.result.skipped += 1
+        else:
+            s.result.failed += 1
+    if METHODS[cell.method].reference and not row.get("error") and row.get("tokens_per_s"):
+        s.baseline_tps.setdefault((label, cell.prompt.id), []).append(row["tokens_per_s"])
+    if s.on_run is not None:
+        s.on_run(row)
+    s.bar.update(1)
+
+
+def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: _Session) -> bool:
+    """Warm up and run one configuration's remaining cells; True when `max_runs` stopped the sweep."""
+    label = loaded.rc.label
+    _announce(loaded, cells, s.log)
+    warmed: set[tuple] = set()
+    remaining: dict[tuple, int] = {}  # runs left per cell: its summary line comes after its last repeat
+    for c in cells:
+        remaining[c.cell] = remaining.get(c.cell, 0) + 1
+    finished: dict[tuple, list[dict]] = {}
+    refs: dict[str, list[int] | None] = {}
+    for cell in cells:
+        if s.max_runs is not None and s.result.ran >= s.max_runs:
+            return True
+        if cell.group not in warmed:
+            warmed.add(cell.group)
+            _warm_up(loaded, cell, cells[0].prompt, s.log)
+        row, rounds = execute(loaded, cell, s.prepared)
+        _check_equal(loaded, cell, row, s, refs)
+        _record(cell, row, rounds, label, s)
+        finished.setdefault(cell.cell, []).append(row)
+        remaining[cell.cell] -= 1
+        if remaining[cell.cell] == 0:
+            s.log(summary_line(cell, finished.pop(cell.cell), s.baseline_tps.get((label, cell.prompt.id))))
+    return False
+
+
+def _begin(cfg: SweepConfig, prepared: Prepared, store: Store, resume: bool, log) -> list[PlannedRun]:
+    """Open (or resume) the sweep in the store, warn about a busy or changed machine; the runs left to do."""
+    sid, plan = prepared.sweep_id, prepared.plan
+    machine = machine_info(cfg.device, cfg.threads)
+    row = store.begin_sweep(sid, prepared.meaning, resume=resume, name=cfg.name, machine=machine,
+                            git_commit=git_commit())
+    load = machine.get("loadavg_1m")
+    if load is not None and load > 0.5:
+        log(f"warning: the 1-minute load average is {load:.2f} before any model runs; other work on this "
+            f"machine distorts every timing (each thread needs an idle core)")
+    changed = machine_changes(row.get("machine_json"), machine)
+    if changed:
+        log(f"warning: this sweep was started with another {', '.join(changed)}; the runs added now are "
+            f"timed on this machine, so compare them with care")
+    done = store.done_cells(sid)
+    return [c for c in plan if c.key(sid) not in done]
+
+
+def _run_configs(cfg: SweepConfig, todo: list[PlannedRun], loader, s: _Session) -> bool:
+    """Load and run each configuration in turn (a configuration that fails to load is reported and left for
+    --resume); True when `max_runs` stopped the sweep."""
+    for rc in cfg.runtime_configs():
+        cells = [c for c in todo if c.config_label == rc.label]
+        if not cells:
+            continue
+        try:
+            loaded = _load(cfg, rc, loader, s)
+        except Exception as exc:  # noqa: BLE001 - a config that cannot load is reported, the rest run
+            s.result.failed_configs[rc.label] = _one_line(exc)
+            s.log(f"[{rc.label}] could not be loaded, its {len(cells)} runs are left for --resume: "
+                  f"{_one_line(exc)}")
+            s.bar.update(len(cells))
+            continue
+        try:
+            if _run_config(loaded, cells, s):
+                return True
+        finally:
+            pair, loaded = loaded.pair, None
+            _free(pair)
+            del pair
+    return False
+
+
+def run_sweep(
+    cfg: SweepConfig,
+    *,
+    db: str | Path = DEFAULT_DB,
+    resume: bool = False,
+    progress: bool = True,
+    echo: Callable[[str], None] | None = None,
+    max_runs: int | None = None,
+    on_run: Callable[[dict], None] | None = None,
+    loader: Callable[..., Any] | None = None,
+) -> SweepResult:
+    """Run (or resume) a sweep and store every run in `db`.
+
+    Args:
+        cfg: the sweep (`specdec.bench.config.make_config`).
+        db: the SQLite results file (created if missing).
+        resume: continue the sweep with this configuration: finished runs are skipped, failed ones retried.
+        progress: show a progress bar with ETA (tqdm, on stderr).
+        echo: where plan/summary lines go (default: print to stdout, or above the progress bar).
+        max_runs: stop after this many runs (for tests and partial runs); the sweep is left ``interrupted``.
+        on_run: called with each stored run row (after its commit).
+        loader: `specdec.loading.load_pair`-compatible (injectable for tests).
+
+    Returns:
+        A `SweepResult`.
+
+    Raises:
+        ValueError (PromptFileError, StoreError ...): bad settings or prompts (before any model loads),
+            ``SweepExistsError`` / ``SweepNotFoundError`` (see `Store.begin_sweep`), or every configuration
+            failed to load (the first load error).
+        KeyboardInterrupt: re-raised after marking the sweep ``interrupted`` (finished runs are kept).
+    """
+    from tqdm.auto import tqdm
+
+    if loader is None:
+        from specdec.loading import load_pair as loader
+    prepared = prepare(cfg)
+    sid, plan = prepared.sweep_id, prepared.plan
+    store = Store(db)
+    bar = None
+
+    def log(msg: str) -> None:
+        if bar is not None and echo is None:
+            bar.write(msg)
+        else:
+            (echo or print)(msg)
+
+    try:
+        todo = _begin(cfg, prepared, store, resume, log)
+        result = SweepResult(sid, str(db), len(plan), len(plan) - len(todo))
+        log(f"sweep {sid}: {len(plan)} timed generations ({len(prepared.prompts)} prompts x {len(cfg.configs)} "
+            f"config(s), {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)); {result.already_done} "
+            f"already done, {len(todo)} to run; results in {db}")
+        bar = tqdm(total=len(todo), unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
+                   desc="sweep")
+        session = _Session(prepared, store, result, log, bar, max_runs, on_run, _baseline_tps(store, sid))
+        stopped = _run_configs(cfg, todo, loader, session)
+        if result.failed_configs and result.ran == 0 and set(result.failed_configs) == {
+            c.config_label for c in todo
+        }:
+            store.set_status(sid, "interrupted")
+            result.status = "interrupted"
+            raise ValueError(f"no configuration could be loaded: {next(iter(result.failed_configs.values()))}")
+        result.status = "interrupted" if (stopped or result.failed_configs) else "done"
+        store.set_status(sid, result.status)
+        log(f"sweep {sid} {result.status}: {result.ran} runs now ({result.failed} failed, {result.skipped} "
+            f"skipped), {store.count_runs(sid, errors=False)}/{len(plan)} planned runs stored successfully")
+        return result
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            store.set_status(sid, "interrupted")
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        store.close()

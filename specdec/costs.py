@@ -1,0 +1,198 @@
+"""The measured costs of a model pair as ONE type, with ONE rule for token counts that were not measured.
+
+`CostCurve` holds what decides whether speculative decoding wins on a machine: the target's forward time
+for n tokens appended to a warm cache (``target_forward_s``, n = 1 is the single decoding step) and the
+draft's single step (``draft_step_s``; None when no draft model was measured). The analytical model
+(`specdec.theory`, through `curve_value`), the cost policy (`specdec.policies.CostPolicy`) and the
+sweep's duration estimate (`specdec.bench.estimate`) all evaluate the curve through it, so the report's
+prediction, the policy's choice of K and the planner's estimate cannot disagree about what a forward costs.
+
+**The rule** (`curve_value`), for a curve measured at the token counts n_1 < ... < n_m:
+
+- at a measured n: the measured value;
+- between two measured points: linear interpolation;
+- below n_1: the value at n_1 (only reachable for partial curves; every measured curve has n_1 = 1);
+- beyond n_m: the value at n_m plus the least-squares slope of the whole measured curve (seconds, or
+  target steps, per extra token; never negative) times (n - n_m); with one measured point the cost grows
+  in proportion to n (every token costs what the measured tokens cost on average).
+
+Why this rule: a forward's time grows roughly linearly in n once the matrix products are compute-bound, so
+clamping to the last value (the analytical model's old rule) understates every verification past the
+measured range and flatters large K; extending the last segment's slope (the policy's old rule) follows
+whichever step of the CPU kernels' staircase happens to be last (on the default pair v(16) -> v(17) is
++0.05 target steps while v(15) -> v(16) is -1.1), so one noisy point decides. The least-squares slope
+over the whole curve uses every measurement and is the slope the planner has always used. Inside the
+measured range the three old rules agreed (linear interpolation), so every figure of the published reports,
+whose K + 1 never exceeds the measured 17 tokens, is unchanged.
+
+Serialization is unchanged: the costs dicts of `specdec.bench.costs.measure_costs`, the JSON cost cache and
+`specdec.bench.store.Store.load_costs` (``{"target_forward_s": {n: s}, "draft_step_s": s, ...}``, n keys
+possibly strings after JSON) are read by `CostCurve.from_costs`; nothing new is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+__all__ = ["CostCurve", "curve_value"]
+
+
+def _points(curve: Mapping[Any, Any]) -> list[tuple[int, float]]:
+    """Sorted ``(n, value)`` pairs of a ``{n: value}`` mapping (string keys allowed), validated.
+
+    Raises:
+        ValueError: empty, a key < 1 or not an integer, or a value that is not finite and > 0.
+    """
+    if not curve:
+        raise ValueError("cost curve is empty: give {n_tokens: cost} with at least one point")
+    pts = []
+    for key, value in curve.items():
+        try:
+            n = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"cost curve keys must be token counts, got {key!r}") from None
+        if isinstance(key, float) and key != n or n < 1:
+            raise ValueError(f"cost curve keys must be integers >= 1, got {key!r}")
+        y = float(value)
+        if not math.isfinite(y) or y <= 0.0:
+            raise ValueError(f"cost curve values must be finite and > 0, got {value!r} at n = {n}")
+        pts.append((n, y))
+    return sorted(pts)
+
+
+def _slope(pts: list[tuple[int, float]]) -> float:
+    """Least-squares slope (cost per token, >= 0) of the points; one point: its average cost per token."""
+    if len(pts) == 1:
+        n, y = pts[0]
+        return y / n
+    mx = sum(n for n, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    num = sum((n - mx) * (y - my) for n, y in pts)
+    den = sum((n - mx) ** 2 for n, _ in pts)
+    return max(0.0, num / den)
+
+
+def _value(pts: list[tuple[int, float]], slope: float, n: int) -> float:
+    lo_n, lo_y = pts[0]
+    if n <= lo_n:
+        return lo_y
+    hi_n, hi_y = pts[-1]
+    if n >= hi_n:
+        return hi_y + slope * (n - hi_n)
+    for (a, ya), (b, yb) in pairwise(pts):
+        if a <= n <= b:
+            return ya + (yb - ya) * (n - a) / (b - a)
+    raise AssertionError("unreachable: n lies between two measured points")
+
+
+def curve_value(curve: Mapping[Any, Any], n: int) -> float:
+    """The cost of an n-token forward on a measured ``{n: cost}`` curve by the module's one rule.
+
+    Args:
+        curve: measured points, ``{n_tokens: cost}`` in any unit (seconds, or target steps v(n)); keys
+            may be strings (JSON).
+        n: tokens in the forward (>= 1).
+
+    Returns:
+        The cost in the curve's unit.
+
+    Raises:
+        ValueError: an invalid curve (see `_points`) or n < 1.
+    """
+    if int(n) < 1:
+        raise ValueError(f"a forward has at least one token, got n = {n}")
+    pts = _points(curve)
+    return _value(pts, _slope(pts), int(n))
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Measured costs of one pair on one runtime and machine (seconds, warm cache).
+
+    Attributes:
+        target_forward_s: ``{n: seconds}`` of one target forward over n new tokens; must hold n = 1.
+        draft_step_s: seconds of one draft step (one token), or None (no draft model measured; prompt
+            lookup drafts for ~0 s: use `with_draft_step(0.0)`).
+
+    Raises:
+        ValueError: n = 1 missing, an invalid point (see `curve_value`), or a negative / non-finite
+            draft step.
+    """
+
+    target_forward_s: Mapping[int, float]
+    draft_step_s: float | None = None
+    _pts: list[tuple[int, float]] = field(init=False, repr=False, compare=False)
+    _slope_s: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        pts = _points(self.target_forward_s)
+        if pts[0][0] != 1:
+            raise ValueError("target_forward_s must contain n = 1 (the time of a plain decoding step)")
+        if self.draft_step_s is not None:
+            d = float(self.draft_step_s)
+            if not math.isfinite(d) or d < 0.0:
+                raise ValueError(f"draft_step_s must be finite and >= 0 seconds, got {self.draft_step_s}")
+            object.__setattr__(self, "draft_step_s", d)
+        object.__setattr__(self, "target_forward_s", dict(pts))
+        object.__setattr__(self, "_pts", pts)
+        object.__setattr__(self, "_slope_s", _slope(pts))
+
+    @classmethod
+    def from_costs(cls, costs: Mapping[str, Any]) -> CostCurve:
+        """From a costs dict as `measure_costs`, `Store.load_costs` or the JSON cost cache give it
+        (``target_forward_s`` required; ``draft_step_s`` optional; other keys ignored).
+
+        Raises:
+            ValueError: ``target_forward_s`` missing or invalid.
+        """
+        if "target_forward_s" not in costs or not costs["target_forward_s"]:
+            raise ValueError("costs lack target_forward_s: measure them with `specdec costs`")
+        return cls(costs["target_forward_s"], costs.get("draft_step_s"))
+
+    def with_draft_step(self, draft_step_s: float) -> CostCurve:
+        """The same target curve with another draft step time (0.0 for prompt lookup)."""
+        return CostCurve(self.target_forward_s, draft_step_s)
+
+    @property
+    def target_step_s(self) -> float:
+        """Seconds of one target decoding step (the n = 1 forward)."""
+        return self._pts[0][1]
+
+    @property
+    def c(self) -> float | None:
+        """Leviathan's c = draft step / target step (dimensionless); None without a draft step."""
+        return None if self.draft_step_s is None else self.draft_step_s / self.target_step_s
+
+    @property
+    def max_n(self) -> int:
+        """The largest measured token count."""
+        return self._pts[-1][0]
+
+    def forward_s(self, n: int) -> float:
+        """Seconds of one target forward over n >= 1 tokens, by the module's rule.
+
+        Raises:
+            ValueError: n < 1.
+        """
+        if int(n) < 1:
+            raise ValueError(f"a forward has at least one token, got n = {n}")
+        return _value(self._pts, self._slope_s, int(n))
+
+    def v(self, n: int) -> float:
+        """v(n) = forward_s(n) / target_step_s: an n-token forward in target steps (v(1) = 1)."""
+        return self.forward_s(n) / self.target_step_s
+
+    def relative(self) -> dict[int, float]:
+        """The measured points in target steps, ``{n: v(n)}`` with v(1) = 1 exactly."""
+        t1 = self.target_step_s
+        return {n: (1.0 if n == 1 else s / t1) for n, s in self._pts}
+
+    def round_s(self, k: int, *, draft: bool = True) -> float:
+        """Seconds of one speculative round with K = k: k draft steps (when `draft` and a draft step is
+        known) plus one target forward of k + 1 tokens; k = 0 is one plain decoding step."""
+        d = (self.draft_step_s or 0.0) if draft else 0.0
+        return k * d + self.forward_s(k + 1)

@@ -1,0 +1,91 @@
+"""The one cost curve (`specdec.costs`): its rule, its readers, and that every caller gets the same answer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec import theory
+from specdec.bench import sweep as S
+from specdec.bench.store import Store
+from specdec.costs import CostCurve, curve_value
+from specdec.policies import CostPolicy
+
+STUDY_DB = Path(__file__).resolve().parents[1] / "results" / "study.db"
+#: A staircase like the default pair's on 2 CPU cores (n = 1..9, seconds).
+STAIRS = {1: 0.27, 2: 0.29, 3: 0.29, 4: 0.54, 5: 0.56, 6: 0.56, 7: 0.77, 8: 0.76, 9: 0.77}
+
+
+def test_rule_inside_and_beyond_the_measured_range():
+    curve = CostCurve(STAIRS, 0.1)
+    for n, s in STAIRS.items():
+        assert curve.forward_s(n) == s
+    sparse = CostCurve({1: 1.0, 4: 2.5})
+    assert sparse.forward_s(2) == pytest.approx(1.5) and sparse.forward_s(3) == pytest.approx(2.0)
+    # beyond: the last value plus the least-squares slope of ALL points (numpy's fit as the oracle)
+    slope = np.polyfit(list(STAIRS), list(STAIRS.values()), 1)[0]
+    assert curve.forward_s(17) == pytest.approx(0.77 + 8 * slope)
+    # the last segment alone (8 -> 9: +0.01 s) would have said almost nothing; a clamp exactly nothing
+    assert curve.forward_s(17) - curve.forward_s(9) > 8 * (STAIRS[9] - STAIRS[8])
+    # one point: proportional to n; a falling curve never extrapolates downwards
+    assert CostCurve({1: 0.2}).forward_s(5) == pytest.approx(1.0)
+    assert CostCurve({1: 1.0, 2: 0.9}).forward_s(7) == pytest.approx(0.9)
+
+
+def test_derived_figures_and_validation():
+    curve = CostCurve({"1": 0.5, "3": 0.75}, 0.1)  # JSON keys
+    assert curve.target_step_s == 0.5 and curve.c == pytest.approx(0.2) and curve.max_n == 3
+    assert curve.relative() == {1: 1.0, 3: 1.5} and curve.v(2) == pytest.approx(1.25)
+    assert curve.round_s(2) == pytest.approx(2 * 0.1 + 0.75) and curve.round_s(2, draft=False) == 0.75
+    assert curve.with_draft_step(0.0).round_s(2) == 0.75 and CostCurve({1: 1.0}).c is None
+    for bad, match in (({}, "empty"), ({2: 1.0}, "n = 1"), ({1: 0.0}, "> 0"), ({0: 1.0, 1: 1.0}, ">= 1"),
+                       ({1: float("nan")}, "> 0"), ({"x": 1.0}, "token counts")):
+        with pytest.raises(ValueError, match=match):
+            CostCurve(bad)
+    with pytest.raises(ValueError, match="draft_step_s"):
+        CostCurve({1: 1.0}, -0.1)
+    with pytest.raises(ValueError, match="at least one token"):
+        curve.forward_s(0)
+    with pytest.raises(ValueError, match="specdec costs"):
+        CostCurve.from_costs({"draft_step_s": 0.1})
+
+
+def test_theory_policy_and_estimate_agree_past_the_measured_range():
+    """The report's model, the policy's K choice and the sweep's estimate read ONE curve: beyond the measured
+    n (here 9) they used to clamp, extend the last slope and fit a line respectively."""
+    curve = CostCurve(STAIRS, 0.1)
+    rel = curve.relative()
+    policy = CostPolicy(0.1, STAIRS, max_k=16)
+    for k in range(17):
+        assert theory.cost_at(rel, k + 1) == pytest.approx(curve.v(k + 1))
+        assert policy.round_cost_s[k] == pytest.approx(curve.round_s(k))
+        assert S.estimate_generation_s("draft", k or 1, "fixed", curve, 10, prompt_tokens=1, alpha=0.0) == \
+            pytest.approx(curve.target_step_s * (1 + curve.c) + 10 * curve.round_s(k or 1))
+    # the policy's predicted speedup over plain decoding at K is the model's refined speedup
+    for k in (1, 12, 16):
+        rates = policy.tokens_per_s(0.7)
+        assert rates[k] / rates[0] == pytest.approx(theory.refined_speedup(0.7, k, curve.c, rel))
+
+
+@pytest.mark.skipif(not STUDY_DB.is_file(), reason="the published study store is not in this checkout")
+def test_published_store_and_json_cache_read_back(tmp_path):
+    db = tmp_path / "study.db"
+    shutil.copy(STUDY_DB, db)  # Store opens in WAL mode: never touch the published file
+    with Store(db) as st:
+        sid = st.sweeps()[0]["sweep_id"]
+        costs = st.load_costs(sid, "transformers-eager")
+    curve = CostCurve.from_costs(costs)
+    assert curve.max_n == 17 and curve.draft_step_s == costs["draft_step_s"]
+    assert curve.c == pytest.approx(costs["c"])
+    assert curve.forward_s(5) == costs["target_forward_s"][5]
+    # JSON round trip (the cost cache) gives the same curve
+    again = CostCurve.from_costs(json.loads(json.dumps(costs)))
+    assert again == curve and again.forward_s(20) == curve.forward_s(20)
+    # The development machine's reference curve is the published one, rounded to 0.1 ms
+    for n in range(1, 18):
+        assert S.REFERENCE_COSTS.forward_s(n) == pytest.approx(curve.forward_s(n), abs=6e-5)
+    assert curve_value(curve.relative(), 17) == pytest.approx(curve.v(17))

@@ -1,0 +1,60 @@
+"""The rates declared once (`specdec.metrics.RATES`): one definition for GenerationResult, the sweep's console
+line and the report's pooled counts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specdec.metrics import COUNTS, RATES, GenerationResult, RoundRecord, rates
+
+
+def _result() -> GenerationResult:
+    # K=4: 2 accepted then rejected (recovered); K=4 all accepted (bonus); K=0 plain step; K=2: 0 accepted
+    rounds = [
+        RoundRecord(4, 2, (True, True, False), "recovered", 3),
+        RoundRecord(4, 4, (True,) * 4, "bonus", 5),
+        RoundRecord(0, 0, (), "bonus", 1),
+        RoundRecord(2, 0, (False,), "recovered", 1),
+    ]
+    return GenerationResult("speculative", [1, 2], list(range(10)), "length", rounds, prefill_s=0.5,
+                            total_s=2.5, ttft_s=0.7)
+
+
+def test_generation_result_rates_follow_the_declarations():
+    res = _result()
+    counts = res.counts()
+    assert set(counts) == set(COUNTS)
+    assert counts == {"new_tokens": 10, "num_rounds": 4, "num_speculative_rounds": 3, "num_drafted": 10,
+                      "num_accepted": 6, "num_rejections": 2, "num_emitted": 10, "total_s": 2.5,
+                      "prefill_s": 0.5, "decode_s": 2.0}
+    # hand-computed from the four rounds above
+    assert res.acceptance_rate == pytest.approx(6 / 10)
+    assert res.alpha_hat == pytest.approx(6 / 8)
+    assert res.mean_accepted == pytest.approx(6 / 3)
+    assert res.block_efficiency == pytest.approx(10 / 4)
+    assert res.tokens_per_s == pytest.approx(4.0) and res.decode_tokens_per_s == pytest.approx(5.0)
+    summary = res.summary()
+    for name in ("acceptance_rate", "alpha_hat", "mean_accepted", "block_efficiency", "tokens_per_s",
+                 "decode_tokens_per_s"):
+        assert summary[name] == pytest.approx(RATES[name].of(counts)), name
+    assert rates(counts, ["mean_k"]) == {"mean_k": pytest.approx(10 / 3)}
+
+
+def test_rates_pool_summed_counts_and_say_nan_when_undefined():
+    a, b = _result().counts(), GenerationResult("baseline", [1], [7, 8], "length",
+                                                [RoundRecord(0, 0, (), "bonus", 1)] * 2, 0.1, 1.0).counts()
+    pooled = {c: a[c] + b[c] for c in COUNTS}
+    # pooling sums numerators and denominators (not a mean of per-run rates)
+    assert RATES["acceptance_rate"].of(pooled) == pytest.approx(6 / 10)
+    assert RATES["block_efficiency"].of(pooled) == pytest.approx(12 / 6)
+    assert RATES["tokens_per_s"].of(pooled) == pytest.approx(12 / 3.5)
+    assert math.isnan(RATES["acceptance_rate"].of(b))  # nothing drafted
+    assert math.isnan(RATES["alpha_hat"].of({"num_accepted": 1}))  # a count missing (e.g. a peer's NULL)
+    assert math.isnan(RATES["tokens_per_s"].of({"new_tokens": 3, "total_s": None}))
+    assert _result().summary()["acceptance_rate"] == pytest.approx(0.6)
+    empty = GenerationResult("speculative", [1], [], "empty").summary()
+    assert empty["acceptance_rate"] is None and empty["tokens_per_s"] is None
+    with pytest.raises(KeyError):
+        rates({}, ["speedup"])

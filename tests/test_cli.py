@@ -175,20 +175,33 @@ def test_models_listing_on_a_narrow_terminal_folds_but_never_cuts():
         assert re.search(rf"(^|\W){re.escape(r['name'])}(\W|$)", screen), r["name"]
 
 
-def test_sweep_where_every_run_fails_exits_nonzero(tiny_pair, tmp_path):
-    """The built-in code prompt (~275 tiny-tokenizer tokens) overflows the tiny 128-token context: every run
-    fails, is stored with its error, and the command says so and exits non-zero instead of 'done'."""
-    db = tmp_path / "s.db"
-    p = run("sweep", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
-            "--prompt-types", "code", "--ks", "1", "--max-new-tokens", "8", "--db", str(db), "--no-peers",
-            "--methods", "baseline", "--policies", "none", "--no-progress")
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert "runs attempted failed" in p.stderr
+def test_c20_a_plan_that_cannot_fit_is_refused_before_any_run(tiny_pair, tmp_path):
+    """Case C20: the built-in code prompts (~275 tiny-tokenizer tokens) overflow the tiny 128-token context.
+    The sweep names them in one line before any run (nothing is attempted or stored); with
+    --skip-long-prompts it leaves them out, says so, and runs the rest."""
     import sqlite3
 
+    db = tmp_path / "s.db"
+    args = ["sweep", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir), "--ks", "1",
+            "--max-new-tokens", "8", "--db", str(db), "--no-peers", "--methods", "baseline", "--policies",
+            "none", "--no-progress", "--threads", "1"]
+    p = run(*args, "--prompt-types", "code")
+    assert p.returncode == 2, p.stdout + p.stderr
+    (line,) = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert line.startswith("specdec: error:") and "code-01" in line and "do not fit" in line
+    assert "--skip-long-prompts" in line and "Traceback" not in p.stderr
+    with sqlite3.connect(db) as c:  # refused before anything ran: no run, not even the sweep's row
+        assert c.execute("select count(*) from runs").fetchone()[0] == 0
+        assert c.execute("select count(*) from sweeps").fetchone()[0] == 0
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "short-01", "type": "natural", "prompt": "the quick brown fox"}) + "\n"
+                       + json.dumps({"id": "long-01", "type": "code", "prompt": "def f(x): return x " * 60}) + "\n")
+    p = run(*args, "--prompts", str(prompts), "--skip-long-prompts")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "skipping 2 runs of 1 prompt(s)" in p.stdout and "long-01" in p.stdout  # its 2 baseline runs
     with sqlite3.connect(db) as c:
-        errors = [r[0] for r in c.execute("select error from runs")]
-    assert errors and all(e and "context" in e for e in errors)
+        prompts_run = {r[0] for r in c.execute("select prompt_id from runs where error is null")}
+    assert prompts_run == {"short-01"}
 
 
 def test_c3_divergence_is_reported_with_margin(tiny_pair, near_draft_dir, monkeypatch, capsys):

@@ -593,3 +593,30 @@ def test_cached_costs_measure_once_per_setup_and_max_n(tmp_path):
         f.write_text("{not json")
     cached_costs(None, key, max_n=3, cache=str(tmp_path), measure=fake_measure)  # unreadable: measured again
     assert len(calls) == 4
+
+
+def test_c18_sampled_runs_use_their_whole_budget(tiny_pair, near_draft_dir, prompt_file):
+    """Case C18: in a sampled sweep every run does the same work - EOS is ignored, by our methods and by
+    the transformers peers alike - so no speedup divides a run that stopped after a few tokens by one that
+    ran the whole budget. Shown with every token id an EOS: a run that respects EOS stops after 1 token."""
+    import dataclasses
+
+    from specdec.loading import load_pair
+    from specdec.sampling import SamplingParams
+
+    pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)
+    pair = dataclasses.replace(pair, eos_ids=frozenset(range(1000)))
+    sampled = SamplingParams(temperature=0.8)
+    req = M.RunRequest([5, 6, 7, 5, 6, 7], 12, k=2, seed=3)
+    ignoring = M.Runtime(pair, sampled, ignore_eos=True)
+    for name in ("baseline", "draft", "ngram", "hf_generate", "hf_assisted", "hf_prompt_lookup"):
+        rec = M.METHODS[name].run(ignoring, req)
+        assert len(rec.token_ids) == 12 and rec.finish_reason == "length", name
+    respecting = M.Runtime(pair, sampled)
+    for name in ("baseline", "hf_generate"):
+        assert len(M.METHODS[name].run(respecting, req).token_ids) == 1, name
+    # the sweep: sampled -> ignore_eos (and it is part of the identity); greedy sweeps keep EOS and their ids
+    sampled_cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, temperature=0.8)
+    greedy_cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
+    assert S.prepare(sampled_cfg).meaning["ignore_eos"] is True
+    assert "ignore_eos" not in S.prepare(greedy_cfg).meaning

@@ -122,6 +122,11 @@ def sweep(
         Path | None, typer.Option(help="SQLite results file. (default: results/sweep.db)",
                                   rich_help_panel=_PANEL_STORE)
     ] = None,
+    skip_long_prompts: Annotated[
+        bool | None, typer.Option("--skip-long-prompts", help="Leave out prompts whose tokens + max new tokens "
+                                  "exceed a model's context (named in one line); otherwise such a plan is "
+                                  "refused before any run.", rich_help_panel=_PANEL_PLAN)
+    ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the sweep with these settings: skip finished runs, "
                            "retry failed ones.", rich_help_panel=_PANEL_STORE)
@@ -173,6 +178,7 @@ def sweep(
             "prompts": str(prompts) if prompts is not None else None, "prompts_per_type": prompts_per_type,
             "ks": ks, "secondary_ks": secondary_ks, "max_new_tokens": max_new_tokens, "repeats": repeats,
             "baseline_repeats": baseline_repeats, "methods": methods, "policies": policies, "policy_k": policy_k, "peers": peers,
+            "skip_long_prompts": skip_long_prompts,
             "peer_ks": peer_ks, "configs": configs, "temperature": temperature, "top_k": top_k,
             "top_p": top_p, "seed": seed, "device": device, "dtype": dtype, "threads": threads,
             "chat_template": chat_template, "backend": backend, "draft_backend": draft_backend,

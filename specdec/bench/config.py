@@ -129,6 +129,8 @@ class SweepConfig:
         cost_repeats, cost_context_tokens: `measure_costs` settings; the forward curve is measured for
             n = 1..17 (up to the largest K used + 1 when that is more).
         ngram_max, ngram_min: n-gram sizes of our prompt-lookup drafter.
+        skip_long_prompts: leave out the prompts whose tokens + max_new_tokens exceed the target's or the
+            draft's context (named in one line); without it such a plan is refused before any run.
     """
 
     name: str | None = None
@@ -164,6 +166,7 @@ class SweepConfig:
     cost_context_tokens: int = 64
     ngram_max: int = 3
     ngram_min: int = 1
+    skip_long_prompts: bool = False
 
     @property
     def sampling(self) -> SamplingParams:

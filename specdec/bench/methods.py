@@ -61,6 +61,9 @@ class Runtime:
         sampling: every generation's sampling settings.
         costs: the configuration's measured costs (the cost policy needs them), or None.
         ngram_max, ngram_min: n-gram sizes of our prompt-lookup drafter.
+        ignore_eos: run every generation for its whole budget (EOS is a token like any other): sampled
+            sweeps do, so that every run of a prompt does the same work (case C18: a run that stopped after
+            8 tokens is otherwise compared with one that ran 128, prefill included).
     """
 
     pair: Any
@@ -68,6 +71,12 @@ class Runtime:
     costs: CostCurve | None = None
     ngram_max: int = 3
     ngram_min: int = 1
+    ignore_eos: bool = False
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The ids that end a generation: the pair's EOS ids, or none with `ignore_eos`."""
+        return frozenset() if self.ignore_eos else frozenset(self.pair.eos_ids)
 
 
 @dataclass(frozen=True)
@@ -196,7 +205,7 @@ def reference_method() -> Method:
 
 
 def _common(rt: Runtime, req: RunRequest) -> dict[str, Any]:
-    return {"sampling": rt.sampling, "eos_ids": rt.pair.eos_ids, "vocab_size": rt.pair.vocab_size,
+    return {"sampling": rt.sampling, "eos_ids": rt.stop_ids, "vocab_size": rt.pair.vocab_size,
             "seed": req.seed}
 
 
@@ -252,7 +261,7 @@ def _prompt_lookup_drafter(rt: Runtime) -> Drafter:
 def _hf_peer(name: str) -> Callable[[Runtime, RunRequest], RunRecord]:
     def run(rt: Runtime, req: RunRequest) -> RunRecord:
         out = hf_peer_generate(rt.pair, name, req.prompt_ids, req.max_new_tokens, k=req.k,
-                               sampling=rt.sampling, seed=req.seed)
+                               sampling=rt.sampling, seed=req.seed, ignore_eos=rt.ignore_eos)
         return RunRecord.timed(out.token_ids, out.total_s, out.finish_reason)
 
     return run

@@ -53,7 +53,7 @@ def _neutral_generation_config(model, *, max_new_tokens: int, sampling: Sampling
         "sequence_bias": None, "exponential_decay_length_penalty": None, "renormalize_logits": False,
         "remove_invalid_values": False, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
         "min_p": None, "top_h": None, "guidance_scale": None, "watermarking_config": None,
-        "eos_token_id": eos if len(eos) != 1 else eos[0], "pad_token_id": pad_id,
+        "eos_token_id": (eos if len(eos) != 1 else eos[0]) if eos else None, "pad_token_id": pad_id,
         "return_dict_in_generate": False, "output_scores": False, "output_logits": False,
         "prompt_lookup_num_tokens": None, "assistant_early_exit": None,
     }  # fmt: skip
@@ -102,6 +102,7 @@ def hf_peer_generate(
     k: int | None = None,
     sampling: SamplingParams = GREEDY,
     seed: int | None = None,
+    ignore_eos: bool = False,
 ) -> PeerOutput:
     """Run one transformers peer on `pair` (a `specdec.loading.LoadedPair`) and time it by the wall clock.
 
@@ -111,6 +112,8 @@ def hf_peer_generate(
     afterwards — transformers reads these from the *assistant's* config); ``hf_prompt_lookup``
     (``prompt_lookup_num_tokens=K``, transformers' default n-gram size). Every call uses our EOS ids, an
     attention mask, ``do_sample=False`` under greedy, and no logits processor our engine lacks.
+    ``ignore_eos=True`` (sampled sweeps, case C18) gives ``generate()`` no EOS id, so it runs the whole budget
+    and an EOS is sampled like any token, as our engine does with an empty stop set.
 
     Returns:
         `PeerOutput` with the new token ids (EOS kept), seconds from just before the call to just after it
@@ -126,11 +129,11 @@ def hf_peer_generate(
         raise ValueError(f"{method} needs the target on transformers")
     if method != "hf_generate" and not k:
         raise ValueError(f"{method} needs K")
-    eos = frozenset(pair.eos_ids)
+    eos = frozenset() if ignore_eos else frozenset(pair.eos_ids)
     tok = pair.tokenizer
     pad_id = getattr(tok, "pad_token_id", None)
     if pad_id is None:
-        pad_id = min(eos) if eos else 0
+        pad_id = min(pair.eos_ids) if pair.eos_ids else 0
     gen_cfg = _neutral_generation_config(model, max_new_tokens=max_new_tokens, sampling=sampling,
                                          eos_ids=eos, pad_id=pad_id)
     device = next(model.parameters()).device

@@ -138,7 +138,8 @@ def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str
     """The configuration that gives a run its meaning; `sweep_id_for` of this is the sweep's id.
 
     In: models, prompts (id, type, text digest), max_new_tokens, sampling and base seed, device, dtype,
-    threads, chat template, n-gram sizes. Not in: the grid (Ks, methods, policies, peers, repeats,
+    threads, chat template, n-gram sizes, and for sampled sweeps ``ignore_eos`` (every run uses its whole
+    budget; greedy sweeps stop at EOS, their identity unchanged). Not in: the grid (Ks, methods, policies, peers, repeats,
     configs), so ``--resume`` with a larger grid adds cells to the same sweep.
     """
     return {
@@ -158,6 +159,7 @@ def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str
         "threads": cfg.threads,
         "chat_template": cfg.chat_template,
         "ngram": [cfg.ngram_max, cfg.ngram_min],
+        **({"ignore_eos": True} if cfg.temperature > 0 else {}),
     }
 
 

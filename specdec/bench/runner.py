@@ -39,6 +39,11 @@ __all__ = ["LoadedConfig", "SweepResult", "execute", "run_sweep"]
 _ERR_LEN = 300  # characters kept of an error message
 
 
+class PlanDoesNotFitError(ValueError):
+    """Prompts whose tokens plus the new-token budget exceed a model's context (case C20): refused before any
+    run, in one line naming them, unless the sweep skips them (``--skip-long-prompts``)."""
+
+
 @dataclass
 class SweepResult:
     """What `run_sweep` did.
@@ -84,7 +89,8 @@ class LoadedConfig:
     def runtime(self) -> Runtime:
         """What the methods run on: the pair, the sampling settings, the measured costs, n-gram sizes."""
         costs = CostCurve.from_costs(self.costs) if self.costs else None
-        return Runtime(self.pair, self.cfg.sampling, costs, self.cfg.ngram_max, self.cfg.ngram_min)
+        return Runtime(self.pair, self.cfg.sampling, costs, self.cfg.ngram_max, self.cfg.ngram_min,
+                       ignore_eos=not self.cfg.sampling.greedy)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """`prompt`'s token ids on this configuration's tokenizer (encoded once)."""
@@ -193,7 +199,7 @@ def _baseline_tps(store: Store, sid: str) -> dict[tuple[str, str], list[float]]:
 
 
 def _load(cfg: SweepConfig, rc: RuntimeConfig, loader, s: _Session) -> LoadedConfig:
-    """Load a configuration's models once and measure (or reuse) its costs."""
+    """Load a configuration's models once."""
     p = s.prepared
     s.log(f"[{rc.label}] loading target {p.target} ({rc.target_backend}) and draft {p.draft} "
           f"({rc.draft_backend}){' compiled' if rc.compile else ''} ...")
@@ -204,6 +210,12 @@ def _load(cfg: SweepConfig, rc: RuntimeConfig, loader, s: _Session) -> LoadedCon
     compile_s = sum(m.compile_s for m in (pair.target, pair.draft) if m is not None)
     s.log(f"[{rc.label}] loaded in {time.perf_counter() - t0:.1f} s"
           + (f" (of which {compile_s:.1f} s compiling, before any timing)" if rc.compile else ""))
+    return loaded
+
+
+def _measure(loaded: LoadedConfig, s: _Session) -> None:
+    """Measure (or reuse) the configuration's costs: c and the target's forward-time curve."""
+    cfg, rc, pair, p = loaded.cfg, loaded.rc, loaded.pair, s.prepared
     costs = s.store.load_costs(p.sweep_id, rc.label)
     max_n = cost_max_n(cfg)
     if costs is None or max(costs["target_forward_s"]) < max_n:
@@ -219,7 +231,6 @@ def _load(cfg: SweepConfig, rc: RuntimeConfig, loader, s: _Session) -> LoadedCon
     d_txt = f"{curve.draft_step_s * 1e3:.1f} ms" if curve.draft_step_s is not None else "n/a"
     s.log(f"[{rc.label}] target step {curve.target_step_s * 1e3:.1f} ms, draft step {d_txt}, c = {c_txt}, "
           f"v({max_n}) = {curve.v(max_n):.2f} target steps")
-    return loaded
 
 
 def _announce(loaded: LoadedConfig, cells: list[PlannedRun], log: Callable[[str], None]) -> None:
@@ -235,6 +246,38 @@ def _announce(loaded: LoadedConfig, cells: list[PlannedRun], log: Callable[[str]
     log(f"[{label}] {len(cells)} generations + {len({c.group for c in cells})} warm-ups: rough estimate "
         f"{format_duration(timed + warm)} (from the measured step times and an ASSUMED acceptance "
         f"alpha = 0.5; not a measurement)")
+
+
+def _fitting(loaded: LoadedConfig, cells: list[PlannedRun], s: _Session) -> list[PlannedRun]:
+    """The cells whose prompt + `max_new_tokens` fits the target's and (for drafting methods) the draft's
+    context; the others are skipped with one line when the sweep says so, else refused.
+
+    Raises:
+        PlanDoesNotFitError: a prompt does not fit and ``skip_long_prompts`` is off.
+    """
+    budget = loaded.cfg.max_new_tokens
+    limits = {"target": loaded.pair.target.backend.max_length}
+    if loaded.pair.draft is not None:
+        limits["draft"] = loaded.pair.draft.backend.max_length
+    too_long: dict[str, str] = {}
+    for prompt in {c.prompt.id: c.prompt for c in cells}.values():
+        n = len(loaded.prompt_ids(prompt))
+        over = [f"the {role}'s context of {ctx}" for role, ctx in limits.items() if n + budget > ctx]
+        if over:
+            too_long[prompt.id] = f"{prompt.id} ({n} tokens; over {' and '.join(over)})"
+    if not too_long:
+        return cells
+    names = ", ".join(too_long.values())
+    if not loaded.cfg.skip_long_prompts:
+        raise PlanDoesNotFitError(
+            f"[{loaded.rc.label}] {len(too_long)} prompt(s) + {budget} new tokens do not fit: {names}; "
+            "skip them with --skip-long-prompts, or lower --max-new-tokens")
+    kept = [c for c in cells if c.prompt.id not in too_long]
+    s.log(f"[{loaded.rc.label}] skipping {len(cells) - len(kept)} runs of {len(too_long)} prompt(s) that do "
+          f"not fit with {budget} new tokens: {names}")
+    s.result.skipped += len(cells) - len(kept)
+    s.bar.update(len(cells) - len(kept))
+    return kept
 
 
 def _check_equal(loaded: LoadedConfig, cell: PlannedRun, row: dict, s: _Session, refs: dict) -> None:
@@ -318,6 +361,11 @@ def _run_configs(cfg: SweepConfig, todo: list[PlannedRun], loader, s: _Session) 
             continue
         try:
             loaded = _load(cfg, rc, loader, s)
+            cells = _fitting(loaded, cells, s)  # before any forward runs, cost measurement included
+            if cells:
+                _measure(loaded, s)
+        except PlanDoesNotFitError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a config that cannot load is reported, the rest run
             s.result.failed_configs[rc.label] = _one_line(exc)
             s.log(f"[{rc.label}] could not be loaded, its {len(cells)} runs are left for --resume: "
@@ -325,7 +373,7 @@ def _run_configs(cfg: SweepConfig, todo: list[PlannedRun], loader, s: _Session) 
             s.bar.update(len(cells))
             continue
         try:
-            if _run_config(loaded, cells, s):
+            if cells and _run_config(loaded, cells, s):
                 return True
         finally:
             pair, loaded = loaded.pair, None
@@ -402,6 +450,11 @@ def run_sweep(
         log(f"sweep {sid} {result.status}: {result.ran} runs now ({result.failed} failed, {result.skipped} "
             f"skipped), {store.count_runs(sid, errors=False)}/{len(plan)} planned runs stored successfully")
         return result
+    except PlanDoesNotFitError:
+        with contextlib.suppress(Exception):  # refused before anything ran: leave no trace of a new sweep
+            if resume or not store.forget_empty_sweep(sid):
+                store.set_status(sid, "interrupted")
+        raise
     except KeyboardInterrupt:
         with contextlib.suppress(Exception):
             store.set_status(sid, "interrupted")

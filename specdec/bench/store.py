@@ -329,6 +329,16 @@ class Store:
         with self.transaction():
             self.conn.execute("UPDATE sweeps SET status = ? WHERE sweep_id = ?", (status, sweep_id))
 
+    def forget_empty_sweep(self, sweep_id: str) -> bool:
+        """Delete a sweep that has no runs and no costs (one refused before anything ran), so the same
+        settings can start it afresh; True when deleted, False (nothing changed) otherwise."""
+        with self.transaction():
+            if self.conn.execute("SELECT 1 FROM runs WHERE sweep_id = ? LIMIT 1", (sweep_id,)).fetchone():
+                return False
+            if self.conn.execute("SELECT 1 FROM costs WHERE sweep_id = ? LIMIT 1", (sweep_id,)).fetchone():
+                return False
+            return self.conn.execute("DELETE FROM sweeps WHERE sweep_id = ?", (sweep_id,)).rowcount > 0
+
     # ------------------------------------------------------------------------------------------- runs
 
     def done_cells(self, sweep_id: str) -> set[str]:

@@ -221,7 +221,9 @@ def speculative_generate(
         drafter.rollback(committed)
         record = RoundRecord(
             k=len(d),
-            num_accepted=verdict.num_accepted,
+            # counts stop where the output stops: drafts accepted after an EOS never reached it (C14)
+            num_accepted=min(verdict.num_accepted, len(block)),
+            num_accepted_raw=verdict.num_accepted,
             accept_flags=verdict.accept_flags,
             next_kind=verdict.next_kind,
             num_emitted=len(block),

@@ -71,3 +71,63 @@ def test_c15_repetitive_prompt_drafts_full_rounds(tiny_tokenizer, target):
             if r.k > 0:
                 assert r.k == min(k, remaining - 1), (r, remaining)
             remaining -= r.num_emitted
+
+
+# -- C14: counts stop where the output stops ---------------------------------------------------------------
+
+
+def _prompt_with_new_third_token(tok, target):
+    for text in ("hello world the quick brown fox", "abc abc abc abc abc abc abc abc", "zq"):
+        prompt = tok(text).input_ids
+        ref = greedy(target, prompt, 12)
+        if ref[2] not in ref[:2] and ref[1] != ref[0]:
+            return prompt, ref
+    pytest.skip("no prompt whose first three greedy tokens are distinct")
+
+
+def test_c14_accepted_counts_stop_at_eos(tiny_tokenizer, target, same_draft):
+    """SAME, K = 8, EOS = the 3rd greedy token: one round, 3 tokens out; the 5 drafts the verifier accepted
+    after the EOS are not counted (raw count kept as num_accepted_raw)."""
+    prompt, ref = _prompt_with_new_third_token(tiny_tokenizer, target)
+    eos = frozenset({ref[2]})
+    out = speculative_generate(target, ModelDrafter(same_draft, V), prompt, 20, k=8, eos_ids=eos, vocab_size=V)
+    assert out.token_ids == ref[:3] and out.finish_reason == "eos" and out.num_rounds == 1
+    r = out.rounds[0]
+    assert (r.k, r.num_accepted_raw, r.num_accepted, r.num_emitted) == (8, 8, 3, 3)
+    assert not r.rejected  # nothing was rejected before the EOS
+    assert out.num_accepted == 3 and out.num_rejections == 0
+    assert out.acceptance_rate == 3 / 8  # drafted stays the work done: 8 drafts, 3 of them reached the output
+    assert out.alpha_hat == 1.0
+    assert out.mean_accepted == 3.0 and out.block_efficiency == 3.0
+    assert out.mean_accepted <= out.block_efficiency
+    assert out.summary()["num_accepted"] == 3
+    assert out.rounds_as_dicts()[0]["num_accepted"] == 3
+
+
+def test_c14_rejection_after_eos_is_not_counted(tiny_tokenizer, target):
+    """A scripted draft right on g1..g4 and wrong at position 5; EOS = g2: the output is g1 g2, so 2
+    accepted and no rejection. With EOS = the recovered token, the rejection did reach the output."""
+    from specdec.drafters import ScriptedDrafter
+
+    prompt, ref = _prompt_with_new_third_token(tiny_tokenizer, target)
+    full = prompt + ref
+
+    def script(good):
+        def fn(committed, k):
+            right = full[len(committed):len(committed) + good]
+            return (right + [(full[len(committed) + good] + 1) % V] * k)[:k]
+        return fn
+
+    out = speculative_generate(target, ScriptedDrafter(script(4)), prompt, 10, k=6,
+                               eos_ids=frozenset({ref[1]}), vocab_size=V)
+    assert out.token_ids == ref[:2]
+    r = out.rounds[0]
+    assert (r.num_accepted_raw, r.num_accepted, r.num_emitted, r.next_kind) == (4, 2, 2, "recovered")
+    assert not r.rejected and out.num_rejections == 0 and out.alpha_hat == 1.0
+
+    out = speculative_generate(target, ScriptedDrafter(script(1)), prompt, 10, k=6,
+                               eos_ids=frozenset({ref[1]}), vocab_size=V)
+    assert out.token_ids == ref[:2]
+    r = out.rounds[0]
+    assert (r.num_accepted_raw, r.num_accepted, r.num_emitted) == (1, 1, 2)
+    assert r.rejected and out.num_rejections == 1 and out.alpha_hat == 0.5

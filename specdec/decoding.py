@@ -23,7 +23,7 @@ from specdec.drafters import Drafter
 from specdec.metrics import GenerationResult, RoundRecord
 from specdec.policies import FixedK, KPolicy
 from specdec.sampling import SamplingParams, sample, warp
-from specdec.verification import greedy_verify, stochastic_verify
+from specdec.verification import greedy_verify, stochastic_verify_logits
 
 Clock = Callable[[], float]
 GREEDY = SamplingParams()
@@ -212,7 +212,7 @@ def speculative_generate(
         if sampling.greedy:
             verdict = greedy_verify(d, logits)
         else:
-            verdict = stochastic_verify(d, draft.probs, warp(logits, sampling), generator)
+            verdict = stochastic_verify_logits(d, draft.probs, logits, sampling, generator)  # warps lazily
         t_verify = now()
         block, hit_eos = _cut_block(verdict.committed_tokens(d), eos, remaining)
         committed.extend(block)

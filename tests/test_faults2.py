@@ -131,3 +131,89 @@ def test_c14_rejection_after_eos_is_not_counted(tiny_tokenizer, target):
     r = out.rounds[0]
     assert (r.num_accepted_raw, r.num_accepted, r.num_emitted) == (1, 1, 2)
     assert r.rejected and out.num_rejections == 1 and out.alpha_hat == 0.5
+
+
+# -- C19: sampling work scales with what is used ----------------------------------------------------------
+
+
+def _reference_warp(logits, params):
+    """The warp of specdec before C19 (full sort of every row): the oracle the fast paths must equal."""
+    x = logits.float() / params.temperature
+    vocab = x.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= params.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, top_p=0.9),
+    SamplingParams(temperature=0.7, top_k=20, top_p=0.9),
+    SamplingParams(temperature=1.3, top_k=50),
+    SamplingParams(temperature=1.0, top_k=3000, top_p=0.95),
+    SamplingParams(temperature=5.0, top_p=0.99),  # flat: top-p needs more than the first candidates
+    SamplingParams(temperature=0.5),
+])
+def test_c19_fast_warp_equals_full_sort(params):
+    from specdec.sampling import warp
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 5000, generator=g) * 3
+    logits[1, 100:110] = logits[1].max() + 1  # a tie at the top
+    logits[2, :] = 0.0  # all tied
+    logits[3, 7] = float("-inf")
+    logits[4, 200:230] = 2.5  # ties around the top-k boundary
+    got, want = warp(logits, params), _reference_warp(logits, params)
+    assert torch.equal(got > 0, want > 0)
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(got.sum(-1), torch.ones(6), atol=1e-5)
+
+
+def test_c19_top_k_prefilters_before_sorting(monkeypatch):
+    """With top-k set, nothing of vocabulary width is sorted; with top-p alone on a peaked row, neither."""
+    from specdec.sampling import warp
+
+    widths = []
+    real_sort = torch.sort
+
+    def spy(x, *a, **kw):
+        widths.append(x.shape[-1])
+        return real_sort(x, *a, **kw)
+
+    monkeypatch.setattr(torch, "sort", spy)
+    logits = torch.randn(3, 151_936, generator=torch.Generator().manual_seed(1)) * 4
+    warp(logits, SamplingParams(temperature=1.0, top_k=50, top_p=0.9))
+    warp(logits, SamplingParams(temperature=0.7, top_p=0.9))
+    assert all(w <= 1024 for w in widths), widths
+
+
+def test_c19_target_rows_warped_only_when_reached(tiny_tokenizer, target, monkeypatch):
+    """Per round, the target rows warped are those verification reached: the evaluated draft positions,
+    plus the bonus row when every draft was accepted (not all K+1)."""
+    import specdec.decoding as dec
+    import specdec.verification as ver
+    from specdec.drafters import ScriptedDrafter
+    from specdec.sampling import warp as real_warp
+
+    rows = []
+
+    def counting(logits, params):
+        rows.append(1 if logits.dim() == 1 else logits.shape[0])
+        return real_warp(logits, params)
+
+    monkeypatch.setattr(dec, "warp", counting)
+    monkeypatch.setattr(ver, "warp", counting, raising=False)
+    prompt = tiny_tokenizer("hello world the quick brown fox").input_ids
+    sp = SamplingParams(temperature=1.0, top_k=20)
+    drafter = ScriptedDrafter(lambda c, k: [(c[-1] * 7 + i) % V for i in range(k)])
+    out = speculative_generate(target, drafter, prompt, 24, k=8, sampling=sp, seed=0, vocab_size=V)
+    reached = sum(len(r.accept_flags) + (r.next_kind == "bonus") for r in out.rounds)
+    assert sum(rows) == reached
+    assert reached < sum(r.k + 1 for r in out.rounds)  # the check saw early rejections

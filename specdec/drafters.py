@@ -86,12 +86,20 @@ class ModelDrafter:
         self._cached: list[int] = []
 
     def prefill(self, context: list[int]) -> None:
+        """Put `context` in the draft's cache; when the draft's own context cannot hold it plus the last
+        prompt token, the draft can never propose (`max_k` <= 0 from then on), so nothing is fed and the
+        speculative loop decodes with the target alone (C21)."""
         self.backend.reset()
+        self._cached = []
+        if len(context) + 1 > self.backend.max_length:
+            return
         self.backend.forward(list(context), logits=False)
         self._cached = list(context)
 
     def max_k(self, committed_len: int) -> int:
-        # The cache ends a round holding committed[:-1] + last + d1..d_{k-1} = committed_len + k - 1 tokens.
+        """Largest K that fits the draft's context: a round ends with committed[:-1] + last + d1..d_{k-1}
+        = committed_len + k - 1 tokens in its cache. <= 0 once the committed sequence outgrows the draft's
+        context: those rounds are plain target steps (K = 0)."""
         return self.backend.max_length - committed_len + 1
 
     def propose(self, committed, k, sampling, generator) -> Draft:

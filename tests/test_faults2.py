@@ -217,3 +217,30 @@ def test_c19_target_rows_warped_only_when_reached(tiny_tokenizer, target, monkey
     reached = sum(len(r.accept_flags) + (r.next_kind == "bonus") for r in out.rounds)
     assert sum(rows) == reached
     assert reached < sum(r.k + 1 for r in out.rounds)  # the check saw early rejections
+
+
+# -- C21: the draft's own context is respected ------------------------------------------------------------
+
+
+def test_c21_prompt_longer_than_the_drafts_context(tiny_tokenizer, tiny_pair, target):
+    """Draft context 48, target context 64, a 52-token prompt, K = 5, 8 new tokens: no error, target-only
+    rounds, output equal to greedy. A prompt that fits the draft but outgrows it during generation
+    speculates first and falls back to K = 0 at the draft's limit."""
+    from conftest import CountingBackend
+
+    target64 = load_backend(tiny_pair.target_dir, max_length=64)
+    draft = CountingBackend(load_backend(tiny_pair.draft_dir, max_length=48))
+    words = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split()
+    ids = tiny_tokenizer(" ".join(words * 6)).input_ids
+    prompt = ids[:52]
+    ref = greedy(target64, prompt, 8)
+    out = speculative_generate(target64, ModelDrafter(draft, V), prompt, 8, k=5, vocab_size=V)
+    assert out.token_ids == ref and out.finish_reason == "length"
+    assert all(r.k == 0 for r in out.rounds) and draft.tokens == 0
+
+    prompt = ids[:40]
+    ref = greedy(target64, prompt, 20)
+    out = speculative_generate(target64, ModelDrafter(draft, V), prompt, 20, k=5, vocab_size=V)
+    assert out.token_ids == ref
+    assert out.rounds[0].k == 5 and out.rounds[-1].k == 0
+    assert draft.inner.cache_length <= 48

@@ -244,3 +244,89 @@ def test_c21_prompt_longer_than_the_drafts_context(tiny_tokenizer, tiny_pair, ta
     assert out.token_ids == ref
     assert out.rounds[0].k == 5 and out.rounds[-1].k == 0
     assert draft.inner.cache_length <= 48
+
+
+# -- C16: a cache that cannot be rolled back is handled or refused ----------------------------------------
+
+
+def test_c16_sliding_window_model_is_exact_on_the_eager_backend(mistral_pair, tiny_tokenizer):
+    """MISTRAL target and draft (sliding_window 8, no use_sliding_window field), a 13-token prompt, K = 4,
+    20 new tokens: no error, speculative output = target-only greedy = transformers' own generate()."""
+    from transformers import AutoModelForCausalLM
+
+    target = load_backend(mistral_pair.target_dir)
+    draft = load_backend(mistral_pair.draft_dir)
+    prompt = tiny_tokenizer("one two three four five six seven eight nine ten eleven twelve").input_ids[:13]
+    assert len(prompt) == 13
+    ref = greedy(target, prompt, 20)
+    hf = AutoModelForCausalLM.from_pretrained(mistral_pair.target_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        gen = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+    assert ref == gen, "the full-state cache must still attend through the sliding window"
+    for k in (1, 4, 8):
+        for drafter in (ModelDrafter(draft, V), ModelDrafter(load_backend(mistral_pair.target_dir), V),
+                        PromptLookupDrafter()):
+            out = speculative_generate(target, drafter, prompt, 20, k=k, vocab_size=V)
+            assert out.token_ids == ref, (k, drafter.name)
+
+
+def test_c16_rollback_past_the_window_matches_a_fresh_forward(mistral_pair):
+    """Logits after crops that reach behind the window equal one uncached forward (windowed mask); the
+    window matters for these logits (a full-attention copy of the weights gives other ones)."""
+    from conftest import build_tiny_mistral
+
+    backend = load_backend(mistral_pair.target_dir)
+    seq = list(range(100, 130))
+    backend.reset()
+    backend.forward(seq[:12], logits=False)
+    backend.forward(seq[12:20] + [7, 7, 7])  # 3 wrong tokens past the window
+    backend.truncate(20)
+    backend.forward(seq[20:26])
+    backend.truncate(21)  # 5 removed
+    got = backend.forward(seq[21:30])
+    with torch.no_grad():
+        want = backend.model(torch.tensor([seq])).logits[0, 21:30]
+        full = build_tiny_mistral(0, sliding_window=None)
+        full.load_state_dict(backend.model.state_dict())
+        no_window = full(torch.tensor([seq])).logits[0, 21:30]
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(no_window, want, atol=1e-3)
+
+
+def test_c16_compiled_backend_refuses_at_load(mistral_pair):
+    from transformers import AutoModelForCausalLM
+
+    from specdec.backends.base import BackendError
+    from specdec.backends.compiled import CompiledHFBackend
+
+    model = AutoModelForCausalLM.from_pretrained(mistral_pair.target_dir, dtype=torch.float32).eval()
+    attn = model.config._attn_implementation
+    for mode in ("eager", "inductor", "onednn"):
+        with pytest.raises(BackendError, match="sliding") as err:
+            CompiledHFBackend(model, mode=mode)
+        assert "\n" not in str(err.value)
+    # refused before touching the model (the oneDNN modes repack its linears in place)
+    assert isinstance(model.lm_head, torch.nn.Linear) and model.config._attn_implementation == attn
+
+
+def test_c16_layer_kinds_come_from_the_cache_not_one_config_field():
+    """Sliding windows declared through layer_types (Qwen2, Gemma 2), chunked attention (Llama 4) and
+    linear attention (Qwen3-Next): all detected; linear attention is refused, the others become full."""
+    from transformers import Gemma2Config, Llama4TextConfig, Qwen2Config, Qwen3NextConfig
+
+    from specdec.backends.base import BackendError
+    from specdec.backends.hf import cache_layer_kinds, rollback_cache
+
+    qwen = Qwen2Config(num_hidden_layers=4, sliding_window=8, use_sliding_window=True, max_window_layers=2)
+    assert cache_layer_kinds(qwen) == ["full", "full", "sliding", "sliding"]
+    assert cache_layer_kinds(Qwen2Config(num_hidden_layers=2, sliding_window=8)) == ["full", "full"]
+    assert cache_layer_kinds(Gemma2Config(num_hidden_layers=2)) == ["sliding", "full"]
+    llama4 = Llama4TextConfig(num_hidden_layers=4, attention_chunk_size=8, no_rope_layers=[1, 1, 1, 0])
+    assert "sliding" in cache_layer_kinds(llama4)
+    for config in (qwen, llama4):
+        assert not any(rollback_cache(config).is_sliding)
+    nxt = Qwen3NextConfig(num_hidden_layers=4)
+    assert any(k not in ("full", "sliding", "none") for k in cache_layer_kinds(nxt))
+    with pytest.raises(BackendError, match="cannot be rolled back"):
+        rollback_cache(nxt)

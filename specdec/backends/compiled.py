@@ -70,7 +70,7 @@ import torch
 from torch import nn
 
 from specdec.backends.base import BackendError, ContextOverflowError
-from specdec.backends.hf import _context_length
+from specdec.backends.hf import _context_length, cache_layer_kinds
 
 MODES = ("onednn", "hybrid", "inductor", "max-autotune", "eager")
 #: K+1 = 5 (K = 4) has its own bucket: oneDNN costs about the same for 1..5 rows, 8 rows cost ~15% more.
@@ -234,7 +234,8 @@ class CompiledHFBackend:
             adds the dense copy for single-row steps; ``inductor`` suits drafts (1-row steps, no repacking).
 
     Raises:
-        BackendError: unknown mode, bad buckets, a cache that cannot be rolled back (sliding window),
+        BackendError: unknown mode, bad buckets, any cache layer other than full attention (sliding-window,
+            chunked or linear attention: see `specdec.backends.hf.cache_layer_kinds`),
             an attention implementation that ignores 4-D masks, or a mode unsupported on the device/dtype.
     """
 
@@ -267,9 +268,13 @@ class CompiledHFBackend:
         self.max_length = int(max_length or min(self._context, DEFAULT_MAX_LENGTH))
         if self.max_length > self._context:
             raise BackendError(f"max_length {self.max_length} exceeds the model's context of {self._context}")
-        window = getattr(self.config, "sliding_window", None)
-        if window and getattr(self.config, "use_sliding_window", False) and window < self.max_length:
-            raise BackendError("sliding-window attention evicts cache entries that a rollback would need")
+        kinds = cache_layer_kinds(self.config)
+        other = sorted({k for k in kinds if k != "full"})
+        if other:  # the static cache and this backend's one causal mask know full attention only
+            raise BackendError(
+                f"{type(model).__name__} has {', '.join(other)} cache layers (sliding/chunked/linear attention), "
+                "which the compiled backend does not support; use the eager transformers backend"
+            )
         attn = getattr(self.config, "_attn_implementation", None) or "eager"
         if attn not in ("sdpa", "eager", ATTENTION):
             raise BackendError(f"attention implementation {attn!r} is not supported (use sdpa or eager)")

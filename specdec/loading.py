@@ -17,7 +17,12 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 @dataclass
 class LoadedModel:
     """One model on one runtime: its backend, tokenizer and, for transformers, the model object itself
-    (the peers — `generate()`, assisted generation — need it)."""
+    (the peers — `generate()`, assisted generation — need it).
+
+    ``eos_ids``: the ids that end generation: the tokenizer's EOS and the generation config's EOS ids, plus,
+    on llama.cpp or for a transformers model loaded from a ``.gguf`` file, every token llama.cpp marks
+    end-of-generation (`specdec.backends.llamacpp.LlamaCppBackend.eog_ids`), so both runtimes of one GGUF
+    stop on the same set."""
 
     spec: str
     runtime: str
@@ -37,7 +42,7 @@ class LoadedPair:
 
     Attributes:
         vocab_size: the shared tokenizer vocabulary; logits columns past it are masked out.
-        eos_ids: ids that end generation (the target's).
+        eos_ids: ids that end generation: the target's and the draft's (`LoadedModel.eos_ids`).
     """
 
     target: LoadedModel
@@ -113,7 +118,8 @@ def load_model(
         path = models.gguf_file(spec)
         backend = load_llamacpp(path, n_ctx=n_ctx, n_threads=threads)
         tok = models.hf_tokenizer(spec)
-        eos = eos_ids_for(tok)
+        # every token llama.cpp itself ends generation on, not only the tokenizer's EOS (C17)
+        eos = eos_ids_for(tok) | backend.eog_ids()
         return LoadedModel(spec, runtime, backend, tok, None, eos, time.perf_counter() - t0)
     model, tok = models.load_hf(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     if compile:
@@ -127,6 +133,11 @@ def load_model(
 
         backend = HFBackend(model)
     eos = eos_ids_for(tok, getattr(model, "generation_config", None))
+    if spec.lower().endswith(".gguf"):
+        # the same GGUF on llama.cpp stops on llama.cpp's end-of-generation set: stop on it here too (C17)
+        from specdec.backends.llamacpp import gguf_eog_ids
+
+        eos = eos | gguf_eog_ids(models.gguf_file(spec))
     return LoadedModel(spec, runtime, backend, tok, model, eos, time.perf_counter() - t0, compile,
                        compile_s if compile else 0.0)
 
@@ -176,4 +187,7 @@ def load_pair(
         check_vocab_fits(vocab, target=target.backend, draft=draft.backend)
     else:
         check_vocab_fits(vocab, target=target.backend)
-    return LoadedPair(target, draft, vocab, target.eos_ids)
+    # A pair stops on every id either model marks end-of-generation on its runtime, so a mixed-runtime pair
+    # stops on the same set whichever runtime holds the target (C17).
+    eos = target.eos_ids | (draft.eos_ids if draft is not None else frozenset())
+    return LoadedPair(target, draft, vocab, eos)

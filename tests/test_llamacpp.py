@@ -346,3 +346,32 @@ def test_verification_cost_curve(smollm2_gguf, capsys):
         print(f"[llamacpp] single-token forward: {single * 1e3:.2f} ms")
         print("[llamacpp] n  ms  t(n)/t(1): " + "  ".join(
             f"{n}:{curve[n] * 1e3:.1f}/{curve[n] / curve[1]:.2f}" for n in curve))
+
+
+# -- C17: every end-of-generation token stops every runtime ------------------------------------------
+
+
+def test_c17_stop_set_is_llamacpps_end_of_generation_set(smollm2_gguf, target, hf_smol, smol_tokenizer, monkeypatch):
+    """SmolLM2: the tokenizer's EOS is 2 (<|im_end|>), llama.cpp ends generation on {0, 2, ...}
+    (<|endoftext|>, <|im_end|>, its FIM repo token). The llama.cpp runtime stops on all of them, and the
+    transformers runtime of the same GGUF stops on the same set."""
+    from specdec import models
+    from specdec.backends.llamacpp import gguf_eog_ids
+    from specdec.loading import load_model
+
+    lib = target._lib
+    vocab = lib.llama_model_get_vocab(target._model.model)
+    marked = {i for i in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_is_eog(vocab, i)}
+    assert {0, 2} <= marked
+    assert target.eog_ids() == marked == gguf_eog_ids(smollm2_gguf)
+
+    ll = load_model(str(smollm2_gguf), runtime="llamacpp", n_ctx=N_CTX, threads=THREADS)
+    try:
+        assert marked <= ll.eos_ids and smol_tokenizer.eos_token_id in ll.eos_ids
+    finally:
+        ll.backend.close()
+    # the transformers runtime of the same GGUF (its dequantized weights, as `hf_smol`; no conversion cache)
+    monkeypatch.setattr(models, "load_hf", lambda spec, **kw: (hf_smol.model, smol_tokenizer))
+    hf = load_model(str(smollm2_gguf), runtime="transformers")
+    assert hf.eos_ids == ll.eos_ids
+

@@ -279,6 +279,16 @@ class LlamaCppBackend:
         """llama.cpp's own tokenizer (``llama_tokenize``), for cross-checking a Hugging Face tokenizer."""
         return list(self._model.tokenize(text.encode("utf-8"), add_special, parse_special))
 
+    def eog_ids(self) -> frozenset[int]:
+        """Every token llama.cpp marks end-of-generation (``llama_vocab_is_eog`` over the vocabulary).
+
+        llama.cpp's set is wider than the tokenizer's EOS: it adds the EOT/EOM and FIM pad/repo/separator
+        tokens and every token whose text is a known end-of-turn marker (``<|im_end|>``,
+        ``<|endoftext|>``, ``<|eot_id|>``, ...; ``src/llama-vocab.cpp``). SmolLM2-135M-Instruct: EOS 2
+        (``<|im_end|>``), end-of-generation {0, 2, 4}.
+        """
+        return _eog_ids(self._lib, self._model.model)
+
     def metadata(self) -> dict[str, str]:
         """The GGUF key/value metadata (strings), e.g. ``general.architecture``."""
         return self._model.metadata()
@@ -300,6 +310,36 @@ class LlamaCppBackend:
             f"LlamaCppBackend({Path(self.model_path).name!r}, n_ctx={self.max_length}, "
             f"n_threads={self.n_threads}, cache_length={self._n_past})"
         )
+
+
+def _eog_ids(lib, model) -> frozenset[int]:
+    vocab = lib.llama_model_get_vocab(model)
+    return frozenset(i for i in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_is_eog(vocab, i))
+
+
+def gguf_eog_ids(path: str | os.PathLike) -> frozenset[int]:
+    """llama.cpp's end-of-generation ids of a GGUF file, read from its vocabulary alone (``vocab_only``: no
+    weights, no context), so a transformers model converted from that GGUF stops on the same set as the
+    llama.cpp runtime (`LlamaCppBackend.eog_ids`).
+
+    Raises:
+        GGUFNotFoundError: the file does not exist. BackendError: llama-cpp-python is missing or llama.cpp
+            cannot read the vocabulary.
+    """
+    p = _require_file(path)
+    lib, internals = _llama_cpp()
+    _init_backend(lib, False)
+    mparams = lib.llama_model_default_params()
+    mparams.vocab_only = True
+    mparams.n_gpu_layers = 0
+    try:
+        model = internals.LlamaModel(path_model=str(p), params=mparams, verbose=False)
+    except ValueError as exc:
+        raise BackendError(f"llama.cpp cannot read the vocabulary of {p.name}: {exc}") from exc
+    try:
+        return _eog_ids(lib, model.model)
+    finally:
+        model.close()
 
 
 def load_llamacpp(

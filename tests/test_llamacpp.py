@@ -375,3 +375,21 @@ def test_c17_stop_set_is_llamacpps_end_of_generation_set(smollm2_gguf, target, h
     hf = load_model(str(smollm2_gguf), runtime="transformers")
     assert hf.eos_ids == ll.eos_ids
 
+
+
+def test_failed_multi_chunk_forward_restores_the_cache(smollm2_gguf):
+    """A forward fed in chunks of n_batch whose third chunk fails leaves the cache as it was before the
+    call (the first two chunks removed too), and decoding continues exactly."""
+    with load_llamacpp(smollm2_gguf, n_ctx=N_CTX, n_threads=THREADS, n_batch=8) as be:
+        ids = be.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1)\n")
+        assert len(ids) >= 24
+        be.forward(ids[:5], logits=False)
+        bad = ids[5:21] + [V + 7] + ids[22:24]  # chunks [5:13], [13:21] decode; the third fails
+        with pytest.raises(BackendError, match="llama_decode"):
+            be.forward(bad)
+        assert be.cache_length == 5
+        got = be.forward(ids[5:8])
+        be.reset()
+        want = be.forward(ids[:8])[5:]
+        assert torch.allclose(got, want, atol=1e-3, rtol=0)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))

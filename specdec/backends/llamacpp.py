@@ -216,7 +216,8 @@ class LlamaCppBackend:
 
         Raises:
             ContextOverflowError: ``cache_length + n > max_length`` (nothing is evaluated).
-            BackendError: ``llama_decode`` failed (the cache is restored to `cache_length`).
+            BackendError: ``llama_decode`` failed; the cache is restored to the `cache_length` it had before
+                the call (every chunk of a multi-chunk forward is removed, not only the failed one).
         """
         n = len(tokens)
         if n == 0:
@@ -228,6 +229,7 @@ class LlamaCppBackend:
         out = torch.empty(n, self.vocab_size, dtype=torch.float32) if logits else None
         batch = self._batch.batch
         row_bytes = 4 * self.vocab_size
+        n_before = self._n_past
         for start in range(0, n, self.n_batch):
             chunk = tokens[start:start + self.n_batch]
             m = len(chunk)
@@ -238,15 +240,21 @@ class LlamaCppBackend:
             batch.n_tokens = m
             rc = self._decode(self._ctx.ctx, batch)
             if rc != 0:
-                self._lib.llama_memory_seq_rm(self._ctx.memory, 0, self._n_past, -1)
+                self._restore(n_before)  # earlier chunks of this forward are in the cache too
                 raise BackendError(f"llama_decode returned {rc} for {m} tokens at position {p}")
             self._n_past = p + m
             if out is not None:
                 ptr = self._get_logits(self._ctx.ctx)
                 if not ptr:
+                    self._restore(n_before)
                     raise BackendError("llama_get_logits returned NULL")
                 ctypes.memmove(out.data_ptr() + start * row_bytes, ptr, m * row_bytes)
         return out
+
+    def _restore(self, length: int) -> None:
+        """Drop every position >= `length` (all chunks of a failed forward) and set the length back."""
+        self._lib.llama_memory_seq_rm(self._ctx.memory, 0, int(length), -1)
+        self._n_past = int(length)
 
     def truncate(self, length: int) -> None:
         """See `Backend.truncate`: one ``llama_memory_seq_rm(mem, 0, length, -1)`` call.

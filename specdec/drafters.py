@@ -106,7 +106,8 @@ class ModelDrafter:
         if k <= 0:
             return Draft([], None)
         pending = committed[len(self._cached):]
-        logits = self.backend.forward(pending)[-1, : self.vocab_size]  # [vocab]
+        # only the last pending row's distribution is used: the LM head runs on that row alone (C22)
+        logits = self.backend.forward(pending, last=1)[-1, : self.vocab_size]  # [vocab]
         self._cached.extend(pending)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []

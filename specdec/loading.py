@@ -80,6 +80,7 @@ def load_model(
     n_ctx: int | None = None,
     trust_remote_code: bool = False,
     compile_mode: str = "onednn",
+    last_row_graphs: bool = False,
 ) -> LoadedModel:
     """Load one model spec (preset member, hub id, local dir or .gguf) on a runtime.
 
@@ -93,6 +94,8 @@ def load_model(
         compile_mode: `CompiledHFBackend`'s mode when compiling (``onednn`` packs the weights for
             multi-token verification; `load_pair` compiles the draft with ``inductor``).
         n_ctx: llama.cpp context size.
+        last_row_graphs: with `compile`, also compile the graphs that score only the last row of a forward
+            (what a draft needs; `CompiledHFBackend`'s argument of that name).
 
     Raises:
         ValueError: unknown runtime or dtype, or options that do not apply.
@@ -125,7 +128,7 @@ def load_model(
     if compile:
         from specdec.backends.compiled import CompiledHFBackend
 
-        backend = CompiledHFBackend(model, mode=compile_mode)
+        backend = CompiledHFBackend(model, mode=compile_mode, last_row_graphs=last_row_graphs)
         # Compile every shape bucket now, at load: compilation never lands inside a timed generation.
         compile_s = backend.warmup()
     else:
@@ -182,7 +185,7 @@ def load_pair(
         # GEMMs, compiled elementwise) measured 110 vs 129 ms per draft step against eager; oneDNN 122 vs 120
         # (benchmarks/bench_compiled.py, interleaved, 2 threads, default pair).
         draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile,
-                           compile_mode="inductor", **kw)
+                           compile_mode="inductor", last_row_graphs=True, **kw)
         vocab = check_tokenizers(target.tokenizer, draft.tokenizer)
         check_vocab_fits(vocab, target=target.backend, draft=draft.backend)
     else:

@@ -156,7 +156,7 @@ class CountingBackend:
     def cache_length(self):
         return self.inner.cache_length
 
-    def forward(self, tokens, *, logits=True):
+    def forward(self, tokens, *, logits=True, **kw):
         self.calls += 1
         self.tokens += len(tokens)
-        return self.inner.forward(tokens, logits=logits)
+        return self.inner.forward(tokens, logits=logits, **kw)

@@ -330,3 +330,63 @@ def test_c16_layer_kinds_come_from_the_cache_not_one_config_field():
     assert any(k not in ("full", "sliding", "none") for k in cache_layer_kinds(nxt))
     with pytest.raises(BackendError, match="cannot be rolled back"):
         rollback_cache(nxt)
+
+
+# -- C22: the draft computes only what it uses -----------------------------------------------------------
+
+
+class _HeadRows:
+    """Counts the rows that go through a model's output layer (LM head), per call."""
+
+    def __init__(self, model):
+        self.rows: list[int] = []
+        self.handle = model.get_output_embeddings().register_forward_hook(
+            lambda mod, args, out: self.rows.append(int(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+        )
+
+
+@pytest.mark.parametrize("backend_kind", ["hf", "compiled-eager"])
+def test_c22_last_rows_only_through_the_lm_head(tiny_pair, backend_kind):
+    """forward(tokens, last=r) returns the last r rows of the full forward, and only those r rows go
+    through the LM head (bucketed, chunked and prefill forwards alike)."""
+    from specdec.backends.compiled import CompiledHFBackend
+
+    if backend_kind == "hf":
+        backend = load_backend(tiny_pair.target_dir)
+    else:
+        backend = CompiledHFBackend(load_backend(tiny_pair.target_dir).model, mode="eager", buckets=(1, 2, 5))
+    head = _HeadRows(backend.model)
+    seq = list(range(200, 240))
+    for n, last in [(2, 1), (5, 2), (4, 1), (30, 1), (30, 3), (1, 1), (3, 7)]:
+        backend.reset()
+        backend.forward(seq[:3], logits=False)
+        head.rows.clear()
+        got = backend.forward(seq[3:3 + n], last=last)
+        assert sum(head.rows) == min(last, n), (n, last, head.rows)
+        backend.reset()
+        want = backend.forward(seq[:3 + n])[-min(last, n):]
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+    backend.reset()
+    head.rows.clear()
+    backend.forward(seq, logits=False)
+    assert sum(head.rows) <= 1  # prefill: at most one row (transformers' logits_to_keep=1), not 40
+    with pytest.raises(ValueError, match="last"):
+        backend.forward(seq[:2], last=0)
+
+
+def test_c22_draft_scores_one_row_per_step(tiny_tokenizer, target, same_draft):
+    """SAME, K = 4: after each all-accepted round the draft feeds 2 pending tokens; it scores one row.
+    After a stretch without drafting (the draft 20 tokens behind), still one row."""
+    head = _HeadRows(same_draft.model)
+    prompt = tiny_tokenizer("hello world the quick brown fox").input_ids
+    out = speculative_generate(target, ModelDrafter(same_draft, V), prompt, 40, k=4, vocab_size=V)
+    assert out.acceptance_rate == 1.0
+    assert head.rows and all(r == 1 for r in head.rows), head.rows
+
+    drafter = ModelDrafter(same_draft, V)
+    committed = prompt + out.token_ids[:20]
+    drafter.prefill(prompt[:-1])
+    head.rows.clear()
+    drafter.propose(committed, 1, SamplingParams(), None)  # 21 pending tokens, one draft token
+    assert head.rows == [1]
+    head.handle.remove()

@@ -393,3 +393,20 @@ def test_failed_multi_chunk_forward_restores_the_cache(smollm2_gguf):
         want = be.forward(ids[:8])[5:]
         assert torch.allclose(got, want, atol=1e-3, rtol=0)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_c22_last_rows_only(smollm2_gguf):
+    """forward(tokens, last=r) flags only the last r positions for logits, across n_batch chunks too, and
+    returns the same rows as a full forward."""
+    with load_llamacpp(smollm2_gguf, n_ctx=N_CTX, n_threads=THREADS, n_batch=8) as be:
+        ids = be.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1)\n")
+        full = be.forward(ids)
+        for last in (1, 3, 10, len(ids) + 5):
+            be.reset()
+            got = be.forward(ids, last=last)
+            r = min(last, len(ids))
+            assert got.shape == (r, V)
+            assert torch.allclose(got, full[-r:], atol=1e-3, rtol=0)
+        be.reset()
+        with pytest.raises(ValueError, match="last"):
+            be.forward(ids[:2], last=0)

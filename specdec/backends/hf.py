@@ -65,6 +65,15 @@ def rollback_cache(config) -> DynamicCache:
     return cache
 
 
+def _rows_to_keep(n: int, last: int | None) -> int:
+    """transformers' ``logits_to_keep`` for `Backend.forward`'s `last` (0 = every row)."""
+    if last is None:
+        return 0
+    if last < 1:
+        raise ValueError(f"last must be >= 1 (rows to score), got {last}")
+    return 0 if last >= n else int(last)
+
+
 def _context_length(config) -> int:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)
@@ -112,9 +121,11 @@ class HFBackend:
         return self._length
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], *, logits: bool = True) -> torch.Tensor | None:
-        """See `Backend.forward`: returns float32 ``[n, vocab_size]`` or None (prefill)."""
+    def forward(self, tokens: list[int], *, logits: bool = True, last: int | None = None) -> torch.Tensor | None:
+        """See `Backend.forward`: returns float32 ``[n, vocab_size]`` (``[min(last, n), vocab_size]``) or
+        None (prefill); the LM head runs on the returned rows only (``logits_to_keep``)."""
         n = len(tokens)
+        keep = _rows_to_keep(n, last)
         if n == 0:
             return None if not logits else torch.empty(0, self.vocab_size, device=self.device)
         if self._length + n > self.max_length:
@@ -128,7 +139,7 @@ class HFBackend:
             position_ids=positions,
             **{self._cache_kw: self.cache},
             use_cache=True,
-            logits_to_keep=0 if logits else 1,
+            logits_to_keep=keep if logits else 1,
         )
         self._length += n
         if not logits:

@@ -204,15 +204,18 @@ class LlamaCppBackend:
     def cache_length(self) -> int:
         return self._n_past
 
-    def forward(self, tokens: list[int], *, logits: bool = True) -> torch.Tensor | None:
+    def forward(self, tokens: list[int], *, logits: bool = True, last: int | None = None) -> torch.Tensor | None:
         """See `Backend.forward`.
 
         Args:
             tokens: ``n`` token ids appended at positions ``cache_length .. cache_length + n - 1``.
             logits: True: every position's logits flag is set; False: none is (no LM head at all).
+            last: set the logits flag of the last `last` positions only (llama.cpp then computes the
+                output layer for those rows alone).
 
         Returns:
-            float32 ``[n, vocab_size]`` CPU tensor (a copy: llama.cpp reuses its buffer), or None.
+            float32 ``[n, vocab_size]`` (``[min(last, n), vocab_size]``) CPU tensor (a copy: llama.cpp
+            reuses its buffer), or None.
 
         Raises:
             ContextOverflowError: ``cache_length + n > max_length`` (nothing is evaluated).
@@ -220,13 +223,16 @@ class LlamaCppBackend:
                 the call (every chunk of a multi-chunk forward is removed, not only the failed one).
         """
         n = len(tokens)
+        if last is not None and last < 1:
+            raise ValueError(f"last must be >= 1 (rows to score), got {last}")
         if n == 0:
             return torch.empty(0, self.vocab_size) if logits else None
         if self._n_past + n > self.max_length:
             raise ContextOverflowError(
                 f"{self._n_past} cached + {n} new tokens exceed the context of {self.max_length}"
             )
-        out = torch.empty(n, self.vocab_size, dtype=torch.float32) if logits else None
+        first = n - min(n, last) if (logits and last is not None) else 0  # first token index with logits
+        out = torch.empty(n - first, self.vocab_size, dtype=torch.float32) if logits else None
         batch = self._batch.batch
         row_bytes = 4 * self.vocab_size
         n_before = self._n_past
@@ -236,19 +242,21 @@ class LlamaCppBackend:
             p = self._n_past
             self._tok[:m] = chunk
             self._pos[:m] = self._positions[p:p + m]
-            self._flags[:m] = 1 if logits else 0
+            skip = min(m, max(0, first - start)) if logits else m  # leading tokens of this chunk unscored
+            self._flags[:skip] = 0
+            self._flags[skip:m] = 1
             batch.n_tokens = m
             rc = self._decode(self._ctx.ctx, batch)
             if rc != 0:
                 self._restore(n_before)  # earlier chunks of this forward are in the cache too
                 raise BackendError(f"llama_decode returned {rc} for {m} tokens at position {p}")
             self._n_past = p + m
-            if out is not None:
-                ptr = self._get_logits(self._ctx.ctx)
+            if out is not None and skip < m:
+                ptr = self._get_logits(self._ctx.ctx)  # rows of the flagged tokens only, in order
                 if not ptr:
                     self._restore(n_before)
                     raise BackendError("llama_get_logits returned NULL")
-                ctypes.memmove(out.data_ptr() + start * row_bytes, ptr, m * row_bytes)
+                ctypes.memmove(out.data_ptr() + (start + skip - first) * row_bytes, ptr, (m - skip) * row_bytes)
         return out
 
     def _restore(self, length: int) -> None:

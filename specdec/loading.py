@@ -69,6 +69,26 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(int(threads))
 
 
+def _source_gguf_eog(spec: str) -> frozenset[int]:
+    """llama.cpp's end-of-generation ids of the GGUF a transformers model was converted from (a ``.gguf``
+    path, or a GGUF preset member, whose transformers weights are its dequantized GGUF), so both runtimes of
+    one model stop on the same set; empty for other specs (hub ids, checkpoint directories) or without
+    llama-cpp-python."""
+    from specdec import models
+    from specdec.backends.base import BackendError
+
+    try:
+        path = models.gguf_file(spec)  # a preset member's GGUF is already assembled: it was converted from it
+    except models.ModelNotAvailableError:
+        return frozenset()
+    try:
+        from specdec.backends.llamacpp import gguf_eog_ids
+
+        return gguf_eog_ids(path)
+    except BackendError:
+        return frozenset()
+
+
 def load_model(
     spec: str,
     *,
@@ -135,12 +155,8 @@ def load_model(
         from specdec.backends.hf import HFBackend
 
         backend = HFBackend(model)
-    eos = eos_ids_for(tok, getattr(model, "generation_config", None))
-    if spec.lower().endswith(".gguf"):
-        # the same GGUF on llama.cpp stops on llama.cpp's end-of-generation set: stop on it here too (C17)
-        from specdec.backends.llamacpp import gguf_eog_ids
-
-        eos = eos | gguf_eog_ids(models.gguf_file(spec))
+    # the same GGUF on llama.cpp stops on llama.cpp's end-of-generation set: stop on it here too (C17)
+    eos = eos_ids_for(tok, getattr(model, "generation_config", None)) | _source_gguf_eog(spec)
     return LoadedModel(spec, runtime, backend, tok, model, eos, time.perf_counter() - t0, compile,
                        compile_s if compile else 0.0)
 

@@ -72,14 +72,14 @@ def set_threads(threads: int | None) -> None:
 def _source_gguf_eog(spec: str) -> frozenset[int]:
     """llama.cpp's end-of-generation ids of the GGUF a transformers model was converted from (a ``.gguf``
     path, or a GGUF preset member, whose transformers weights are its dequantized GGUF), so both runtimes of
-    one model stop on the same set; empty for other specs (hub ids, checkpoint directories) or without
-    llama-cpp-python."""
+    one model stop on the same set; empty for other specs (hub ids, checkpoint directories), without
+    llama-cpp-python, or when the GGUF can no longer be assembled (its chunk packages removed)."""
     from specdec import models
     from specdec.backends.base import BackendError
 
     try:
         path = models.gguf_file(spec)  # a preset member's GGUF is already assembled: it was converted from it
-    except models.ModelNotAvailableError:
+    except (models.ModelNotAvailableError, models.ChunkAssemblyError):
         return frozenset()
     try:
         from specdec.backends.llamacpp import gguf_eog_ids

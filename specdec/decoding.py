@@ -163,7 +163,9 @@ def speculative_generate(
 
     Raises:
         ValueError: empty prompt, negative budget, K < 1, or both/neither of `k` and `policy`.
-        ContextOverflowError: prompt + budget exceeds the target's context.
+        ContextOverflowError: prompt + budget exceeds the target's context. A draft with a shorter context
+            never raises: a round where it has no room (`Drafter.max_k` <= 0) is a plain target step
+            (K = 0), and output is unchanged.
     """
     if (k is None) == (policy is None):
         raise ValueError("give exactly one of k and policy")

@@ -106,8 +106,8 @@ class Recording:
     def cache_length(self):
         return self.inner.cache_length
 
-    def forward(self, tokens, *, logits=True):
-        out = self.inner.forward(tokens, logits=logits)
+    def forward(self, tokens, *, logits=True, **kw):
+        out = self.inner.forward(tokens, logits=logits, **kw)
         if logits and out is not None and len(out):
             self.rows.append(out[-1].clone())
         return out

@@ -23,7 +23,7 @@ from specdec.drafters import Drafter
 from specdec.metrics import GenerationResult, RoundRecord
 from specdec.policies import FixedK, KPolicy
 from specdec.sampling import SamplingParams, sample, warp
-from specdec.verification import greedy_verify, stochastic_verify
+from specdec.verification import greedy_verify, stochastic_verify_logits
 
 Clock = Callable[[], float]
 GREEDY = SamplingParams()
@@ -163,7 +163,9 @@ def speculative_generate(
 
     Raises:
         ValueError: empty prompt, negative budget, K < 1, or both/neither of `k` and `policy`.
-        ContextOverflowError: prompt + budget exceeds the target's context.
+        ContextOverflowError: prompt + budget exceeds the target's context. A draft with a shorter context
+            never raises: a round where it has no room (`Drafter.max_k` <= 0) is a plain target step
+            (K = 0), and output is unchanged.
     """
     if (k is None) == (policy is None):
         raise ValueError("give exactly one of k and policy")
@@ -213,7 +215,7 @@ def speculative_generate(
         if sampling.greedy:
             verdict = greedy_verify(d, logits)
         else:
-            verdict = stochastic_verify(d, draft.probs, warp(logits, sampling), generator)
+            verdict = stochastic_verify_logits(d, draft.probs, logits, sampling, generator)  # warps lazily
         t_verify = now()
         block, hit_eos = _cut_block(verdict.committed_tokens(d), eos, remaining)
         committed.extend(block)
@@ -222,7 +224,9 @@ def speculative_generate(
         drafter.rollback(committed)
         record = RoundRecord(
             k=len(d),
-            num_accepted=verdict.num_accepted,
+            # counts stop where the output stops: drafts accepted after an EOS never reached it (C14)
+            num_accepted=min(verdict.num_accepted, len(block)),
+            num_accepted_raw=verdict.num_accepted,
             accept_flags=verdict.accept_flags,
             next_kind=verdict.next_kind,
             num_emitted=len(block),

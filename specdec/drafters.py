@@ -87,19 +87,28 @@ class ModelDrafter:
         self._cached: list[int] = []
 
     def prefill(self, context: list[int]) -> None:
+        """Put `context` in the draft's cache; when the draft's own context cannot hold it plus the last
+        prompt token, the draft can never propose (`max_k` <= 0 from then on), so nothing is fed and the
+        speculative loop decodes with the target alone (C21)."""
         self.backend.reset()
+        self._cached = []
+        if len(context) + 1 > self.backend.max_length:
+            return
         self.backend.forward(list(context), logits=False)
         self._cached = list(context)
 
     def max_k(self, committed_len: int) -> int:
-        # The cache ends a round holding committed[:-1] + last + d1..d_{k-1} = committed_len + k - 1 tokens.
+        """Largest K that fits the draft's context: a round ends with committed[:-1] + last + d1..d_{k-1}
+        = committed_len + k - 1 tokens in its cache. <= 0 once the committed sequence outgrows the draft's
+        context: those rounds are plain target steps (K = 0)."""
         return self.backend.max_length - committed_len + 1
 
     def propose(self, committed, k, sampling, generator, min_confidence=None) -> Draft:
         if k <= 0:
             return Draft([], None)
         pending = committed[len(self._cached):]
-        logits = self.backend.forward(pending)[-1, : self.vocab_size]  # [vocab]
+        # only the last pending row's distribution is used: the LM head runs on that row alone (C22)
+        logits = self.backend.forward(pending, last=1)[-1, : self.vocab_size]  # [vocab]
         self._cached.extend(pending)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
@@ -142,11 +151,25 @@ class PromptLookupDrafter:
 
     For n from `max_ngram` down to `min_ngram`, the last n committed tokens are searched for earlier in the
     committed sequence (prompt + generated); the first hit, scanning from the most recent occurrence
-    backwards, proposes the up to K tokens that followed it. No match proposes nothing (a plain target step).
-    Deterministic: its q is the one-hot of the proposed token.
+    backwards, proposes the K tokens that followed it. When that continuation runs into the end of the
+    sequence, it goes on by copying its own proposal (an overlapping copy, as LZ77): a match at distance p
+    from the end means the sequence repeats with period p, and the proposal continues that period, so
+    ``[5, 6] * 10`` proposes ``[5, 6, 5, 6, ...]`` and ``[7] * 12`` proposes ``[7] * K`` (K tokens, not one
+    period). No match proposes nothing (a plain target step). Deterministic: its q is the one-hot of the
+    proposed token, so greedy and sampled outputs are exact whatever it proposes.
+
+    Differences from transformers' prompt lookup (``PromptLookupCandidateGenerator``, used by
+    ``generate(prompt_lookup_num_tokens=...)``): transformers tries n-grams of at most
+    ``max_matching_ngram_size = 2`` tokens (down to 1), takes the *earliest* occurrence in the sequence that has
+    a continuation, and never continues past the end of the sequence. The defaults here are 3-grams down to
+    1-grams and the *most recent* occurrence (a 3-gram seen twice in the generated text usually continues
+    as it did last time).
 
     Args:
-        max_ngram, min_ngram: n-gram sizes tried, longest first (defaults 3 and 1 as transformers).
+        max_ngram, min_ngram: n-gram sizes tried, longest first (defaults 3 and 1).
+
+    Raises:
+        ValueError: unless ``1 <= min_ngram <= max_ngram``.
     """
 
     name = "ngram"
@@ -173,13 +196,25 @@ class PromptLookupDrafter:
             # candidate start positions i with seq[i:i+n] == pattern and i + n < n_total (something follows)
             for i in range(n_total - n - 1, -1, -1):
                 if seq[i:i + n] == pattern:
-                    cont = seq[i + n: i + n + k]
-                    if cont:
-                        return Draft(list(cont), None)
+                    return Draft(_continue(seq, i + n, k), None)
         return Draft([], None)
 
     def rollback(self, committed) -> None:
         pass
+
+
+def _continue(seq: list[int], start: int, k: int) -> list[int]:
+    """``k`` tokens copied from ``seq[start:]``, continuing into the copy itself past the end of `seq`.
+
+    With ``start < len(seq)`` this is ``(seq + out)[start + j]`` for j = 0..k-1: a copy at distance
+    ``p = len(seq) - start`` that repeats the last p tokens periodically once it reaches the end.
+    """
+    n_total = len(seq)
+    out: list[int] = []
+    for j in range(k):
+        pos = start + j
+        out.append(seq[pos] if pos < n_total else out[pos - n_total])
+    return out
 
 
 class ScriptedDrafter:

@@ -18,7 +18,12 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 @dataclass
 class LoadedModel:
     """One model on one runtime: its backend, tokenizer and, for transformers, the model object itself
-    (the peers — `generate()`, assisted generation — need it)."""
+    (the peers — `generate()`, assisted generation — need it).
+
+    ``eos_ids``: the ids that end generation: the tokenizer's EOS and the generation config's EOS ids, plus,
+    on llama.cpp or for a transformers model loaded from a ``.gguf`` file, every token llama.cpp marks
+    end-of-generation (`specdec.backends.llamacpp.LlamaCppBackend.eog_ids`), so both runtimes of one GGUF
+    stop on the same set."""
 
     spec: str
     runtime: str
@@ -38,7 +43,7 @@ class LoadedPair:
 
     Attributes:
         vocab_size: the shared tokenizer vocabulary; logits columns past it are masked out.
-        eos_ids: ids that end generation (the target's).
+        eos_ids: ids that end generation: the target's and the draft's (`LoadedModel.eos_ids`).
     """
 
     target: LoadedModel
@@ -65,6 +70,26 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(int(threads))
 
 
+def _source_gguf_eog(spec: str) -> frozenset[int]:
+    """llama.cpp's end-of-generation ids of the GGUF a transformers model was converted from (a ``.gguf``
+    path, or a GGUF preset member, whose transformers weights are its dequantized GGUF), so both runtimes of
+    one model stop on the same set; empty for other specs (hub ids, checkpoint directories), without
+    llama-cpp-python, or when the GGUF can no longer be assembled (its chunk packages removed)."""
+    from specdec import models
+    from specdec.backends.base import BackendError
+
+    try:
+        path = models.gguf_file(spec)  # a preset member's GGUF is already assembled: it was converted from it
+    except (models.ModelNotAvailableError, models.ChunkAssemblyError):
+        return frozenset()
+    try:
+        from specdec.backends.llamacpp import gguf_eog_ids
+
+        return gguf_eog_ids(path)
+    except BackendError:
+        return frozenset()
+
+
 def load_model(
     spec: str,
     *,
@@ -77,6 +102,7 @@ def load_model(
     trust_remote_code: bool = False,
     compile_mode: str = "onednn",
     quant: str | None = None,
+    last_row_graphs: bool = False,
 ) -> LoadedModel:
     """Load one model spec (preset member, hub id, local dir or .gguf) on a runtime.
 
@@ -92,6 +118,8 @@ def load_model(
         n_ctx: llama.cpp context size.
         quant: transformers only: ``"int8"`` = int8 weight-only linear layers (`specdec.precision`), in the
             model's `dtype`; None keeps the checkpoint's weights.
+        last_row_graphs: with `compile`, also compile the graphs that score only the last row of a forward
+            (what a draft needs; `CompiledHFBackend`'s argument of that name).
 
     Raises:
         ValueError: unknown runtime, dtype or quantization, options that do not apply, or bfloat16 on a CPU
@@ -122,21 +150,23 @@ def load_model(
         path = models.gguf_file(spec)
         backend = load_llamacpp(path, n_ctx=n_ctx, n_threads=threads)
         tok = models.hf_tokenizer(spec)
-        eos = eos_ids_for(tok)
+        # every token llama.cpp itself ends generation on, not only the tokenizer's EOS (C17)
+        eos = eos_ids_for(tok) | backend.eog_ids()
         return LoadedModel(spec, runtime, backend, tok, None, eos, time.perf_counter() - t0)
     model, tok = models.load_hf(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     apply_quant(model, quant)
     if compile:
         from specdec.backends.compiled import CompiledHFBackend
 
-        backend = CompiledHFBackend(model, mode=compile_mode)
+        backend = CompiledHFBackend(model, mode=compile_mode, last_row_graphs=last_row_graphs)
         # Compile every shape bucket now, at load: compilation never lands inside a timed generation.
         compile_s = backend.warmup()
     else:
         from specdec.backends.hf import HFBackend
 
         backend = HFBackend(model)
-    eos = eos_ids_for(tok, getattr(model, "generation_config", None))
+    # the same GGUF on llama.cpp stops on llama.cpp's end-of-generation set: stop on it here too (C17)
+    eos = eos_ids_for(tok, getattr(model, "generation_config", None)) | _source_gguf_eog(spec)
     return LoadedModel(spec, runtime, backend, tok, model, eos, time.perf_counter() - t0, compile,
                        compile_s if compile else 0.0)
 
@@ -187,10 +217,13 @@ def load_pair(
         # GEMMs, compiled elementwise) measured 110 vs 129 ms per draft step against eager; oneDNN 122 vs 120
         # (benchmarks/bench_compiled.py, interleaved, 2 threads, default pair).
         draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile,
-                           compile_mode="inductor", dtype=draft_dtype or dtype,
+                           compile_mode="inductor", last_row_graphs=True, dtype=draft_dtype or dtype,
                            quant=quant if draft_quant == "same" else draft_quant, **kw)
         vocab = check_tokenizers(target.tokenizer, draft.tokenizer)
         check_vocab_fits(vocab, target=target.backend, draft=draft.backend)
     else:
         check_vocab_fits(vocab, target=target.backend)
-    return LoadedPair(target, draft, vocab, target.eos_ids)
+    # A pair stops on every id either model marks end-of-generation on its runtime, so a mixed-runtime pair
+    # stops on the same set whichever runtime holds the target (C17).
+    eos = target.eos_ids | (draft.eos_ids if draft is not None else frozenset())
+    return LoadedPair(target, draft, vocab, eos)

@@ -100,10 +100,15 @@ class RoundRecord:
     Attributes:
         k: draft tokens proposed and verified (0 = a plain target step).
         k_requested: K the policy asked for before clamping to budget/context/drafter supply.
-        num_accepted: accepted prefix length.
-        accept_flags: per evaluated draft position (see `Verdict`).
+        num_accepted: accepted draft tokens that reached the output: the verifier's accepted prefix, cut
+            where the output stopped (an EOS inside the block), i.e. ``min(num_accepted_raw, num_emitted)``.
+            Every count and rate (acceptance rate, alpha-hat, mean accepted) is built on this.
+        accept_flags: the verifier's flags, per evaluated draft position (see `Verdict`); they may run past
+            the end of the output (drafts accepted after an EOS).
         next_kind: ``"bonus"`` (all accepted, including K = 0) or ``"recovered"``.
         num_emitted: tokens committed this round after cutting at EOS / budget (<= num_accepted + 1).
+        num_accepted_raw: the verifier's accepted prefix length before the cut (None: equal to
+            `num_accepted`, as in records built by hand).
         draft_s: seconds spent drafting (wall clock, device synchronized).
         verify_s: seconds of the target forward plus verification.
         other_s: the rest of the round: rollback of both caches and bookkeeping.
@@ -120,11 +125,13 @@ class RoundRecord:
     other_s: float = 0.0
     k_requested: int | None = None
     alpha_estimate: float | None = None
+    num_accepted_raw: int | None = None
 
     @property
     def rejected(self) -> bool:
-        """True when the round stopped at a rejected draft token."""
-        return self.num_accepted < self.k
+        """True when a rejected draft token ended the round's output: the verifier rejected a draft and the
+        recovered token that replaced it was emitted (a rejection after an EOS never reached the output)."""
+        return self.next_kind == "recovered" and self.num_emitted > self.num_accepted
 
 
 @dataclass

@@ -40,8 +40,23 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+#: Top-p without top-k first looks at this many most likely tokens (`torch.topk`); a full sort of the
+#: vocabulary happens only when their probability does not reach top_p.
+TOP_P_CANDIDATES = 1024
+
+
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Turn logits into the sampling distribution: temperature, then top-k, then top-p, then softmax.
+
+    Top-k keeps every token whose logit is >= the k-th largest (ties at the k-th are all kept). Top-p keeps
+    a token when the tokens strictly more likely than it (in descending order) hold less than top_p of the
+    probability; the most likely token is always kept. The kept tokens are renormalised (softmax).
+
+    Work scales with what is kept, not with the vocabulary (C19): with top-k set (and no ties at the k-th
+    logit) top-p runs on the k values `torch.topk` returns, already sorted, and nothing of vocabulary width
+    is sorted; with top-p alone, the `TOP_P_CANDIDATES` most likely tokens are taken first and the full
+    vocabulary is sorted only when their mass does not reach top_p (tokens outside them are then dropped by
+    the rule above anyway, so the result is the same).
 
     Args:
         logits: ``[..., vocab]`` any float dtype; ``-inf`` entries are allowed (masked tokens).
@@ -61,17 +76,37 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         raise ValueError("a logits row has no finite entry (or contains NaN/inf)")
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
-        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        vals, idx = torch.topk(x, params.top_k, dim=-1)  # [..., k], sorted descending
+        kth = vals[..., -1:]
+        if bool(((x >= kth).sum(dim=-1) == params.top_k).all()):  # no tie at the k-th logit
+            if params.top_p < 1.0:
+                vals = _top_p_sorted(vals, torch.softmax(vals, dim=-1), params.top_p)
+            return torch.zeros_like(x).scatter(-1, idx, torch.softmax(vals, dim=-1))
         x = x.masked_fill(x < kth, float("-inf"))
     if params.top_p < 1.0:
+        m = min(vocab, TOP_P_CANDIDATES)
+        if m < vocab:
+            vals, idx = torch.topk(x, m, dim=-1)
+            p_top = torch.exp(vals - torch.logsumexp(x, dim=-1, keepdim=True))  # full-softmax probabilities
+            if bool((p_top.sum(dim=-1) >= params.top_p).all()):
+                vals = _top_p_sorted(vals, p_top, params.top_p)
+                return torch.zeros_like(x).scatter(-1, idx, torch.softmax(vals, dim=-1))
         sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        sorted_p = torch.softmax(sorted_x, dim=-1)
-        # Drop a token when the tokens strictly more likely than it already reach top_p.
-        drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= params.top_p
-        drop_sorted[..., 0] = False
+        drop_sorted = torch.isneginf(_top_p_sorted(sorted_x, torch.softmax(sorted_x, dim=-1), params.top_p))
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1)
+
+
+def _top_p_sorted(sorted_x: torch.Tensor, sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p on rows sorted in descending order: ``sorted_x`` with the dropped entries set to ``-inf``.
+
+    A token is dropped when the tokens before it (strictly more likely) already reach `top_p`; the first
+    token is always kept. ``sorted_p`` are the probabilities of ``sorted_x`` under the full distribution.
+    """
+    drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+    drop[..., 0] = False
+    return sorted_x.masked_fill(drop, float("-inf"))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

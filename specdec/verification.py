@@ -12,11 +12,12 @@ the generator passed in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import residual, sample
+from specdec.sampling import SamplingParams, residual, sample, warp
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,61 @@ def stochastic_verify(
         ValueError: shapes disagree, or a draft token has q = 0 (the drafter reported a distribution it did
             not sample from — the ratio would be meaningless).
     """
+    return _stochastic_verify(draft_tokens, draft_probs, target_probs, target_probs.__getitem__, generator)
+
+
+def stochastic_verify_logits(
+    draft_tokens: list[int],
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """`stochastic_verify` on raw target logits, warping a row only when verification reaches it (C19).
+
+    Row i is warped (``warp(target_logits[i], sampling)``) just before draft token i is tested, so rows after
+    the first rejection are never warped; with K = 16 and a 151,936-token vocabulary under top-p, that is
+    most of the K+1 sorts of the eager version. Same random numbers in the same order as
+    ``stochastic_verify(draft_tokens, draft_probs, warp(target_logits, sampling), generator)``, hence the
+    same verdict for the same generator state.
+
+    Args:
+        draft_tokens: K token ids.
+        draft_probs: ``[K, vocab]`` or None, as in `stochastic_verify` (warped with the same `sampling`).
+        target_logits: ``[K+1, vocab]`` raw target logits.
+        sampling: the stochastic `SamplingParams` both p and q are warped with.
+        generator: as in `stochastic_verify`, on `target_logits`' device.
+
+    Returns:
+        A `Verdict`.
+
+    Raises:
+        ValueError: as `stochastic_verify`, or from `warp` (greedy params, a row without finite logits).
+    """
+    return _stochastic_verify(
+        draft_tokens, draft_probs, target_logits, lambda i: warp(target_logits[i], sampling), generator
+    )
+
+
+def _stochastic_verify(
+    draft_tokens: list[int],
+    draft_probs: torch.Tensor | None,
+    target: torch.Tensor,
+    row: Callable[[int], torch.Tensor],
+    generator: torch.Generator | None,
+) -> Verdict:
+    """The rejection loop of `stochastic_verify`; ``row(i)`` gives target probabilities ``[vocab]`` of row i
+    of `target` (``[K+1, vocab]``, used for its shape and device only) when the loop first needs them."""
     k = len(draft_tokens)
-    if target_probs.shape[0] != k + 1:
-        raise ValueError(f"target_probs has {target_probs.shape[0]} rows, expected K+1 = {k + 1}")
+    if target.shape[0] != k + 1:
+        raise ValueError(f"target_probs has {target.shape[0]} rows, expected K+1 = {k + 1}")
     if draft_probs is not None:
-        if draft_probs.shape != (k, target_probs.shape[1]):
-            raise ValueError(f"draft_probs shape {tuple(draft_probs.shape)} != ({k}, {target_probs.shape[1]})")
-        draft_probs = draft_probs.to(target_probs.device, torch.float32)
+        if draft_probs.shape != (k, target.shape[1]):
+            raise ValueError(f"draft_probs shape {tuple(draft_probs.shape)} != ({k}, {target.shape[1]})")
+        draft_probs = draft_probs.to(target.device, torch.float32)
     flags: list[bool] = []
     for i, d in enumerate(draft_tokens):
-        p_row = target_probs[i]
+        p_row = row(i)
         p_d = float(p_row[d])
         if draft_probs is None:
             q_row = torch.zeros_like(p_row)
@@ -126,12 +172,12 @@ def stochastic_verify(
             q_d = float(q_row[d])
             if q_d <= 0.0:
                 raise ValueError(f"draft token {d} at position {i} has q = 0: q is not the distribution it was drawn from")
-        u = float(torch.rand((), generator=generator, device=target_probs.device))
+        u = float(torch.rand((), generator=generator, device=target.device))
         if p_d > 0.0 and u * q_d < p_d:  # u < min(1, p/q), without dividing
             flags.append(True)
             continue
         flags.append(False)
         token = sample(residual(p_row, q_row), generator)
         return Verdict(i, tuple(flags), token, "recovered")
-    token = sample(target_probs[k], generator)
+    token = sample(row(k), generator)
     return Verdict(k, tuple(flags), token, "bonus")

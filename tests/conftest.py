@@ -56,6 +56,21 @@ def build_tiny_model(seed: int, *, n_layer: int = 2, n_embd: int = 64, vocab_siz
     return GPT2LMHeadModel(config).eval()
 
 
+def build_tiny_mistral(seed: int, *, sliding_window: int | None = 8):
+    """MISTRAL (shared cases, round 2): TINY's sizes as a Mistral-architecture model with `sliding_window`
+    and no ``use_sliding_window`` field in its config (as real Mistral/Gemma/Phi-3 configs)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MistralConfig(
+        vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=128, sliding_window=sliding_window, bos_token_id=1,
+        eos_token_id=0, tie_word_embeddings=False, initializer_range=0.1,
+    )
+    assert not hasattr(config, "use_sliding_window")
+    return MistralForCausalLM(config).eval()
+
+
 def save_tiny(path: Path, seed: int, tokenizer, **kw) -> Path:
     model = build_tiny_model(seed, **kw)
     model.save_pretrained(path, safe_serialization=True)
@@ -74,6 +89,16 @@ def tiny_pair(tmp_path_factory, tiny_tokenizer) -> TinyPair:
     target = save_tiny(root / "target", 0, tiny_tokenizer)
     draft = save_tiny(root / "draft", 1, tiny_tokenizer)
     return TinyPair(target, draft, root)
+
+
+@pytest.fixture(scope="session")
+def mistral_pair(tmp_path_factory, tiny_tokenizer) -> TinyPair:
+    """MISTRAL target (seed 0) and draft (seed 1) with sliding_window = 8, saved like TINY."""
+    root = tmp_path_factory.mktemp("mistral")
+    for name, seed in (("target", 0), ("draft", 1)):
+        build_tiny_mistral(seed).save_pretrained(root / name, safe_serialization=True)
+        tiny_tokenizer.save_pretrained(root / name)
+    return TinyPair(root / "target", root / "draft", root)
 
 
 @pytest.fixture(scope="session")
@@ -131,7 +156,7 @@ class CountingBackend:
     def cache_length(self):
         return self.inner.cache_length
 
-    def forward(self, tokens, *, logits=True):
+    def forward(self, tokens, *, logits=True, **kw):
         self.calls += 1
         self.tokens += len(tokens)
-        return self.inner.forward(tokens, logits=logits)
+        return self.inner.forward(tokens, logits=logits, **kw)

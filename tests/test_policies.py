@@ -504,13 +504,15 @@ class MemoBackend:
                 self.memo.setdefault(prefix[: j + 1], rows[j].clone())
         return self.memo[prefix]
 
-    def forward(self, tokens, *, logits=True):
+    def forward(self, tokens, *, logits=True, last=None):
         start = len(self.seq)
         self.seq.extend(tokens)
         if not logits:
             return None
         if not tokens:
             return torch.empty(0, self.vocab_size)
+        if last is not None:
+            start = max(start, len(self.seq) - last)
         return torch.stack([self._row(tuple(self.seq[: j + 1])) for j in range(start, len(self.seq))])
 
     def truncate(self, length: int) -> None:

@@ -54,16 +54,52 @@ def test_c9_first_token_histogram_matches_target(tiny_tokenizer, target, far_dra
     assert rejected > n // 4  # the check exercised the recovered path
 
 
+def _pit(p: torch.Tensor, tok: int, u: float) -> float:
+    """Randomized probability integral transform of `tok` under `p`, tokens ordered from most to least
+    likely (ties by id): uniform on (F(tok-), F(tok)] with `u` ~ U(0, 1). For tokens drawn from p it is
+    U(0, 1), and along a sequence drawn autoregressively the values of successive steps are i.i.d. U(0, 1)
+    (Rosenblatt 1952). Over-sampled unlikely tokens push it towards 1."""
+    ids = torch.arange(len(p))
+    before = (p > p[tok]) | ((p == p[tok]) & (ids < tok))
+    return float(p[before].sum()) + u * float(p[tok])
+
+
+def _ks(values: list[float]) -> float:
+    """Kolmogorov-Smirnov statistic of `values` against U(0, 1)."""
+    x = sorted(values)
+    n = len(x)
+    return max(max((i + 1) / n - v, v - i / n) for i, v in enumerate(x))
+
+
 def test_c9_every_token_inside_targets_top_p_set(tiny_tokenizer, target, far_draft):
+    """Every emitted token lies in the target's top-k/top-p set, and the tokens follow the target's warped
+    law at every step, not only the first: the randomized PIT of each emitted token under the target's
+    warped distribution at its step is i.i.d. U(0, 1) for a correct sampler. Kolmogorov-Smirnov at
+    significance 0.001 (critical value 1.949 / sqrt(n)). Negative control: a sampler that keeps the
+    support but draws uniformly inside it fails the same test."""
     prompt = tiny_tokenizer("hello world the quick brown fox").input_ids
     drafter = ModelDrafter(far_draft, V)
-    for seed in range(15):
+    coin = torch.Generator().manual_seed(99)
+    pits, wrong = [], []
+    for seed in range(30):
         out = speculative_generate(target, drafter, prompt, 12, k=4, sampling=C9, seed=seed, vocab_size=V)
         seq = list(prompt)
         for tok in out.token_ids:
             allowed = first_token_p(target, seq, C9)
             assert allowed[tok] > 0
+            pits.append(_pit(allowed, tok, float(torch.rand((), generator=coin))))
             seq.append(tok)
+        seq = list(prompt)  # negative control: uniform over the same support
+        for _ in range(12):
+            allowed = first_token_p(target, seq, C9)
+            support = torch.nonzero(allowed).flatten()
+            tok = int(support[torch.randint(len(support), (1,), generator=coin)])
+            wrong.append(_pit(allowed, tok, float(torch.rand((), generator=coin))))
+            seq.append(tok)
+    crit = 1.949 / len(pits) ** 0.5
+    print(f"KS = {_ks(pits):.3f} (speculative), {_ks(wrong):.3f} (control), critical {crit:.3f}, n = {len(pits)}")
+    assert _ks(pits) < crit, (_ks(pits), crit)
+    assert _ks(wrong) > crit, (_ks(wrong), crit)
 
 
 def test_same_seed_same_tokens(tiny_tokenizer, target, far_draft):

@@ -46,19 +46,23 @@ class Backend(Protocol):
         """Number of tokens whose keys/values are in the cache."""
         ...
 
-    def forward(self, tokens: list[int], *, logits: bool = True) -> torch.Tensor | None:
+    def forward(self, tokens: list[int], *, logits: bool = True, last: int | None = None) -> torch.Tensor | None:
         """Append `tokens` to the cache and score them.
 
         Args:
             tokens: ``n >= 0`` token ids; ``n == 0`` is a no-op returning an empty ``[0, vocab_size]``.
             logits: when False (prefill), skip the LM head and return None.
+            last: score only the last `last` tokens (1 <= last; values >= n mean all): the LM head runs on
+                those rows alone (transformers' ``logits_to_keep``, llama.cpp's per-token logits flag), as a
+                draft needs after feeding several committed tokens (C22). None: every row.
 
         Returns:
-            float32 logits ``[n, vocab_size]`` on `device`: row i is the next-token distribution
-            after ``tokens[i]``.
+            float32 logits ``[n, vocab_size]`` (``[min(last, n), vocab_size]`` with `last`) on `device`: row
+            i is the next-token distribution after the i-th token scored.
 
         Raises:
             ContextOverflowError: ``cache_length + n > max_length``.
+            ValueError: ``last < 1``.
         """
         ...
 

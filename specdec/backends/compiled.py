@@ -70,7 +70,7 @@ import torch
 from torch import nn
 
 from specdec.backends.base import BackendError, ContextOverflowError
-from specdec.backends.hf import _context_length
+from specdec.backends.hf import _context_length, cache_layer_kinds
 
 MODES = ("onednn", "hybrid", "inductor", "max-autotune", "eager")
 #: K+1 = 5 (K = 4) has its own bucket: oneDNN costs about the same for 1..5 rows, 8 rows cost ~15% more.
@@ -232,9 +232,14 @@ class CompiledHFBackend:
             uses the smallest bucket >= K+1; beyond the largest the forward runs eagerly.
         mode: one of `MODES` (module docstring). ``onednn`` keeps one copy of the weights; ``hybrid``
             adds the dense copy for single-row steps; ``inductor`` suits drafts (1-row steps, no repacking).
+        last_row_graphs: also compile, for every bucket > 1, a graph whose LM head scores the last real
+            token only (``forward(tokens, last=1)``, what a draft asks after an all-accepted round: C22);
+            `warmup` then compiles one more graph per such bucket. Without them such a forward runs the
+            bucket's all-rows graph and slices. Eager forwards always score only the rows asked for.
 
     Raises:
-        BackendError: unknown mode, bad buckets, a cache that cannot be rolled back (sliding window),
+        BackendError: unknown mode, bad buckets, any cache layer other than full attention (sliding-window,
+            chunked or linear attention: see `specdec.backends.hf.cache_layer_kinds`),
             an attention implementation that ignores 4-D masks, or a mode unsupported on the device/dtype.
     """
 
@@ -247,6 +252,7 @@ class CompiledHFBackend:
         max_length: int | None = None,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
         mode: str = "onednn",
+        last_row_graphs: bool = False,
     ) -> None:
         from transformers.cache_utils import StaticCache
 
@@ -259,6 +265,7 @@ class CompiledHFBackend:
         self.config = model.config
         self.mode = mode
         self.buckets = buckets
+        self.last_row_graphs = bool(last_row_graphs)
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
@@ -267,9 +274,13 @@ class CompiledHFBackend:
         self.max_length = int(max_length or min(self._context, DEFAULT_MAX_LENGTH))
         if self.max_length > self._context:
             raise BackendError(f"max_length {self.max_length} exceeds the model's context of {self._context}")
-        window = getattr(self.config, "sliding_window", None)
-        if window and getattr(self.config, "use_sliding_window", False) and window < self.max_length:
-            raise BackendError("sliding-window attention evicts cache entries that a rollback would need")
+        kinds = cache_layer_kinds(self.config)
+        other = sorted({k for k in kinds if k != "full"})
+        if other:  # the static cache and this backend's one causal mask know full attention only
+            raise BackendError(
+                f"{type(model).__name__} has {', '.join(other)} cache layers (sliding/chunked/linear attention), "
+                "which the compiled backend does not support; use the eager transformers backend"
+            )
         attn = getattr(self.config, "_attn_implementation", None) or "eager"
         if attn not in ("sdpa", "eager", ATTENTION):
             raise BackendError(f"attention implementation {attn!r} is not supported (use sdpa or eager)")
@@ -313,14 +324,15 @@ class CompiledHFBackend:
     # ---------------------------------------------------------------------------------------------- graphs
 
     def _make_step(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """The function compiled per bucket: ``(ids [1, b], positions [1, b]) -> logits [b, vocab]``.
+        """The function compiled per bucket: ``(ids [1, b], positions [1, b], keep) -> logits [r, vocab]``,
+        ``keep`` being transformers' ``logits_to_keep`` (0: r = b rows; a LongTensor of r row indices).
 
         Each backend gets its own code object, so dynamo's per-code recompile limit counts its buckets only.
         """
         model, cache, cache_kw, kv_index = self.model, self.cache, self._cache_kw, self._kv_index
         min_value = torch.finfo(self.dtype).min
 
-        def step(input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        def step(input_ids: torch.Tensor, position_ids: torch.Tensor, keep=0) -> torch.Tensor:
             # additive mask [1, 1, b, slots]: 0 where slot j <= position of row i, else the dtype's min
             allowed = kv_index[None, :] <= position_ids[0, :, None]
             mask = torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device)
@@ -330,7 +342,7 @@ class CompiledHFBackend:
                 position_ids=position_ids,
                 attention_mask=mask,
                 use_cache=True,
-                logits_to_keep=0,
+                logits_to_keep=keep,  # 0: every row; an int k: the last k; a tensor: those row indices
                 **{cache_kw: cache},
             )
             return out.logits[0]
@@ -343,7 +355,7 @@ class CompiledHFBackend:
         if self.mode == "max-autotune":
             options = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
         limit = torch._dynamo.config.recompile_limit
-        torch._dynamo.config.recompile_limit = max(limit, len(self.buckets) + 2)
+        torch._dynamo.config.recompile_limit = max(limit, 2 * len(self.buckets) + 2)
         return torch.compile(step, fullgraph=True, dynamic=False, options=options or None)
 
     def warmup(self) -> float:
@@ -362,6 +374,9 @@ class CompiledHFBackend:
                         for _ in range(2):
                             self._length = 0
                             self._run(self._compiled, [0] * b, b)
+                        for _ in range(2 if self.last_row_graphs and b > 1 else 0):
+                            self._length = 0
+                            self._run(self._compiled, [0] * b, b, self._last_row(b))
             except Exception as exc:  # surface one line, chain the cause
                 self.reset()
                 raise BackendError(f"torch.compile ({self.mode}) failed for {type(self.model).__name__}: "
@@ -397,30 +412,40 @@ class CompiledHFBackend:
 
     # -------------------------------------------------------------------------------------------- forward
 
-    def _run(self, fn, tokens: list[int], b: int) -> torch.Tensor:
-        """Feed `tokens` padded to `b` at the current position through `fn`; returns logits ``[b, vocab]``."""
+    def _last_row(self, n: int) -> torch.Tensor:
+        return torch.tensor([n - 1], dtype=torch.long, device=self.device)
+
+    def _run(self, fn, tokens: list[int], b: int, keep=0) -> torch.Tensor:
+        """Feed `tokens` padded to `b` at the current position through `fn`; returns logits ``[b, vocab]``
+        (the rows `keep` selects, as transformers' ``logits_to_keep``, when given)."""
         n = len(tokens)
         start = self._length
         ids = torch.tensor([tokens + [tokens[-1]] * (b - n)], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + b, device=self.device).clamp_(max=self._context - 1)
         self._set_position(start)
-        out = fn(ids, positions.unsqueeze(0))
+        out = fn(ids, positions.unsqueeze(0), keep)
         self._length = start + n
         self._set_position(self._length)
         return out
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], *, logits: bool = True) -> torch.Tensor | None:
-        """See `Backend.forward`: returns float32 ``[n, vocab_size]`` or None (prefill).
+    def forward(self, tokens: list[int], *, logits: bool = True, last: int | None = None) -> torch.Tensor | None:
+        """See `Backend.forward`: returns float32 ``[n, vocab_size]`` (``[min(last, n), vocab_size]``) or
+        None (prefill).
 
-        ``n <= max(buckets)`` with logits runs the compiled graph of the smallest bucket >= n; otherwise
-        eager chunks of `PREFILL_CHUNK` tokens over the same static cache.
+        ``n <= max(buckets)`` with logits runs the compiled graph of the smallest bucket >= n (with `last`
+        = 1 and `last_row_graphs`, the graph that scores the last real row only); otherwise eager chunks of
+        `PREFILL_CHUNK` tokens over the same static cache, whose LM head scores only the rows returned
+        (one row per chunk when none is: prefill).
 
         Raises:
             ContextOverflowError: ``cache_length + n > max_length``.
             BackendError: a bucketed forward before `warmup` (compiled modes).
+            ValueError: ``last < 1``.
         """
         n = len(tokens)
+        if last is not None and last < 1:
+            raise ValueError(f"last must be >= 1 (rows to score), got {last}")
         if n == 0:
             return None if not logits else torch.empty(0, self.vocab_size, device=self.device)
         if self._length + n > self.max_length:
@@ -428,20 +453,25 @@ class CompiledHFBackend:
                 f"{self._length} cached + {n} new tokens exceed the context of {self.max_length}"
             )
         tokens = [int(t) for t in tokens]
+        first = n - min(n, last) if last is not None else 0  # index of the first token scored
         if logits and n <= self.buckets[-1]:
             b = self.buckets[bisect.bisect_left(self.buckets, n)]
             if self._compiled is None:
-                return self._run(self._eager_step, tokens, b)[:n].float()
+                rows = torch.arange(first, n, device=self.device)
+                return self._run(self._eager_step, tokens, b, rows).float()
             if not self._warm:
                 raise BackendError("call warmup() before the first forward: compiling belongs outside timing")
             with torch.compiler.set_stance("fail_on_recompile"):
-                return self._run(self._compiled, tokens, b)[:n].float()
+                if first == n - 1 and n > 1 and self.last_row_graphs:
+                    return self._run(self._compiled, tokens, b, self._last_row(n)).float()
+                return self._run(self._compiled, tokens, b)[first:n].float()
         rows = []
         for i in range(0, n, PREFILL_CHUNK):
             chunk = tokens[i : i + PREFILL_CHUNK]
-            out = self._run(self._eager_step, chunk, len(chunk))
-            if logits:
-                rows.append(out.float())
+            need = len(chunk) - max(0, first - i) if logits else 0  # rows of this chunk to return
+            out = self._run(self._eager_step, chunk, len(chunk), max(need, 1))  # the last `need` rows
+            if need > 0:
+                rows.append(out[-need:].float())
         return torch.cat(rows) if logits else None
 
 

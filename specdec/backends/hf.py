@@ -10,6 +10,70 @@ from transformers.cache_utils import DynamicCache
 from specdec.backends.base import BackendError, ContextOverflowError
 
 
+def cache_layer_kinds(config) -> list[str]:
+    """The kind of KV-cache layer transformers builds for each decoder layer of a model with `config`.
+
+    Read from the cache itself (``DynamicCache(config=config)``, which dispatches on the config's
+    ``layer_types`` or, when absent, on its ``sliding_window`` / ``attention_chunk_size`` fields, as
+    transformers' ``get_layer_types_and_kwargs``), so every sliding, chunked, linear-attention or hybrid
+    layer is seen whatever config field declares it (Mistral has ``sliding_window`` and no
+    ``use_sliding_window``; Qwen2 has both; Gemma 2/3 list ``layer_types``).
+
+    Returns:
+        one string per layer: ``"full"`` (``DynamicLayer``: keeps every past key/value), ``"sliding"``
+        (``DynamicSlidingWindowLayer``: sliding-window or chunked attention, keeps only its window),
+        ``"none"`` (``DummyLayer``: no cache of its own) or the layer class name for anything else (linear
+        attention, hybrid, indexed, quantized, ...).
+    """
+    return _layer_kinds(DynamicCache(config=config).layers)
+
+
+def _layer_kinds(layers) -> list[str]:
+    from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+    names = {DynamicLayer: "full", DynamicSlidingWindowLayer: "sliding", DummyLayer: "none"}
+    return [names.get(type(layer), type(layer).__name__) for layer in layers]
+
+
+def rollback_cache(config) -> DynamicCache:
+    """A ``DynamicCache`` for `config` that `crop` can roll back exactly, or a one-line `BackendError`.
+
+    Sliding-window and chunked-attention layers get a full ``DynamicLayer`` instead of transformers'
+    ``DynamicSlidingWindowLayer``: it keeps every past key/value, so cropping never needs a state the window
+    evicted (transformers' layer raises "crop was called, but the current layer does not track past
+    states" once its window is full). Attention stays windowed: the model builds its sliding/chunked mask
+    from the config and the absolute positions, not from what the cache holds (llama.cpp's ``swa_full``
+    does the same). Memory then grows with the sequence on those layers, as on full-attention layers.
+
+    Raises:
+        BackendError: a layer whose state cannot be cropped to an arbitrary length (linear attention,
+            recurrent/hybrid, indexed or quantized caches), naming the layer kinds.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=config)
+    kinds = _layer_kinds(cache.layers)
+    bad = sorted({k for k in kinds if k not in ("full", "sliding", "none")})
+    if bad:
+        raise BackendError(
+            f"{type(config).__name__}: cache layers of kind {', '.join(bad)} cannot be rolled back to an "
+            "arbitrary length, which speculative decoding needs"
+        )
+    for i, kind in enumerate(kinds):
+        if kind == "sliding":
+            cache.layers[i] = DynamicLayer()
+    return cache
+
+
+def _rows_to_keep(n: int, last: int | None) -> int:
+    """transformers' ``logits_to_keep`` for `Backend.forward`'s `last` (0 = every row)."""
+    if last is None:
+        return 0
+    if last < 1:
+        raise ValueError(f"last must be >= 1 (rows to score), got {last}")
+    return 0 if last >= n else int(last)
+
+
 def _context_length(config) -> int:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)
@@ -22,8 +86,10 @@ class HFBackend:
     """A transformers causal LM behind the `Backend` interface.
 
     Rollback is ``DynamicCache.crop(-n)`` (transformers 5 takes the number of tokens to *remove*; 4.x took
-    the length to keep). Models whose cache cannot be cropped exactly (sliding-window layers that evicted
-    states, linear attention) are refused at construction.
+    the length to keep). The cache comes from `rollback_cache`: sliding-window and chunked-attention layers
+    keep every past state (attention stays windowed through the mask), so their rollback is exact too;
+    models with layers that cannot be cropped (linear attention, recurrent/hybrid) are refused at
+    construction.
 
     Args:
         model: a causal LM in eval mode, on its device and dtype.
@@ -42,25 +108,24 @@ class HFBackend:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_length = int(max_length or _context_length(self.config))
         self._length = 0
-        self.cache = self._new_cache()
+        self.cache = self._new_cache()  # raises BackendError for layers that cannot be rolled back
         # transformers >= 5.24 names the cache argument `cache`; earlier 5.x releases `past_key_values`.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        window = getattr(self.config, "sliding_window", None)
-        if window and getattr(self.config, "use_sliding_window", False) and window < self.max_length:
-            raise BackendError("sliding-window attention evicts cache entries that a rollback would need")
 
     def _new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+        return rollback_cache(self.config)
 
     @property
     def cache_length(self) -> int:
         return self._length
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], *, logits: bool = True) -> torch.Tensor | None:
-        """See `Backend.forward`: returns float32 ``[n, vocab_size]`` or None (prefill)."""
+    def forward(self, tokens: list[int], *, logits: bool = True, last: int | None = None) -> torch.Tensor | None:
+        """See `Backend.forward`: returns float32 ``[n, vocab_size]`` (``[min(last, n), vocab_size]``) or
+        None (prefill); the LM head runs on the returned rows only (``logits_to_keep``)."""
         n = len(tokens)
+        keep = _rows_to_keep(n, last)
         if n == 0:
             return None if not logits else torch.empty(0, self.vocab_size, device=self.device)
         if self._length + n > self.max_length:
@@ -74,7 +139,7 @@ class HFBackend:
             position_ids=positions,
             **{self._cache_kw: self.cache},
             use_cache=True,
-            logits_to_keep=0 if logits else 1,
+            logits_to_keep=keep if logits else 1,
         )
         self._length += n
         if not logits:

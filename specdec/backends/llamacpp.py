@@ -204,49 +204,65 @@ class LlamaCppBackend:
     def cache_length(self) -> int:
         return self._n_past
 
-    def forward(self, tokens: list[int], *, logits: bool = True) -> torch.Tensor | None:
+    def forward(self, tokens: list[int], *, logits: bool = True, last: int | None = None) -> torch.Tensor | None:
         """See `Backend.forward`.
 
         Args:
             tokens: ``n`` token ids appended at positions ``cache_length .. cache_length + n - 1``.
             logits: True: every position's logits flag is set; False: none is (no LM head at all).
+            last: set the logits flag of the last `last` positions only (llama.cpp then computes the
+                output layer for those rows alone).
 
         Returns:
-            float32 ``[n, vocab_size]`` CPU tensor (a copy: llama.cpp reuses its buffer), or None.
+            float32 ``[n, vocab_size]`` (``[min(last, n), vocab_size]``) CPU tensor (a copy: llama.cpp
+            reuses its buffer), or None.
 
         Raises:
             ContextOverflowError: ``cache_length + n > max_length`` (nothing is evaluated).
-            BackendError: ``llama_decode`` failed (the cache is restored to `cache_length`).
+            BackendError: ``llama_decode`` failed; the cache is restored to the `cache_length` it had before
+                the call (every chunk of a multi-chunk forward is removed, not only the failed one).
         """
         n = len(tokens)
+        if last is not None and last < 1:
+            raise ValueError(f"last must be >= 1 (rows to score), got {last}")
         if n == 0:
             return torch.empty(0, self.vocab_size) if logits else None
         if self._n_past + n > self.max_length:
             raise ContextOverflowError(
                 f"{self._n_past} cached + {n} new tokens exceed the context of {self.max_length}"
             )
-        out = torch.empty(n, self.vocab_size, dtype=torch.float32) if logits else None
+        first = n - min(n, last) if (logits and last is not None) else 0  # first token index with logits
+        out = torch.empty(n - first, self.vocab_size, dtype=torch.float32) if logits else None
         batch = self._batch.batch
         row_bytes = 4 * self.vocab_size
+        n_before = self._n_past
         for start in range(0, n, self.n_batch):
             chunk = tokens[start:start + self.n_batch]
             m = len(chunk)
             p = self._n_past
             self._tok[:m] = chunk
             self._pos[:m] = self._positions[p:p + m]
-            self._flags[:m] = 1 if logits else 0
+            skip = min(m, max(0, first - start)) if logits else m  # leading tokens of this chunk unscored
+            self._flags[:skip] = 0
+            self._flags[skip:m] = 1
             batch.n_tokens = m
             rc = self._decode(self._ctx.ctx, batch)
             if rc != 0:
-                self._lib.llama_memory_seq_rm(self._ctx.memory, 0, self._n_past, -1)
+                self._restore(n_before)  # earlier chunks of this forward are in the cache too
                 raise BackendError(f"llama_decode returned {rc} for {m} tokens at position {p}")
             self._n_past = p + m
-            if out is not None:
-                ptr = self._get_logits(self._ctx.ctx)
+            if out is not None and skip < m:
+                ptr = self._get_logits(self._ctx.ctx)  # rows of the flagged tokens only, in order
                 if not ptr:
+                    self._restore(n_before)
                     raise BackendError("llama_get_logits returned NULL")
-                ctypes.memmove(out.data_ptr() + start * row_bytes, ptr, m * row_bytes)
+                ctypes.memmove(out.data_ptr() + (start + skip - first) * row_bytes, ptr, (m - skip) * row_bytes)
         return out
+
+    def _restore(self, length: int) -> None:
+        """Drop every position >= `length` (all chunks of a failed forward) and set the length back."""
+        self._lib.llama_memory_seq_rm(self._ctx.memory, 0, int(length), -1)
+        self._n_past = int(length)
 
     def truncate(self, length: int) -> None:
         """See `Backend.truncate`: one ``llama_memory_seq_rm(mem, 0, length, -1)`` call.
@@ -279,6 +295,16 @@ class LlamaCppBackend:
         """llama.cpp's own tokenizer (``llama_tokenize``), for cross-checking a Hugging Face tokenizer."""
         return list(self._model.tokenize(text.encode("utf-8"), add_special, parse_special))
 
+    def eog_ids(self) -> frozenset[int]:
+        """Every token llama.cpp marks end-of-generation (``llama_vocab_is_eog`` over the vocabulary).
+
+        llama.cpp's set is wider than the tokenizer's EOS: it adds the EOT/EOM and FIM pad/repo/separator
+        tokens and every token whose text is a known end-of-turn marker (``<|im_end|>``,
+        ``<|endoftext|>``, ``<|eot_id|>``, ...; ``src/llama-vocab.cpp``). SmolLM2-135M-Instruct: EOS 2
+        (``<|im_end|>``), end-of-generation {0, 2, 4}.
+        """
+        return _eog_ids(self._lib, self._model.model)
+
     def metadata(self) -> dict[str, str]:
         """The GGUF key/value metadata (strings), e.g. ``general.architecture``."""
         return self._model.metadata()
@@ -300,6 +326,36 @@ class LlamaCppBackend:
             f"LlamaCppBackend({Path(self.model_path).name!r}, n_ctx={self.max_length}, "
             f"n_threads={self.n_threads}, cache_length={self._n_past})"
         )
+
+
+def _eog_ids(lib, model) -> frozenset[int]:
+    vocab = lib.llama_model_get_vocab(model)
+    return frozenset(i for i in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_is_eog(vocab, i))
+
+
+def gguf_eog_ids(path: str | os.PathLike) -> frozenset[int]:
+    """llama.cpp's end-of-generation ids of a GGUF file, read from its vocabulary alone (``vocab_only``: no
+    weights, no context), so a transformers model converted from that GGUF stops on the same set as the
+    llama.cpp runtime (`LlamaCppBackend.eog_ids`).
+
+    Raises:
+        GGUFNotFoundError: the file does not exist. BackendError: llama-cpp-python is missing or llama.cpp
+            cannot read the vocabulary.
+    """
+    p = _require_file(path)
+    lib, internals = _llama_cpp()
+    _init_backend(lib, False)
+    mparams = lib.llama_model_default_params()
+    mparams.vocab_only = True
+    mparams.n_gpu_layers = 0
+    try:
+        model = internals.LlamaModel(path_model=str(p), params=mparams, verbose=False)
+    except ValueError as exc:
+        raise BackendError(f"llama.cpp cannot read the vocabulary of {p.name}: {exc}") from exc
+    try:
+        return _eog_ids(lib, model.model)
+    finally:
+        model.close()
 
 
 def load_llamacpp(

@@ -1,0 +1,203 @@
+"""Acceptance traces: what every K and every policy would accept, from one target-only run (greedy).
+
+Under greedy decoding the target's output does not depend on K or on the drafter (it is target-only greedy,
+exactly). So from one target-only run and ONE teacher-forced draft forward over prompt + output, the
+rounds of every fixed K and of every policy follow without running them:
+
+- the draft model's proposal at output position i, as long as it agrees with the target, is its greedy
+  token given prompt + output[:i] - the token the teacher-forced pass computes at that row - so the
+  accepted length of a round starting at i is the run of agreements from i, capped at K;
+- prompt lookup's proposal depends only on the committed text, so the drafter itself is asked.
+
+Hardware then enters only through the cost curve (`specdec.costs`): MEASUREMENT.md's "separate what the
+algorithm does from what the hardware costs". The replay is exact when the draft's incremental steps
+produce the same greedy tokens as its batched teacher-forced pass; near-ties can flip between those kernels
+(more so in bf16), so `compare_rounds` lists every round where a timed run and its replay disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec.backends.base import Backend
+from specdec.decoding import GREEDY
+from specdec.drafters import Drafter
+from specdec.metrics import RoundRecord
+
+__all__ = ["AcceptanceTrace", "ReplayRound", "compare_rounds", "record_trace", "replay"]
+
+
+@dataclass(frozen=True)
+class AcceptanceTrace:
+    """One prompt's target-only greedy output and, per output position, the draft's greedy token.
+
+    Attributes:
+        prompt_ids: the prompt's token ids.
+        target_ids: ``[T]`` the target-only greedy output (new tokens; it ends at EOS or the budget).
+        draft_ids: ``[T]`` ``draft_ids[i]`` = the draft's argmax given prompt + target_ids[:i] (teacher
+            forced), or None when no draft model was traced (prompt lookup only).
+        draft_top_prob: ``[T]`` the draft's top probability at each position (None likewise).
+        max_new_tokens: the budget the target-only run had (it clamps K near the end).
+    """
+
+    prompt_ids: tuple[int, ...]
+    target_ids: tuple[int, ...]
+    draft_ids: tuple[int, ...] | None
+    draft_top_prob: tuple[float, ...] | None
+    max_new_tokens: int
+
+    def agreement(self) -> list[bool]:
+        """``[T]`` per position: does the draft's greedy token equal the target's?
+
+        Raises:
+            ValueError: the trace has no draft tokens.
+        """
+        if self.draft_ids is None:
+            raise ValueError("this trace has no draft tokens (record it with a draft backend)")
+        return [d == t for d, t in zip(self.draft_ids, self.target_ids, strict=True)]
+
+
+def record_trace(
+    prompt_ids: Sequence[int],
+    target_ids: Sequence[int],
+    max_new_tokens: int,
+    draft: Backend | None = None,
+    *,
+    vocab_size: int | None = None,
+) -> AcceptanceTrace:
+    """Teacher-force the draft over prompt + output and keep its greedy token at each output position.
+
+    Args:
+        prompt_ids: ``[P]`` the prompt (P >= 1). target_ids: ``[T]`` the target-only greedy output.
+        max_new_tokens: the budget of that run. draft: the draft model's backend (its cache is reset before
+            and after); None records a trace for prompt lookup only. vocab_size: logits columns past it
+            are ignored (as the engine does).
+
+    Returns:
+        An `AcceptanceTrace`. One draft forward of ``P + T - 1`` tokens.
+
+    Raises:
+        ValueError: empty prompt, or more output tokens than the budget. ContextOverflowError: the
+            sequence does not fit the draft's context.
+    """
+    if not prompt_ids:
+        raise ValueError("empty prompt")
+    if len(target_ids) > max_new_tokens:
+        raise ValueError(f"{len(target_ids)} output tokens exceed the budget of {max_new_tokens}")
+    draft_ids = top = None
+    if draft is not None and target_ids:
+        seq = list(prompt_ids) + list(target_ids[:-1])
+        draft.reset()
+        with torch.no_grad():
+            logits = draft.forward(seq)[len(prompt_ids) - 1:]  # [T, vocab]: row i predicts output i
+        draft.reset()
+        if vocab_size is not None:
+            logits = logits[:, :vocab_size]
+        probs = torch.softmax(logits.float(), dim=-1)
+        top_p = probs.max(dim=-1).values
+        draft_ids = tuple(int(x) for x in logits.argmax(dim=-1).tolist())  # argmax of logits, as greedy_verify
+        top = tuple(float(x) for x in top_p.tolist())
+    elif draft is not None:
+        draft_ids, top = (), ()
+    return AcceptanceTrace(tuple(prompt_ids), tuple(target_ids), draft_ids, top, max_new_tokens)
+
+
+@dataclass(frozen=True)
+class ReplayRound:
+    """A replayed round: `k` tokens drafted, `num_accepted` of them reached the output, `num_emitted`
+    committed (accepted + the recovered or bonus token, cut at the output's end)."""
+
+    k: int
+    num_accepted: int
+    num_emitted: int
+
+    def as_record(self) -> RoundRecord:
+        """The `RoundRecord` a real run of this round would carry (timings zero), for policies."""
+        rejected = self.num_accepted < self.k and self.num_emitted > self.num_accepted
+        flags = (True,) * self.num_accepted + ((False,) if rejected else ())
+        return RoundRecord(k=self.k, num_accepted=self.num_accepted, accept_flags=flags,
+                           next_kind="recovered" if rejected else "bonus", num_emitted=self.num_emitted)
+
+
+def _run(proposal: Sequence[int], target: Sequence[int]) -> int:
+    n = 0
+    for p, t in zip(proposal, target):
+        if p != t:
+            break
+        n += 1
+    return n
+
+
+def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter: Drafter | None = None,
+           draft_context: int | None = None) -> list[ReplayRound]:
+    """The rounds a speculative run would take on this trace.
+
+    Args:
+        trace: from `record_trace`.
+        k: a fixed K (>= 1); or `policy`: any `specdec.policies` policy (started here, fed each round).
+        drafter: None = the draft model (from ``trace.draft_ids``); a prompt-lookup drafter (anything with
+            the `Drafter.propose` method that needs no model) is asked for its proposal each round.
+        draft_context: the draft model's context length, when it clamps K (the engine's rule: K <= what
+            remains of that context after the committed sequence).
+
+    Returns:
+        The rounds in order; their emitted tokens sum to ``len(trace.target_ids)``.
+
+    Raises:
+        ValueError: neither or both of `k` and `policy`; k < 1; a draft-model replay on a trace without draft
+            tokens.
+    """
+    if (k is None) == (policy is None):
+        raise ValueError("give exactly one of k and policy")
+    if k is not None and k < 1:
+        raise ValueError(f"K must be >= 1, got {k}")
+    agree = trace.agreement() if drafter is None else None
+    target = trace.target_ids
+    if policy is not None:
+        policy.start()
+    rounds: list[ReplayRound] = []
+    pos = 0
+    while pos < len(target):
+        want = k if policy is None else max(0, int(policy.next_k()))
+        kk = min(want, trace.max_new_tokens - pos - 1)
+        if drafter is None and draft_context is not None:
+            kk = min(kk, draft_context - (len(trace.prompt_ids) + pos))
+        kk = max(kk, 0)
+        if drafter is None:
+            drafted = kk
+            accepted = 0
+            while accepted < kk and pos + accepted < len(target) and agree[pos + accepted]:
+                accepted += 1
+        else:
+            committed = list(trace.prompt_ids) + list(target[:pos])
+            proposal = drafter.propose(committed, kk, GREEDY, None).tokens if kk else []
+            drafted = len(proposal)
+            accepted = _run(proposal, target[pos:])
+        emitted = min(accepted + 1, len(target) - pos)
+        r = ReplayRound(drafted, min(accepted, emitted), emitted)
+        rounds.append(r)
+        if policy is not None:
+            policy.observe(r.as_record())
+        pos += emitted
+    return rounds
+
+
+def compare_rounds(timed: Sequence[RoundRecord], replayed: Sequence[ReplayRound]) -> list[dict]:
+    """Rounds where a timed run and its replay differ: ``[{"round", "position", "timed": (k, accepted),
+    "replayed": (k, accepted)}]``, empty when the replay reproduces the run exactly. Compared round by round
+    until the first difference (after it the two sequences are out of step), plus a length mismatch."""
+    out = []
+    pos = 0
+    for i, (a, b) in enumerate(zip(timed, replayed)):
+        if (a.k, a.num_accepted, a.num_emitted) != (b.k, b.num_accepted, b.num_emitted):
+            out.append({"round": i, "position": pos, "timed": (a.k, a.num_accepted, a.num_emitted),
+                        "replayed": (b.k, b.num_accepted, b.num_emitted)})
+            return out
+        pos += a.num_emitted
+    if len(timed) != len(replayed):
+        out.append({"round": min(len(timed), len(replayed)), "position": pos, "timed": len(timed),
+                    "replayed": len(replayed)})
+    return out

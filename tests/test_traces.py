@@ -1,0 +1,92 @@
+"""Acceptance traces (issue 16, item 1): the rounds of every K, replayed from one target-only run and one
+teacher-forced draft pass, equal the rounds of real speculative runs."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load_backend
+
+from specdec.decoding import autoregressive_generate, speculative_generate
+from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.traces import compare_rounds, record_trace, replay
+
+V = 1000
+PROMPTS = {
+    "text": "hello world the quick brown fox jumps over the lazy dog and the quick brown fox",
+    "short": "a",
+    "repeat": "one two three one two three one two three one two",
+}
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return load_backend(tiny_pair.target_dir)
+
+
+@pytest.fixture(scope="module")
+def near_draft(near_draft_dir):
+    return load_backend(near_draft_dir)
+
+
+@pytest.fixture(scope="module")
+def traces(tiny_tokenizer, target, near_draft):
+    out = {}
+    for name, text in PROMPTS.items():
+        prompt = tiny_tokenizer(text).input_ids
+        for budget, eos in ((40, frozenset()), (40, None)):
+            ref = autoregressive_generate(target, prompt, budget, vocab_size=V).token_ids
+            if eos is None:  # an EOS inside the output: the target's 13th token ends it
+                eos = frozenset({ref[12]})
+                ref = autoregressive_generate(target, prompt, budget, vocab_size=V, eos_ids=eos).token_ids
+            out[(name, eos)] = (prompt, eos, record_trace(prompt, ref, budget, near_draft, vocab_size=V))
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("drafter", ["draft", "ngram"])
+def test_replayed_rounds_equal_the_rounds_of_real_runs(traces, target, near_draft, k, drafter):
+    matched = 0
+    for (_name, eos), (prompt, _eos, trace) in traces.items():
+        d = ModelDrafter(near_draft, V) if drafter == "draft" else PromptLookupDrafter()
+        run = speculative_generate(target, d, prompt, trace.max_new_tokens, k=k, vocab_size=V, eos_ids=eos)
+        assert tuple(run.token_ids) == trace.target_ids  # greedy: the output does not depend on K
+        rep = replay(trace, k=k, drafter=None if drafter == "draft" else PromptLookupDrafter())
+        assert compare_rounds(run.rounds, rep) == []
+        assert sum(r.num_emitted for r in rep) == len(trace.target_ids)
+        matched += sum(r.num_accepted for r in rep)
+    assert matched > 0  # the traces exercise acceptance, not only rejections
+
+
+def test_trace_by_hand(target):
+    """A scripted trace of 6 tokens, agreement [T, F, T, T, F, T], K = 2: one accepted + the recovered token;
+    two accepted + the bonus; then the budget leaves room for no draft (K = 0, one plain step)."""
+    from specdec.traces import AcceptanceTrace
+
+    t = AcceptanceTrace((1,), (5, 6, 7, 8, 9, 10), (5, 0, 7, 8, 0, 10), None, 6)
+    assert [(r.k, r.num_accepted, r.num_emitted) for r in replay(t, k=2)] == [(2, 1, 2), (2, 2, 3), (0, 0, 1)]
+    # without a budget clamp (a longer budget, output ended by EOS) the last round drafts 2 and stops at the end
+    t = AcceptanceTrace((1,), (5, 6, 7, 8, 9, 10), (5, 0, 7, 8, 0, 10), None, 50)
+    assert [(r.k, r.num_accepted, r.num_emitted) for r in replay(t, k=2)] == [(2, 1, 2), (2, 2, 3), (2, 1, 1)]
+
+
+def test_compare_rounds_lists_the_first_mismatch(traces, target, near_draft):
+    (prompt, eos, trace) = traces[("text", frozenset())]
+    run = speculative_generate(target, ModelDrafter(near_draft, V), prompt, trace.max_new_tokens, k=4,
+                               vocab_size=V)
+    wrong = replay(trace, k=2)
+    diff = compare_rounds(run.rounds, wrong)
+    assert diff and diff[0]["round"] == 0 and diff[0]["timed"][0] == 4 and diff[0]["replayed"][0] == 2
+
+
+def test_bad_arguments():
+    from specdec.traces import AcceptanceTrace
+
+    t = AcceptanceTrace((1,), (5,), None, None, 4)
+    with pytest.raises(ValueError, match="no draft tokens"):
+        replay(t, k=2)
+    with pytest.raises(ValueError, match="exactly one"):
+        replay(t)
+    with pytest.raises(ValueError, match="K must be"):
+        replay(t, k=0, drafter=PromptLookupDrafter())
+    with pytest.raises(ValueError, match="empty prompt"):
+        record_trace([], [1], 4)

@@ -27,12 +27,17 @@ import numpy as np
 import pandas as pd
 
 from specdec import theory
-from specdec.report.analysis import SPEC_METHODS, Analysis, _fixed
+from specdec.report import tables as T
+from specdec.report.analysis import Analysis
+from specdec.report.cells import spec_fixed_cells
+from specdec.report.vocab import FIXED_POLICIES, SPEC_METHODS
 
 __all__ = ["FigureEntry", "make_figures"]
 
 _DPI = 110
 _VERDICT_COLOURS = {"win": "#2e7d32", "loss": "#c62828", "no measurable difference": "#757575"}
+#: Scatter marker per speculative method (others: "^").
+_MARKERS = {"draft": "o", "ngram": "s"}
 _PHASES = (("prefill", "#9e9e9e"), ("draft", "#1f77b4"), ("verify", "#ff7f0e"), ("other", "#d4c28a"))
 
 
@@ -124,8 +129,7 @@ def _heatmaps(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
     from matplotlib import colormaps
     from matplotlib.colors import TwoSlopeNorm
 
-    fx = _fixed(a.table("cells"))
-    fx = fx[fx["method"].isin(SPEC_METHODS)] if len(fx) else fx
+    fx = spec_fixed_cells(a[T.CELLS])
     if fx.empty:
         return [FigureEntry("heatmap", "heatmap", "Speedup heatmap", "",
                             skipped="no fixed-K speculative cell with a measured speedup")]
@@ -168,8 +172,7 @@ def _heatmaps(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
 
 
 def _speedup_vs_k(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    fx = _fixed(a.table("cells"))
-    fx = fx[fx["method"].isin(SPEC_METHODS)] if len(fx) else fx
+    fx = spec_fixed_cells(a[T.CELLS])
     if fx.empty:
         return [FigureEntry("speedup_vs_k", "speedup_vs_k", "Speedup vs K", "",
                             skipped="no fixed-K speculative cell with a measured speedup")]
@@ -203,9 +206,9 @@ def _speedup_vs_k(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
 
 
 def _alpha_vs_speedup(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    fx = _fixed(a.table("cells"))
+    fx = spec_fixed_cells(a[T.CELLS])
     if len(fx):
-        fx = fx[fx["method"].isin(SPEC_METHODS) & np.isfinite(fx["alpha_hat"].astype(float))]
+        fx = fx[np.isfinite(fx["alpha_hat"].astype(float))]
     if fx.empty:
         return [FigureEntry("alpha_vs_speedup", "alpha_vs_speedup", "Acceptance vs speedup", "",
                             skipped="no fixed-K speculative cell with both alpha-hat and speedup")]
@@ -217,9 +220,8 @@ def _alpha_vs_speedup(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]
         info = a.costs.get(label)
         fig = _figure(8.5, 5.5)
         ax = fig.subplots()
-        markers = {"draft": "o", "ngram": "s"}
         for (method, k), s in g.groupby(["method", "k"]):
-            ax.scatter(s["alpha_hat"], s["speedup"], color=colours[int(k)], marker=markers.get(method, "^"),
+            ax.scatter(s["alpha_hat"], s["speedup"], color=colours[int(k)], marker=_MARKERS.get(method, "^"),
                        edgecolor="black", linewidth=0.4, s=36, label=f"{method} K={k}", zorder=3)
         curve_note = "No model curve: costs (c, v) were not measured for this config."
         if info is not None and info.c_for("draft") is not None and (g["method"] == "draft").any():
@@ -254,7 +256,7 @@ def _alpha_vs_speedup(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]
 
 
 def _best_k(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    best = a.table("best_k")
+    best = a[T.BEST_K]
     best = best[best["method"].isin(SPEC_METHODS)] if len(best) else best
     if best.empty:
         return [FigureEntry("best_k", "best_k", "Best K", "", skipped="no fixed-K speculative cell with a speedup")]
@@ -284,7 +286,7 @@ def _best_k(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
 
 
 def _predicted_vs_measured(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    m = a.table("model")
+    m = a[T.MODEL]
     if m.empty:
         return [FigureEntry("predicted_vs_measured", "predicted_vs_measured", "Predicted vs measured", "",
                             skipped="no model prediction (needs costs and fixed-K speculative cells)")]
@@ -300,7 +302,7 @@ def _predicted_vs_measured(a: Analysis, out: Path, name: _Namer) -> list[FigureE
     labels = sorted(set(m["config_label"]))
     colours = dict(zip(labels, _colours(len(labels))))
     for (label, method), s in m.groupby(["config_label", "method"]):
-        ax.scatter(s["pred"], s["speedup"], color=colours[label], marker={"draft": "o", "ngram": "s"}.get(method, "^"),
+        ax.scatter(s["pred"], s["speedup"], color=colours[label], marker=_MARKERS.get(method, "^"),
                    edgecolor="black", linewidth=0.4, s=32, label=_t(f"{label} / {method}"), zorder=3)
     hi = float(max(m["pred"].max(), m["speedup"].max(), 1.0)) * 1.1
     ax.plot([0, hi], [0, hi], color="black", lw=1, label="y = x (runtime as efficient as the model)")
@@ -323,12 +325,12 @@ def _predicted_vs_measured(a: Analysis, out: Path, name: _Namer) -> list[FigureE
 
 
 def _time_breakdown(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    ov = a.table("overall")
+    ov = a[T.OVERALL]
     need = ["draft_ms_per_token", "verify_ms_per_token", "total_ms_per_token"]
     if ov.empty or not all(c in ov.columns for c in need):
         return [FigureEntry("time_breakdown", "time_breakdown", "Time breakdown", "",
                             skipped="no successful run with timings")]
-    ov = ov[ov["policy"].isin(["fixed", "-"]) & np.isfinite(ov["total_ms_per_token"].astype(float))]
+    ov = ov[ov["policy"].isin(FIXED_POLICIES) & np.isfinite(ov["total_ms_per_token"].astype(float))]
     base = ov[ov["method"] == "baseline"]
     spec = ov[ov["method"].isin(SPEC_METHODS) & (ov["k"] > 0)]
     if spec.empty:
@@ -364,7 +366,7 @@ def _time_breakdown(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
 
 
 def _positions(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    p = a.table("positions")
+    p = a[T.POSITIONS]
     if p.empty:
         return [FigureEntry("acceptance_by_position", "acceptance_by_position", "Acceptance by position", "",
                             skipped="no per-round trace (rounds.accept_flags) for fixed-K speculative runs")]

@@ -20,16 +20,13 @@ from typing import Any
 
 import pandas as pd
 
-from specdec.report.analysis import (
-    ALL_PROMPTS,
-    DRIFT_FLAG,
-    SINGLE_RUN,
-    SPEC_METHODS,
-    Analysis,
-    analyze,
-    load_store,
-)
+from specdec.report import tables as T
+from specdec.report.analysis import Analysis, analyze
+from specdec.report.cells import best_fixed, spec_fixed_cells
+from specdec.report.diagnostics import DRIFT_FLAG
+from specdec.report.load import load_store
 from specdec.report.plots import FigureEntry, make_figures
+from specdec.report.vocab import ADAPTIVE_POLICIES, ALL_PROMPTS, PEER_METHODS, SINGLE_RUN, SPEC_METHODS
 
 __all__ = ["ReportResult", "render_html", "render_markdown", "write_report"]
 
@@ -190,7 +187,7 @@ def _source_section(a: Analysis) -> Section:
         ["created", s(sw.get("created_at"))],
         ["git commit", s(sw.get("git_commit"))],
         ["schema version", s(st.meta.get("schema_version"))],
-        ["runs", f"{len(st.runs)} ({int(a.tables['gaps'].shape[0]) if len(a.table('gaps')) else 0} failed)"],
+        ["runs", f"{len(st.runs)} ({len(a[T.GAPS])} failed)"],
         ["configs (runtimes)", ", ".join(sorted(set(st.runs["config_label"].dropna().astype(str)))) or "-"],
     ]
     sec.blocks.append(Table(["field", "value"], info))
@@ -200,7 +197,7 @@ def _source_section(a: Analysis) -> Section:
         sec.blocks.append(Table(["key", "value"], [[k, v] for k, v in _flatten(machine)]))
     else:
         sec.blocks.append("Machine: not recorded in this store.")
-    stab = a.table("baseline_stability")
+    stab = a[T.BASELINE_STABILITY]
     if len(stab):
         t = _rows(stab, [("config", lambda r: s(r["config_label"])), ("prompt", lambda r: s(r["prompt_id"])),
                          ("baseline runs", lambda r: i(r["n_runs"])), ("median tok/s", lambda r: f(r["median_tok_s"])),
@@ -227,16 +224,15 @@ def _source_section(a: Analysis) -> Section:
 
 def _summary_section(a: Analysis) -> Section:
     sec = Section("Summary", "summary")
-    ov = a.table("overall")
-    best = a.table("best_k")
+    ov = a[T.OVERALL]
+    best = a[T.BEST_K]
     lines: list[str] = []
     if ov.empty or "speedup" not in ov.columns:
         sec.blocks.append("No successful measurement in this store, so no speedup to summarise.")
         return sec
-    spec = ov[ov["method"].isin(SPEC_METHODS) & ov["policy"].isin(["fixed", "-"]) & (ov["k"] > 0)]
-    spec = spec[spec["speedup"].notna()]
+    spec = spec_fixed_cells(ov)
     for (label, pair, method), g in spec.groupby(["config_label", "pair", "method"], sort=True):
-        b = g.sort_values(["speedup", "k"], ascending=[False, True]).iloc[0]
+        b = best_fixed(g)
         line = (f"{method} on {label} ({pair}): over all prompts the best fixed K is {int(b['k'])}, speedup "
                 f"{f(b['speedup'])}x {ci(b['speedup_lo'], b['speedup_hi'])} ({b['verdict']})")
         if len(best):
@@ -253,7 +249,7 @@ def _summary_section(a: Analysis) -> Section:
                 top = bt.sort_values("speedup", ascending=False).iloc[0]
                 line += f"; highest: {top['prompt_type']} {f(top['speedup'])}x at K={top['best_k']}"
         lines.append(line + ".")
-    eq = a.table("equality")
+    eq = a[T.EQUALITY]
     if len(eq):
         ours = eq[eq["method"].isin(SPEC_METHODS)]
         if len(ours):
@@ -262,12 +258,12 @@ def _summary_section(a: Analysis) -> Section:
                          "baseline's tokens" + ("." if n_eq == n else
                                                 " -- a mismatch means a bug or a numerical near-tie; see the "
                                                 "equality table."))
-    peers = a.table("peers")
+    peers = a[T.PEERS]
     if len(peers):
         for r in peers[peers["prompt_type"] == ALL_PROMPTS].itertuples():
             lines.append(f"Ours vs peer on {r.config_label}: {r.ours} runs at {f(r.ratio)}x the tokens/s of "
                          f"{r.peer} {ci(r.ratio_lo, r.ratio_hi)} over {r.n_prompts} prompts ({r.verdict}).")
-    dc = a.table("drift")
+    dc = a[T.DRIFT]
     if len(dc) and dc["flagged"].any():
         lines.append(f"Machine drift: {int(dc['flagged'].sum())} of {len(dc)} cells ran while the target step "
                      f"was more than {100 * DRIFT_FLAG:.0f}% slower or faster than during their prompt's "
@@ -282,8 +278,8 @@ def _summary_section(a: Analysis) -> Section:
 
 def _speedup_section(a: Analysis) -> Section:
     sec = Section("Speedup by cell", "speedup")
-    ov = a.table("overall")
-    cells = a.table("cells")
+    ov = a[T.OVERALL]
+    cells = a[T.CELLS]
     if cells.empty or "tok_s" not in cells.columns:
         sec.blocks.append("No successful run: nothing to tabulate.")
         return sec
@@ -321,7 +317,7 @@ def _speedup_section(a: Analysis) -> Section:
                  "of end-to-end time. Full table in report.html.")
     t.md, t.collapsed = False, True
     sec.blocks.append(t)
-    best = a.table("best_k")
+    best = a[T.BEST_K]
     sub = "Best fixed K per prompt type"
     if best.empty:
         sec.blocks.append(f"{sub}: no fixed-K cell with a measured speedup.")
@@ -346,7 +342,7 @@ def _condition_section(a: Analysis) -> Section:
         "Speculation pays when the measured per-token acceptance alpha-hat exceeds the break-even alpha of "
         "its K, computed from the measured c and verification cost v(K+1). 'yes' marks a prompt type whose "
         "alpha-hat clears it.")
-    be = a.table("break_even")
+    be = a[T.BREAK_EVEN]
     if be.empty:
         sec.blocks.append("Not available: needs the costs table (draft and target step times) and fixed-K "
                           "speculative cells.")
@@ -360,7 +356,7 @@ def _condition_section(a: Analysis) -> Section:
     ])
     t.caption = "Minimum per-token acceptance at which each K breaks even ('never': no alpha <= 1 does)."
     sec.blocks.append(t)
-    cond = a.table("condition")
+    cond = a[T.CONDITION]
     if cond.empty:
         return sec
     for (label, pair, method), g in cond.groupby(["config_label", "pair", "method"], sort=True):
@@ -389,7 +385,7 @@ def _condition_section(a: Analysis) -> Section:
 
 def _model_section(a: Analysis) -> Section:
     sec = Section("The analytical model against the measurement", "model")
-    m = a.table("model")
+    m = a[T.MODEL]
     if m.empty:
         sec.blocks.append("Not available: needs costs (c, v) and fixed-K speculative cells with acceptance counts.")
     else:
@@ -410,7 +406,7 @@ def _model_section(a: Analysis) -> Section:
         t.caption = "Predicted vs measured speedup per fixed-K cell (expected tokens and block efficiency include the bonus token)."
         t.md, t.collapsed = False, True
         sec.blocks.append(t)
-    opt = a.table("optimal_k")
+    opt = a[T.OPTIMAL_K]
     if len(opt):
         t = _rows(opt, [
             ("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
@@ -427,7 +423,7 @@ def _model_section(a: Analysis) -> Section:
 
 def _drift_section(a: Analysis) -> Section:
     sec = Section("Machine drift", "drift")
-    dc = a.table("drift")
+    dc = a[T.DRIFT]
     if dc.empty:
         sec.blocks.append("No round traces with a measured cost curve: the machine's speed during each run "
                           "cannot be inferred.")
@@ -457,10 +453,9 @@ def _drift_section(a: Analysis) -> Section:
 
 def _peer_section(a: Analysis) -> Section:
     sec = Section("Our implementation against the peers", "peers")
-    p = a.table("peers")
+    p = a[T.PEERS]
     if p.empty:
-        sec.blocks.append("No peer measured alongside ours in this sweep (hf_generate, hf_assisted, "
-                          "hf_prompt_lookup, llama_prompt_lookup).")
+        sec.blocks.append(f"No peer measured alongside ours in this sweep ({', '.join(PEER_METHODS)}).")
     else:
         spec = [("config", lambda r: s(r["config_label"])), ("target", lambda r: s(r["target"])),
                 ("prompt type", lambda r: s(r["prompt_type"])), ("ours", lambda r: s(r["ours"])),
@@ -477,7 +472,7 @@ def _peer_section(a: Analysis) -> Section:
         t.caption = "By prompt type."
         t.md, t.collapsed = False, True
         sec.blocks.append(t)
-    eq = a.table("equality")
+    eq = a[T.EQUALITY]
     if len(eq):
         t = _rows(eq, [("config", lambda r: s(r["config_label"])), ("method", lambda r: s(r["method"])),
                        ("policy", lambda r: s(r["policy"])), ("K", lambda r: i(r["k"])),
@@ -490,9 +485,9 @@ def _peer_section(a: Analysis) -> Section:
 
 def _adaptive_section(a: Analysis) -> Section:
     sec = Section("Adaptive K policies", "adaptive")
-    ad = a.table("adaptive")
+    ad = a[T.ADAPTIVE]
     if ad.empty:
-        sec.blocks.append("No adaptive-policy run (heuristic, confidence, cost) in this sweep.")
+        sec.blocks.append(f"No adaptive-policy run ({', '.join(ADAPTIVE_POLICIES)}) in this sweep.")
         return sec
     t = _rows(ad, [
         ("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
@@ -513,7 +508,7 @@ def _adaptive_section(a: Analysis) -> Section:
 
 def _runtime_section(a: Analysis) -> Section:
     sec = Section("Runtimes side by side", "runtimes")
-    rt = a.table("runtimes")
+    rt = a[T.RUNTIMES]
     if rt.empty:
         sec.blocks.append("No runtime configuration with data.")
         return sec
@@ -530,7 +525,7 @@ def _runtime_section(a: Analysis) -> Section:
     ])
     t.caption = "Costs, baseline throughput, best pooled K and the runtime's median efficiency per config."
     sec.blocks.append(t)
-    bt = a.table("runtimes_by_type")
+    bt = a[T.RUNTIMES_BY_TYPE]
     if len(bt):
         cols = list(bt.columns)
         sec.blocks.append(Table(["prompt type", *cols[1:]], [[s(v) for v in row] for row in bt.itertuples(index=False)],
@@ -546,7 +541,7 @@ def _gaps_section(a: Analysis, figures: list[FigureEntry]) -> Section:
         sec.blocks.append(Bullets(missing + skipped))
     else:
         sec.blocks.append("Nothing is missing: every table and figure has data.")
-    gaps = a.table("gaps")
+    gaps = a[T.GAPS]
     if len(gaps):
         n_cells = gaps.groupby(["config_label", "pair", "prompt_id", "method", "policy", "k"]).ngroups
         n_skip = int((gaps["kind"] == "skipped").sum())
@@ -561,7 +556,7 @@ def _gaps_section(a: Analysis, figures: list[FigureEntry]) -> Section:
         sec.blocks.append(t)
     else:
         sec.blocks.append("No failed run.")
-    cov = a.table("coverage")
+    cov = a[T.COVERAGE]
     if len(cov):
         t = _rows(cov, [("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
                         ("prompt type", lambda r: s(r["prompt_type"])), ("method", lambda r: s(r["method"])),

@@ -603,3 +603,71 @@ def test_default_cpu_plan_one_run_per_type(tmp_path):
     text = res.html.read_text(encoding="utf-8")
     assert "0 failed and 3 skipped" in text and SINGLE_RUN in text
     assert not [e for e in res.figures if e.skipped and "drawing failed" in e.skipped]
+
+
+# --------------------------------------------------------------------------------------------------
+# the schema, the table registry, the best fixed K
+# --------------------------------------------------------------------------------------------------
+
+
+def _table_columns(con: sqlite3.Connection) -> dict[str, list[str]]:
+    names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    return {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in names}
+
+
+def test_report_columns_are_the_store_schema(tmp_path):
+    """The columns the report reads (and the synthetic store these tests build) are exactly those the
+    results store creates, in order: a column added to or renamed in the store fails here."""
+    from specdec.bench.store import Store as ResultsStore
+    from specdec.report import load
+
+    with ResultsStore(tmp_path / "real.db"):
+        pass
+    con = sqlite3.connect(tmp_path / "real.db")
+    real = _table_columns(con)
+    con.close()
+    assert real["runs"] == load.RUN_COLUMNS
+    assert real["rounds"] == load.ROUND_COLUMNS
+    assert real["sweeps"] == load.SWEEP_COLUMNS
+    assert real["costs"] == load.COST_COLUMNS
+    synthetic = _table_columns(sqlite3.connect(":memory:").executescript(DDL))
+    assert {t: synthetic[t] for t in real} == real
+
+
+def test_every_registered_table_is_built_once_in_order(analysis):
+    from specdec.report.tables import REGISTRY
+
+    names = [t.name for t in REGISTRY]
+    assert len(set(names)) == len(names)
+    assert list(analysis.tables) == names
+    for t in REGISTRY:  # a handle and its name read the same frame
+        assert analysis[t] is analysis.table(t.name)
+
+
+def test_a_failing_table_builder_is_a_gap_not_a_crash(store_path, monkeypatch):
+    from specdec.report import analysis as analysis_mod
+    from specdec.report.tables import BEST_K, REGISTRY, ReportTable
+
+    def boom(_inputs):
+        raise RuntimeError("bad data")
+
+    broken = tuple(ReportTable(t.name, t.what, boom) if t is BEST_K else t for t in REGISTRY)
+    monkeypatch.setattr(analysis_mod, "REGISTRY", broken)
+    a = analyze(load_store(store_path))
+    assert "best K could not be computed: RuntimeError: bad data" in a.missing
+    assert a.table("best_k").empty
+    assert len(a.table("optimal_k")) and a.table("optimal_k")["best_k"].isna().all()  # built without it
+    assert len(a.table("cells"))
+
+
+def test_best_fixed_prefers_the_higher_speedup_then_the_smaller_k():
+    from specdec.report.cells import best_fixed
+
+    cells = pd.DataFrame({
+        "policy": ["fixed", "fixed", "-", "cost", "fixed"],
+        "k": [4, 2, 8, 16, 0],
+        "speedup": [1.5, 1.5, 1.2, 9.0, 3.0],  # the adaptive row and the K = 0 row are not fixed-K cells
+    })
+    assert best_fixed(cells)["k"] == 2
+    assert best_fixed(cells[cells["k"] == 8])["k"] == 8
+    assert best_fixed(cells[cells["policy"] == "cost"]) is None

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["Bullets", "Pre", "Section", "Table", "ci", "f", "i", "num", "pct", "s", "table_of", "yn"]
+__all__ = ["Bullets", "Pre", "Section", "Table", "ci", "f", "i", "key_columns", "num", "pct", "s", "table_of", "yn"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,6 +101,24 @@ def s(x: Any) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return str(x)
+
+
+#: Header -> column of the key columns the report's tables share (``"K"`` is the integer ``k``).
+_KEY_COLUMNS = {"config": "config_label", "target": "target", "pair": "pair", "prompt": "prompt_id",
+                "prompt type": "prompt_type", "method": "method", "policy": "policy"}
+
+
+def key_columns(*headers: str) -> list[tuple[str, Any]]:
+    """`table_of` column specs for key columns, by header (``"config"``, ``"pair"``, ``"prompt type"``,
+    ``"method"``, ``"policy"``, ``"K"``, ...); KeyError for a header that is not a key column."""
+    specs: list[tuple[str, Any]] = []
+    for h in headers:
+        if h == "K":
+            specs.append((h, lambda r: i(r["k"])))
+        else:
+            col = _KEY_COLUMNS[h]
+            specs.append((h, lambda r, col=col: s(r[col])))
+    return specs
 
 
 def table_of(df: pd.DataFrame, spec: list[tuple[str, Any]]) -> Table:

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from specdec.bench import store
+
 __all__ = [
     "COST_COLUMNS",
     "ROUND_COLUMNS",
@@ -35,21 +37,11 @@ __all__ = [
     "with_round_stats",
 ]
 
-#: Columns of each store table as the report reads them (schema_version 1 of ``specdec/bench/store.py``;
-#: tests/test_report.py pins them to the store's CREATE TABLE statements).
+#: Columns of each store table as the report reads them (schema_version 1). ``runs`` and ``rounds`` come
+#: from the store's own declaration; tests/test_report.py pins all four to its CREATE TABLE statements.
 SWEEP_COLUMNS = ["sweep_id", "name", "config_json", "created_at", "git_commit", "machine_json", "status"]
-RUN_COLUMNS = [
-    "run_id", "sweep_id", "cell_key", "config_label", "pair", "target", "draft", "target_backend",
-    "draft_backend", "compiled", "device", "dtype", "threads", "prompt_id", "prompt_type", "chat_template",
-    "prompt_tokens", "method", "policy", "k", "repeat", "seed", "temperature", "top_k", "top_p",
-    "max_new_tokens", "new_tokens", "finish_reason", "token_ids", "matches_baseline", "num_rounds",
-    "num_drafted", "num_accepted", "num_rejections", "prefill_s", "ttft_s", "decode_s", "total_s",
-    "draft_s", "verify_s", "tokens_per_s", "error", "created_at",
-]  # fmt: skip
-ROUND_COLUMNS = [
-    "run_id", "round_idx", "k", "k_requested", "num_accepted", "accept_flags", "next_kind", "num_emitted",
-    "draft_s", "verify_s", "other_s", "alpha_estimate",
-]  # fmt: skip
+RUN_COLUMNS = ["run_id", *store.RUN_COLUMNS]
+ROUND_COLUMNS = ["run_id", *store.ROUND_COLUMNS]
 COST_COLUMNS = ["sweep_id", "config_label", "role", "n_tokens", "seconds", "repeats", "spread_s"]
 _TABLES = ("sweeps", "runs", "rounds", "costs")
 

@@ -12,7 +12,7 @@ from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.cells import best_fixed, spec_fixed_cells
 from specdec.report.diagnostics import DRIFT_FLAG
-from specdec.report.document import Bullets, Pre, Section, Table, ci, f, i, pct, s, table_of, yn
+from specdec.report.document import Bullets, Pre, Section, Table, ci, f, i, key_columns, pct, s, table_of, yn
 from specdec.report.plots import FigureEntry
 from specdec.report.sections_compare import (
     adaptive_section,
@@ -99,7 +99,7 @@ def _source_section(a: Analysis) -> Section:
         sec.blocks.append("Machine: not recorded in this store.")
     stab = a[T.BASELINE_STABILITY]
     if len(stab):
-        t = table_of(stab, [("config", lambda r: s(r["config_label"])), ("prompt", lambda r: s(r["prompt_id"])),
+        t = table_of(stab, [*key_columns("config", "prompt"),
                          ("baseline runs", lambda r: i(r["n_runs"])), ("median tok/s", lambda r: f(r["median_tok_s"])),
                          ("min", lambda r: f(r["min_tok_s"])), ("max", lambda r: f(r["max_tok_s"])),
                          ("spread", lambda r: pct(r["spread"])),
@@ -184,9 +184,9 @@ def _speedup_section(a: Analysis) -> Section:
         sec.blocks.append("No successful run: nothing to tabulate.")
         return sec
     common = [
-        ("method", lambda r: s(r["method"])), ("policy", lambda r: s(r["policy"])), ("K", lambda r: i(r["k"])),
+        *key_columns("method", "policy", "K"),
     ]
-    t = table_of(ov, [("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])), *common,
+    t = table_of(ov, [*key_columns("config", "pair"), *common,
                    ("prompts", lambda r: i(r["n_prompts"])), ("runs", lambda r: i(r["n_runs"])),
                    ("failed", lambda r: i(r["n_failed"])), ("tok/s", lambda r: f(r["tok_s"], 1)),
                    ("speedup", lambda r: f(r["speedup"])), ("95% CI", lambda r: ci(r["speedup_lo"], r["speedup_hi"])),
@@ -198,8 +198,7 @@ def _speedup_section(a: Analysis) -> Section:
     t.caption = "All prompt types pooled (speedup CI over prompts)."
     sec.blocks.append(t)
     t = table_of(cells, [
-        ("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
-        ("prompt type", lambda r: s(r["prompt_type"])), *common,
+        *key_columns("config", "pair", "prompt type"), *common,
         ("prompts", lambda r: f"{i(r['n_prompts'])}/{i(r['n_prompts_expected'])}"),
         ("runs", lambda r: i(r["n_runs"])), ("failed", lambda r: i(r["n_failed"])),
         ("tok/s", lambda r: f(r["tok_s"], 1)), ("baseline tok/s", lambda r: f(r["baseline_tok_s"], 1)),
@@ -223,8 +222,7 @@ def _speedup_section(a: Analysis) -> Section:
         sec.blocks.append(f"{sub}: no fixed-K cell with a measured speedup.")
     else:
         t = table_of(best, [
-            ("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
-            ("prompt type", lambda r: s(r["prompt_type"])), ("method", lambda r: s(r["method"])),
+            *key_columns("config", "pair", "prompt type", "method"),
             ("best K", lambda r: i(r["best_k"])), ("speedup", lambda r: f(r["speedup"])),
             ("95% CI", lambda r: ci(r["speedup_lo"], r["speedup_hi"])), ("verdict", lambda r: s(r["verdict"])),
             ("alpha-hat", lambda r: f(r["alpha_hat"], 3)), ("K tried", lambda r: s(r["ks_tried"])),
@@ -254,9 +252,8 @@ def _drift_section(a: Analysis) -> Section:
     n_flag = int(dc["flagged"].sum())
     sec.blocks.append(f"{n_flag} of {len(dc)} cells are flagged; median |drift| "
                       f"{pct(dc['drift'].abs().median())}, largest {pct(dc['drift'].abs().max())}.")
-    t = table_of(dc, [("config", lambda r: s(r["config_label"])), ("prompt type", lambda r: s(r["prompt_type"])),
-                   ("method", lambda r: s(r["method"])), ("policy", lambda r: s(r["policy"])),
-                   ("K", lambda r: i(r["k"])), ("runs", lambda r: i(r["n_runs"])),
+    t = table_of(dc, [*key_columns("config", "prompt type", "method", "policy", "K"),
+                   ("runs", lambda r: i(r["n_runs"])),
                    ("drift", lambda r: pct(r["drift"])), ("speedup (raw)", lambda r: f(r["speedup"])),
                    ("normalized", lambda r: f(r["normalized_speedup"])),
                    ("flagged", lambda r: "yes" if r["flagged"] else "")])
@@ -280,10 +277,8 @@ def _gaps_section(a: Analysis, figures: list[FigureEntry]) -> Section:
         n_skip = int((gaps["kind"] == "skipped").sum())
         sec.blocks.append(f"{len(gaps) - n_skip} failed and {n_skip} skipped run(s) in {n_cells} cell(s); they "
                           "are excluded from every number.")
-        t = table_of(gaps, [("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
-                         ("prompt", lambda r: s(r["prompt_id"])), ("prompt type", lambda r: s(r["prompt_type"])),
-                         ("method", lambda r: s(r["method"])), ("policy", lambda r: s(r["policy"])),
-                         ("K", lambda r: i(r["k"])), ("repeat", lambda r: i(r["repeat"])),
+        t = table_of(gaps, [*key_columns("config", "pair", "prompt", "prompt type", "method", "policy", "K"),
+                         ("repeat", lambda r: i(r["repeat"])),
                          ("kind", lambda r: s(r["kind"])), ("error", lambda r: s(r["error"])[:300])])
         t.limit = 200
         sec.blocks.append(t)
@@ -291,9 +286,7 @@ def _gaps_section(a: Analysis, figures: list[FigureEntry]) -> Section:
         sec.blocks.append("No failed run.")
     cov = a[T.COVERAGE]
     if len(cov):
-        t = table_of(cov, [("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
-                        ("prompt type", lambda r: s(r["prompt_type"])), ("method", lambda r: s(r["method"])),
-                        ("policy", lambda r: s(r["policy"])), ("K", lambda r: i(r["k"])),
+        t = table_of(cov, [*key_columns("config", "pair", "prompt type", "method", "policy", "K"),
                         ("prompts measured", lambda r: i(r["n_prompts"])),
                         ("prompts of the type", lambda r: i(r["n_prompts_expected"]))])
         t.caption = ("Cells measured on fewer prompts than the sweep holds of their type (by plan: secondary "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
-from specdec.report.document import Section, Table, ci, f, i, num, pct, s, table_of, yn
+from specdec.report.document import Section, Table, ci, f, i, key_columns, num, pct, s, table_of, yn
 from specdec.report.vocab import ADAPTIVE_POLICIES, ALL_PROMPTS, PEER_METHODS
 
 __all__ = ["adaptive_section", "condition_section", "model_section", "peer_section", "runtime_section"]
@@ -25,8 +25,7 @@ def condition_section(a: Analysis) -> Section:
                           "speculative cells.")
         return sec
     t = table_of(be, [
-        ("config", lambda r: s(r["config_label"])), ("method", lambda r: s(r["method"])),
-        ("K", lambda r: i(r["k"])), ("c", lambda r: f(r["c"], 3)), ("v(K+1)", lambda r: f(r["v_k1"], 3)),
+        *key_columns("config", "method", "K"), ("c", lambda r: f(r["c"], 3)), ("v(K+1)", lambda r: f(r["v_k1"], 3)),
         ("break-even alpha (ideal, v=1)", lambda r: f(r["break_even_ideal"], 3)),
         ("break-even alpha (refined, measured v)", lambda r: f(r["break_even_refined"], 3)),
         ("v extrapolated", lambda r: yn(r["v_extrapolated"])),
@@ -72,9 +71,8 @@ def model_section(a: Analysis) -> Section:
                 f"Efficiency (measured / refined prediction) over {len(eff)} cells: median {f(eff.median())}, "
                 f"range {f(eff.min())} to {f(eff.max())}.")
         t = table_of(m, [
-            ("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
-            ("prompt type", lambda r: s(r["prompt_type"])), ("method", lambda r: s(r["method"])),
-            ("K", lambda r: i(r["k"])), ("alpha-hat", lambda r: f(r["alpha_hat"], 3)), ("c", lambda r: f(r["c"], 3)),
+            *key_columns("config", "pair", "prompt type", "method", "K"),
+            ("alpha-hat", lambda r: f(r["alpha_hat"], 3)), ("c", lambda r: f(r["c"], 3)),
             ("v(K+1)", lambda r: f(r["v_k1"], 3)), ("E[tokens/round] model", lambda r: f(r["expected_tokens"])),
             ("block eff. measured", lambda r: f(r["block_efficiency"])), ("ideal", lambda r: f(r["ideal"])),
             ("refined", lambda r: f(r["refined"])), ("measured", lambda r: f(r["speedup"])),
@@ -86,8 +84,7 @@ def model_section(a: Analysis) -> Section:
     opt = a[T.OPTIMAL_K]
     if len(opt):
         t = table_of(opt, [
-            ("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
-            ("prompt type", lambda r: s(r["prompt_type"])), ("method", lambda r: s(r["method"])),
+            *key_columns("config", "pair", "prompt type", "method"),
             ("alpha (pooled)", lambda r: f(r["alpha_pooled"], 3)), ("model", lambda r: s(r["model"])),
             ("predicted best K", lambda r: i(r["predicted_k"])),
             ("predicted speedup", lambda r: f(r["predicted_speedup"])), ("measured best K", lambda r: i(r["best_k"])),
@@ -121,8 +118,7 @@ def peer_section(a: Analysis) -> Section:
         sec.blocks.append(t)
     eq = a[T.EQUALITY]
     if len(eq):
-        t = table_of(eq, [("config", lambda r: s(r["config_label"])), ("method", lambda r: s(r["method"])),
-                       ("policy", lambda r: s(r["policy"])), ("K", lambda r: i(r["k"])),
+        t = table_of(eq, [*key_columns("config", "method", "policy", "K"),
                        ("runs checked", lambda r: i(r["n_checked"])), ("equal", lambda r: i(r["n_equal"])),
                        ("equal rate", lambda r: pct(r["equal_rate"]))])
         t.caption = "Output equality with our baseline (matches_baseline, recorded under greedy decoding)."
@@ -137,9 +133,8 @@ def adaptive_section(a: Analysis) -> Section:
         sec.blocks.append(f"No adaptive-policy run ({', '.join(ADAPTIVE_POLICIES)}) in this sweep.")
         return sec
     t = table_of(ad, [
-        ("config", lambda r: s(r["config_label"])), ("pair", lambda r: s(r["pair"])),
-        ("prompt type", lambda r: s(r["prompt_type"])), ("method", lambda r: s(r["method"])),
-        ("policy", lambda r: s(r["policy"])), ("K cap", lambda r: i(r["k_cap"])), ("mean K", lambda r: f(r["mean_k"])),
+        *key_columns("config", "pair", "prompt type", "method", "policy"),
+        ("K cap", lambda r: i(r["k_cap"])), ("mean K", lambda r: f(r["mean_k"])),
         ("speedup", lambda r: f(r["speedup"])), ("95% CI", lambda r: ci(r["speedup_lo"], r["speedup_hi"])),
         ("verdict", lambda r: s(r["verdict"])), ("best fixed K", lambda r: i(r["best_fixed_k"])),
         ("best fixed speedup", lambda r: f(r["best_fixed_speedup"])),

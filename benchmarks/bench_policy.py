@@ -11,8 +11,8 @@ the `cost` policy (issue 7) and prints PASS / FAIL for each; it asserts nothing 
 Targets: ``vs best fixed >= 1 - within`` on every prompt type (default within 10%), and ``speedup >= floor``
 on every prompt type (default: no more than 5% slower than the baseline). Both are printed twice: on raw
 tokens/s, and on step-normalized speedups (each run scaled by its own measured target step time over its
-baseline's: the comparison had the machine kept one speed; see `specdec.report.analysis.drift_runs`). Each ratio is a median over the
-prompt type's prompts of per-prompt tokens/s ratios (`specdec.report.analysis.adaptive_table`); with one
+baseline's: the comparison had the machine kept one speed; see `specdec.report.diagnostics.drift_runs`). Each ratio is a median over the
+prompt type's prompts of per-prompt tokens/s ratios (`specdec.report.comparisons.adaptive_table`); with one
 run per cell it carries the run-to-run noise of two single runs (a few percent on an idle CPU).
 """
 
@@ -31,7 +31,8 @@ def main() -> None:
     ap.add_argument("--floor", type=float, default=0.95, help="lowest acceptable speedup over the baseline")
     args = ap.parse_args()
 
-    from specdec.report.analysis import ALL_PROMPTS, analyze, load_store
+    from specdec.report import analyze, load_store
+    from specdec.report.vocab import ALL_PROMPTS
 
     an = analyze(load_store(args.db, args.sweep))
     ad = an.table("adaptive")
@@ -76,7 +77,7 @@ def _print_targets(basis: str, fails: dict[str, list[str]], n_cells: int, args) 
 
 
 def _normalized(an, args) -> None:
-    """The same comparison on step-normalized speedups (`specdec.report.analysis.drift_runs`): each run's
+    """The same comparison on step-normalized speedups (`specdec.report.diagnostics.drift_runs`): each run's
     speedup scaled by its own target step time over its baseline's, so that runs taken while the machine
     ran at another speed compare as if it had not."""
     dr = an.table("drift_runs")

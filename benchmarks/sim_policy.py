@@ -152,7 +152,7 @@ def _store(db: str, sweep: str | None) -> tuple[str, list[tuple[str, str, list[i
     """(sweep id, [(prompt_id, prompt_type, baseline token ids)], the stored costs) of the sweep's first
     configuration; the sweep is chosen as `specdec report` chooses it (id, unique prefix, or the newest)."""
     from specdec.bench.store import Store
-    from specdec.report.analysis import load_store
+    from specdec.report import load_store
 
     data = load_store(db, sweep)
     base = data.runs[(data.runs["method"] == "baseline") & data.runs["error"].isna()].sort_values("run_id")

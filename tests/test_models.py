@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from specdec import models as M
+from specdec.models import chunks, convert, files
 
 PREFIX = "specdec-synthetic-chunk-part"
 
@@ -75,7 +76,7 @@ def synthetic(tmp_path, monkeypatch, cache):
     blob = b"".join(parts)
     site = make_chunk_site(tmp_path, parts)
     monkeypatch.syspath_prepend(str(site))
-    cs = M._ChunkSet(
+    cs = M.ChunkSet(
         package_prefix=PREFIX,
         count=len(parts),
         size=len(blob),
@@ -84,7 +85,7 @@ def synthetic(tmp_path, monkeypatch, cache):
         version="1.0",
         model="synthetic test model",
     )
-    monkeypatch.setitem(M._CHUNK_SETS, ("synthetic", "draft"), cs)
+    monkeypatch.setitem(M.CHUNK_SETS, ("synthetic", "draft"), cs)
     monkeypatch.setitem(
         M.PRESETS,
         "synthetic",
@@ -170,8 +171,8 @@ def test_corrupt_chunk_names_package_and_leaves_nothing(synthetic):
 
 
 def test_wrong_expected_hash_says_reinstall(synthetic, monkeypatch):
-    bad = M._ChunkSet(**{**synthetic.cs.__dict__, "sha256": "0" * 64})
-    monkeypatch.setitem(M._CHUNK_SETS, ("synthetic", "draft"), bad)
+    bad = M.ChunkSet(**{**synthetic.cs.__dict__, "sha256": "0" * 64})
+    monkeypatch.setitem(M.CHUNK_SETS, ("synthetic", "draft"), bad)
     with pytest.raises(M.ChunkAssemblyError) as err:
         M.assemble_gguf("draft", "synthetic")
     msg = _one_line(err.value)
@@ -181,14 +182,14 @@ def test_wrong_expected_hash_says_reinstall(synthetic, monkeypatch):
 
 def test_wrong_total_size(synthetic, monkeypatch):
     monkeypatch.setitem(
-        M._CHUNK_SETS, ("synthetic", "draft"), M._ChunkSet(**{**synthetic.cs.__dict__, "size": 5})
+        M.CHUNK_SETS, ("synthetic", "draft"), M.ChunkSet(**{**synthetic.cs.__dict__, "size": 5})
     )
     with pytest.raises(M.ChunkAssemblyError, match="reinstall"):
         M.assemble_gguf("draft", "synthetic")
 
 
 def test_interrupted_write_leaves_no_complete_looking_file(synthetic, monkeypatch):
-    real = M._copy_into
+    real = files.copy_into
     calls = []
 
     def crash_on_third(dst, src, digest):
@@ -198,11 +199,11 @@ def test_interrupted_write_leaves_no_complete_looking_file(synthetic, monkeypatc
             raise KeyboardInterrupt
         return real(dst, src, digest)
 
-    monkeypatch.setattr(M, "_copy_into", crash_on_third)
+    monkeypatch.setattr(files, "copy_into", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         M.assemble_gguf("draft", "synthetic")
     assert _leftovers(synthetic.cache / "gguf") == []
-    monkeypatch.setattr(M, "_copy_into", real)
+    monkeypatch.setattr(files, "copy_into", real)
     assert M.assemble_gguf("draft", "synthetic").read_bytes() == synthetic.blob
 
 
@@ -213,14 +214,15 @@ def test_killed_process_leaves_only_a_partial(synthetic):
         import os, sys
         sys.path.insert(0, {str(synthetic.site)!r})
         from specdec import models as M
-        M._CHUNK_SETS[("synthetic", "draft")] = M._ChunkSet(**{synthetic.cs.__dict__!r})
-        real, n = M._copy_into, []
+        from specdec.models import files as F
+        M.CHUNK_SETS[("synthetic", "draft")] = M.ChunkSet(**{synthetic.cs.__dict__!r})
+        real, n = F.copy_into, []
         def die(dst, src, digest):
             n.append(1)
             if len(n) == 4:
                 dst.flush(); os._exit(9)
             return real(dst, src, digest)
-        M._copy_into = die
+        F.copy_into = die
         M.assemble_gguf("draft", "synthetic")
         """
     )
@@ -238,18 +240,18 @@ def test_second_call_reuses_cache_without_reading_chunks(synthetic, monkeypatch)
     def forbidden(*a, **k):
         raise AssertionError("cache hit must not look up, read or hash anything")
 
-    monkeypatch.setattr(M, "_copy_into", forbidden)
-    monkeypatch.setattr(M, "_sha256_file", forbidden)
-    monkeypatch.setattr(M, "_find_chunks", forbidden)
+    monkeypatch.setattr(files, "copy_into", forbidden)
+    monkeypatch.setattr(files, "sha256_file", forbidden)
+    monkeypatch.setattr(chunks, "find_chunks", forbidden)
     assert M.assemble_gguf("draft", "synthetic", _dists=forbidden) == first
 
 
 def test_cache_rehashes_once_without_marker_and_rebuilds_truncated(synthetic, monkeypatch):
     path = M.assemble_gguf("draft", "synthetic")
-    M._marker_path(path).unlink()
+    files.marker_path(path).unlink()
     hashed = []
-    real_sha = M._sha256_file
-    monkeypatch.setattr(M, "_sha256_file", lambda p: hashed.append(p) or real_sha(p))
+    real_sha = files.sha256_file
+    monkeypatch.setattr(files, "sha256_file", lambda p: hashed.append(p) or real_sha(p))
     M.assemble_gguf("draft", "synthetic")
     M.assemble_gguf("draft", "synthetic")
     assert hashed == [path]  # verified once, then the marker answers
@@ -273,6 +275,26 @@ def test_gguf_file(synthetic, tmp_path):
             M.gguf_file(spec)
         _one_line(err.value)
 
+
+
+def test_resolve_says_what_each_spec_is(synthetic, tmp_path, monkeypatch):
+    """One answer per spec: chunked preset member, a preset member naming another spec, GGUF path, local
+    dir, hub id, and a path that is neither (which must not be taken for a hub id)."""
+    r = M.resolve("synthetic:draft")
+    assert (r.kind, r.preset.name, r.role, r.chunks) == ("chunked", "synthetic", "draft", synthetic.cs)
+    r = M.resolve("synthetic:target")  # the synthetic preset's target member is the hub id "gpt2"
+    assert (r.kind, r.source, r.preset.name, r.role, r.chunks) == ("hub", "gpt2", "synthetic", "target", None)
+    assert M.resolve("qwen2.5-coder:target").kind == "chunked"
+    assert M.resolve("nosuchpreset:draft").kind == "missing"  # not a preset, and ':' is no hub id
+    assert M.resolve(str(tmp_path / "absent.gguf")).kind == "gguf"  # by suffix, existing or not
+    assert (M.resolve(str(tmp_path)).kind, M.resolve(str(tmp_path)).path) == ("dir", tmp_path)
+    assert M.resolve("gpt2-medium").kind == "hub" and M.resolve("org/name").kind == "hub"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt2-medium").write_text("a local file, not a directory")
+    assert M.resolve("gpt2-medium").kind == "missing"  # a local path shadows the hub id
+    assert M.resolve(str(tmp_path / "no" / "dir")).kind == "missing"
+    with pytest.raises(M.ModelNotAvailableError, match="nor is it a hub id"):
+        M.load_hf(str(tmp_path / "no" / "dir"))
 
 # ------------------------------------------------------------------------------------- presets, pairs
 
@@ -310,7 +332,7 @@ def test_list_presets_offline(tmp_path, monkeypatch, cache):
     assert rows["gpt2-large"]["target_params"] == 774_030_080
     installed = all(
         _installed(f"{cs.package_prefix}{i}")
-        for (p, _), cs in M._CHUNK_SETS.items()
+        for (p, _), cs in M.CHUNK_SETS.items()
         if p == "qwen2.5-coder"
         for i in range(1, cs.count + 1)
     )
@@ -432,7 +454,7 @@ def test_gguf_conversion_plumbing(tiny_pair, tmp_path, monkeypatch, cache):
             model.save_pretrained = save_then_die
         return model, AutoTokenizer.from_pretrained(tiny_pair.target_dir)
 
-    monkeypatch.setattr(M, "_load_from_gguf", fake_load)
+    monkeypatch.setattr(convert, "load_from_gguf", fake_load)
     with pytest.raises(OSError, match="disk full"):
         M.load_hf(str(src))
     assert _leftovers(cache / "converted") == []  # the half-written temp dir is gone, no final dir
@@ -456,7 +478,7 @@ def test_gguf_conversion_plumbing(tiny_pair, tmp_path, monkeypatch, cache):
 
 _REAL_CHUNKS = [
     f"{cs.package_prefix}{i}"
-    for (p, _), cs in M._CHUNK_SETS.items()
+    for (p, _), cs in M.CHUNK_SETS.items()
     if p == "qwen2.5-coder"
     for i in range(1, cs.count + 1)
 ]

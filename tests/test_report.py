@@ -16,8 +16,13 @@ import pandas as pd
 import pytest
 
 from specdec import theory
-from specdec.report import analysis as an
+from specdec.report import analyze, load_store
+from specdec.report.cells import cell_table
+from specdec.report.diagnostics import baseline_stability_table, position_acceptance
+from specdec.report.load import prepare_runs
+from specdec.report.model import cost_infos
 from specdec.report.render import write_report
+from specdec.report.vocab import ALL_PROMPTS, SINGLE_RUN
 
 XSS = "<script>alert(1)</script>"
 
@@ -162,7 +167,7 @@ def store_path(tmp_path) -> Path:
 
 @pytest.fixture
 def analysis(store_path):
-    return an.analyze(an.load_store(store_path))
+    return analyze(load_store(store_path))
 
 
 def _cell(cells, ptype, method="draft", k=2, policy="fixed"):
@@ -198,7 +203,7 @@ def test_speedup_ci_is_the_paired_bootstrap_over_prompts():
                              "method": "baseline", "k": 0, "repeat": rep, "tokens_per_s": base})
             rows.append({"run_id": len(rows), "config_label": "x", "prompt_id": f"p{p}", "prompt_type": "t",
                              "method": "draft", "policy": "fixed", "k": 3, "repeat": rep, "tokens_per_s": base * fac})
-    cells = an.cell_table(an.prepare_runs(pd.DataFrame(rows)))
+    cells = cell_table(prepare_runs(pd.DataFrame(rows)))
     row = _cell(cells, "t", k=3)
     point, lo, hi = theory.bootstrap_ratio_ci([15, 50, 27], [10, 20, 15], paired=True)
     assert (row["speedup"], row["speedup_lo"], row["speedup_hi"]) == pytest.approx((point, lo, hi))
@@ -210,7 +215,7 @@ def test_single_prompt_ci_resamples_repeats():
     for rep, tps in enumerate([15.0, 16.0, 17.0, 30.0]):
         rows.append({"run_id": rep + 1, "config_label": "x", "prompt_id": "p", "prompt_type": "t", "method": "ngram",
                          "policy": "fixed", "k": 2, "repeat": rep, "tokens_per_s": tps})
-    row = _cell(an.cell_table(pd.DataFrame(rows)), "t", method="ngram")
+    row = _cell(cell_table(pd.DataFrame(rows)), "t", method="ngram")
     assert row["ci_over"].startswith("repeats")
     assert row["speedup"] == pytest.approx(1.65)
     assert row["speedup_lo"] < row["speedup"] < row["speedup_hi"]
@@ -261,7 +266,7 @@ def test_costs_c_and_v():
           for n in (1, 2, 3, 5)),
         {"config_label": "x", "role": "draft", "n_tokens": 1, "seconds": 0.003},
     ])
-    info = an.cost_infos(costs)["x"]
+    info = cost_infos(costs)["x"]
     assert info.c == pytest.approx(0.3)
     assert info.v == pytest.approx({1: 1.0, 2: 1.5, 3: 2.0, 5: 3.0})
     assert info.v_at(4) == pytest.approx(2.5)
@@ -313,7 +318,7 @@ def test_optimal_k_against_measured_best(analysis):
 
 def test_peers_ratios_and_equality(analysis):
     p = analysis.table("peers")
-    allp = p[p["prompt_type"] == an.ALL_PROMPTS].set_index("peer")
+    allp = p[p["prompt_type"] == ALL_PROMPTS].set_index("peer")
     assert allp.loc["hf_generate", "ratio"] == pytest.approx(1.25)
     assert allp.loc["hf_generate", "verdict"] == "win"
     assert allp.loc["hf_assisted K=2", "ratio"] == pytest.approx(2.0)
@@ -332,7 +337,7 @@ def test_adaptive_vs_best_fixed(analysis):
     assert code["vs_best_verdict"] == "loss"
     nat = ad[ad["prompt_type"] == "natural"].iloc[0]
     assert nat["best_fixed_k"] == 1 and nat["vs_best_fixed"] == pytest.approx(1.3 / 0.8)
-    pooled = ad[ad["prompt_type"] == an.ALL_PROMPTS]
+    pooled = ad[ad["prompt_type"] == ALL_PROMPTS]
     assert len(pooled) == 1 and pooled.iloc[0]["best_fixed_k"] in (1, 2, 4)
 
 
@@ -343,7 +348,7 @@ def test_baseline_stability_spread_and_generate_ratio(tmp_path, analysis):
     st.run(prompt_id="a", method="hf_generate", tokens_per_s=3.0)
     st.run(prompt_id="b", tokens_per_s=4.0)
     st.run(prompt_id="b", repeat=1, tokens_per_s=0.0, error="killed")
-    stab = an.baseline_stability_table(an.load_store(st.close()).runs).set_index("prompt_id")
+    stab = baseline_stability_table(load_store(st.close()).runs).set_index("prompt_id")
     assert stab.loc["a", "n_runs"] == 2 and stab.loc["a", "median_tok_s"] == pytest.approx(3.3)
     assert stab.loc["a", "spread"] == pytest.approx(0.6 / 3.3)
     assert stab.loc["a", "vs_hf_generate"] == pytest.approx(1.1)
@@ -363,7 +368,7 @@ def test_speedup_uses_the_baseline_run_nearest_in_time(tmp_path):
     st.run(method="ngram", policy="fixed", k=1, tokens_per_s=12.0)
     st.run(method="draft", policy="fixed", k=2, tokens_per_s=6.0)
     st.run(method="baseline", repeat=1, tokens_per_s=5.0)
-    cells = an.analyze(an.load_store(st.close())).table("cells")
+    cells = analyze(load_store(st.close())).table("cells")
     assert _cell(cells, "code", "draft", 1)["speedup"] == pytest.approx(1.2)
     assert _cell(cells, "code", "ngram", 1)["speedup"] == pytest.approx(1.2)
     assert _cell(cells, "code", "draft", 2)["speedup"] == pytest.approx(1.2)
@@ -384,7 +389,7 @@ def test_machine_drift_from_round_traces(tmp_path):
     # ngram K=1 at the baseline's speed: 0.010 x v(2) = 0.011 s
     trace(st.run(method="ngram", policy="fixed", k=1, tokens_per_s=12.0), 1, 0.011)
     st.run(method="hf_generate", tokens_per_s=9.0)  # no trace: not in the drift table
-    a = an.analyze(an.load_store(st.close()))
+    a = analyze(load_store(st.close()))
     runs = a.table("drift_runs").set_index("method")
     assert set(runs.index) == {"baseline", "draft", "ngram"}
     assert runs.loc["baseline", "step_s"] == pytest.approx(0.010) and runs.loc["baseline", "drift"] == pytest.approx(0)
@@ -405,7 +410,7 @@ def test_position_acceptance():
         {"run_id": 1, "round_idx": 2, "k": 3, "num_accepted": 0, "accept_flags": "011"},
         {"run_id": 1, "round_idx": 3, "k": 3, "num_accepted": 2, "accept_flags": None},  # falls back to num_accepted
     ])
-    p = an.position_acceptance(runs, rounds).set_index("position")
+    p = position_acceptance(runs, rounds).set_index("position")
     assert list(p["reached"]) == [4, 3, 2] and list(p["accepted"]) == [3, 2, 1]
     assert p.loc[2, "p"] == pytest.approx(2 / 3)
 
@@ -417,7 +422,7 @@ def test_runtimes_side_by_side(tmp_path):
             st.run(config_label=label, prompt_id=f"p{p}", tokens_per_s=10.0 + p)
             st.run(config_label=label, prompt_id=f"p{p}", method="draft", policy="fixed", k=2,
                    tokens_per_s=(10.0 + p) * fac, num_drafted=10, num_accepted=8, num_rejections=2, rounds=[(2, "11")])
-    a = an.analyze(an.load_store(st.close()))
+    a = analyze(load_store(st.close()))
     rt = a.table("runtimes").set_index("config_label")
     assert rt.loc["compiled", "c"] == pytest.approx(0.8) and rt.loc[LABEL, "c"] == pytest.approx(0.2)
     assert rt.loc[LABEL, "best_speedup"] == pytest.approx(1.5) and rt.loc["compiled", "best_verdict"] == "loss"
@@ -547,18 +552,18 @@ def test_missing_baseline_names_the_config(tmp_path):
 
 def test_store_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
-        an.load_store(tmp_path / "missing.db")
+        load_store(tmp_path / "missing.db")
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not a database, just some bytes" * 100)
     with pytest.raises(ValueError, match="SQLite"):
-        an.load_store(junk)
+        load_store(junk)
     path = Store(tmp_path / "s.db").sweep().sweep("abcdef9999999999", created_at="2024-01-01").close()
     with pytest.raises(ValueError, match="ambiguous"):
-        an.load_store(path, "abcdef")
+        load_store(path, "abcdef")
     with pytest.raises(ValueError, match="no sweep"):
-        an.load_store(path, "zzz")
-    assert an.load_store(path, "abcdef99").sweep_id == "abcdef9999999999"
-    newest = an.load_store(path)
+        load_store(path, "zzz")
+    assert load_store(path, "abcdef99").sweep_id == "abcdef9999999999"
+    newest = load_store(path)
     assert newest.sweep_id == SWEEP and any("other sweep" in n for n in newest.notes)
 
 
@@ -588,13 +593,81 @@ def test_default_cpu_plan_one_run_per_type(tmp_path):
     res = write_report(st.close(), tmp_path / "o")
     cells = res.analysis.table("cells")
     row = _cell(cells, "code", k=4)
-    assert row["speedup"] == pytest.approx(1.5) and row["verdict"] == an.SINGLE_RUN
+    assert row["speedup"] == pytest.approx(1.5) and row["verdict"] == SINGLE_RUN
     assert math.isnan(row["speedup_lo"]) and math.isnan(row["speedup_hi"])
-    pooled = _cell(res.analysis.table("overall"), an.ALL_PROMPTS, k=4)
+    pooled = _cell(res.analysis.table("overall"), ALL_PROMPTS, k=4)
     assert pooled["speedup"] == pytest.approx(1.4) and pooled["n_aligned"] == 3
     assert pooled["speedup_lo"] == pytest.approx(1.2) and pooled["verdict"] == "win"
     gaps = res.analysis.table("gaps")
     assert len(gaps) == 3 and set(gaps["kind"]) == {"skipped"}
     text = res.html.read_text(encoding="utf-8")
-    assert "0 failed and 3 skipped" in text and an.SINGLE_RUN in text
+    assert "0 failed and 3 skipped" in text and SINGLE_RUN in text
     assert not [e for e in res.figures if e.skipped and "drawing failed" in e.skipped]
+
+
+# --------------------------------------------------------------------------------------------------
+# the schema, the table registry, the best fixed K
+# --------------------------------------------------------------------------------------------------
+
+
+def _table_columns(con: sqlite3.Connection) -> dict[str, list[str]]:
+    names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    return {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in names}
+
+
+def test_report_columns_are_the_store_schema(tmp_path):
+    """The columns the report reads (and the synthetic store these tests build) are exactly those the
+    results store creates, in order: a column added to or renamed in the store fails here."""
+    from specdec.bench.store import Store as ResultsStore
+    from specdec.report import load
+
+    with ResultsStore(tmp_path / "real.db"):
+        pass
+    con = sqlite3.connect(tmp_path / "real.db")
+    real = _table_columns(con)
+    con.close()
+    assert real["runs"] == load.RUN_COLUMNS
+    assert real["rounds"] == load.ROUND_COLUMNS
+    assert real["sweeps"] == load.SWEEP_COLUMNS
+    assert real["costs"] == load.COST_COLUMNS
+    synthetic = _table_columns(sqlite3.connect(":memory:").executescript(DDL))
+    assert {t: synthetic[t] for t in real} == real
+
+
+def test_every_registered_table_is_built_once_in_order(analysis):
+    from specdec.report.tables import REGISTRY
+
+    names = [t.name for t in REGISTRY]
+    assert len(set(names)) == len(names)
+    assert list(analysis.tables) == names
+    for t in REGISTRY:  # a handle and its name read the same frame
+        assert analysis[t] is analysis.table(t.name)
+
+
+def test_a_failing_table_builder_is_a_gap_not_a_crash(store_path, monkeypatch):
+    from specdec.report import analysis as analysis_mod
+    from specdec.report.tables import BEST_K, REGISTRY, ReportTable
+
+    def boom(_inputs):
+        raise RuntimeError("bad data")
+
+    broken = tuple(ReportTable(t.name, t.what, boom) if t is BEST_K else t for t in REGISTRY)
+    monkeypatch.setattr(analysis_mod, "REGISTRY", broken)
+    a = analyze(load_store(store_path))
+    assert "best K could not be computed: RuntimeError: bad data" in a.missing
+    assert a.table("best_k").empty
+    assert len(a.table("optimal_k")) and a.table("optimal_k")["best_k"].isna().all()  # built without it
+    assert len(a.table("cells"))
+
+
+def test_best_fixed_prefers_the_higher_speedup_then_the_smaller_k():
+    from specdec.report.cells import best_fixed
+
+    cells = pd.DataFrame({
+        "policy": ["fixed", "fixed", "-", "cost", "fixed"],
+        "k": [4, 2, 8, 16, 0],
+        "speedup": [1.5, 1.5, 1.2, 9.0, 3.0],  # the adaptive row and the K = 0 row are not fixed-K cells
+    })
+    assert best_fixed(cells)["k"] == 2
+    assert best_fixed(cells[cells["k"] == 8])["k"] == 8
+    assert best_fixed(cells[cells["policy"] == "cost"]) is None

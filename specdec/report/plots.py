@@ -19,119 +19,48 @@ Figures (file stem prefixes):
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from specdec import theory
-from specdec.report.analysis import SPEC_METHODS, Analysis, _fixed
+from specdec.report import tables as T
+from specdec.report.analysis import Analysis
+from specdec.report.cells import spec_fixed_cells
+from specdec.report.figure_kit import (
+    MARKERS,
+    PHASES,
+    VERDICT_COLOURS,
+    FigureEntry,
+    Namer,
+    colour_cycle,
+    k_axis,
+    new_figure,
+    prompt_types,
+    save_figure,
+    sorted_groups,
+    tex_safe,
+)
+from specdec.report.vocab import FIXED_POLICIES, SPEC_METHODS
 
 __all__ = ["FigureEntry", "make_figures"]
-
-_DPI = 110
-_VERDICT_COLOURS = {"win": "#2e7d32", "loss": "#c62828", "no measurable difference": "#757575"}
-_PHASES = (("prefill", "#9e9e9e"), ("draft", "#1f77b4"), ("verify", "#ff7f0e"), ("other", "#d4c28a"))
-
-
-@dataclass
-class FigureEntry:
-    """One figure of the report.
-
-    Attributes:
-        name: file stem (unique, filesystem-safe).
-        kind: the figure type (see module docstring).
-        title: human title (contains store text: escape it before it reaches HTML).
-        caption: what the figure shows, units and how to read it.
-        png: path of the PNG file (None when skipped).
-        svg: path of the SVG file (None when skipped).
-        skipped: why the figure was not drawn (None when drawn).
-    """
-
-    name: str
-    kind: str
-    title: str
-    caption: str
-    png: Path | None = None
-    svg: Path | None = None
-    skipped: str | None = None
-
-
-def _t(text: object) -> str:
-    """Store text made safe for matplotlib: '$' would start mathtext."""
-    return str(text).replace("$", r"\$")
-
-
-class _Namer:
-    def __init__(self) -> None:
-        self.used: set[str] = set()
-
-    def __call__(self, *parts: object) -> str:
-        stem = "__".join(re.sub(r"[^A-Za-z0-9._-]+", "-", str(p)).strip("-.") or "x" for p in parts)[:120]
-        name, i = stem, 2
-        while name.lower() in self.used:
-            name, i = f"{stem}-{i}", i + 1
-        self.used.add(name.lower())
-        return name
-
-
-def _figure(width: float = 8.0, height: float = 5.0):
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def _save(fig, out: Path, entry: FigureEntry) -> FigureEntry:
-    entry.png = out / f"{entry.name}.png"
-    entry.svg = out / f"{entry.name}.svg"
-    fig.savefig(entry.png, dpi=_DPI, format="png", metadata={"Software": None})
-    fig.savefig(entry.svg, format="svg", metadata={"Date": None})
-    return entry
-
-
-def _groups(df: pd.DataFrame, keys: list[str]):
-    if df is None or df.empty:
-        return []
-    return list(df.groupby(keys, sort=True))
-
-
-def _prompt_types(df: pd.DataFrame) -> list[str]:
-    return sorted(set(df["prompt_type"].astype(str)))
-
-
-def _colours(n: int):
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab20" if n > 10 else "tab10"]
-    return [cmap(i % cmap.N) for i in range(n)]
-
-
-def _k_axis(ax, ks: list[int]) -> None:
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ks)
-    ax.set_xticklabels([str(k) for k in ks])
-    ax.minorticks_off()
-
 
 # --------------------------------------------------------------------------------------------------
 # the figures
 # --------------------------------------------------------------------------------------------------
 
 
-def _heatmaps(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
+def _heatmaps(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
     from matplotlib import colormaps
     from matplotlib.colors import TwoSlopeNorm
 
-    fx = _fixed(a.table("cells"))
-    fx = fx[fx["method"].isin(SPEC_METHODS)] if len(fx) else fx
+    fx = spec_fixed_cells(a[T.CELLS])
     if fx.empty:
         return [FigureEntry("heatmap", "heatmap", "Speedup heatmap", "",
                             skipped="no fixed-K speculative cell with a measured speedup")]
     entries = []
-    for (label, pair, method), g in _groups(fx, ["config_label", "pair", "method"]):
-        types = _prompt_types(g)
+    for (label, pair, method), g in sorted_groups(fx, ["config_label", "pair", "method"]):
+        types = prompt_types(g)
         ks = sorted(set(g["k"].astype(int)))
         grid = np.full((len(types), len(ks)), np.nan)
         verdicts = np.full((len(types), len(ks)), "", dtype=object)
@@ -140,7 +69,7 @@ def _heatmaps(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
             grid[i, j], verdicts[i, j] = r.speedup, r.verdict
         vmin = min(np.nanmin(grid), 0.99)
         vmax = max(np.nanmax(grid), 1.01)
-        fig = _figure(1.6 + 0.9 * len(ks) + 1.5, 1.2 + 0.42 * len(types) + 0.6)
+        fig = new_figure(1.6 + 0.9 * len(ks) + 1.5, 1.2 + 0.42 * len(types) + 0.6)
         ax = fig.subplots()
         cmap = colormaps["RdBu"].with_extremes(bad="#dddddd")
         im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=TwoSlopeNorm(1.0, vmin, vmax), aspect="auto")
@@ -152,12 +81,12 @@ def _heatmaps(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
                     ax.text(j, i, f"{grid[i, j]:.2f}{mark}", ha="center", va="center", fontsize=8,
                             color="white" if far else "black")
         ax.set_xticks(range(len(ks)), [str(k) for k in ks])
-        ax.set_yticks(range(len(types)), [_t(t) for t in types])
+        ax.set_yticks(range(len(types)), [tex_safe(t) for t in types])
         ax.set_xlabel("K (draft tokens per round)")
         ax.set_ylabel("prompt type")
-        ax.set_title(_t(f"Speedup over target-only: {label} / {pair} / {method}"), fontsize=10)
+        ax.set_title(tex_safe(f"Speedup over target-only: {label} / {pair} / {method}"), fontsize=10)
         fig.colorbar(im, ax=ax, label="speedup (x baseline tokens/s; 1 = parity)")
-        entries.append(_save(fig, out, FigureEntry(
+        entries.append(save_figure(fig, out, FigureEntry(
             name("heatmap", label, pair, method), "heatmap",
             f"Speedup heatmap - {label} / {pair} / {method}",
             "Median end-to-end speedup (method tokens/s / baseline tokens/s, median over prompts) per prompt "
@@ -167,33 +96,32 @@ def _heatmaps(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
     return entries
 
 
-def _speedup_vs_k(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    fx = _fixed(a.table("cells"))
-    fx = fx[fx["method"].isin(SPEC_METHODS)] if len(fx) else fx
+def _speedup_vs_k(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
+    fx = spec_fixed_cells(a[T.CELLS])
     if fx.empty:
         return [FigureEntry("speedup_vs_k", "speedup_vs_k", "Speedup vs K", "",
                             skipped="no fixed-K speculative cell with a measured speedup")]
     entries = []
-    for (label, pair, method), g in _groups(fx, ["config_label", "pair", "method"]):
-        types = _prompt_types(g)
+    for (label, pair, method), g in sorted_groups(fx, ["config_label", "pair", "method"]):
+        types = prompt_types(g)
         ks = sorted(set(g["k"].astype(int)))
-        fig = _figure(9, 5)
+        fig = new_figure(9, 5)
         ax = fig.subplots()
-        for j, (colour, ptype) in enumerate(zip(_colours(len(types)), types)):
+        for j, (colour, ptype) in enumerate(zip(colour_cycle(len(types)), types)):
             s = g[g["prompt_type"] == ptype].sort_values("k")
             y = s["speedup"].to_numpy(float)
             err = np.vstack([y - s["speedup_lo"].to_numpy(float), s["speedup_hi"].to_numpy(float) - y])
             # dodge the lines sideways (in log2 K) so their error bars do not hide each other
             dodge = 2.0 ** (0.25 * (j - (len(types) - 1) / 2) / max(len(types), 1))
             ax.errorbar(s["k"].to_numpy(float) * dodge, y, yerr=np.clip(err, 0, None), marker="o", ms=4,
-                        capsize=2, lw=1.3, color=colour, label=_t(ptype))
+                        capsize=2, lw=1.3, color=colour, label=tex_safe(ptype))
         ax.axhline(1.0, color="black", lw=1, ls="--")
-        _k_axis(ax, ks)
+        k_axis(ax, ks)
         ax.set_xlabel("K (draft tokens per round, log scale)")
         ax.set_ylabel("speedup (x baseline tokens/s)")
-        ax.set_title(_t(f"Speedup vs K: {label} / {pair} / {method}"), fontsize=10)
+        ax.set_title(tex_safe(f"Speedup vs K: {label} / {pair} / {method}"), fontsize=10)
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="prompt type")
-        entries.append(_save(fig, out, FigureEntry(
+        entries.append(save_figure(fig, out, FigureEntry(
             name("speedup_vs_k", label, pair, method), "speedup_vs_k",
             f"Speedup vs K - {label} / {pair} / {method}",
             "Median speedup per prompt type against K with its 95 % bootstrap CI (across prompts; none for a "
@@ -202,24 +130,23 @@ def _speedup_vs_k(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
     return entries
 
 
-def _alpha_vs_speedup(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    fx = _fixed(a.table("cells"))
+def _alpha_vs_speedup(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
+    fx = spec_fixed_cells(a[T.CELLS])
     if len(fx):
-        fx = fx[fx["method"].isin(SPEC_METHODS) & np.isfinite(fx["alpha_hat"].astype(float))]
+        fx = fx[np.isfinite(fx["alpha_hat"].astype(float))]
     if fx.empty:
         return [FigureEntry("alpha_vs_speedup", "alpha_vs_speedup", "Acceptance vs speedup", "",
                             skipped="no fixed-K speculative cell with both alpha-hat and speedup")]
     entries = []
     grid = np.linspace(0.0, 1.0, 201)
-    for (label, pair), g in _groups(fx, ["config_label", "pair"]):
+    for (label, pair), g in sorted_groups(fx, ["config_label", "pair"]):
         ks = sorted(set(g["k"].astype(int)))
-        colours = dict(zip(ks, _colours(len(ks))))
+        colours = dict(zip(ks, colour_cycle(len(ks))))
         info = a.costs.get(label)
-        fig = _figure(8.5, 5.5)
+        fig = new_figure(8.5, 5.5)
         ax = fig.subplots()
-        markers = {"draft": "o", "ngram": "s"}
         for (method, k), s in g.groupby(["method", "k"]):
-            ax.scatter(s["alpha_hat"], s["speedup"], color=colours[int(k)], marker=markers.get(method, "^"),
+            ax.scatter(s["alpha_hat"], s["speedup"], color=colours[int(k)], marker=MARKERS.get(method, "^"),
                        edgecolor="black", linewidth=0.4, s=36, label=f"{method} K={k}", zorder=3)
         curve_note = "No model curve: costs (c, v) were not measured for this config."
         if info is not None and info.c_for("draft") is not None and (g["method"] == "draft").any():
@@ -243,9 +170,9 @@ def _alpha_vs_speedup(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]
         ax.set_xlim(0, 1.02)
         ax.set_xlabel("alpha-hat = accepted / (accepted + rejections)")
         ax.set_ylabel("speedup (x baseline tokens/s)")
-        ax.set_title(_t(f"Acceptance vs speedup: {label} / {pair}"), fontsize=10)
+        ax.set_title(tex_safe(f"Acceptance vs speedup: {label} / {pair}"), fontsize=10)
         ax.legend(fontsize=7, loc="upper left", ncol=2)
-        entries.append(_save(fig, out, FigureEntry(
+        entries.append(save_figure(fig, out, FigureEntry(
             name("alpha_vs_speedup", label, pair), "alpha_vs_speedup",
             f"Acceptance vs speedup - {label} / {pair}",
             "Each point is one cell (prompt type x method x K): measured alpha-hat against measured median "
@@ -253,29 +180,29 @@ def _alpha_vs_speedup(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]
     return entries
 
 
-def _best_k(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    best = a.table("best_k")
+def _best_k(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
+    best = a[T.BEST_K]
     best = best[best["method"].isin(SPEC_METHODS)] if len(best) else best
     if best.empty:
         return [FigureEntry("best_k", "best_k", "Best K", "", skipped="no fixed-K speculative cell with a speedup")]
     entries = []
-    for (label, pair, method), g in _groups(best, ["config_label", "pair", "method"]):
+    for (label, pair, method), g in sorted_groups(best, ["config_label", "pair", "method"]):
         g = g.sort_values("prompt_type")
         y = g["speedup"].to_numpy(float)
         err = np.clip(np.vstack([y - g["speedup_lo"].to_numpy(float), g["speedup_hi"].to_numpy(float) - y]), 0, None)
-        fig = _figure(max(6.0, 0.6 * len(g) + 2), 5)
+        fig = new_figure(max(6.0, 0.6 * len(g) + 2), 5)
         ax = fig.subplots()
         x = np.arange(len(g))
-        colours = [_VERDICT_COLOURS.get(v, "#757575") for v in g["verdict"]]
+        colours = [VERDICT_COLOURS.get(v, "#757575") for v in g["verdict"]]
         ax.bar(x, y, color=colours, yerr=err, capsize=3, edgecolor="black", linewidth=0.4)
         for xi, yi, k in zip(x, y, g["best_k"]):
             ax.annotate(f"K={k}", (xi, yi), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
         ax.axhline(1.0, color="black", lw=1, ls="--")
-        ax.set_xticks(x, [_t(t) for t in g["prompt_type"]], rotation=35, ha="right")
+        ax.set_xticks(x, [tex_safe(t) for t in g["prompt_type"]], rotation=35, ha="right")
         ax.set_xlabel("prompt type")
         ax.set_ylabel("speedup at the best K (x baseline tokens/s)")
-        ax.set_title(_t(f"Best fixed K per prompt type: {label} / {pair} / {method}"), fontsize=10)
-        entries.append(_save(fig, out, FigureEntry(
+        ax.set_title(tex_safe(f"Best fixed K per prompt type: {label} / {pair} / {method}"), fontsize=10)
+        entries.append(save_figure(fig, out, FigureEntry(
             name("best_k", label, pair, method), "best_k", f"Best K - {label} / {pair} / {method}",
             "For each prompt type, the K with the highest median speedup (label) and that speedup with its "
             "95 % CI. Green: win, red: loss, grey: no measurable difference. The best K is chosen after "
@@ -283,8 +210,8 @@ def _best_k(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
     return entries
 
 
-def _predicted_vs_measured(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    m = a.table("model")
+def _predicted_vs_measured(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
+    m = a[T.MODEL]
     if m.empty:
         return [FigureEntry("predicted_vs_measured", "predicted_vs_measured", "Predicted vs measured", "",
                             skipped="no model prediction (needs costs and fixed-K speculative cells)")]
@@ -295,13 +222,13 @@ def _predicted_vs_measured(a: Analysis, out: Path, name: _Namer) -> list[FigureE
     if m.empty:
         return [FigureEntry("predicted_vs_measured", "predicted_vs_measured", "Predicted vs measured", "",
                             skipped="no cell with both a prediction and a measured speedup")]
-    fig = _figure(6.5, 6)
+    fig = new_figure(6.5, 6)
     ax = fig.subplots()
     labels = sorted(set(m["config_label"]))
-    colours = dict(zip(labels, _colours(len(labels))))
+    colours = dict(zip(labels, colour_cycle(len(labels))))
     for (label, method), s in m.groupby(["config_label", "method"]):
-        ax.scatter(s["pred"], s["speedup"], color=colours[label], marker={"draft": "o", "ngram": "s"}.get(method, "^"),
-                   edgecolor="black", linewidth=0.4, s=32, label=_t(f"{label} / {method}"), zorder=3)
+        ax.scatter(s["pred"], s["speedup"], color=colours[label], marker=MARKERS.get(method, "^"),
+                   edgecolor="black", linewidth=0.4, s=32, label=tex_safe(f"{label} / {method}"), zorder=3)
     hi = float(max(m["pred"].max(), m["speedup"].max(), 1.0)) * 1.1
     ax.plot([0, hi], [0, hi], color="black", lw=1, label="y = x (runtime as efficient as the model)")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
@@ -314,7 +241,7 @@ def _predicted_vs_measured(a: Analysis, out: Path, name: _Namer) -> list[FigureE
     ax.set_ylabel("measured speedup (x baseline tokens/s)")
     ax.set_title("Predicted vs measured speedup", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
-    return [_save(fig, out, FigureEntry(
+    return [save_figure(fig, out, FigureEntry(
         name("predicted_vs_measured"), "predicted_vs_measured", "Predicted vs measured speedup",
         f"Each point is one fixed-K cell: the {kind} prediction from its measured alpha-hat and c, against "
         "the measured median speedup. Below y = x the runtime delivers less than the model predicts "
@@ -322,29 +249,29 @@ def _predicted_vs_measured(a: Analysis, out: Path, name: _Namer) -> list[FigureE
     )]
 
 
-def _time_breakdown(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    ov = a.table("overall")
+def _time_breakdown(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
+    ov = a[T.OVERALL]
     need = ["draft_ms_per_token", "verify_ms_per_token", "total_ms_per_token"]
     if ov.empty or not all(c in ov.columns for c in need):
         return [FigureEntry("time_breakdown", "time_breakdown", "Time breakdown", "",
                             skipped="no successful run with timings")]
-    ov = ov[ov["policy"].isin(["fixed", "-"]) & np.isfinite(ov["total_ms_per_token"].astype(float))]
+    ov = ov[ov["policy"].isin(FIXED_POLICIES) & np.isfinite(ov["total_ms_per_token"].astype(float))]
     base = ov[ov["method"] == "baseline"]
     spec = ov[ov["method"].isin(SPEC_METHODS) & (ov["k"] > 0)]
     if spec.empty:
         return [FigureEntry("time_breakdown", "time_breakdown", "Time breakdown", "",
                             skipped="no fixed-K speculative run with timings")]
     entries = []
-    for (label, pair, method), g in _groups(spec, ["config_label", "pair", "method"]):
+    for (label, pair, method), g in sorted_groups(spec, ["config_label", "pair", "method"]):
         g = g.sort_values("k")
         b = base[base["config_label"] == label]
         b = b[b["pair"] == pair] if (b["pair"] == pair).any() else b
         rows = ([("baseline", b.iloc[0])] if len(b) else []) + [(f"K={int(r['k'])}", r) for _, r in g.iterrows()]
-        fig = _figure(max(6.0, 0.8 * len(rows) + 2.5), 5)
+        fig = new_figure(max(6.0, 0.8 * len(rows) + 2.5), 5)
         ax = fig.subplots()
         x = np.arange(len(rows))
         bottom = np.zeros(len(rows))
-        for phase, colour in _PHASES:
+        for phase, colour in PHASES:
             vals = np.array([float(r.get(f"{phase}_ms_per_token", np.nan)) for _, r in rows])
             vals = np.nan_to_num(vals, nan=0.0)
             ax.bar(x, vals, bottom=bottom, color=colour, edgecolor="black", linewidth=0.3, label=phase)
@@ -352,9 +279,9 @@ def _time_breakdown(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
         ax.set_xticks(x, [lab for lab, _ in rows])
         ax.set_xlabel("method / K (pooled over prompt types)")
         ax.set_ylabel("ms per new token")
-        ax.set_title(_t(f"Where the time goes: {label} / {pair} / {method}"), fontsize=10)
+        ax.set_title(tex_safe(f"Where the time goes: {label} / {pair} / {method}"), fontsize=10)
         ax.legend(fontsize=8, title="phase")
-        entries.append(_save(fig, out, FigureEntry(
+        entries.append(save_figure(fig, out, FigureEntry(
             name("time_breakdown", label, pair, method), "time_breakdown",
             f"Time breakdown - {label} / {pair} / {method}",
             "Milliseconds per new token (sum of seconds over runs / sum of new tokens), split into prefill, "
@@ -363,25 +290,25 @@ def _time_breakdown(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
     return entries
 
 
-def _positions(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
-    p = a.table("positions")
+def _positions(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
+    p = a[T.POSITIONS]
     if p.empty:
         return [FigureEntry("acceptance_by_position", "acceptance_by_position", "Acceptance by position", "",
                             skipped="no per-round trace (rounds.accept_flags) for fixed-K speculative runs")]
     entries = []
-    for (label, pair, method), g in _groups(p, ["config_label", "pair", "method"]):
-        types = _prompt_types(g)
-        fig = _figure(9, 5)
+    for (label, pair, method), g in sorted_groups(p, ["config_label", "pair", "method"]):
+        types = prompt_types(g)
+        fig = new_figure(9, 5)
         ax = fig.subplots()
-        for colour, ptype in zip(_colours(len(types)), types):
+        for colour, ptype in zip(colour_cycle(len(types)), types):
             s = g[g["prompt_type"] == ptype].sort_values("position")
-            ax.plot(s["position"], s["p"], marker="o", ms=3, lw=1.2, color=colour, label=_t(ptype))
+            ax.plot(s["position"], s["p"], marker="o", ms=3, lw=1.2, color=colour, label=tex_safe(ptype))
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("draft position i (1 = first drafted token)")
         ax.set_ylabel("P(accept at i | reached i)")
-        ax.set_title(_t(f"Acceptance by draft position: {label} / {pair} / {method}"), fontsize=10)
+        ax.set_title(tex_safe(f"Acceptance by draft position: {label} / {pair} / {method}"), fontsize=10)
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="prompt type")
-        entries.append(_save(fig, out, FigureEntry(
+        entries.append(save_figure(fig, out, FigureEntry(
             name("acceptance_by_position", label, pair, method), "acceptance_by_position",
             f"Acceptance by draft position - {label} / {pair} / {method}",
             "Share of rounds accepting the draft token at position i among rounds that drafted it with "
@@ -390,28 +317,28 @@ def _positions(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
     return entries
 
 
-def _verification_cost(a: Analysis, out: Path, name: _Namer) -> list[FigureEntry]:
+def _verification_cost(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
     curves = {label: info for label, info in a.costs.items() if info.v and len(info.v) >= 2}
     if not curves:
         return [FigureEntry("verification_cost", "verification_cost", "Verification cost curve", "",
                             skipped="no target forward times for n >= 2 tokens in 'costs'")]
-    fig = _figure(7.5, 5)
+    fig = new_figure(7.5, 5)
     ax = fig.subplots()
     n_max = max(info.max_n for info in curves.values())
     ns = np.arange(1, n_max + 1)
     ax.plot(ns, np.ones_like(ns, dtype=float), color="black", ls="--", lw=1,
             label="ideal: v(n) = 1 (free parallel verification)")
     ax.plot(ns, ns, color="grey", ls=":", lw=1.2, label="per-token: v(n) = n (no parallelism)")
-    for colour, (label, info) in zip(_colours(len(curves)), sorted(curves.items())):
+    for colour, (label, info) in zip(colour_cycle(len(curves)), sorted(curves.items())):
         xs = list(info.v)
         ax.plot(xs, [info.v[n] for n in xs], marker="o", ms=4, color=colour,
-                label=_t(f"{label} (t(1) = {1000 * info.target_step_s:.2f} ms)"))
+                label=tex_safe(f"{label} (t(1) = {1000 * info.target_step_s:.2f} ms)"))
     ax.set_xlabel("n (tokens in one target forward, warm cache)")
     ax.set_ylabel("v(n) = t(n) / t(1)  (target single-token steps)")
     ax.set_ylim(0, max(2.0, max(max(i.v.values()) for i in curves.values()) * 1.1))
     ax.set_title("Verification cost curve", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
-    return [_save(fig, out, FigureEntry(
+    return [save_figure(fig, out, FigureEntry(
         name("verification_cost"), "verification_cost", "Verification cost curve",
         "Measured time of one target forward over n tokens relative to a single-token step. Verifying K "
         "drafts costs v(K+1). The classic analysis assumes the dashed line (v = 1); the dotted line is no "
@@ -440,7 +367,7 @@ def make_figures(analysis: Analysis, fig_dir: str | Path) -> list[FigureEntry]:
     """
     out = Path(fig_dir)
     out.mkdir(parents=True, exist_ok=True)
-    name = _Namer()
+    name = Namer()
     entries: list[FigureEntry] = []
     for kind, build in _BUILDERS:
         try:

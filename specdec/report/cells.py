@@ -1,0 +1,206 @@
+"""The cell table: one row per **cell** (defined in :mod:`specdec.report.vocab`), and the best fixed K.
+
+Every rate is derived here from raw counts summed over the cell's runs (definitions in
+:mod:`specdec.metrics`); the speedup statistics come from :mod:`specdec.report.speedup`. Runs whose
+``error`` is set are failed runs: they count in ``n_failed`` and in no other column.
+
+Units: tokens/s, seconds (``*_s``), milliseconds (``*_ms``); shares are fractions of ``total_s``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from specdec.report.load import ROUND_COLUMNS, empty_frame, ensure_prepared, with_round_stats
+from specdec.report.speedup import PROMPT_KEY, nearest_baseline, ratio_ci
+from specdec.report.vocab import ALL_PROMPTS, BASELINE, CELL_KEY, FIXED_POLICIES, SPEC_METHODS
+
+__all__ = [
+    "best_fixed",
+    "best_k_table",
+    "cell_table",
+    "fixed_k_cells",
+    "spec_fixed_cells",
+]
+
+_LEAD_COLUMNS = [*CELL_KEY, "n_prompts", "n_prompts_expected", "n_runs", "n_failed", "tok_s", "baseline_tok_s",
+                 "speedup", "speedup_lo", "speedup_hi", "verdict", "n_aligned", "ci_over"]
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if (np.isfinite(a) and np.isfinite(b) and b > 0) else np.nan
+
+
+def _counts(g: pd.DataFrame) -> dict:
+    """Rates from raw counts summed over the runs of `g` (definitions in specdec.metrics)."""
+    def total(col):
+        s = g[col].dropna()
+        return float(s.sum()) if len(s) else np.nan
+
+    drafted, accepted, rejections = total("num_drafted"), total("num_accepted"), total("num_rejections")
+    rounds, spec_rounds = total("num_rounds"), total("spec_rounds")
+    with_rounds = g[g["num_rounds"].fillna(0) > 0]
+    emitted = float(with_rounds["emitted"].sum()) if len(with_rounds) else np.nan
+    return {
+        "num_drafted": drafted,
+        "num_accepted": accepted,
+        "num_rejections": rejections,
+        "num_rounds": rounds,
+        "acceptance_rate": _ratio(accepted, drafted),
+        "alpha_hat": _ratio(accepted, accepted + rejections),
+        "mean_accepted": _ratio(accepted, spec_rounds),
+        "block_efficiency": _ratio(emitted, rounds),
+        "mean_k": _ratio(drafted, spec_rounds),
+    }
+
+
+def _times(g: pd.DataFrame) -> dict:
+    """Time shares (fractions of total_s, summed over runs) and ms per new token of each phase."""
+    t = g[(g["total_s"] > 0) & g["new_tokens"].notna()]
+    total = float(t["total_s"].sum()) if len(t) else np.nan
+    tokens = float(t["new_tokens"].sum()) if len(t) else np.nan
+    out = {}
+    parts = {}
+    for name, col in (("prefill", "prefill_s"), ("draft", "draft_s"), ("verify", "verify_s")):
+        s = t[col]
+        parts[name] = float(s.sum()) if len(s) and s.notna().all() else np.nan
+    known = [v for v in parts.values() if np.isfinite(v)]
+    parts["other"] = max(total - sum(known), 0.0) if (np.isfinite(total) and known) else np.nan
+    for name, secs in parts.items():
+        out[f"share_{name}"] = secs / total if (np.isfinite(total) and total > 0) else np.nan
+        out[f"{name}_ms_per_token"] = 1000 * secs / tokens if (np.isfinite(tokens) and tokens > 0) else np.nan
+    out["total_ms_per_token"] = 1000 * total / tokens if (np.isfinite(tokens) and tokens > 0) else np.nan
+    return out
+
+
+def _latency(g: pd.DataFrame) -> dict:
+    """Median end-to-end tokens/s, time to first token (ms) and decode tokens/s over the runs of `g`."""
+    ttft = g["ttft_s"].dropna()
+    decode_s = g["decode_s"].where(g["decode_s"].notna(), g["total_s"] - g["prefill_s"])
+    dec = (g["new_tokens"] / decode_s.where(decode_s > 0)).dropna()
+    return {"tok_s": float(g["tokens_per_s"].median()) if len(g) else np.nan,
+            "ttft_ms": 1000 * float(ttft.median()) if len(ttft) else np.nan,
+            "decode_tok_s": float(dec.median()) if len(dec) else np.nan}
+
+
+def _baseline_refs(g: pd.DataFrame, near: dict[int, int], base_tps: dict) -> dict:
+    """Per prompt of `g`: the median, over its runs, of the tokens/s of the baseline run nearest each."""
+    ref_d: dict = {}
+    for pkey, pg in g.groupby(PROMPT_KEY):
+        vals = [base_tps[near[int(i)]] for i in pg["run_id"] if int(i) in near]
+        if vals:
+            ref_d[pkey] = float(np.median(vals))
+    return ref_d
+
+
+def _cell_row(rec: dict, g: pd.DataFrame, near: dict[int, int], base_tps: dict) -> dict:
+    """Fill the measured columns of one cell's row `rec` from its successful runs `g`."""
+    rec["n_prompts"] = int(g["prompt_id"].nunique())
+    rec["n_runs"] = len(g)
+    rec.update(_latency(g))
+    prompts = g[PROMPT_KEY].drop_duplicates().itertuples(index=False, name=None)
+    ref_d = _baseline_refs(g, near, base_tps)
+    refs = [ref_d[key] for key in prompts if key in ref_d]
+    rec["baseline_tok_s"] = float(np.median(refs)) if refs else np.nan
+    if rec["method"] == BASELINE and len(g):
+        rec.update(speedup=1.0, speedup_lo=1.0, speedup_hi=1.0, verdict="baseline",
+                   n_aligned=rec["n_prompts"], ci_over="")
+    else:
+        rec.update(ratio_ci(g, ref_d))
+    rec.update(_counts(g) if len(g) else {})
+    rec.update(_times(g) if len(g) else {})
+    mb = g["matches_baseline"].dropna()
+    rec["match_rate"] = float(mb.mean()) if len(mb) else np.nan
+    rec["n_matched_checked"] = len(mb)
+    return rec
+
+
+def cell_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None, *, pool_prompt_types: bool = False
+               ) -> pd.DataFrame:
+    """One row per cell, or per pooled row when `pool_prompt_types` (``prompt_type`` = ``"(all prompts)"``).
+
+    `runs` is a raw or `prepare_runs` frame; failed runs count in ``n_failed`` only.
+
+    Columns: the cell key; ``n_prompts``, ``n_prompts_expected`` (prompts of that type in the sweep),
+    ``n_runs``, ``n_failed``; ``tok_s`` (median end-to-end tokens/s over runs), ``ttft_ms`` (median time
+    to first token), ``decode_tok_s`` (median new tokens / decode seconds), ``baseline_tok_s`` (median of the
+    per-prompt baseline medians), ``speedup``/``speedup_lo``/``speedup_hi``/``verdict``/``n_aligned``/
+    ``ci_over`` (:mod:`specdec.report.speedup`; the baseline's own rows have speedup 1 and verdict
+    ``"baseline"``); raw counts and ``acceptance_rate``, ``alpha_hat``, ``mean_accepted``,
+    ``block_efficiency``, ``mean_k`` (drafted per speculative round); ``share_{prefill,draft,verify,other}``
+    and ``*_ms_per_token``; ``match_rate`` (mean of ``matches_baseline`` where recorded).
+    """
+    df = ensure_prepared(runs)
+    key = [c for c in CELL_KEY if not (pool_prompt_types and c == "prompt_type")]
+    if df.empty:
+        return pd.DataFrame(columns=[*CELL_KEY, "speedup"])
+    ok = with_round_stats(df[df["ok"]], rounds if rounds is not None else empty_frame(ROUND_COLUMNS))
+    near = nearest_baseline(ok)
+    base_tps = dict(zip(ok["run_id"], ok["tokens_per_s"], strict=False)) if near else {}
+    expected = df.groupby(["config_label", "prompt_type"])["prompt_id"].nunique()
+    expected_all = df.groupby("config_label")["prompt_id"].nunique()
+    failed_counts = df[df["failed"]].groupby(key).size()
+    groups = dict(list(ok.groupby(key, sort=True)))
+    rows = []
+    for cell in sorted(set(groups) | set(failed_counts.index), key=lambda t: tuple(map(str, t))):
+        rec = dict(zip(key, cell))
+        if pool_prompt_types:
+            rec["prompt_type"] = ALL_PROMPTS
+            rec["n_prompts_expected"] = int(expected_all.get(rec["config_label"], 0))
+        else:
+            rec["n_prompts_expected"] = int(expected.get((rec["config_label"], rec["prompt_type"]), 0))
+        rec["n_failed"] = int(failed_counts.get(cell, 0))
+        rows.append(_cell_row(rec, groups.get(cell, ok.iloc[0:0]), near, base_tps))
+    out = pd.DataFrame(rows)
+    return out[_LEAD_COLUMNS + [c for c in out.columns if c not in _LEAD_COLUMNS]]
+
+
+def fixed_k_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """Cells (or pooled rows) with one K throughout: a fixed policy (or none), K > 0, a finite speedup."""
+    if cells.empty:
+        return cells
+    m = cells["policy"].isin(FIXED_POLICIES) & (cells["k"] > 0) & np.isfinite(cells["speedup"].astype(float))
+    return cells[m]
+
+
+def spec_fixed_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """`fixed_k_cells` of our speculative methods (the cells the analytical model speaks about)."""
+    fx = fixed_k_cells(cells)
+    return fx[fx["method"].isin(SPEC_METHODS)] if len(fx) else fx
+
+
+def best_fixed(cells: pd.DataFrame) -> pd.Series | None:
+    """The best fixed K among `cells`: the fixed-K row with the highest median speedup, ties to the
+    smaller K; None when `cells` hold no fixed-K row with a speedup. Chosen after the fact (optimistic)."""
+    fx = fixed_k_cells(cells)
+    if fx.empty:
+        return None
+    return fx.sort_values(["speedup", "k"], ascending=[False, True]).iloc[0]
+
+
+def best_k_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Best fixed K per (config_label, pair, prompt_type, method): the K with the highest median speedup.
+
+    Columns: the group key, ``best_k``, ``speedup``, ``speedup_lo``, ``speedup_hi``, ``verdict``,
+    ``alpha_hat``, ``ks_tried`` (comma-separated K values), ``n_prompts``, ``same_prompts`` (every K
+    measured on as many prompts; False when, e.g., secondary prompts only ran some K, so the K values
+    are compared on different prompt sets). Ties go to the smaller K (`best_fixed`).
+    Empty when no fixed-K cell has a speedup.
+    """
+    cols = ["config_label", "pair", "prompt_type", "method", "best_k", "speedup", "speedup_lo", "speedup_hi",
+            "verdict", "alpha_hat", "ks_tried", "n_prompts", "same_prompts"]
+    fx = fixed_k_cells(cells)
+    if fx.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for key, g in fx.groupby(["config_label", "pair", "prompt_type", "method"], sort=True):
+        b = best_fixed(g)
+        rows.append({
+            "config_label": key[0], "pair": key[1], "prompt_type": key[2], "method": key[3],
+            "best_k": int(b["k"]), "speedup": b["speedup"], "speedup_lo": b["speedup_lo"],
+            "speedup_hi": b["speedup_hi"], "verdict": b["verdict"], "alpha_hat": b.get("alpha_hat", np.nan),
+            "ks_tried": ",".join(str(k) for k in sorted(g["k"].astype(int))), "n_prompts": b["n_prompts"],
+            "same_prompts": g["n_prompts"].nunique() == 1,
+        })
+    return pd.DataFrame(rows, columns=cols)

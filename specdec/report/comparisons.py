@@ -1,0 +1,194 @@
+"""Comparisons beyond the baseline: ours against the peers, output equality, adaptive K policies
+against the best fixed K, and the runtimes (config_labels) side by side.
+
+Ratios use :func:`specdec.report.speedup.ratio_ci` (median over prompts of per-prompt tokens/s ratios,
+paired bootstrap CI); a **cell** and a **pooled row** are defined in :mod:`specdec.report.vocab`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from specdec.report.cells import best_fixed, fixed_k_cells
+from specdec.report.load import ensure_prepared
+from specdec.report.model import CostInfo
+from specdec.report.speedup import per_prompt_median, ratio_ci
+from specdec.report.vocab import ADAPTIVE_POLICIES, ALL_PROMPTS, BASELINE, FIXED_POLICIES, PEER_PAIRS
+
+__all__ = ["adaptive_table", "equality_table", "peer_table", "runtime_by_type_table", "runtime_summary_table"]
+
+
+def _match(runs: pd.DataFrame) -> float:
+    """Share of `runs` whose tokens equal our baseline's, over those where it was recorded (NaN: none)."""
+    m = runs["matches_baseline"].dropna()
+    return float(m.mean()) if len(m) else np.nan
+
+
+def _peer_rows(ours_m: str, peer_m: str, ok: pd.DataFrame) -> list[dict]:
+    """Rows of `peer_table` for one (ours, peer) method pair."""
+    peer = ok[ok["method"] == peer_m]
+    ours = ok[(ok["method"] == ours_m) & ok["policy"].isin(FIXED_POLICIES)]
+    rows = []
+    for (label, target, k), pg in peer.groupby(["config_label", "target", "k"], sort=True):
+        og = ours[(ours["config_label"] == label) & (ours["target"] == target)]
+        if ours_m != BASELINE:
+            og = og[og["k"] == k]
+        if og.empty:
+            continue
+        types = sorted(set(pg["prompt_type"]) & set(og["prompt_type"]))
+        for ptype in [*types, ALL_PROMPTS]:
+            o = og if ptype == ALL_PROMPTS else og[og["prompt_type"] == ptype]
+            p = pg if ptype == ALL_PROMPTS else pg[pg["prompt_type"] == ptype]
+            res = ratio_ci(o, per_prompt_median(p))
+            if res["n_aligned"] == 0:
+                continue
+            rows.append({
+                "config_label": label, "target": target, "prompt_type": ptype,
+                "ours": ours_m if ours_m == BASELINE else f"{ours_m} K={k}",
+                "peer": peer_m if peer_m == "hf_generate" else f"{peer_m} K={k}", "k": k,
+                "ratio": res["speedup"], "ratio_lo": res["speedup_lo"], "ratio_hi": res["speedup_hi"],
+                "verdict": res["verdict"], "n_prompts": res["n_aligned"],
+                "ours_tok_s": float(o["tokens_per_s"].median()), "peer_tok_s": float(p["tokens_per_s"].median()),
+                "ours_match": _match(o), "peer_match": _match(p),
+            })
+    return rows
+
+
+def peer_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Our implementation against the peers measured in the same sweep.
+
+    Pairs compared (ours vs peer, :data:`~specdec.report.vocab.PEER_PAIRS`): baseline vs hf_generate;
+    draft-K vs hf_assisted-K; ngram-K vs hf_prompt_lookup-K and llama_prompt_lookup-K (same config_label,
+    target, K; ours with a fixed policy). ``ratio`` = our tokens/s / the peer's tokens/s per prompt
+    (medians over repeats), median over prompts with a paired bootstrap CI (> 1: ours is faster). One row
+    per prompt type and one pooled (``prompt_type`` = ``"(all prompts)"``). ``ours_match``/``peer_match``
+    are the output-equality rates (matches_baseline) of the runs compared.
+    """
+    cols = ["config_label", "target", "prompt_type", "ours", "peer", "k", "ratio", "ratio_lo", "ratio_hi",
+            "verdict", "n_prompts", "ours_tok_s", "peer_tok_s", "ours_match", "peer_match"]
+    df = ensure_prepared(runs)
+    ok = df[df["ok"]]
+    rows = [row for ours_m, peer_m in PEER_PAIRS for row in _peer_rows(ours_m, peer_m, ok)]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def equality_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Output-equality rate per (config_label, method, policy, k): share of runs whose tokens equal our
+    baseline's on the same prompt (``matches_baseline`` = 1), over the runs where it was recorded."""
+    cols = ["config_label", "method", "policy", "k", "n_checked", "n_equal", "equal_rate"]
+    df = ensure_prepared(runs)
+    ok = df[df["ok"] & df["matches_baseline"].notna() & (df["method"] != BASELINE)]
+    if ok.empty:
+        return pd.DataFrame(columns=cols)
+    g = ok.groupby(["config_label", "method", "policy", "k"], sort=True)["matches_baseline"]
+    out = pd.DataFrame({"n_checked": g.size(), "n_equal": g.sum().astype(int), "equal_rate": g.mean()})
+    return out.reset_index()[cols]
+
+
+def _adaptive_row(r: Any, ok: pd.DataFrame, fixed: pd.DataFrame, pooled: bool) -> dict:
+    """One row of `adaptive_table`: the adaptive cell `r` against the best fixed K among `fixed`."""
+    sel = (ok["config_label"] == r.config_label) & (ok["pair"] == r.pair) & (ok["method"] == r.method)
+    if not pooled:
+        sel &= ok["prompt_type"] == r.prompt_type
+    ad_runs = ok[sel & (ok["policy"] == r.policy) & (ok["k"] == r.k)]
+    rec = {"config_label": r.config_label, "pair": r.pair, "prompt_type": r.prompt_type,
+           "method": r.method, "policy": r.policy, "k_cap": int(r.k), "mean_k": r.mean_k,
+           "alpha_hat": r.alpha_hat, "speedup": r.speedup, "speedup_lo": r.speedup_lo,
+           "speedup_hi": r.speedup_hi, "verdict": r.verdict, "best_fixed_k": np.nan,
+           "best_fixed_speedup": np.nan, "vs_best_fixed": np.nan, "vs_best_lo": np.nan,
+           "vs_best_hi": np.nan, "vs_best_verdict": ""}
+    b = best_fixed(fixed[(fixed["config_label"] == r.config_label) & (fixed["pair"] == r.pair)
+                         & (fixed["method"] == r.method) & (fixed["prompt_type"] == r.prompt_type)])
+    if b is not None:
+        fx_runs = ok[sel & ok["policy"].isin(FIXED_POLICIES) & (ok["k"] == b["k"])]
+        res = ratio_ci(ad_runs, per_prompt_median(fx_runs))
+        rec.update(best_fixed_k=int(b["k"]), best_fixed_speedup=b["speedup"],
+                   vs_best_fixed=res["speedup"], vs_best_lo=res["speedup_lo"],
+                   vs_best_hi=res["speedup_hi"], vs_best_verdict=res["verdict"])
+    return rec
+
+
+def adaptive_table(runs: pd.DataFrame, cells: pd.DataFrame, overall: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Adaptive K policies against the best fixed K (chosen after the fact) and the baseline.
+
+    One row per (config_label, pair, prompt_type, method, policy) with an adaptive policy, plus pooled
+    rows (prompt_type ``"(all prompts)"``, where the best fixed K is the single K best over all prompts)
+    when `overall` (the pooled rows) is given. Columns: ``k_cap`` (the cell's K), ``mean_k``
+    (drafted per speculative round), ``speedup`` (vs baseline, with CI and verdict), ``best_fixed_k``,
+    ``best_fixed_speedup``, ``vs_best_fixed`` = adaptive tokens/s / best-fixed tokens/s per prompt (median,
+    paired CI) with its verdict.
+    """
+    cols = ["config_label", "pair", "prompt_type", "method", "policy", "k_cap", "mean_k", "alpha_hat",
+            "speedup", "speedup_lo", "speedup_hi", "verdict", "best_fixed_k", "best_fixed_speedup",
+            "vs_best_fixed", "vs_best_lo", "vs_best_hi", "vs_best_verdict"]
+    df = ensure_prepared(runs)
+    ok = df[df["ok"]]
+    rows = []
+    for frame, pooled in ((cells, False), (overall, True)):
+        if frame is None or frame.empty:
+            continue
+        fixed = fixed_k_cells(frame)
+        rows += [_adaptive_row(r, ok, fixed, pooled)
+                 for r in frame[frame["policy"].isin(ADAPTIVE_POLICIES)].itertuples()]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _cost_columns(info: CostInfo | None) -> dict:
+    out = {"target_step_ms": 1000 * info.target_step_s if info and info.target_step_s else np.nan,
+           "draft_step_ms": 1000 * info.draft_step_s if info and info.draft_step_s else np.nan,
+           "c": info.c if info and info.c is not None else np.nan}
+    for n in (2, 5, 9, 17):
+        out[f"v({n})"] = info.v[n] if info and info.v and n in info.v else np.nan
+    return out
+
+
+def runtime_summary_table(cells: pd.DataFrame, overall: pd.DataFrame, infos: dict[str, CostInfo],
+                          model: pd.DataFrame) -> pd.DataFrame:
+    """Runtimes (config_labels) side by side: one row per config_label.
+
+    Columns: ``target_step_ms``, ``draft_step_ms``, ``c``, ``v(2)``, ``v(5)``, ``v(9)``, ``v(17)`` (where
+    measured, NaN otherwise), ``baseline_tok_s`` (median over baseline cells), the best pooled draft-model
+    K (prompt lookup's when the config has no draft-model row) with its speedup and verdict, and
+    ``median_efficiency`` (median of measured/refined over its cells, from the ``model`` table).
+    """
+    labels = sorted(set(cells["config_label"]) | set(infos)) if len(cells) else sorted(infos)
+    rows = []
+    for label in labels:
+        rec: dict[str, Any] = {"config_label": label, **_cost_columns(infos.get(label))}
+        base = cells[(cells["config_label"] == label) & (cells["method"] == BASELINE)] if len(cells) else cells
+        rec["baseline_tok_s"] = float(base["tok_s"].median()) if len(base) else np.nan
+        ov = fixed_k_cells(overall[overall["config_label"] == label]) if len(overall) else overall
+        ov = ov[ov["method"] == "draft"] if len(ov) and (ov["method"] == "draft").any() else ov
+        b = best_fixed(ov) if len(ov) else None
+        if b is not None:
+            rec.update(best_method=b["method"], best_k=int(b["k"]), best_speedup=b["speedup"],
+                       best_verdict=b["verdict"])
+        else:
+            rec.update(best_method="", best_k=np.nan, best_speedup=np.nan, best_verdict="")
+        m = model[model["config_label"] == label]["efficiency"].dropna() if len(model) else pd.Series(dtype=float)
+        rec["median_efficiency"] = float(m.median()) if len(m) else np.nan
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def runtime_by_type_table(best: pd.DataFrame) -> pd.DataFrame:
+    """Best K per prompt type and runtime, from the ``best_k`` table: one row per prompt type, one column
+    per config_label, each ``"K=<best> <speedup>x (<verdict>)"`` for the draft-model method (prompt lookup
+    when a config has no draft-model cells). Empty when there is nothing to show."""
+    pick = []
+    for label, g in (best.groupby("config_label") if len(best) else []):
+        meth = "draft" if (g["method"] == "draft").any() else ("ngram" if (g["method"] == "ngram").any() else None)
+        if meth is None:
+            continue
+        for r in g[g["method"] == meth].itertuples():
+            pick.append({"prompt_type": r.prompt_type, "config_label": f"{label} ({meth}, {r.pair})",
+                         "value": f"K={r.best_k} {r.speedup:.2f}x ({r.verdict})"})
+    if not pick:
+        return pd.DataFrame()
+    p = pd.DataFrame(pick).drop_duplicates(["prompt_type", "config_label"])
+    by_type = p.pivot(index="prompt_type", columns="config_label", values="value").fillna("-").reset_index()
+    by_type.columns.name = None
+    return by_type

@@ -1,0 +1,192 @@
+"""Diagnostics: how far the measurement can be trusted and what is missing.
+
+Acceptance by draft position (is acceptance i.i.d. along the draft, as the model assumes?), the failed
+and skipped runs, cells measured on fewer prompts than planned, the stability of the baseline behind every
+speedup, and the machine's drift in speed between a run and its baseline. A **cell** is defined in
+:mod:`specdec.report.vocab`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from specdec.report.load import ensure_prepared, is_missing
+from specdec.report.model import CostInfo
+from specdec.report.speedup import PROMPT_KEY, nearest_baseline
+from specdec.report.vocab import BASELINE, CELL_KEY, FIXED_POLICIES, SPEC_METHODS
+
+__all__ = [
+    "DRIFT_FLAG",
+    "baseline_stability_table",
+    "coverage_table",
+    "drift_cells",
+    "drift_runs",
+    "gaps_table",
+    "position_acceptance",
+]
+
+#: |drift| above this marks a run as taken while the machine ran at another speed than its baseline.
+DRIFT_FLAG = 0.15
+
+_GROUP = ["config_label", "pair", "prompt_type", "method"]
+
+
+def position_acceptance(runs: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
+    """P(accept at draft position i | position i reached), pooled over the fixed-K runs of our methods.
+
+    Position i (1-based) is *reached* in a round when the round drafted >= i tokens and positions
+    1..i-1 were accepted; it is *accepted* when additionally token i was accepted. The accepted prefix is
+    the run of leading '1's of ``rounds.accept_flags`` (``num_accepted`` where the flags are NULL).
+
+    Columns: config_label, pair, prompt_type, method, position, reached, accepted, p (= accepted/reached).
+    """
+    cols = [*_GROUP, "position", "reached", "accepted", "p"]
+    if rounds is None or rounds.empty:
+        return pd.DataFrame(columns=cols)
+    df = ensure_prepared(runs)
+    keep = df[df["ok"] & df["method"].isin(SPEC_METHODS) & df["policy"].isin(FIXED_POLICIES)]
+    if keep.empty:
+        return pd.DataFrame(columns=cols)
+    r = rounds.merge(keep[["run_id", *_GROUP]], on="run_id")
+    if r.empty:
+        return pd.DataFrame(columns=cols)
+    flags = r["accept_flags"]
+    lead = flags.map(lambda s: len(str(s)) - len(str(s).lstrip("1")) if isinstance(s, str) else np.nan)
+    r["prefix"] = lead.where(lead.notna(), pd.to_numeric(r["num_accepted"], errors="coerce"))
+    r["kk"] = pd.to_numeric(r["k"], errors="coerce")
+    r = r[r["prefix"].notna() & r["kk"].notna() & (r["kk"] > 0)]
+    rows = []
+    for key, g in r.groupby(_GROUP, sort=True):
+        a = g["prefix"].to_numpy(float)
+        k = g["kk"].to_numpy(float)
+        for i in range(1, int(k.max()) + 1):
+            reached = int(np.sum((k >= i) & (a >= i - 1)))
+            if reached == 0:
+                continue
+            accepted = int(np.sum((k >= i) & (a >= i)))
+            rows.append(dict(zip(_GROUP, key), position=i, reached=reached, accepted=accepted, p=accepted / reached))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def gaps_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Failed runs (``error`` set), one row each: config_label, pair, prompt_id, prompt_type, method,
+    policy, k, repeat, kind (``"skipped"`` when the error starts with ``skipped``: a method that cannot run
+    on this runtime, planned and recorded as a gap; else ``"failed"``), error."""
+    cols = ["config_label", "pair", "prompt_id", "prompt_type", "method", "policy", "k", "repeat", "kind", "error"]
+    df = ensure_prepared(runs)
+    out = df[df["failed"]].copy()
+    out["kind"] = np.where(out["error"].astype(str).str.startswith("skipped"), "skipped", "failed")
+    return out[cols].reset_index(drop=True)
+
+
+def baseline_stability_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """How steady the denominator of every speedup is: one row per (config_label, target, prompt_id).
+
+    Columns: ``prompt_type``, ``n_runs`` (successful baseline runs), ``median_tok_s``, ``min_tok_s``,
+    ``max_tok_s``, ``spread`` = (max - min) / median (0 with one run; a large spread means the machine
+    changed speed while the prompt's runs were taken, and every speedup of that prompt carries it), and
+    ``hf_generate_tok_s`` / ``vs_hf_generate`` (median baseline / transformers' generate() on the same
+    prompt, when that peer ran: a third, independent measurement of target-only decoding).
+    """
+    cols = [*PROMPT_KEY, "prompt_type", "n_runs", "median_tok_s", "min_tok_s", "max_tok_s", "spread",
+            "hf_generate_tok_s", "vs_hf_generate"]
+    df = ensure_prepared(runs)
+    ok = df[df["ok"]]
+    base = ok[ok["method"] == BASELINE]
+    if base.empty:
+        return pd.DataFrame(columns=cols)
+    gen = ok[ok["method"] == "hf_generate"].groupby(PROMPT_KEY)["tokens_per_s"].median().to_dict()
+    rows = []
+    for k, g in base.groupby(PROMPT_KEY, sort=True):
+        tps = g["tokens_per_s"].astype(float)
+        med = float(tps.median())
+        hf = gen.get(k, np.nan)
+        rows.append({"config_label": k[0], "target": k[1], "prompt_id": k[2],
+                     "prompt_type": g["prompt_type"].iloc[0], "n_runs": len(g), "median_tok_s": med,
+                     "min_tok_s": float(tps.min()), "max_tok_s": float(tps.max()),
+                     "spread": float((tps.max() - tps.min()) / med) if med > 0 else np.nan,
+                     "hf_generate_tok_s": hf, "vs_hf_generate": med / hf if hf and not is_missing(hf) else np.nan})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _run_step_s(ok: pd.DataFrame, rounds: pd.DataFrame, infos: dict[str, CostInfo]) -> pd.Series | None:
+    """Per run_id: the median over its traced rounds of verify_s / v(k + 1) (seconds per target step);
+    None when no round has a measured v."""
+    r = rounds[["run_id", "k", "verify_s"]].copy()
+    r["k"] = pd.to_numeric(r["k"], errors="coerce")
+    r["verify_s"] = pd.to_numeric(r["verify_s"], errors="coerce")
+    r = r.merge(ok[["run_id", "config_label"]], on="run_id")
+    r = r[np.isfinite(r["k"]) & np.isfinite(r["verify_s"]) & (r["verify_s"] > 0)]
+    parts = []
+    for label, g in r.groupby("config_label"):
+        info = infos.get(label)
+        if info is None or not info.v:
+            continue
+        rel = (g["k"].astype(int) + 1).map(info.v).astype(float)  # NaN where n was not measured
+        parts.append(g.assign(eq=g["verify_s"] / rel).dropna(subset=["eq"]))
+    if not parts:
+        return None
+    return pd.concat(parts).groupby("run_id")["eq"].median().rename("step_s")
+
+
+def drift_runs(runs: pd.DataFrame, rounds: pd.DataFrame, infos: dict[str, CostInfo]) -> pd.DataFrame:
+    """Each run's own target speed, inferred from its round trace, against its prompt's baseline runs.
+
+    A shared CPU (a VM whose neighbours take memory bandwidth) can change speed by 2x within minutes, and a
+    speedup divides two runs taken minutes apart. Every traced round times one target forward over
+    ``k + 1`` tokens (``verify_s``); dividing by the configuration's measured relative cost ``v(k + 1)``
+    gives that round's *equivalent single-step time*, and its median over the run's rounds is the run's
+    ``step_s`` (seconds per target step while it ran). Only n within the measured cost curve are used.
+
+    One row per successful run with a trace: the run's keys, ``step_s``, ``baseline_step_s`` (``step_s`` of
+    the prompt's baseline run nearest in time, as in the cell table), ``drift`` = step_s / baseline_step_s
+    - 1 (> 0: the machine was slower than during the baseline), ``speedup`` (tokens/s over that baseline's)
+    and ``normalized_speedup`` = speedup x (1 + drift): the speedup had the machine kept the baseline's
+    speed, assuming the draft and the rest of the loop slowed down in the same proportion as the target
+    (all are memory-bound here). A model-based correction, reported next to the raw figure, never instead.
+    """
+    cols = ["run_id", "config_label", "pair", "target", "prompt_id", "prompt_type", "method", "policy", "k",
+            "step_s", "baseline_step_s", "drift", "speedup", "normalized_speedup"]
+    df = ensure_prepared(runs)
+    ok = df[df["ok"] & df["method"].isin([BASELINE, *SPEC_METHODS])]
+    if ok.empty or rounds is None or rounds.empty:
+        return pd.DataFrame(columns=cols)
+    step = _run_step_s(ok, rounds, infos)
+    if step is None:
+        return pd.DataFrame(columns=cols)
+    out = ok.join(step, on="run_id")
+    out = out[out["step_s"].notna()].copy()
+    near = nearest_baseline(df[df["ok"]])
+    step_of = dict(zip(out["run_id"].astype(int), out["step_s"], strict=True))
+    tps_of = dict(zip(df["run_id"], df["tokens_per_s"], strict=False))
+    nb = out["run_id"].astype(int).map(near)
+    out["baseline_step_s"] = nb.map(step_of).astype(float)
+    out["baseline_tok_s"] = nb.map(tps_of).astype(float)
+    out["drift"] = out["step_s"] / out["baseline_step_s"] - 1.0
+    out["speedup"] = out["tokens_per_s"] / out["baseline_tok_s"]
+    out["normalized_speedup"] = out["speedup"] * (1.0 + out["drift"])
+    return out[cols].reset_index(drop=True)
+
+
+def drift_cells(dr: pd.DataFrame) -> pd.DataFrame:
+    """`drift_runs` per cell (median over its runs): ``n_runs``, ``drift``, ``speedup``,
+    ``normalized_speedup``, ``flagged`` (|drift| > `DRIFT_FLAG`). Baseline rows are left out."""
+    cols = [*CELL_KEY, "n_runs", "drift", "speedup", "normalized_speedup", "flagged"]
+    d = dr[(dr["method"] != BASELINE) & dr["drift"].notna()] if len(dr) else dr
+    if d is None or d.empty:
+        return pd.DataFrame(columns=cols)
+    g = d.groupby(CELL_KEY, sort=True)
+    out = pd.DataFrame({"n_runs": g.size(), "drift": g["drift"].median(), "speedup": g["speedup"].median(),
+                        "normalized_speedup": g["normalized_speedup"].median()}).reset_index()
+    out["flagged"] = out["drift"].abs() > DRIFT_FLAG
+    return out[cols]
+
+
+def coverage_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Cells holding fewer prompts than the sweep has of their type (n_prompts < n_prompts_expected):
+    by plan (secondary prompts run only some K) or because runs failed."""
+    cols = [*CELL_KEY, "n_prompts", "n_prompts_expected", "n_failed"]
+    if cells.empty:
+        return pd.DataFrame(columns=cols)
+    return cells[cells["n_prompts"] < cells["n_prompts_expected"]][cols].reset_index(drop=True)

@@ -1,0 +1,282 @@
+"""Reading a results store and normalising its runs: the first step of every report table.
+
+Reads the store with plain ``sqlite3`` + ``pandas.read_sql_query`` (schema: ``specdec/bench/store.py``,
+schema_version 1) and never writes to it. A store that lacks a table or a column still loads: the missing
+parts come back empty with the schema's columns and :attr:`StoreData.notes` says what is missing.
+
+`prepare_runs` turns the raw ``runs`` rows into the frame every table groups: NULL keys get the labels
+of :mod:`specdec.report.vocab` (a **cell** is defined there), and ``failed``/``ok`` flags are added.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from specdec.bench import store
+
+__all__ = [
+    "COST_COLUMNS",
+    "ROUND_COLUMNS",
+    "RUN_COLUMNS",
+    "SWEEP_COLUMNS",
+    "StoreData",
+    "empty_frame",
+    "ensure_prepared",
+    "is_missing",
+    "load_store",
+    "parse_json",
+    "prepare_runs",
+    "with_round_stats",
+]
+
+#: Columns of each store table as the report reads them (schema_version 1). ``runs`` and ``rounds`` come
+#: from the store's own declaration; tests/test_report.py pins all four to its CREATE TABLE statements.
+SWEEP_COLUMNS = ["sweep_id", "name", "config_json", "created_at", "git_commit", "machine_json", "status"]
+RUN_COLUMNS = ["run_id", *store.RUN_COLUMNS]
+ROUND_COLUMNS = ["run_id", *store.ROUND_COLUMNS]
+COST_COLUMNS = ["sweep_id", "config_label", "role", "n_tokens", "seconds", "repeats", "spread_s"]
+_TABLES = ("sweeps", "runs", "rounds", "costs")
+
+
+@dataclass
+class StoreData:
+    """The rows of one sweep, read from a results store.
+
+    Attributes:
+        db_path: the store file.
+        sweep_id: the selected sweep (None when the store holds none).
+        sweep: the selected ``sweeps`` row as a dict (None when the sweep has no row there).
+        sweeps: every ``sweeps`` row in the store (to name the sweeps not reported).
+        runs: the selected sweep's ``runs`` rows, failed ones included (columns of the schema).
+        rounds: ``rounds`` rows of those runs.
+        costs: ``costs`` rows of the sweep.
+        meta: the ``meta`` table as a dict.
+        notes: sentences about what the store lacks, found while loading.
+    """
+
+    db_path: str
+    sweep_id: str | None
+    sweep: dict | None
+    sweeps: pd.DataFrame
+    runs: pd.DataFrame
+    rounds: pd.DataFrame
+    costs: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def empty_frame(columns: list[str]) -> pd.DataFrame:
+    """An empty frame with object columns `columns` (what a table the store lacks reads as)."""
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+
+
+def _conform(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Add the schema columns an older/partial store lacks (as NaN), keep any extra ones."""
+    for c in columns:
+        if c not in df.columns:
+            df[c] = np.nan
+    return df
+
+
+def is_missing(x: Any) -> bool:
+    """True for None, NaN and pandas' missing markers; False for anything else (never raises)."""
+    try:
+        return x is None or (isinstance(x, float) and math.isnan(x)) or bool(pd.isna(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def parse_json(text: Any) -> Any:
+    """`text` parsed as JSON; None when missing; ``{"(unparsed)": text}`` when it is not JSON."""
+    if text is None or is_missing(text):
+        return None
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return {"(unparsed)": str(text)}
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        con = sqlite3.connect(f"file:{path.resolve().as_posix()}?mode=ro", uri=True)
+        con.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+        return con
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{path} is not a readable SQLite results store: {exc}") from exc
+
+
+def load_store(db: str | Path, sweep: str | None = None) -> StoreData:
+    """Read one sweep from the results store at `db` (read-only).
+
+    Args:
+        db: path of the SQLite store.
+        sweep: a sweep id or a unique prefix of one; None picks the newest sweep (by ``sweeps.created_at``,
+            else the one with the newest run) and notes the others.
+
+    Returns:
+        `StoreData`; tables the store lacks come back empty with the schema's columns, and ``notes`` says so.
+
+    Raises:
+        FileNotFoundError: `db` does not exist.
+        ValueError: `db` is not an SQLite database, or `sweep` matches no sweep or several.
+    """
+    path = Path(db)
+    if not path.exists():
+        raise FileNotFoundError(f"results store not found: {path}")
+    if path.is_dir():
+        raise ValueError(f"results store path is a directory, not a file: {path}")
+    con = _connect(path)
+    try:
+        return _read(con, path, sweep)
+    finally:
+        con.close()
+
+
+def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    notes = [f"the store has no '{t}' table" for t in _TABLES if t not in tables]
+
+    def read(sql: str, params: tuple = (), table: str = "", columns: list[str] | None = None):
+        if table and table not in tables:
+            return empty_frame(columns or [])
+        return pd.read_sql_query(sql, con, params=params)
+
+    meta: dict = {}
+    if "meta" in tables:
+        meta = {str(k): v for k, v in con.execute("SELECT key, value FROM meta")}
+        version = meta.get("schema_version")
+        if version is not None and str(version) != "1":
+            notes.append(f"store schema_version is {version}; this report reads version 1")
+
+    sweeps = _conform(read("SELECT * FROM sweeps", table="sweeps", columns=SWEEP_COLUMNS), SWEEP_COLUMNS)
+    run_sweeps = read(
+        "SELECT sweep_id, COUNT(*) AS n, MAX(run_id) AS last_run FROM runs GROUP BY sweep_id",
+        table="runs", columns=["sweep_id", "n", "last_run"],
+    )
+    sweep_id = _select_sweep(sweeps, run_sweeps, sweep, path, notes)
+    sweep_row = None
+    if sweep_id is not None:
+        sel = sweeps[sweeps["sweep_id"].astype(str) == sweep_id]
+        if len(sel):
+            sweep_row = {k: (None if is_missing(v) else v) for k, v in sel.iloc[0].to_dict().items()}
+        else:
+            notes.append(f"sweep {sweep_id} has runs but no row in 'sweeps' (machine and config unknown)")
+    params = (sweep_id,)
+    runs = _conform(read("SELECT * FROM runs WHERE sweep_id = ? ORDER BY run_id", params, "runs",
+                         RUN_COLUMNS), RUN_COLUMNS)
+    if "runs" in tables and "rounds" in tables:
+        rounds = read(
+            "SELECT r.* FROM rounds r JOIN runs u ON r.run_id = u.run_id WHERE u.sweep_id = ? "
+            "ORDER BY r.run_id, r.round_idx", params)
+    else:
+        rounds = empty_frame(ROUND_COLUMNS)
+    rounds = _conform(rounds, ROUND_COLUMNS)
+    costs = _conform(read("SELECT * FROM costs WHERE sweep_id = ?", params, "costs", COST_COLUMNS),
+                     COST_COLUMNS)
+    return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes)
+
+
+def _select_sweep(sweeps: pd.DataFrame, run_sweeps: pd.DataFrame, sweep: str | None, path: Path,
+                  notes: list[str]) -> str | None:
+    """The sweep id `sweep` names (id or unique prefix), else the newest; notes the sweeps left out."""
+    ids = list(dict.fromkeys([*sweeps["sweep_id"].dropna().astype(str),
+                              *run_sweeps["sweep_id"].dropna().astype(str)]))
+    if sweep is not None:
+        matches = [i for i in ids if i == sweep] or [i for i in ids if i.startswith(sweep)]
+        if not matches:
+            listed = ", ".join(ids) if ids else "none"
+            raise ValueError(f"no sweep {sweep!r} in {path} (sweeps: {listed})")
+        if len(matches) > 1:
+            raise ValueError(f"sweep prefix {sweep!r} is ambiguous: {', '.join(matches)}")
+        return matches[0]
+    if not ids:
+        notes.append("the store holds no sweep")
+        return None
+    created = {str(r.sweep_id): (str(r.created_at) if not is_missing(r.created_at) else "")
+               for r in sweeps.itertuples()}
+    last_run = {str(r.sweep_id): float(r.last_run) for r in run_sweeps.itertuples()}
+    sweep_id = max(ids, key=lambda i: (created.get(i, ""), last_run.get(i, -1.0)))
+    others = [i for i in ids if i != sweep_id]
+    if others:
+        notes.append(
+            f"the store holds {len(others)} other sweep(s) not in this report "
+            f"({', '.join(others)}); pass --sweep ID to report one of them"
+        )
+    return sweep_id
+
+
+def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Normalise the keys of a ``runs`` frame; adds ``failed`` (bool) and ``ok`` (bool) columns.
+
+    ``config_label``/``prompt_type``/``method`` NULL -> ``"(none)"``; ``target`` NULL -> ``"-"``; ``pair``
+    NULL -> the target; ``policy`` NULL -> ``"-"``; ``k`` and ``repeat`` NULL -> 0 (ints). ``ok`` = not
+    failed and a finite positive ``tokens_per_s``. Returns a copy.
+    """
+    df = _conform(runs.copy(), RUN_COLUMNS)
+
+    # Plain object columns: grouping on pandas' Arrow-backed strings is several times slower here.
+    def text(col: str, default) -> pd.Series:
+        return df[col].where(df[col].notna(), default).astype(str).astype(object)
+
+    for col in ("config_label", "prompt_type", "method", "prompt_id"):
+        df[col] = text(col, "(none)")
+    df["target"] = text("target", "-")
+    df["pair"] = text("pair", df["target"])
+    df["policy"] = text("policy", "-")
+    for col in ("k", "repeat"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").fillna(0).astype(int)
+    num_cols = ["new_tokens", "num_rounds", "num_drafted", "num_accepted", "num_rejections", "prefill_s",
+                "ttft_s", "decode_s", "total_s", "draft_s", "verify_s", "tokens_per_s", "matches_baseline",
+                "temperature"]
+    for col in num_cols:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    err = df["error"]
+    df["failed"] = err.notna() & (err.astype(str).str.strip() != "")
+    tps = df["tokens_per_s"]
+    df["ok"] = ~df["failed"] & np.isfinite(tps) & (tps > 0)
+    return df
+
+
+def ensure_prepared(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` itself when it is already a `prepare_runs` frame, else `prepare_runs(runs)`."""
+    return runs if "ok" in runs.columns else prepare_runs(runs)
+
+
+def _round_stats(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per run: speculative rounds (k > 0), emitted tokens, rounds traced. Indexed by run_id."""
+    if rounds is None or rounds.empty:
+        return pd.DataFrame(columns=["spec_rounds", "emitted", "traced_rounds"], dtype=float)
+    r = rounds.copy()
+    r["k"] = pd.to_numeric(r["k"], errors="coerce").fillna(0)
+    r["num_emitted"] = pd.to_numeric(r["num_emitted"], errors="coerce")
+    r["spec"] = (r["k"] > 0).astype(int)
+    g = r.groupby("run_id")
+    return pd.DataFrame({
+        "spec_rounds": g["spec"].sum(),
+        "emitted": g["num_emitted"].sum(min_count=1),
+        "traced_rounds": g["spec"].size(),
+    })
+
+
+def with_round_stats(ok: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
+    """`ok` runs with ``spec_rounds`` (rounds with K > 0) and ``emitted`` (tokens committed) per run.
+
+    From the round trace where there is one; a run without a trace counts every round of a method with
+    K > 0 as speculative (fixed K) and all its new tokens as emitted.
+    """
+    stats = _round_stats(rounds)
+    df = ok.join(stats, on="run_id") if len(stats) else ok.assign(spec_rounds=np.nan, emitted=np.nan,
+                                                                    traced_rounds=np.nan)
+    no_trace = df["traced_rounds"].isna()
+    spec_default = np.where(df["k"] > 0, df["num_rounds"], 0)
+    df["spec_rounds"] = np.where(no_trace, spec_default, df["spec_rounds"]).astype(float)
+    df["emitted"] = np.where(no_trace | df["emitted"].isna(), df["new_tokens"], df["emitted"]).astype(float)
+    return df

@@ -1,0 +1,111 @@
+"""The table registry: every table of the report, registered once with its builder.
+
+Each `ReportTable` names one table (its key in :attr:`specdec.report.analysis.Analysis.tables`), says in a
+few words what it is (the sentence written to the report's gaps when it cannot be computed), and builds it
+from the `Inputs` (prepared runs, rounds, measured costs and the tables registered before it). `analyze`
+iterates `REGISTRY` in order; the report's sections (:mod:`specdec.report.render`) and figures
+(:mod:`specdec.report.plots`) read tables through these handles (``analysis[BEST_K]``), never by a name
+typed again, so a renamed or removed table fails at import time instead of reading as an empty frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from specdec.report.cells import best_k_table, cell_table
+from specdec.report.comparisons import (
+    adaptive_table,
+    equality_table,
+    peer_table,
+    runtime_by_type_table,
+    runtime_summary_table,
+)
+from specdec.report.diagnostics import (
+    baseline_stability_table,
+    coverage_table,
+    drift_cells,
+    drift_runs,
+    gaps_table,
+    position_acceptance,
+)
+from specdec.report.model import (
+    CostInfo,
+    break_even_table,
+    model_table,
+    optimal_k_table,
+    spec_ks_by_config,
+    speedup_condition_table,
+)
+from specdec.report.vocab import CELL_KEY
+
+__all__ = ["REGISTRY", "Inputs", "ReportTable"]
+
+
+@dataclass
+class Inputs:
+    """What the builders read: prepared runs (`specdec.report.load.prepare_runs`), the store's rounds,
+    `CostInfo` per config_label, and the tables built so far (by name)."""
+
+    runs: pd.DataFrame
+    rounds: pd.DataFrame
+    infos: dict[str, CostInfo]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+    def __getitem__(self, table: ReportTable) -> pd.DataFrame:
+        return self.tables[table.name]
+
+
+def _cell_frame() -> pd.DataFrame:
+    return pd.DataFrame(columns=[*CELL_KEY, "speedup"])
+
+
+@dataclass(frozen=True)
+class ReportTable:
+    """One table of the report.
+
+    Attributes:
+        name: key in ``Analysis.tables``.
+        what: what the table is, for "<what> could not be computed: <error>" in the report's gaps.
+        build: the builder, ``Inputs -> DataFrame``.
+        empty: the frame left in place when the builder fails.
+    """
+
+    name: str
+    what: str
+    build: Callable[[Inputs], pd.DataFrame]
+    empty: Callable[[], pd.DataFrame] = pd.DataFrame
+
+
+CELLS = ReportTable("cells", "the cell table", lambda i: cell_table(i.runs, i.rounds), _cell_frame)
+OVERALL = ReportTable("overall", "the pooled cell table",
+                      lambda i: cell_table(i.runs, i.rounds, pool_prompt_types=True), _cell_frame)
+BEST_K = ReportTable("best_k", "best K", lambda i: best_k_table(i[CELLS]))
+BREAK_EVEN = ReportTable("break_even", "break even",
+                         lambda i: break_even_table(i.infos, spec_ks_by_config(i[CELLS])))
+CONDITION = ReportTable("condition", "condition", lambda i: speedup_condition_table(i[CELLS], i.infos))
+MODEL = ReportTable("model", "model", lambda i: model_table(i[CELLS], i.infos))
+PEERS = ReportTable("peers", "peers", lambda i: peer_table(i.runs))
+EQUALITY = ReportTable("equality", "equality", lambda i: equality_table(i.runs))
+ADAPTIVE = ReportTable("adaptive", "adaptive", lambda i: adaptive_table(i.runs, i[CELLS], i[OVERALL]))
+POSITIONS = ReportTable("positions", "positions", lambda i: position_acceptance(i.runs, i.rounds))
+GAPS = ReportTable("gaps", "gaps", lambda i: gaps_table(i.runs))
+BASELINE_STABILITY = ReportTable("baseline_stability", "baseline stability",
+                                 lambda i: baseline_stability_table(i.runs))
+COVERAGE = ReportTable("coverage", "coverage", lambda i: coverage_table(i[CELLS]))
+DRIFT_RUNS = ReportTable("drift_runs", "machine drift", lambda i: drift_runs(i.runs, i.rounds, i.infos))
+DRIFT = ReportTable("drift", "machine drift by cell",
+                    lambda i: drift_cells(i[DRIFT_RUNS]) if len(i[DRIFT_RUNS]) else pd.DataFrame())
+OPTIMAL_K = ReportTable("optimal_k", "optimal K", lambda i: optimal_k_table(i[CELLS], i.infos, i[BEST_K]))
+RUNTIMES = ReportTable("runtimes", "the runtime comparison",
+                       lambda i: runtime_summary_table(i[CELLS], i[OVERALL], i.infos, i[MODEL]))
+RUNTIMES_BY_TYPE = ReportTable("runtimes_by_type", "the runtime comparison by prompt type",
+                               lambda i: runtime_by_type_table(i[BEST_K]))
+
+#: Every table, in build order (a builder reads only tables registered before it).
+REGISTRY: tuple[ReportTable, ...] = (
+    CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
+    BASELINE_STABILITY, COVERAGE, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
+)

@@ -1,0 +1,57 @@
+"""The report's vocabulary: method and policy names, row labels and the cell key, declared once.
+
+Words used by every module of :mod:`specdec.report`:
+
+* A **cell** is one ``(config_label, pair, prompt_type, method, policy, k)`` (`CELL_KEY`): all repeats of
+  all prompts of one prompt type measured with one method, policy and K on one runtime configuration.
+  ``policy`` is ``"-"`` and ``k`` is 0 where the store has NULL (baseline, peers without K); ``pair``
+  falls back to the target name where the store has none (prompt lookup).
+* A **pooled row** is a cell with ``prompt_type`` = `ALL_PROMPTS`: the same key with every prompt type
+  pooled (the ``overall`` table). It is not called a cell anywhere in the report.
+* The store's ``runs.cell_key`` is a **run key** (one timed generation: the sweep's per-prompt unit x
+  repeat; see ``specdec/bench/store.py``). The report never groups by it.
+
+The method names here are the report's view of the bench's methods (``specdec/bench/sweep.py``
+``OUR_METHODS``/``PEER_METHODS``); they are kept apart so that importing the report never imports the
+sweep.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ADAPTIVE_POLICIES",
+    "ALL_PROMPTS",
+    "BASELINE",
+    "CELL_KEY",
+    "FIXED_POLICIES",
+    "PEER_METHODS",
+    "PEER_PAIRS",
+    "SINGLE_RUN",
+    "SPEC_METHODS",
+]
+
+#: Label of the pooled rows (every prompt type pooled).
+ALL_PROMPTS = "(all prompts)"
+#: Verdict of a cell holding a single run of a single prompt: a point estimate without an interval.
+SINGLE_RUN = "single run (no interval)"
+
+#: Our target-only decoding: the denominator of every speedup.
+BASELINE = "baseline"
+#: Our speculative methods (the analytical model applies to them).
+SPEC_METHODS = ("draft", "ngram")
+#: Peer implementations measured in the same run.
+PEER_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup")
+#: Policies that choose K per round.
+ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
+#: Policies under which a cell keeps one K throughout (``"-"``: the store had no policy).
+FIXED_POLICIES = ("fixed", "-")
+#: Which of our methods each peer is compared with (ours, peer); K must match except for hf_generate.
+PEER_PAIRS = (
+    (BASELINE, "hf_generate"),
+    ("draft", "hf_assisted"),
+    ("ngram", "hf_prompt_lookup"),
+    ("ngram", "llama_prompt_lookup"),
+)
+
+#: The columns that name a cell.
+CELL_KEY = ["config_label", "pair", "prompt_type", "method", "policy", "k"]

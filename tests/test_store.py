@@ -231,9 +231,9 @@ def test_schema_declared_once_matches_the_published_store(tmp_path):
 
 
 def test_report_column_lists_are_the_store_schema():
-    """The report reads the store through its own column lists (specdec/report/analysis.py); they must be the
+    """The report reads the store through its column lists (specdec/report/load.py); they must be the
     schema's, in table order, or a renamed column would silently read as NULL."""
-    from specdec.report import analysis
+    from specdec.report import load as analysis
 
     assert list(analysis.RUN_COLUMNS) == list(S.columns("runs"))
     assert list(analysis.ROUND_COLUMNS) == list(S.columns("rounds"))

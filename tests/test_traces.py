@@ -70,7 +70,7 @@ def test_trace_by_hand(target):
 
 
 def test_compare_rounds_lists_the_first_mismatch(traces, target, near_draft):
-    (prompt, eos, trace) = traces[("text", frozenset())]
+    (prompt, _eos, trace) = traces[("text", frozenset())]
     run = speculative_generate(target, ModelDrafter(near_draft, V), prompt, trace.max_new_tokens, k=4,
                                vocab_size=V)
     wrong = replay(trace, k=2)

@@ -39,10 +39,11 @@ __all__ = [
 
 #: Columns of each store table as the report reads them (schema_version 1). ``runs`` and ``rounds`` come
 #: from the store's own declaration; tests/test_report.py pins all four to its CREATE TABLE statements.
-SWEEP_COLUMNS = ["sweep_id", "name", "config_json", "created_at", "git_commit", "machine_json", "status"]
-RUN_COLUMNS = ["run_id", *store.RUN_COLUMNS]
-ROUND_COLUMNS = ["run_id", *store.ROUND_COLUMNS]
-COST_COLUMNS = ["sweep_id", "config_label", "role", "n_tokens", "seconds", "repeats", "spread_s"]
+# The store's columns, in table order, from its one schema declaration (`specdec.bench.store.TABLES`).
+SWEEP_COLUMNS = list(store.columns("sweeps"))
+RUN_COLUMNS = list(store.columns("runs"))
+ROUND_COLUMNS = list(store.columns("rounds"))
+COST_COLUMNS = list(store.columns("costs"))
 _TABLES = ("sweeps", "runs", "rounds", "costs")
 
 

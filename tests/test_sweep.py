@@ -620,3 +620,28 @@ def test_c18_sampled_runs_use_their_whole_budget(tiny_pair, near_draft_dir, prom
     greedy_cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
     assert S.prepare(sampled_cfg).meaning["ignore_eos"] is True
     assert "ignore_eos" not in S.prepare(greedy_cfg).meaning
+
+
+def test_fast_cpu_configurations_run_and_record_exactness(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    """Issue 19: bf16, int8 and the int8 self-draft configurations run side by side in one sweep; every run
+    records whether it matched target-only decoding of its OWN configuration (bf16/int8 change the tokens)."""
+    pytest.importorskip("torchao")
+    from specdec.precision import cpu_flags, missing_bf16_support
+
+    if missing_bf16_support(cpu_flags()):
+        pytest.skip("this CPU has no native bf16 kernels (the configuration refuses it)")
+    configs = "transformers-eager,transformers-bf16,transformers-int8,self-draft:bf16-int8"
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="2", configs=configs, methods="baseline,draft",
+               prompt_types="repetitive", max_new_tokens=6)
+    res = S.run_sweep(cfg, db=tmp_path / "fast.db", progress=False, echo=lambda m: None)
+    assert res.failed == 0 and not res.failed_configs, res
+    with Store(tmp_path / "fast.db") as st:
+        runs = st.runs(res.sweep_id)
+    labels = {r["config_label"] for r in runs}
+    assert labels == set(configs.split(","))
+    drafted = [r for r in runs if r["method"] == "draft"]
+    assert drafted and all(r["matches_baseline"] is not None for r in drafted)
+    base = {(r["config_label"], r["prompt_id"]): r["token_ids"] for r in runs if r["method"] == "baseline"}
+    # the self-draft configuration's baseline is the bf16 target's: the same tokens as transformers-bf16
+    assert all(base[("self-draft:bf16-int8", p)] == base[("transformers-bf16", p)]
+               for (lbl, p) in base if lbl == "self-draft:bf16-int8")

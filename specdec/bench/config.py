@@ -46,12 +46,29 @@ class RuntimeConfig:
         label: the ``config_label`` stored with every run.
         target_backend, draft_backend: ``"transformers"`` or ``"llamacpp"``.
         compile: transformers only: the compiled static-cache backend (`specdec.backends.compiled`).
+        dtype: transformers dtype of both models (None: the sweep's ``dtype``).
+        quant: transformers weight quantization of both models (`specdec.precision`; None: full weights).
+        self_draft_quant: draft with a copy of the TARGET quantized this way (e.g. ``"int8"``) instead of
+            the sweep's draft model: same tokenizer, cost set by bytes read.
     """
 
     label: str
     target_backend: str
     draft_backend: str
     compile: bool = False
+    dtype: str | None = None
+    quant: str | None = None
+    self_draft_quant: str | None = None
+
+    def load_kwargs(self, sweep_dtype: str) -> dict:
+        """The `specdec.loading.load_pair` arguments this configuration sets beyond the runtimes (only those
+        it changes, so that loaders that know none of them keep working)."""
+        kw: dict = {"dtype": self.dtype or sweep_dtype}
+        if self.quant is not None:
+            kw["quant"] = self.quant
+        if self.self_draft_quant is not None:
+            kw["draft_quant"] = self.self_draft_quant
+        return kw
 
     def peers(self) -> tuple[str, ...]:
         """The peer methods that apply to this configuration (`Method.applies`)."""
@@ -66,6 +83,14 @@ RUNTIME_CONFIGS: dict[str, RuntimeConfig] = {
         RuntimeConfig("llamacpp", "llamacpp", "llamacpp"),
         RuntimeConfig("mixed:llamacpp-draft", "transformers", "llamacpp"),
         RuntimeConfig("mixed:transformers-draft", "llamacpp", "transformers"),
+        # The fast CPU configurations (issue 19); bf16 needs native bf16 kernels (refused in one line otherwise).
+        RuntimeConfig("transformers-bf16", "transformers", "transformers", dtype="bfloat16"),
+        RuntimeConfig("transformers-bf16-compiled", "transformers", "transformers", compile=True,
+                      dtype="bfloat16"),
+        RuntimeConfig("transformers-int8", "transformers", "transformers", quant="int8"),
+        RuntimeConfig("transformers-bf16-int8", "transformers", "transformers", dtype="bfloat16", quant="int8"),
+        RuntimeConfig("self-draft:bf16-int8", "transformers", "transformers", dtype="bfloat16",
+                      self_draft_quant="int8"),
     )
 }
 _CONFIG_ALIASES = {

@@ -201,11 +201,13 @@ def _baseline_tps(store: Store, sid: str) -> dict[tuple[str, str], list[float]]:
 def _load(cfg: SweepConfig, rc: RuntimeConfig, loader, s: _Session) -> LoadedConfig:
     """Load a configuration's models once."""
     p = s.prepared
-    s.log(f"[{rc.label}] loading target {p.target} ({rc.target_backend}) and draft {p.draft} "
+    s.log(f"[{rc.label}] loading target {p.target} ({rc.target_backend}) and draft "
+          f"{p.target + ' quantized ' + rc.self_draft_quant if rc.self_draft_quant else p.draft} "
           f"({rc.draft_backend}){' compiled' if rc.compile else ''} ...")
     t0 = time.perf_counter()
-    pair = loader(p.target, p.draft, backend=rc.target_backend, draft_backend=rc.draft_backend,
-                  device=cfg.device, dtype=cfg.dtype, threads=cfg.threads, compile=rc.compile)
+    draft = p.target if rc.self_draft_quant is not None else p.draft
+    pair = loader(p.target, draft, backend=rc.target_backend, draft_backend=rc.draft_backend,
+                  device=cfg.device, threads=cfg.threads, compile=rc.compile, **rc.load_kwargs(cfg.dtype))
     loaded = LoadedConfig(cfg, rc, pair, threads=int(cfg.threads or torch.get_num_threads()))
     compile_s = sum(m.compile_s for m in (pair.target, pair.draft) if m is not None)
     s.log(f"[{rc.label}] loaded in {time.perf_counter() - t0:.1f} s"

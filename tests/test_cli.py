@@ -232,3 +232,39 @@ def test_c3_divergence_is_reported_with_margin(tiny_pair, near_draft_dir, monkey
     assert div["compiled_token"] == out["token_ids"][5] and div["margin"] > 0
     assert div["top1"] == out["baseline_token_ids"][5]  # greedy baseline took the target's argmax
     assert "first difference at new token 5" in captured.err
+
+
+def test_c23_a_second_sweep_on_a_busy_store_is_told_so(tiny_pair, tmp_path):
+    """Case C23: two identical sweeps on one --db, the second (with --resume) started while the first runs.
+    The second waits (bounded by --wait-for-store) and stops with a message naming the other process;
+    nothing is lost or duplicated; rerun afterwards, it finds everything done."""
+    import sqlite3
+    import time
+
+    db = tmp_path / "busy.db"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p-{i:02d}", "type": "natural", "prompt": f"the fox {i} runs"})
+                               + "\n" for i in range(8)))
+    # long enough (~100 runs of 100 tokens) that the first sweep is still running when the second starts
+    args = [sys.executable, "-m", "specdec", "sweep", "--target", str(tiny_pair.target_dir), "--draft",
+            str(tiny_pair.draft_dir), "--prompts", str(prompts), "--ks", "1,2,4,8,16", "--max-new-tokens", "100",
+            "--db", str(db), "--no-peers", "--policies", "none", "--no-progress", "--threads", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lock = tmp_path / "busy.db.lock"
+    deadline = time.monotonic() + 120
+    while not (lock.exists() and "pid" in lock.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    second = subprocess.run([*args, "--resume", "--wait-for-store", "1"], capture_output=True, text=True,
+                            env=env, timeout=300)
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, out + err
+    assert second.returncode == 2, second.stdout + second.stderr
+    (line,) = [ln for ln in second.stderr.splitlines() if ln.strip()]
+    assert f"another process (pid {first.pid}) is writing this results store" in line
+    assert "wait for it to finish, or use another --db" in line and "not a specdec results database" not in line
+    with sqlite3.connect(db) as c:
+        keys = [r[0] for r in c.execute("select cell_key from runs")]
+    assert keys and len(keys) == len(set(keys))  # nothing duplicated
+    again = run(*args[3:], "--resume")
+    assert again.returncode == 0 and "0 to run" in again.stdout, again.stdout + again.stderr

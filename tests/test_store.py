@@ -239,3 +239,25 @@ def test_report_column_lists_are_the_store_schema():
     assert list(analysis.ROUND_COLUMNS) == list(S.columns("rounds"))
     assert list(analysis.COST_COLUMNS) == list(S.columns("costs"))
     assert list(analysis.SWEEP_COLUMNS) == list(S.columns("sweeps"))
+
+
+def test_c23_opening_a_locked_store_waits_then_says_busy(tmp_path):
+    """A store another connection holds exclusively: opening retries for the bounded wait, then says the store
+    is busy (not "not a specdec results database"); once released, it opens."""
+    import sqlite3
+    import time
+
+    from specdec.bench.store import StoreBusyError
+
+    path = tmp_path / "locked.db"
+    Store(path).close()
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("PRAGMA journal_mode=DELETE")
+    other.execute("BEGIN EXCLUSIVE")
+    t0 = time.monotonic()
+    with pytest.raises(StoreBusyError, match="another process is writing this results store"):
+        Store(path, busy_wait_s=0.5)
+    assert 0.5 <= time.monotonic() - t0 < 10
+    other.execute("ROLLBACK")
+    other.close()
+    Store(path).close()

@@ -127,6 +127,10 @@ def sweep(
                                   "exceed a model's context (named in one line); otherwise such a plan is "
                                   "refused before any run.", rich_help_panel=_PANEL_PLAN)
     ] = None,
+    wait_for_store: Annotated[
+        float, typer.Option("--wait-for-store", help="Seconds to wait while another sweep writes the same --db "
+                            "before stopping with a message.", rich_help_panel=_PANEL_STORE)
+    ] = 10.0,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the sweep with these settings: skip finished runs, "
                            "retry failed ones.", rich_help_panel=_PANEL_STORE)
@@ -189,7 +193,8 @@ def sweep(
             _dry_run(cfg, db_path)
             return
         try:
-            result = S.run_sweep(cfg, db=db_path, resume=resume, progress=progress, max_runs=max_runs)
+            result = S.run_sweep(cfg, db=db_path, resume=resume, progress=progress, max_runs=max_runs,
+                                 lock_wait_s=wait_for_store)
         except KeyboardInterrupt:
             typer.echo(f"\ninterrupted: finished runs are saved in {db_path}; rerun the same command with "
                        f"--resume to continue", err=True)

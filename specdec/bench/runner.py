@@ -31,7 +31,7 @@ from specdec.bench.estimate import estimate_plan_s, format_duration
 from specdec.bench.methods import METHODS, RunRecord, RunRequest, Runtime, reference_method
 from specdec.bench.plan import PlannedRun, Prepared, cost_max_n, prepare
 from specdec.bench.prompts import Prompt, encode_prompt
-from specdec.bench.store import Store
+from specdec.bench.store import Store, writer_lock
 from specdec.costs import CostCurve
 
 __all__ = ["LoadedConfig", "SweepResult", "execute", "run_sweep"]
@@ -394,6 +394,7 @@ def run_sweep(
     max_runs: int | None = None,
     on_run: Callable[[dict], None] | None = None,
     loader: Callable[..., Any] | None = None,
+    lock_wait_s: float = 10.0,
 ) -> SweepResult:
     """Run (or resume) a sweep and store every run in `db`.
 
@@ -406,21 +407,29 @@ def run_sweep(
         max_runs: stop after this many runs (for tests and partial runs); the sweep is left ``interrupted``.
         on_run: called with each stored run row (after its commit).
         loader: `specdec.loading.load_pair`-compatible (injectable for tests).
+        lock_wait_s: how long to wait for another process's sweep on the same `db` to finish.
 
     Returns:
         A `SweepResult`.
 
     Raises:
         ValueError (PromptFileError, StoreError ...): bad settings or prompts (before any model loads),
-            ``SweepExistsError`` / ``SweepNotFoundError`` (see `Store.begin_sweep`), or every configuration
-            failed to load (the first load error).
+            ``SweepExistsError`` / ``SweepNotFoundError`` (see `Store.begin_sweep`), ``StoreBusyError``
+            (another sweep holds the store for longer than `lock_wait_s`), or every configuration failed to
+            load (the first load error).
         KeyboardInterrupt: re-raised after marking the sweep ``interrupted`` (finished runs are kept).
     """
-    from tqdm.auto import tqdm
-
     if loader is None:
         from specdec.loading import load_pair as loader
     prepared = prepare(cfg)
+    with writer_lock(db, wait_s=lock_wait_s):  # one sweep at a time per store (case C23)
+        return _run_locked(cfg, prepared, db, resume, progress, echo, max_runs, on_run, loader)
+
+
+def _run_locked(cfg, prepared: Prepared, db, resume, progress, echo, max_runs, on_run, loader) -> SweepResult:
+    """`run_sweep`'s body, under the store's writer lock."""
+    from tqdm.auto import tqdm
+
     sid, plan = prepared.sweep_id, prepared.plan
     store = Store(db)
     bar = None

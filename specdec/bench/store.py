@@ -18,10 +18,13 @@ analysis time from the raw counts (see `specdec.metrics`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import os
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -127,6 +130,58 @@ class SweepNotFoundError(StoreError):
     """``--resume`` was given but this database holds no sweep with this configuration."""
 
 
+class StoreBusyError(StoreError):
+    """Another process kept this results store locked for longer than we were willing to wait (case C23)."""
+
+    def __init__(self, path: Path | str, waited_s: float, holder: str = "") -> None:
+        who = f" ({holder})" if holder else ""
+        super().__init__(f"{path}: another process{who} is writing this results store (waited {waited_s:.0f} s); "
+                         "wait for it to finish, or use another --db")
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+@contextmanager
+def writer_lock(db: str | Path, *, wait_s: float = 10.0, poll_s: float = 0.2) -> Iterator[None]:
+    """Hold the one-writer lock of a results store: an OS advisory lock (``flock``) on ``<db>.lock``, which
+    also records the holder's pid. A sweep holds it from start to end, so a second sweep on the same store
+    waits up to `wait_s` seconds and then stops with `StoreBusyError` instead of interleaving its runs
+    (readers such as ``specdec report`` never take it). Released when the process ends, even if killed.
+
+    Raises:
+        StoreBusyError: the lock was held for all of `wait_s`.
+    """
+    import fcntl  # POSIX; the store's users run on Linux and macOS
+
+    path = Path(f"{db}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        t0 = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - t0 >= wait_s:
+                    f.seek(0)
+                    holder = f.read().strip()
+                    raise StoreBusyError(db, time.monotonic() - t0, holder) from None
+                time.sleep(poll_s)
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.seek(0)
+            f.truncate()
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def canonical_json(obj: Any) -> str:
     """JSON with sorted keys, no whitespace, ASCII only: the same object always gives the same string."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
@@ -171,16 +226,36 @@ class Store:
 
     Args:
         path: the SQLite file (created with its parent directory when missing).
+        busy_wait_s: how long to keep retrying while another process holds the database locked.
 
     Raises:
         StoreError: the file is not a SQLite database, or was written by another schema version.
+        StoreBusyError: another process kept it locked for `busy_wait_s` seconds.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, busy_wait_s: float = 30.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._busy_timeout_s = min(30.0, max(busy_wait_s, 0.05))  # sqlite's own wait on each statement
+        t0 = time.monotonic()
+        while True:
+            try:
+                self._open()
+                return
+            except sqlite3.OperationalError as exc:
+                # Opening runs DDL and a journal-mode switch, which can fail at once ("database is locked")
+                # while another process writes, without waiting on sqlite's busy timeout: retry, bounded.
+                with contextlib.suppress(Exception):
+                    self.conn.close()
+                if not _is_busy(exc):
+                    raise StoreError(f"{self.path}: not a specdec results database ({exc})") from None
+                if time.monotonic() - t0 >= busy_wait_s:
+                    raise StoreBusyError(self.path, time.monotonic() - t0) from None
+                time.sleep(0.2)
+
+    def _open(self) -> None:
         try:
-            self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+            self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=self._busy_timeout_s)
             self.conn.row_factory = sqlite3.Row
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=FULL")
@@ -199,6 +274,8 @@ class Store:
                         f"{self.path}: results schema version {row[0]}, this specdec writes version "
                         f"{SCHEMA_VERSION}; use a new --db"
                     )
+        except sqlite3.OperationalError:
+            raise  # the caller tells a busy store from a broken one
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a specdec results database ({exc})") from None
 

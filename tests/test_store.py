@@ -19,7 +19,7 @@ SCHEMA = {
         "prompt_tokens", "method", "policy", "k", "repeat", "seed", "temperature", "top_k", "top_p",
         "max_new_tokens", "new_tokens", "finish_reason", "token_ids", "matches_baseline", "num_rounds",
         "num_drafted", "num_accepted", "num_rejections", "prefill_s", "ttft_s", "decode_s", "total_s",
-        "draft_s", "verify_s", "tokens_per_s", "error", "created_at",
+        "draft_s", "verify_s", "tokens_per_s", "error", "created_at", "machine_id",
     ],
     "rounds": [
         "run_id", "round_idx", "k", "k_requested", "num_accepted", "accept_flags", "next_kind", "num_emitted",
@@ -27,6 +27,10 @@ SCHEMA = {
     ],
     "costs": ["sweep_id", "config_label", "role", "n_tokens", "seconds", "repeats", "spread_s"],
     "meta": ["key", "value"],
+    "machines": ["machine_id", "machine_json"],
+    "machine_costs": ["sweep_id", "machine_id", "config_label", "role", "n_tokens", "seconds", "repeats",
+                      "spread_s"],
+    "shards": ["sweep_id", "shard", "machine_id", "started_at"],
 }  # fmt: skip
 
 CONFIG = {"target": "t", "draft": "d", "max_new_tokens": 8, "temperature": 0.0}

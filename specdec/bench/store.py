@@ -29,6 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
+from specdec.bench import machines as _machines  # [shards] per-run machine record (specdec/bench/machines.py)
+
 __all__ = [
     "EXPORT_FORMATS",
     "RUN_COLUMNS",
@@ -102,6 +104,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "num_rounds", "num_drafted", "num_accepted", "num_rejections",
     "prefill_s", "ttft_s", "decode_s", "total_s", "draft_s", "verify_s", "tokens_per_s",
     "error", "created_at",
+    "machine_id",  # [shards] added by specdec.bench.machines.ensure_machine_schema
 )  # fmt: skip
 
 ROUND_COLUMNS: tuple[str, ...] = (
@@ -178,6 +181,7 @@ class Store:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.machine_id: str | None = None  # [shards] the machine of this process, set by begin_sweep
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
@@ -199,6 +203,7 @@ class Store:
                         f"{self.path}: results schema version {row[0]}, this specdec writes version "
                         f"{SCHEMA_VERSION}; use a new --db"
                     )
+                _machines.ensure_machine_schema(self.conn)  # [shards] machines, machine_costs, shards tables
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a specdec results database ({exc})") from None
 
@@ -292,6 +297,7 @@ class Store:
             SweepNotFoundError: `resume` and no sweep with this configuration exists (lists the sweeps that do).
         """
         with self.transaction():
+            self.machine_id = _machines.register_machine(self.conn, machine)  # [shards]
             row = self.get_sweep(sweep_id)
             if resume and row is None:
                 raise SweepNotFoundError(
@@ -360,6 +366,8 @@ class Store:
         values = {c: _clean(row.get(c)) for c in RUN_COLUMNS}
         if values["created_at"] is None:
             values["created_at"] = _now()
+        if values["machine_id"] is None:
+            values["machine_id"] = self.machine_id  # [shards] the machine that timed the run
         round_rows = []
         for i, r in enumerate(rounds):
             d = {c: r.get(c) for c in ROUND_COLUMNS}
@@ -448,6 +456,11 @@ class Store:
                 "DELETE FROM costs WHERE sweep_id = ? AND config_label = ?", (sweep_id, config_label)
             )
             self.conn.executemany("INSERT INTO costs VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            if self.machine_id is not None:  # [shards] each machine's own curve
+                self.conn.execute("DELETE FROM machine_costs WHERE sweep_id = ? AND config_label = ? AND "
+                                  "machine_id = ?", (sweep_id, config_label, self.machine_id))
+                self.conn.executemany("INSERT INTO machine_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                      [(r[0], self.machine_id, *r[1:]) for r in rows])
 
     def load_costs(self, sweep_id: str, config_label: str) -> dict | None:
         """The costs stored for this sweep and config_label, in `measure_costs`'s shape, or None when absent.
@@ -455,12 +468,17 @@ class Store:
         Keys: ``target_step_s``, ``draft_step_s`` (None without a draft), ``c`` (draft/target step; None
         without a draft), ``target_forward_s`` / ``draft_forward_s`` (``{n: seconds}``), the matching
         ``*_spread_s`` (IQR seconds), ``repeats`` (the target's) and ``draft_repeats``.
+        Once `begin_sweep` has set this process's machine, the costs are that machine's own (None when only
+        other machines measured them, so the sweep measures its own); stores without per-machine costs
+        give the ``costs`` table's.
         """
-        rows = self.conn.execute(
-            "SELECT role, n_tokens, seconds, repeats, spread_s FROM costs WHERE sweep_id = ? AND "
-            "config_label = ? ORDER BY role, n_tokens",
-            (sweep_id, config_label),
-        ).fetchall()
+        rows = _machines.machine_cost_rows(self.conn, sweep_id, config_label, self.machine_id)  # [shards]
+        if rows is None:
+            rows = self.conn.execute(
+                "SELECT role, n_tokens, seconds, repeats, spread_s FROM costs WHERE sweep_id = ? AND "
+                "config_label = ? ORDER BY role, n_tokens",
+                (sweep_id, config_label),
+            ).fetchall()
         if not rows:
             return None
         out: dict[str, Any] = {

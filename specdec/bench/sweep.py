@@ -49,7 +49,9 @@ from typing import Any
 import torch
 
 from specdec.bench.costs import measure_costs
+from specdec.bench.machines import host_id, record_shard  # [shards]
 from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
+from specdec.bench.shard import shard_plan  # [shards]
 from specdec.bench.store import Store, cell_key, sweep_id_for
 from specdec.decoding import GREEDY, autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
@@ -758,6 +760,7 @@ def machine_info(device: str = "cpu", threads: int | None = None) -> dict[str, A
     except (AttributeError, OSError):
         usable = os.cpu_count()
     info: dict[str, Any] = {
+        "host": host_id(),  # [shards] hash of the host name: tells cluster nodes apart
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": usable,
@@ -1124,6 +1127,7 @@ def run_sweep(
     max_runs: int | None = None,
     on_run: Callable[[dict], None] | None = None,
     loader: Callable[..., Any] | None = None,
+    shard: str | None = None,
 ) -> SweepResult:
     """Run (or resume) a sweep and store every run in `db`.
 
@@ -1136,6 +1140,8 @@ def run_sweep(
         max_runs: stop after this many runs (for tests and partial runs); the sweep is left ``interrupted``.
         on_run: called with each stored run row (after its commit).
         loader: `specdec.loading.load_pair`-compatible (injectable for tests).
+        shard: ``"I/N"`` (or a `specdec.bench.shard.Shard`): run only this shard's prompts
+            (`specdec.bench.shard.shard_plan`); the sweep id is unchanged, the shard is recorded in ``shards``.
 
     Returns:
         A `SweepResult`.
@@ -1151,6 +1157,7 @@ def run_sweep(
     if loader is None:
         from specdec.loading import load_pair as loader
     prompts, target_spec, draft_spec, pair_name, cfg_meaning, sid, plan = prepare(cfg)
+    plan = shard_plan(plan, prompts, shard)  # [shards] only this shard's prompts (all of it when None)
     store = Store(db)
     bar = None
     say = echo or print
@@ -1165,6 +1172,7 @@ def run_sweep(
         machine = machine_info(cfg.device, cfg.threads)
         row = store.begin_sweep(sid, cfg_meaning, resume=resume, name=cfg.name, machine=machine,
                                 git_commit=git_commit())
+        record_shard(store, sid, shard)  # [shards] which shard this store holds, on which machine
         load = machine.get("loadavg_1m")
         if load is not None and load > 0.5:
             log(f"warning: the 1-minute load average is {load:.2f} before any model runs; other work on this "

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import typer
@@ -91,7 +92,7 @@ def _ident(c) -> tuple:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 36])
 def test_split_is_a_prompt_grouped_partition(n):
-    cfg, prompts, plan = _big_plan()
+    _, prompts, plan = _big_plan()
     parts = split_plan(plan, prompts, n)
     assert len(parts) == n
     # union = plan, disjoint: every run in exactly one shard, each shard in plan order
@@ -120,7 +121,7 @@ def test_split_is_a_prompt_grouped_partition(n):
 
 
 def test_split_depends_on_the_prompts_only():
-    cfg, prompts, plan = _big_plan()
+    _, prompts, _ = _big_plan()
     a = assign_prompts(prompts, 4)
     assert assign_prompts(list(reversed(prompts)), 4) == a  # not on the order of the prompt file
     other = S.build_plan(S.make_config({"prompts_per_type": 3, "ks": "2", "secondary_ks": "",
@@ -156,11 +157,11 @@ def sharded(tmp_path_factory, tiny_pair, near_draft_dir, prompt_file):
     local = S.run_sweep(cfg, db=root / "local.db", progress=False, echo=_quiet)
     one = S.run_sweep(cfg, db=root / "s1.db", progress=False, echo=_quiet, shard="1/2")
     two = S.run_sweep(cfg, db=root / "s2.db", progress=False, echo=_quiet, shard="2/2")
-    return cfg, root, local, one, two
+    return SimpleNamespace(cfg=cfg, root=root, local=local, one=one, two=two)
 
 
 def test_shards_share_the_sweep_identity_and_record_their_shard(sharded):
-    cfg, root, local, one, two = sharded
+    root, local, one, two = sharded.root, sharded.local, sharded.one, sharded.two
     assert local.sweep_id == one.sweep_id == two.sweep_id
     assert one.status == two.status == local.status == "done"
     assert one.planned + two.planned == local.planned and one.planned and two.planned
@@ -176,7 +177,7 @@ def test_shards_share_the_sweep_identity_and_record_their_shard(sharded):
 
 
 def test_merged_shards_equal_the_local_sweep(sharded, tmp_path):
-    cfg, root, local, one, two = sharded
+    root, local, one = sharded.root, sharded.local, sharded.one
     notes: list[str] = []
     res = merge_stores(tmp_path / "m.db", [root / "s1.db", root / "s2.db"], echo=notes.append)
     assert res.added == local.planned and res.duplicates == 0 and res.status == "done"
@@ -197,7 +198,7 @@ def test_merged_shards_equal_the_local_sweep(sharded, tmp_path):
 
 
 def test_merge_of_one_shard_says_the_others_are_missing(sharded, tmp_path):
-    cfg, root, local, one, two = sharded
+    root, two = sharded.root, sharded.two
     notes: list[str] = []
     res = merge_stores(tmp_path / "half.db", [root / "s2.db"], echo=notes.append)
     assert res.missing_shards == ["1/2"] and res.status == "interrupted" and res.added == two.planned
@@ -205,7 +206,7 @@ def test_merge_of_one_shard_says_the_others_are_missing(sharded, tmp_path):
 
 
 def test_killed_shard_resumes_without_loss_or_duplicates(sharded, tmp_path, monkeypatch):
-    cfg, root, local, one, two = sharded
+    cfg, root, two = sharded.cfg, sharded.root, sharded.two
     real = S.speculative_generate
     calls = {"n": 0}
 
@@ -328,7 +329,7 @@ def _one_error(output: str) -> None:
 
 
 def test_cli_merge(app, sharded, tmp_path):
-    cfg, root, local, one, two = sharded
+    root, local = sharded.root, sharded.local
     runner = CliRunner()
     out = tmp_path / "m.db"
     res = runner.invoke(app, ["merge", "--out", str(out), str(root / "s1.db"), str(root / "s2.db")])
@@ -377,3 +378,60 @@ def test_cli_sweep_shard_dry_run_and_run(app, tmp_path, tiny_pair, near_draft_di
     with Store(tmp_path / "s.db") as st:
         assert st.conn.execute("SELECT shard FROM shards").fetchone()[0] == "2/2"
         assert len(st.runs()) == count[2]
+
+
+# ------------------------------------------------------------------------------------------------- Ray
+
+
+@pytest.fixture
+def ray_cluster(monkeypatch):
+    """A real two-node Ray cluster on 127.0.0.1 (one CPU each), shut down, every process, afterwards."""
+    ray = pytest.importorskip("ray")
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+
+    # Loopback only: without this, ray.init() rewrites 127.0.0.1 into the host's network address
+    # (ray._private.services.resolve_ip_for_localhost), where a loopback-bound GCS does not listen.
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+
+    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 1024 * 1024}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    try:
+        cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_ray_two_nodes_two_shards_merge_equals_local(ray_cluster, tmp_path, tiny_pair, near_draft_dir,
+                                                     prompt_file):
+    import ray
+
+    from specdec.bench.ray_executor import run_sweep_ray, shard_store_path
+
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, prompt_types="repetitive", ks="1", secondary_ks="1",
+               max_new_tokens=4, methods="baseline,draft", baseline_repeats=1)
+    local = S.run_sweep(cfg, db=tmp_path / "local.db", progress=False, echo=_quiet)
+    db = tmp_path / "ray.db"
+    lines: list[str] = []
+    kw = {"db": db, "address": ray_cluster.address, "progress": False, "echo": lines.append,
+          "local_dir": str(tmp_path / "nodes")}
+    # a first attempt stopped after one run per shard (as a killed task leaves it), then resumed
+    first = run_sweep_ray(cfg, max_runs=1, **kw)
+    assert [s.status for s in first.shards] == ["interrupted", "interrupted"] and first.status == "interrupted"
+    assert len({s.node for s in first.shards}) == 2  # one shard per node
+    assert not ray.is_initialized()
+    with pytest.raises(StoreError, match="--resume"):
+        run_sweep_ray(cfg, **kw)
+    again = run_sweep_ray(cfg, resume=True, **kw)
+    assert [s.status for s in again.shards] == ["done", "done"] and again.status == "done"
+    assert sum(s.ran for s in again.shards) == local.planned - 2
+    for s in ("1/2", "2/2"):
+        assert shard_store_path(db, parse_shard(s)).is_file()
+    assert _runs_by_cell(db) == _runs_by_cell(tmp_path / "local.db")
+    with Store(db) as st:
+        assert sorted(r[0] for r in st.conn.execute("SELECT shard FROM shards")) == ["1/2", "2/2"]
+        assert st.get_sweep(local.sweep_id)["status"] == "done"

@@ -324,8 +324,14 @@ def run_sweep_ray(
             merged = db.with_name(db.name + ".merging")
             for side in ("", "-wal", "-shm"):
                 Path(str(merged) + side).unlink(missing_ok=True)
-            sources = ([db] if db.is_file() else []) + stores
-            out.merge = merge_stores(merged, sources, echo=lambda m: None if "already in" in m else say(m))
+            if db.is_file():  # an earlier merge (or the user's store): kept, and added to
+                src, dst = sqlite3.connect(str(db)), sqlite3.connect(str(merged))
+                try:
+                    src.backup(dst)
+                finally:
+                    src.close()
+                    dst.close()
+            out.merge = merge_stores(merged, stores, echo=lambda m: None if "already in" in m else say(m))
             for side in ("-wal", "-shm"):
                 Path(str(db) + side).unlink(missing_ok=True)
             os.replace(merged, db)

@@ -435,3 +435,73 @@ def test_ray_two_nodes_two_shards_merge_equals_local(ray_cluster, tmp_path, tiny
     with Store(db) as st:
         assert sorted(r[0] for r in st.conn.execute("SELECT shard FROM shards")) == ["1/2", "2/2"]
         assert st.get_sweep(local.sweep_id)["status"] == "done"
+
+
+def _pid_holding(path: Path) -> int | None:
+    """The pid of a process with `path` open (Linux /proc), or None."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            for fd in (d / "fd").iterdir():
+                if os.readlink(fd) == str(path):
+                    return int(d.name)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux /proc to find the worker")
+def test_ray_shard_killed_mid_way_resumes_without_loss_or_duplicates(ray_cluster, tmp_path, tiny_pair,
+                                                                    near_draft_dir, prompt_file):
+    import signal
+    import sqlite3
+    import threading
+    import time
+
+    from specdec.bench.ray_executor import run_sweep_ray
+
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, prompt_types="repetitive", ks="1,2", max_new_tokens=48,
+               repeats=2, baseline_repeats=2)
+    local = S.run_sweep(cfg, db=tmp_path / "local.db", progress=False, echo=_quiet)
+    db = tmp_path / "ray.db"
+    kw = {"db": db, "address": ray_cluster.address, "progress": False, "echo": _quiet,
+          "local_dir": str(tmp_path / "nodes")}
+    victim = tmp_path / "nodes" / "specdec-ray" / local.sweep_id / "shard-2-of-2.db"
+    killed: dict[str, int] = {}
+
+    def kill_after_first_run() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if victim.is_file():
+                try:
+                    con = sqlite3.connect(f"file:{victim}?mode=ro", uri=True, timeout=1)
+                    n = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+                    con.close()
+                except sqlite3.DatabaseError:
+                    n = 0
+                if n >= 1:
+                    pid = _pid_holding(victim)
+                    if pid is not None:
+                        os.kill(pid, signal.SIGKILL)
+                        killed["runs"] = n
+                        return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_after_first_run)
+    killer.start()
+    first = run_sweep_ray(cfg, **kw)
+    killer.join()
+    assert killed, "the shard-2 worker was never caught mid-way"
+    by = {s.shard: s for s in first.shards}
+    assert by["1/2"].status == "done" and by["2/2"].status == "failed" and first.status == "interrupted"
+    with Store(db) as st:  # shard 1 is merged already; shard 2's runs are on its node's disk only
+        assert 0 < len(st.runs()) < local.planned
+    with Store(victim) as st:
+        on_node = {r["cell_key"] for r in st.runs()}
+    assert len(on_node) >= killed["runs"]
+    again = run_sweep_ray(cfg, resume=True, **kw)
+    assert again.status == "done"
+    # shard 1 had nothing left; shard 2 ran only what its node-local store did not hold
+    assert {s.shard: s.ran for s in again.shards} == {"1/2": 0, "2/2": local.planned - by["1/2"].ran - len(on_node)}
+    assert _runs_by_cell(db) == _runs_by_cell(tmp_path / "local.db")

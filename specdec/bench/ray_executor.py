@@ -202,6 +202,7 @@ def run_sweep_ray(
     echo: Callable[[str], None] | None = None,
     max_runs: int | None = None,
     local_dir: str | None = None,
+    ship_code: bool = True,
 ) -> RaySweepResult:
     """Run sweep `cfg` on a Ray cluster, one shard per node, and merge the shard stores into `db`.
 
@@ -216,6 +217,9 @@ def run_sweep_ray(
         echo: receives the driver's summary lines (default: print).
         max_runs: per shard, stop after this many runs (partial runs; resume later).
         local_dir: the node-local directory for shard stores (default: the node's temp dir).
+        ship_code: send the driver's ``specdec`` package to the tasks (Ray ``runtime_env`` ``py_modules``, set
+            when this call starts the Ray connection), so every node runs the driver's specdec code; False:
+            the nodes' installed specdec.
 
     Returns:
         A `RaySweepResult` (its ``status`` is ``interrupted`` when a shard failed or stopped early).
@@ -236,7 +240,11 @@ def run_sweep_ray(
     db = Path(db)
     started = False
     if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=True, include_dashboard=False)
+        # Every node runs the driver's specdec: Ray ships the package (models and libraries must be there).
+        import specdec
+
+        env = {"py_modules": [str(Path(specdec.__file__).parent)]} if ship_code else None
+        ray.init(address=address, log_to_driver=True, include_dashboard=False, runtime_env=env)
         started = True
     try:
         nodes = _alive_nodes(ray)

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  # [shards]
+from specdec.bench.shard import shard_plan  # [shards]
 
 __all__ = ["costs", "export", "register", "sweep"]
 
@@ -225,7 +226,7 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None) -> None:
     from specdec.bench.store import Store
 
     prompts, target, draft, _, _, sid, plan = S.prepare(cfg)
-    plan = S.shard_plan(plan, prompts, shard)  # [shards] the shard's part of the plan
+    plan = shard_plan(plan, prompts, shard)  # [shards] the shard's part of the plan
     costs_by = {}
     source = ("reference CPU costs (2 cores, fp32 Qwen2.5-Coder 0.5B -> 1.5B: "
               f"{S.REFERENCE_COSTS['draft_step_s']:.3f} / {S.REFERENCE_COSTS['target_step_s']:.3f} s per token)")

@@ -15,6 +15,9 @@ from typing import Annotated
 
 import typer
 
+from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  # [shards]
+from specdec.bench.shard import shard_plan  # [shards]
+
 __all__ = ["costs", "export", "register", "sweep"]
 
 _PANEL_MODELS = "Models"
@@ -171,6 +174,17 @@ def sweep(
     draft_backend: Annotated[
         str | None, typer.Option(help="Draft runtime (default: --backend).", rich_help_panel=_PANEL_RUNTIME)
     ] = None,
+    shard: Annotated[  # [shards] specdec/bench/shard.py
+        str | None, typer.Option(help="Run shard I of N (I/N, 1-based) of the plan, split by prompt; merge the "
+                                 "shard stores with specdec merge.", rich_help_panel=_PANEL_STORE)
+    ] = None,
+    executor: Annotated[  # [shards] specdec/bench/ray_executor.py
+        str, typer.Option(help="local, or ray: one shard per Ray node, merged into --db.",
+                          rich_help_panel=_PANEL_STORE)
+    ] = "local",
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster address (with --executor ray).", rich_help_panel=_PANEL_STORE)
+    ] = None,
 ) -> None:
     """Run the benchmark sweep: every prompt x method x K, with peers, stored run by run in SQLite."""
     from specdec.bench import sweep as S
@@ -188,13 +202,17 @@ def sweep(
             "chat_template": chat_template, "backend": backend, "draft_backend": draft_backend,
         }  # fmt: skip
         cfg = S.make_config(flags, file=file_values, quick=quick)
+        executor = check_executor(executor, shard, address)  # [shards] one-line errors for bad combinations
         db_path = db if db is not None else Path(file_values.get("db") or S.DEFAULT_DB)
         if dry_run:
-            _dry_run(cfg, db_path)
+            _dry_run(cfg, db_path, shard)
             return
         try:
+            if executor == "ray":
+                return sweep_on_ray(cfg, db_path, resume=resume, address=address, progress=progress,
+                                    max_runs=max_runs)
             result = S.run_sweep(cfg, db=db_path, resume=resume, progress=progress, max_runs=max_runs,
-                                 lock_wait_s=wait_for_store)
+                                 lock_wait_s=wait_for_store, shard=shard)  # shard=None: the whole plan
         except KeyboardInterrupt:
             typer.echo(f"\ninterrupted: finished runs are saved in {db_path}; rerun the same command with "
                        f"--resume to continue", err=True)
@@ -207,13 +225,14 @@ def sweep(
                          f"(specdec report names them)")
 
 
-def _dry_run(cfg, db_path: Path) -> None:
+def _dry_run(cfg, db_path: Path, shard: str | None = None) -> None:
     from specdec.bench import sweep as S
     from specdec.bench.store import Store
     from specdec.costs import CostCurve
 
     prepared = S.prepare(cfg)
-    sid, plan = prepared.sweep_id, prepared.plan
+    sid = prepared.sweep_id
+    plan = shard_plan(prepared.plan, prepared.prompts, shard)  # the shard's part of the plan (all when None)
     costs_by = {}
     source = ("reference CPU costs (2 cores, fp32 Qwen2.5-Coder 0.5B -> 1.5B: "
               f"{S.REFERENCE_COSTS.draft_step_s:.3f} / {S.REFERENCE_COSTS.target_step_s:.3f} s per token)")
@@ -355,7 +374,8 @@ def export(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``sweep``, ``costs`` and ``export`` commands to `app`."""
+    """Add the ``sweep``, ``costs``, ``export`` and ``merge`` commands to `app`."""
     app.command("sweep")(sweep)
     app.command("costs")(costs)
     app.command("export")(export)
+    app.command("merge")(merge)  # [shards] specdec/bench/cluster_commands.py

@@ -13,6 +13,7 @@ skips finished runs and retries failed ones.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import sys
 import time
@@ -28,9 +29,11 @@ from specdec.bench.console import summary_line
 from specdec.bench.costs import measure_costs
 from specdec.bench.environment import git_commit, machine_changes, machine_info
 from specdec.bench.estimate import estimate_plan_s, format_duration
+from specdec.bench.machines import record_shard
 from specdec.bench.methods import METHODS, RunRecord, RunRequest, Runtime, reference_method
 from specdec.bench.plan import PlannedRun, Prepared, cost_max_n, prepare
 from specdec.bench.prompts import Prompt, encode_prompt
+from specdec.bench.shard import shard_plan
 from specdec.bench.store import Store, writer_lock
 from specdec.costs import CostCurve
 
@@ -395,6 +398,7 @@ def run_sweep(
     on_run: Callable[[dict], None] | None = None,
     loader: Callable[..., Any] | None = None,
     lock_wait_s: float = 10.0,
+    shard: str | None = None,
 ) -> SweepResult:
     """Run (or resume) a sweep and store every run in `db`.
 
@@ -408,6 +412,8 @@ def run_sweep(
         on_run: called with each stored run row (after its commit).
         loader: `specdec.loading.load_pair`-compatible (injectable for tests).
         lock_wait_s: how long to wait for another process's sweep on the same `db` to finish.
+        shard: ``"I/N"`` (or a `specdec.bench.shard.Shard`): run only this shard's prompts
+            (`specdec.bench.shard.shard_plan`); the sweep id is unchanged, the shard is recorded in ``shards``.
 
     Returns:
         A `SweepResult`.
@@ -422,11 +428,14 @@ def run_sweep(
     if loader is None:
         from specdec.loading import load_pair as loader
     prepared = prepare(cfg)
+    if shard is not None:  # only this shard's prompts; the identity (and so the sweep id) is unchanged
+        prepared = dataclasses.replace(prepared, plan=shard_plan(prepared.plan, prepared.prompts, shard))
     with writer_lock(db, wait_s=lock_wait_s):  # one sweep at a time per store (case C23)
-        return _run_locked(cfg, prepared, db, resume, progress, echo, max_runs, on_run, loader)
+        return _run_locked(cfg, prepared, db, resume, progress, echo, max_runs, on_run, loader, shard)
 
 
-def _run_locked(cfg, prepared: Prepared, db, resume, progress, echo, max_runs, on_run, loader) -> SweepResult:
+def _run_locked(cfg, prepared: Prepared, db, resume, progress, echo, max_runs, on_run, loader,
+                shard) -> SweepResult:
     """`run_sweep`'s body, under the store's writer lock."""
     from tqdm.auto import tqdm
 
@@ -442,6 +451,7 @@ def _run_locked(cfg, prepared: Prepared, db, resume, progress, echo, max_runs, o
 
     try:
         todo = _begin(cfg, prepared, store, resume, log)
+        record_shard(store, sid, shard)  # which shard this store holds, on which machine
         result = SweepResult(sid, str(db), len(plan), len(plan) - len(todo))
         log(f"sweep {sid}: {len(plan)} timed generations ({len(prepared.prompts)} prompts x {len(cfg.configs)} "
             f"config(s), {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)); {result.already_done} "

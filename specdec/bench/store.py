@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
+from specdec.bench import machines as _machines  # per-run machine record (specdec/bench/machines.py)
+
 __all__ = [
     "ROUND_COLUMNS",
     "RUN_COLUMNS",
@@ -71,6 +73,8 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("prefill_s", "REAL"), ("ttft_s", "REAL"), ("decode_s", "REAL"), ("total_s", "REAL"), ("draft_s", "REAL"),
         ("verify_s", "REAL"), ("tokens_per_s", "REAL"),
         ("error", "TEXT"), ("created_at", "TEXT"),
+        # the machine that timed the run (`specdec.bench.machines`; added by ALTER TABLE to older stores)
+        ("machine_id", "TEXT"),
     ),
     "rounds": (
         ("run_id", "INTEGER REFERENCES runs(run_id)"), ("round_idx", "INTEGER"),
@@ -82,11 +86,21 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("role", "TEXT"), ("n_tokens", "INTEGER"),
         ("seconds", "REAL"), ("repeats", "INTEGER"), ("spread_s", "REAL"),
     ),
+    # Machines (`specdec.bench.machines`): each machine's fingerprint, its own cost curve, and which shard of
+    # a sweep ran where (stores from before sharding get these tables when opened).
+    "machines": (("machine_id", "TEXT PRIMARY KEY"), ("machine_json", "TEXT")),
+    "machine_costs": (
+        ("sweep_id", "TEXT"), ("machine_id", "TEXT"), ("config_label", "TEXT"), ("role", "TEXT"),
+        ("n_tokens", "INTEGER"), ("seconds", "REAL"), ("repeats", "INTEGER"), ("spread_s", "REAL"),
+    ),
+    "shards": (("sweep_id", "TEXT"), ("shard", "TEXT"), ("machine_id", "TEXT"), ("started_at", "TEXT")),
 }  # fmt: skip
 #: Table-level constraints and indexes (not columns).
 _CONSTRAINTS = {
     "rounds": "PRIMARY KEY (run_id, round_idx)",
     "costs": "PRIMARY KEY (sweep_id, config_label, role, n_tokens)",
+    "machine_costs": "PRIMARY KEY (sweep_id, machine_id, config_label, role, n_tokens)",
+    "shards": "PRIMARY KEY (sweep_id, shard, machine_id)",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS runs_by_sweep ON runs (sweep_id, config_label, prompt_id, method)",)
 
@@ -95,7 +109,7 @@ def columns(table: str) -> tuple[str, ...]:
     """Every column of `table` in the store, in table order (``run_id`` included for runs/rounds).
 
     Raises:
-        KeyError: an unknown table (``meta``, ``sweeps``, ``runs``, ``rounds``, ``costs``).
+        KeyError: an unknown table (see `TABLES`).
     """
     return tuple(name for name, _ in TABLES[table])
 
@@ -236,6 +250,7 @@ class Store:
     def __init__(self, path: str | Path, *, busy_wait_s: float = 30.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.machine_id: str | None = None  # the machine of this process, set by begin_sweep
         self._busy_timeout_s = min(30.0, max(busy_wait_s, 0.05))  # sqlite's own wait on each statement
         t0 = time.monotonic()
         while True:
@@ -274,6 +289,7 @@ class Store:
                         f"{self.path}: results schema version {row[0]}, this specdec writes version "
                         f"{SCHEMA_VERSION}; use a new --db"
                     )
+                _machines.ensure_machine_schema(self.conn)  # machines, machine_costs, shards tables
         except sqlite3.OperationalError:
             raise  # the caller tells a busy store from a broken one
         except sqlite3.DatabaseError as exc:
@@ -370,6 +386,7 @@ class Store:
             SweepNotFoundError: `resume` and no sweep with this configuration exists (lists the sweeps that do).
         """
         with self.transaction():
+            self.machine_id = _machines.register_machine(self.conn, machine)
             row = self.get_sweep(sweep_id)
             if resume and row is None:
                 raise SweepNotFoundError(
@@ -448,6 +465,8 @@ class Store:
         values = {c: _clean(row.get(c)) for c in RUN_COLUMNS}
         if values["created_at"] is None:
             values["created_at"] = _now()
+        if values["machine_id"] is None:
+            values["machine_id"] = self.machine_id  # the machine that timed the run
         round_rows = []
         for i, r in enumerate(rounds):
             d = {c: r.get(c) for c in ROUND_COLUMNS}
@@ -536,6 +555,11 @@ class Store:
                 "DELETE FROM costs WHERE sweep_id = ? AND config_label = ?", (sweep_id, config_label)
             )
             self.conn.executemany("INSERT INTO costs VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            if self.machine_id is not None:  # each machine's own curve
+                self.conn.execute("DELETE FROM machine_costs WHERE sweep_id = ? AND config_label = ? AND "
+                                  "machine_id = ?", (sweep_id, config_label, self.machine_id))
+                self.conn.executemany("INSERT INTO machine_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                      [(r[0], self.machine_id, *r[1:]) for r in rows])
 
     def load_costs(self, sweep_id: str, config_label: str) -> dict | None:
         """The costs stored for this sweep and config_label, in `measure_costs`'s shape, or None when absent.
@@ -543,12 +567,17 @@ class Store:
         Keys: ``target_step_s``, ``draft_step_s`` (None without a draft), ``c`` (draft/target step; None
         without a draft), ``target_forward_s`` / ``draft_forward_s`` (``{n: seconds}``), the matching
         ``*_spread_s`` (IQR seconds), ``repeats`` (the target's) and ``draft_repeats``.
+        Once `begin_sweep` has set this process's machine, the costs are that machine's own (None when only
+        other machines measured them, so the sweep measures its own); stores without per-machine costs
+        give the ``costs`` table's.
         """
-        rows = self.conn.execute(
-            "SELECT role, n_tokens, seconds, repeats, spread_s FROM costs WHERE sweep_id = ? AND "
-            "config_label = ? ORDER BY role, n_tokens",
-            (sweep_id, config_label),
-        ).fetchall()
+        rows = _machines.machine_cost_rows(self.conn, sweep_id, config_label, self.machine_id)
+        if rows is None:
+            rows = self.conn.execute(
+                "SELECT role, n_tokens, seconds, repeats, spread_s FROM costs WHERE sweep_id = ? AND "
+                "config_label = ? ORDER BY role, n_tokens",
+                (sweep_id, config_label),
+            ).fetchall()
         if not rows:
             return None
         out: dict[str, Any] = {

@@ -1,0 +1,212 @@
+"""Merge shard stores of one sweep into one results store (``specdec merge --out DB SHARD.db ...``).
+
+Shards (``specdec sweep --shard I/N``, or the Ray executor's per-node stores) share the sweep identity
+(``sweep_id``, `specdec.bench.sweep.meaning`); merging them gives the store a single machine would have
+written, plus the machine of every run:
+
+- the sources must hold the same sweep(s) as each other and as `out` when it exists; another sweep is
+  refused with one line naming the file and the settings that differ;
+- runs are unioned by ``cell_key`` (cell x repeat): a run present in several sources is kept once, the
+  first successful one in the order the sources are given (a successful run replaces a failed one), and
+  the number of such duplicates is reported;
+- each run keeps its ``machine_id`` (runs from stores that predate it get the machine of their source's
+  ``sweeps.machine_json``), ``machines``, ``machine_costs`` (each machine's own cost curve) and ``shards``
+  are unioned; ``costs`` keeps the first source's curve per config_label (older readers see one machine);
+- the merged ``sweeps.status`` is ``done`` when every source is done, else ``interrupted``.
+
+Reads go through `specdec.bench.store.Store` (which also upgrades old stores' schema on open); runs are
+written with `Store.record_run` (rounds included) in the sources' run order, so insertion order, which
+the report uses to find the baseline nearest in time, is kept within each shard (a prompt never spans
+shards).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.bench import machines as M
+from specdec.bench.store import RUN_COLUMNS, Store, StoreError
+
+__all__ = ["MergeResult", "merge_stores"]
+
+
+@dataclass
+class MergeResult:
+    """What `merge_stores` did.
+
+    Attributes:
+        out: the merged store. sweep_ids: the sweep(s) merged.
+        added: runs written now; duplicates: runs seen again in a later source (kept once);
+        replaced: failed runs replaced by a successful one from a later source.
+        machines: machine ids in the merged store. shards: ``"I/N"`` values recorded in it.
+        missing_shards: shard numbers absent when the recorded shards say there are N.
+        status: merged ``sweeps.status``.
+    """
+
+    out: str
+    sweep_ids: list[str]
+    added: int = 0
+    duplicates: int = 0
+    replaced: int = 0
+    machines: list[str] = field(default_factory=list)
+    shards: list[str] = field(default_factory=list)
+    missing_shards: list[str] = field(default_factory=list)
+    status: str = "done"
+
+
+def _config_diff(a: str | None, b: str | None) -> str:
+    """The settings whose values differ between two ``config_json`` strings (``key=A vs B`` ...)."""
+    try:
+        ca, cb = json.loads(a or "{}"), json.loads(b or "{}")
+    except ValueError:
+        return "unreadable configuration"
+    keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
+    if not keys:
+        return "same settings"
+    shown = []
+    for k in keys[:3]:
+        va, vb = (json.dumps(ca.get(k))[:40], json.dumps(cb.get(k))[:40])
+        shown.append(f"{k}={va} vs {vb}")
+    more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
+    return ", ".join(shown) + more
+
+
+def _sweeps_of(path: Path) -> dict[str, dict]:
+    if not path.is_file():
+        raise StoreError(f"{path}: no such results database")
+    with Store(path) as st:
+        return {s["sweep_id"]: s for s in st.sweeps()}
+
+
+def merge_stores(
+    out: str | Path, sources: Sequence[str | Path], *, echo: Callable[[str], None] | None = None
+) -> MergeResult:
+    """Union the runs, rounds, costs and machine records of shard stores `sources` into `out`.
+
+    Args:
+        out: the merged store (created if missing; an existing one must hold the same sweep and is added to,
+            so merging again after a shard was resumed is safe). Must not be one of `sources`.
+        sources: shard stores (SQLite files written by `specdec sweep`), at least one.
+        echo: receives one-line notes (duplicates, missing shards); default: none.
+
+    Returns:
+        A `MergeResult`.
+
+    Raises:
+        StoreError (a ValueError): no sources, a source missing or not a results store, `out` among the
+            sources, or sweep identities that differ (one line naming the file and the differing settings).
+    """
+    say = echo or (lambda _m: None)
+    out = Path(out)
+    paths = [Path(p) for p in sources]
+    if not paths:
+        raise StoreError("merge: give at least one shard store")
+    if any(p.resolve() == out.resolve() for p in paths if p.exists()) and out.exists():
+        raise StoreError(f"merge: --out {out} is also a source; write the merge to a new file")
+    found = {p: _sweeps_of(p) for p in paths}
+    ref_path = paths[0]
+    ref = found[ref_path]
+    if not ref:
+        raise StoreError(f"{ref_path}: holds no sweep")
+    checks = list(found.items())
+    if out.is_file():
+        existing = _sweeps_of(out)
+        if existing:
+            checks.append((out, existing))
+    for p, sw in checks:
+        if set(sw) != set(ref):
+            extra = sorted(set(sw) - set(ref)) or sorted(set(ref) - set(sw))
+            a = next(iter(sw.values()), None)
+            b = next(iter(ref.values()))
+            why = _config_diff(a["config_json"] if a else None, b["config_json"])
+            raise StoreError(
+                f"merge: {p} holds sweep(s) {', '.join(sorted(sw)) or 'none'} but {ref_path} holds "
+                f"{', '.join(sorted(ref))} (settings {p.name} vs {ref_path.name}: {why}; differing id "
+                f"{extra[0]}): only shards of one sweep merge"
+            )
+    result = MergeResult(str(out), sorted(ref))
+    with Store(out) as dst:
+        dst.conn.execute("PRAGMA synchronous=OFF")  # the merge is rebuilt from its sources if it dies
+        for sid, srow in ref.items():
+            if dst.get_sweep(sid) is None:
+                with dst.transaction():
+                    dst.conn.execute(
+                        "INSERT INTO sweeps (sweep_id, name, config_json, created_at, git_commit, "
+                        "machine_json, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (sid, srow["name"], srow["config_json"], srow["created_at"], srow["git_commit"],
+                         srow["machine_json"], srow["status"]),
+                    )
+        statuses = []
+        for p in paths:
+            _merge_one(dst, p, found[p], result, say)
+            statuses += [s["status"] for s in found[p].values()]
+        result.status = "done" if all(s == "done" for s in statuses) else "interrupted"
+        with dst.transaction():
+            for sid in ref:
+                dst.conn.execute("UPDATE sweeps SET status = ? WHERE sweep_id = ?", (result.status, sid))
+        result.machines = [r[0] for r in dst.conn.execute("SELECT machine_id FROM machines ORDER BY 1")]
+        result.shards = sorted({r[0] for r in dst.conn.execute("SELECT shard FROM shards")})
+        dst.conn.execute("PRAGMA synchronous=FULL")
+    counts = {s.split("/")[1] for s in result.shards if "/" in s}
+    if len(counts) == 1:
+        n = int(next(iter(counts)))
+        have = {int(s.split("/")[0]) for s in result.shards}
+        result.missing_shards = [f"{i}/{n}" for i in range(1, n + 1) if i not in have]
+        if result.missing_shards:
+            say(f"note: shard(s) {', '.join(result.missing_shards)} are not in the merge yet")
+            result.status = "interrupted"
+            with Store(out) as dst, dst.transaction():
+                for sid in ref:
+                    dst.conn.execute("UPDATE sweeps SET status = 'interrupted' WHERE sweep_id = ?", (sid,))
+    if result.duplicates:
+        say(f"{result.duplicates} run(s) were already in the merge (same cell and repeat in another store): "
+            f"kept one of each (the first successful, in the order the stores were given)")
+    return result
+
+
+def _merge_one(dst: Store, path: Path, sweeps: dict[str, dict], result: MergeResult, say) -> None:
+    """Copy one source's machines, shards, costs and runs into `dst`."""
+    with Store(path) as src:
+        with dst.transaction() as conn:
+            for mid, mjson in src.conn.execute("SELECT machine_id, machine_json FROM machines"):
+                conn.execute("INSERT OR IGNORE INTO machines VALUES (?, ?)", (mid, mjson))
+            # runs from before per-run machines: the machine of their sweep's row
+            legacy = {sid: M.register_machine(conn, s["machine_json"]) for sid, s in sweeps.items()}
+            for row in src.conn.execute("SELECT * FROM shards"):
+                conn.execute("INSERT OR IGNORE INTO shards VALUES (?, ?, ?, ?)", tuple(row))
+            for row in src.conn.execute("SELECT * FROM machine_costs"):
+                conn.execute("INSERT OR IGNORE INTO machine_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", tuple(row))
+            for row in src.conn.execute("SELECT * FROM costs"):
+                conn.execute("INSERT OR IGNORE INTO costs VALUES (?, ?, ?, ?, ?, ?, ?)", tuple(row))
+            if not src.conn.execute("SELECT 1 FROM machine_costs LIMIT 1").fetchone():
+                # an old store: its costs were measured on its sweep's machine
+                for row in src.conn.execute("SELECT * FROM costs"):
+                    mid = legacy.get(row["sweep_id"])
+                    if mid is not None:
+                        conn.execute("INSERT OR IGNORE INTO machine_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                     (row[0], mid, *tuple(row)[1:]))
+        have = {
+            r[0]: r[1] for r in dst.conn.execute("SELECT cell_key, error IS NULL FROM runs")
+        }
+        for run in src.runs():
+            key = run["cell_key"]
+            ok = run["error"] is None
+            if key in have:
+                if have[key] or not ok:
+                    result.duplicates += 1
+                    continue
+                result.replaced += 1
+            row = {c: run.get(c) for c in RUN_COLUMNS}
+            if row["machine_id"] is None:
+                row["machine_id"] = legacy.get(run["sweep_id"])
+            rounds = src.rounds_of(run["run_id"])
+            try:
+                dst.record_run(row, rounds)
+            except sqlite3.DatabaseError as exc:  # pragma: no cover - disk full and the like
+                raise StoreError(f"merge: writing {key} from {path} failed: {exc}") from None
+            have[key] = ok
+            result.added += 1

@@ -20,7 +20,7 @@ from typing import Any
 
 from specdec import theory
 
-__all__ = ["ORIGINAL", "predict", "render_markdown"]
+__all__ = ["ORIGINAL", "comparison", "predict"]
 
 #: The original study's published figures (its README, `shared/seed/`): GPT-2 -> GPT-2-large unless noted.
 ORIGINAL: dict[str, Any] = {
@@ -80,71 +80,15 @@ def predict(arch_costs: dict[str, Any], original: dict[str, Any] = ORIGINAL) -> 
     return rows
 
 
-def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
-    return "-" if x is None else f"{x:{spec}}{suffix}"
-
-
-def render_markdown(arch_costs: dict[str, Any], original: dict[str, Any] = ORIGINAL) -> str:
-    """The report section "The original pairs" as Markdown: measured costs (labelled random weights),
-    predicted speedups per type and K, and the original's figures beside them.
-
-    Raises:
-        ValueError: as `predict`.
-    """
-    rows = predict(arch_costs, original)
-    lines = [
-        "## The original pairs",
-        "",
-        (f"The original study ran GPT-2 -> GPT-2-medium and GPT-2 -> GPT-2-large on an {original['hardware']}. "
-        "Its weights cannot be downloaded here, so this section **predicts** its speedups on this machine: "
-        "costs **measured** here on models of the exact architectures with "
-        f"*{arch_costs.get('weights', 'random weights')}* ({arch_costs.get('dtype')}, "
-        f"{arch_costs.get('device')}), acceptance **taken from the original's README** (used as the "
-        "per-token alpha; the original does not say at which K it was measured), combined by the refined "
-        "model E[tokens] / (K c + v(K+1))."),
-        "",
-        "### Measured costs (random weights: timing only)",
-        "",
-        "| model | params | step ms | v(2) | v(3) | v(5) | v(9) | v(17) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, a in arch_costs.get("archs", {}).items():
-        v = {int(n): x for n, x in a["verify_steps"].items()}
-        vs = " | ".join(_fmt(v.get(n)) for n in (2, 3, 5, 9, 17))
-        lines.append(f"| {name} | {a['params'] / 1e6:.0f}M | {a['step_s'] * 1e3:.1f} | {vs} |")
-    lines += ["", "| pair | c |", "|---|---|"]
-    lines += [f"| {p['draft']} -> {p['target']} | {p['c']:.3f} |" for p in arch_costs.get("pairs", [])]
-    lines += [
-        "",
-        "### Predicted speedup per prompt type and K (this machine's costs, the original's acceptance)",
-        "",
-        "| pair | prompt type | alpha (original) | " + " | ".join(f"K={k}" for k in original["ks"])
-        + " | best K predicted | best K original | speedup original |",
-        "|---|---|---|" + "---|" * len(original["ks"]) + "---|---|---|",
-    ]
-    by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        by_cell.setdefault((r["pair"], r["prompt_type"]), []).append(r)
-    for (pair, ptype), cells in by_cell.items():
-        first = cells[0]
-        ks = " | ".join(f"{r['predicted']:.2f}x" for r in cells)
-        lines.append(
-            f"| {pair} | {ptype} | {first['alpha']:.3f} | {ks} | {first['best_k']} | "
-            f"{_fmt(first['original_best_k'], 'd')} | {_fmt(first['original_speedup'], '.3f', 'x')} |"
-        )
-    lines += ["", *_comparison(rows, original)]
-    return "\n".join(lines) + "\n"
-
-
-def _comparison(rows: list[dict[str, Any]], original: dict[str, Any]) -> list[str]:
-    """Sentences that set the prediction beside the original's claims, computed from `rows`."""
-    out = ["### Where the prediction agrees with the original and where it does not", ""]
+def comparison(rows: list[dict[str, Any]], original: dict[str, Any] = ORIGINAL) -> list[str]:
+    """Sentences that set the prediction (`predict`'s rows) beside the original's claims."""
+    out: list[str] = []
     large = [r for r in rows if r["pair"].endswith("gpt2-large")]
     if not large:
         return out + ["GPT-2-large was not costed here; no comparison."]
     best = max(large, key=lambda r: r["predicted"])
     out.append(
-        f"- Best case: the original reports {original['best_speedup']:.3f}x; predicted here "
+        f"Best case: the original reports {original['best_speedup']:.3f}x; predicted here "
         f"{best['predicted']:.2f}x ({best['prompt_type']}, K = {best['k']})."
     )
     for ptype, reported in original["speedup"].items():
@@ -152,7 +96,7 @@ def _comparison(rows: list[dict[str, Any]], original: dict[str, Any]) -> list[st
         if cells:
             top = max(cells, key=lambda r: r["predicted"])
             out.append(
-                f"- {ptype}: the original measured {reported:.3f}x (no win); predicted best here "
+                f"{ptype}: the original measured {reported:.3f}x (no win); predicted best here "
                 f"{top['predicted']:.2f}x at K = {top['k']} "
                 f"({'a win' if top['predicted'] > 1 else 'no win either'})."
             )
@@ -160,10 +104,10 @@ def _comparison(rows: list[dict[str, Any]], original: dict[str, Any]) -> list[st
         cells = [r for r in large if r["prompt_type"] == ptype]
         if cells:
             out.append(
-                f"- {ptype}: best K {original['best_k'][ptype]} on the GPU, {cells[0]['best_k']} predicted here."
+                f"{ptype}: best K {original['best_k'][ptype]} on the GPU, {cells[0]['best_k']} predicted here."
             )
     out.append(
-        "- Why they can differ: the GPU verifies 17 tokens for about the price of one step and runs the "
+        "Why they can differ: the GPU verifies 17 tokens for about the price of one step and runs the "
         "draft at a small fraction of the target's cost, while a CPU's v(n) and c are what the table above "
         "measured; the original's Python loop adds per-round overheads the model leaves out; and its "
         "acceptance figures' K and definition are not stated."

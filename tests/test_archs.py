@@ -95,15 +95,39 @@ def test_original_pairs_prediction_by_hand():
 
 
 def test_original_pairs_section_labels_what_is_measured_and_what_is_predicted():
-    md = original_study.render_markdown(_costs(0.5, 6.0))
-    assert md.startswith("## The original pairs")
-    assert "random weights: timing only" in md and "**predicts**" in md
-    assert "| gpt2 -> gpt2-large | natural | 0.714 |" in md
-    assert "the original reports 1.846x" in md
+    from specdec.report.document import Bullets, Table
+    from specdec.report.original import original_pairs_section
+
+    sec = original_pairs_section(_costs(0.5, 6.0))
+    intro = sec.blocks[0]
+    assert "random weights: timing only" in intro and "PREDICTS" in intro and "MEASURED" in intro
+    tables = [b for b in sec.blocks if isinstance(b, Table)]
+    pred = tables[-1]
+    row = next(r for r in pred.rows if r[:2] == ["gpt2 -> gpt2-large", "natural"])
+    assert row[2] == "0.714" and row[-1] == "0.950x"  # the original's published acceptance and speedup
+    (bullets,) = [b for b in sec.blocks if isinstance(b, Bullets)]
+    text = "\n".join(bullets.items)
+    assert "the original reports 1.846x" in text
     # c = 0.5, v(n) rising linearly to v(17) = 6 (a CPU-like curve): natural's best is K = 1 at
     # 1.714 / (0.5 + 1.3125) = 0.946x, no win, as the original measured on its GPU
-    assert "natural: the original measured 0.950x (no win); predicted best here 0.95x at K = 1 (no win either)" in md
-    assert "repetitive: best K 16 on the GPU, 16 predicted here" in md  # alpha = 1: the longest draft pays
+    assert "natural: the original measured 0.950x (no win); predicted best here 0.95x at K = 1 (no win either)" in text
+    assert "repetitive: best K 16 on the GPU, 16 predicted here" in text  # alpha = 1: the longest draft pays
+
+
+def test_report_with_arch_costs_has_the_section(tmp_path):
+    """`specdec report --arch-costs FILE` puts the section in both the HTML and the Markdown report."""
+    from specdec.bench.store import Store
+    from specdec.report.render import write_report
+
+    db = tmp_path / "empty.db"
+    Store(db).close()
+    costs = tmp_path / "arch.json"
+    costs.write_text(json.dumps(_costs(0.3, 3.0)))
+    res = write_report(db, tmp_path / "rep", arch_costs=costs)
+    for path in (res.html, res.markdown):
+        text = path.read_text()
+        assert "The original pairs (predicted from measured costs)" in text
+        assert "gpt2 -&gt; gpt2-large" in text or "gpt2 -> gpt2-large" in text
 
 
 @pytest.mark.slow

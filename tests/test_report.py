@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import theory
+from specdec import stats, theory
 from specdec.report import analyze, load_store
 from specdec.report.cells import cell_table
 from specdec.report.diagnostics import baseline_stability_table, position_acceptance
@@ -182,22 +182,25 @@ def _cell(cells, ptype, method="draft", k=2, policy="fixed"):
 # --------------------------------------------------------------------------------------------------
 
 
-def test_exact_two_x_gives_speedup_two_with_zero_width_ci_and_win(analysis):
+def test_exact_two_x_gives_speedup_two_with_zero_width_ci_but_two_prompts_give_no_verdict(analysis):
+    """Two prompts are two units: the interval is reported, the verdict is withheld (fewer than 5 units)."""
     row = _cell(analysis.table("cells"), "code", k=2)
     assert row["speedup"] == pytest.approx(2.0)
     assert row["speedup_lo"] == pytest.approx(2.0) and row["speedup_hi"] == pytest.approx(2.0)
-    assert row["verdict"] == "win"
+    assert row["verdict"] == "too few units"
     assert row["n_prompts"] == 2 and row["n_runs"] == 4 and row["n_aligned"] == 2
     loss = _cell(analysis.table("cells"), "natural", k=4)
-    assert loss["speedup"] == pytest.approx(0.5) and loss["verdict"] == "loss"
+    assert loss["speedup"] == pytest.approx(0.5) and loss["verdict"] == "too few units"
     same = _cell(analysis.table("cells"), XSS, k=1)
-    assert same["speedup"] == pytest.approx(1.0) and same["verdict"] == "no measurable difference"
+    assert same["speedup"] == pytest.approx(1.0) and same["verdict"] == "too few units"
 
 
-def test_speedup_ci_is_the_paired_bootstrap_over_prompts():
-    # Two prompts with different speedups: the CI is theory.bootstrap_ratio_ci over per-prompt medians.
+def test_speedup_interval_is_the_t_interval_over_prompts():
+    # Five prompts with different speedups: geometric mean of the per-prompt ratios (medians over repeats),
+    # Student-t interval on their logs (specdec.stats), and a verdict now that there are 5 units.
     rows = []
-    for p, (base, fac) in enumerate([(10.0, 1.5), (20.0, 2.5), (15.0, 1.8)]):
+    facs = [(10.0, 1.5), (20.0, 2.5), (15.0, 1.8), (12.0, 2.0), (18.0, 1.7)]
+    for p, (base, fac) in enumerate(facs):
         for rep in range(3):
             rows.append({"run_id": len(rows), "config_label": "x", "prompt_id": f"p{p}", "prompt_type": "t",
                              "method": "baseline", "k": 0, "repeat": rep, "tokens_per_s": base})
@@ -205,9 +208,10 @@ def test_speedup_ci_is_the_paired_bootstrap_over_prompts():
                              "method": "draft", "policy": "fixed", "k": 3, "repeat": rep, "tokens_per_s": base * fac})
     cells = cell_table(prepare_runs(pd.DataFrame(rows)))
     row = _cell(cells, "t", k=3)
-    point, lo, hi = theory.bootstrap_ratio_ci([15, 50, 27], [10, 20, 15], paired=True)
-    assert (row["speedup"], row["speedup_lo"], row["speedup_hi"]) == pytest.approx((point, lo, hi))
-    assert row["speedup"] == pytest.approx(1.8)
+    want = stats.ratio_interval([fac for _, fac in facs])
+    assert (row["speedup"], row["speedup_lo"], row["speedup_hi"]) == pytest.approx((want.center, want.lo, want.hi))
+    assert row["speedup"] == pytest.approx((1.5 * 2.5 * 1.8 * 2.0 * 1.7) ** 0.2)
+    assert row["verdict"] == "win" and row["speedup_lo"] > 1
 
 
 def test_single_prompt_ci_resamples_repeats():
@@ -217,7 +221,8 @@ def test_single_prompt_ci_resamples_repeats():
                          "policy": "fixed", "k": 2, "repeat": rep, "tokens_per_s": tps})
     row = _cell(cell_table(pd.DataFrame(rows)), "t", method="ngram")
     assert row["ci_over"].startswith("repeats")
-    assert row["speedup"] == pytest.approx(1.65)
+    assert row["speedup"] == pytest.approx((1.5 * 1.6 * 1.7 * 3.0) ** 0.25)  # geometric mean of the run ratios
+    assert row["verdict"] == "too few units"  # 4 runs of one prompt
     assert row["speedup_lo"] < row["speedup"] < row["speedup_hi"]
 
 
@@ -256,7 +261,7 @@ def test_best_k_picks_the_max_median_speedup(analysis):
     best = analysis.table("best_k")
     draft = best[best["method"] == "draft"].set_index("prompt_type")
     assert draft.loc["code", "best_k"] == 2 and draft.loc["code", "speedup"] == pytest.approx(2.0)
-    assert draft.loc["natural", "best_k"] == 1 and draft.loc["natural", "verdict"] == "loss"
+    assert draft.loc["natural", "best_k"] == 1 and draft.loc["natural", "verdict"] == "too few units"
     assert draft.loc[XSS, "best_k"] == 2 and draft.loc["code", "ks_tried"] == "1,2,4"
 
 
@@ -334,7 +339,7 @@ def test_adaptive_vs_best_fixed(analysis):
     assert code["policy"] == "heuristic" and code["k_cap"] == 4 and code["mean_k"] == pytest.approx(3.0)
     assert code["speedup"] == pytest.approx(1.3)
     assert code["best_fixed_k"] == 2 and code["vs_best_fixed"] == pytest.approx(1.3 / 2.0)
-    assert code["vs_best_verdict"] == "loss"
+    assert code["vs_best_verdict"] == "too few units"  # 2 prompts
     nat = ad[ad["prompt_type"] == "natural"].iloc[0]
     assert nat["best_fixed_k"] == 1 and nat["vs_best_fixed"] == pytest.approx(1.3 / 0.8)
     pooled = ad[ad["prompt_type"] == ALL_PROMPTS]
@@ -415,6 +420,19 @@ def test_position_acceptance():
     assert p.loc[2, "p"] == pytest.approx(2 / 3)
 
 
+def test_position_acceptance_stops_where_the_output_stops():
+    """Case C14: a K = 4 round whose flags say 4 accepted but whose output stopped at an EOS as its 2nd token
+    (num_emitted 2; an old store kept the verifier's raw count 4): positions 3 and 4 were never reached."""
+    runs = pd.DataFrame([{"run_id": 1, "config_label": "x", "prompt_id": "p", "prompt_type": "t", "method": "draft",
+                          "policy": "fixed", "k": 4, "tokens_per_s": 1.0}])
+    rounds = pd.DataFrame([
+        {"run_id": 1, "round_idx": 0, "k": 4, "num_accepted": 4, "accept_flags": "1111", "num_emitted": 2},
+        {"run_id": 1, "round_idx": 1, "k": 4, "num_accepted": 1, "accept_flags": "10", "num_emitted": 2},
+    ])
+    p = position_acceptance(runs, rounds).set_index("position")
+    assert list(p.index) == [1, 2] and list(p["reached"]) == [2, 2] and list(p["accepted"]) == [2, 1]
+
+
 def test_runtimes_side_by_side(tmp_path):
     st = Store(tmp_path / "two.db").sweep().costs().costs(config_label="compiled", t1=0.005, draft1=0.004)
     for label, fac in ((LABEL, 1.5), ("compiled", 0.9)):
@@ -425,7 +443,8 @@ def test_runtimes_side_by_side(tmp_path):
     a = analyze(load_store(st.close()))
     rt = a.table("runtimes").set_index("config_label")
     assert rt.loc["compiled", "c"] == pytest.approx(0.8) and rt.loc[LABEL, "c"] == pytest.approx(0.2)
-    assert rt.loc[LABEL, "best_speedup"] == pytest.approx(1.5) and rt.loc["compiled", "best_verdict"] == "loss"
+    assert rt.loc[LABEL, "best_speedup"] == pytest.approx(1.5)
+    assert rt.loc["compiled", "best_speedup"] == pytest.approx(0.9) and rt.loc["compiled", "best_verdict"] == "too few units"
     assert rt.loc[LABEL, "v(5)"] == pytest.approx(1.4)
     bt = a.table("runtimes_by_type")
     assert len(bt) == 1 and len(bt.columns) == 3
@@ -596,8 +615,10 @@ def test_default_cpu_plan_one_run_per_type(tmp_path):
     assert row["speedup"] == pytest.approx(1.5) and row["verdict"] == SINGLE_RUN
     assert math.isnan(row["speedup_lo"]) and math.isnan(row["speedup_hi"])
     pooled = _cell(res.analysis.table("overall"), ALL_PROMPTS, k=4)
-    assert pooled["speedup"] == pytest.approx(1.4) and pooled["n_aligned"] == 3
-    assert pooled["speedup_lo"] == pytest.approx(1.2) and pooled["verdict"] == "win"
+    assert pooled["speedup"] == pytest.approx((1.5 * 1.2 * 1.4) ** (1 / 3)) and pooled["n_aligned"] == 3
+    want = stats.ratio_interval([1.5, 1.2, 1.4])
+    assert (pooled["speedup_lo"], pooled["speedup_hi"]) == pytest.approx((want.lo, want.hi))
+    assert pooled["verdict"] == "too few units"  # 3 prompts
     gaps = res.analysis.table("gaps")
     assert len(gaps) == 3 and set(gaps["kind"]) == {"skipped"}
     text = res.html.read_text(encoding="utf-8")
@@ -672,3 +693,19 @@ def test_best_fixed_prefers_the_higher_speedup_then_the_smaller_k():
     assert best_fixed(cells)["k"] == 2
     assert best_fixed(cells[cells["k"] == 8])["k"] == 8
     assert best_fixed(cells[cells["policy"] == "cost"]) is None
+
+
+def test_speedups_are_taken_within_one_machine(tmp_path):
+    """A merged (sharded) store: a run is divided only by a baseline timed on its own machine; one without
+    such a baseline gets no speedup rather than a ratio across machines."""
+    st = Store(tmp_path / "m.db").sweep().costs()
+    st.run(prompt_id="p0", tokens_per_s=10.0)  # machine A's baseline
+    st.run(prompt_id="p0", method="draft", policy="fixed", k=2, tokens_per_s=15.0, num_drafted=4,
+           num_accepted=2, num_rejections=1, rounds=[(2, "10")])
+    st.run(prompt_id="p0", method="draft", policy="fixed", k=4, tokens_per_s=30.0, num_drafted=4,
+           num_accepted=2, num_rejections=1, rounds=[(4, "1100")])
+    st.con.execute("UPDATE runs SET machine_id = CASE WHEN k = 4 THEN 'B' ELSE 'A' END")
+    a = analyze(load_store(st.close()))
+    cells = a.table("cells")
+    assert _cell(cells, "code", k=2)["speedup"] == pytest.approx(1.5)
+    assert math.isnan(_cell(cells, "code", k=4)["speedup"])  # machine B has no baseline of p0

@@ -26,11 +26,15 @@ def register(app: typer.Typer) -> None:
         sweep: Annotated[
             str | None, typer.Option("--sweep", help="Sweep id (or unique prefix); default: the newest.")
         ] = None,
+        arch_costs: Annotated[
+            Path | None, typer.Option("--arch-costs", help="A `specdec costs --arch --out` file: adds the "
+                                      "section 'The original pairs' (predicted from measured costs).")
+        ] = None,
     ) -> None:
         """Write a self-contained HTML report, a Markdown summary and the figures (PNG + SVG)."""
         from specdec.report.render import write_report
 
-        result = write_report(db, out, sweep)
+        result = write_report(db, out, sweep, arch_costs=arch_costs)
         a = result.analysis
         typer.echo(f"sweep {a.store.sweep_id or '(none)'}: {len(a.store.runs)} runs, "
                    f"{len(result.drawn)} figures drawn, {len(result.skipped)} skipped")

@@ -1,8 +1,8 @@
 """Comparisons beyond the baseline: ours against the peers, output equality, adaptive K policies
 against the best fixed K, and the runtimes (config_labels) side by side.
 
-Ratios use :func:`specdec.report.speedup.ratio_ci` (median over prompts of per-prompt tokens/s ratios,
-paired bootstrap CI); a **cell** and a **pooled row** are defined in :mod:`specdec.report.vocab`.
+Ratios use :func:`specdec.report.speedup.ratio_ci` (geometric mean over prompts of per-prompt tokens/s
+ratios, t-interval on their logs, no verdict below 5 prompts); a **cell** and a **pooled row** are defined in :mod:`specdec.report.vocab`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def peer_table(runs: pd.DataFrame) -> pd.DataFrame:
     Pairs compared (ours vs peer, :data:`~specdec.report.vocab.PEER_PAIRS`): baseline vs hf_generate;
     draft-K vs hf_assisted-K; ngram-K vs hf_prompt_lookup-K and llama_prompt_lookup-K (same config_label,
     target, K; ours with a fixed policy). ``ratio`` = our tokens/s / the peer's tokens/s per prompt
-    (medians over repeats), median over prompts with a paired bootstrap CI (> 1: ours is faster). One row
+    (medians over repeats), geometric mean over prompts with a t-interval (> 1: ours is faster). One row
     per prompt type and one pooled (``prompt_type`` = ``"(all prompts)"``). ``ours_match``/``peer_match``
     are the output-equality rates (matches_baseline) of the runs compared.
     """

@@ -35,9 +35,11 @@ _GROUP = ["config_label", "pair", "prompt_type", "method"]
 def position_acceptance(runs: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
     """P(accept at draft position i | position i reached), pooled over the fixed-K runs of our methods.
 
-    Position i (1-based) is *reached* in a round when the round drafted >= i tokens and positions
-    1..i-1 were accepted; it is *accepted* when additionally token i was accepted. The accepted prefix is
-    the run of leading '1's of ``rounds.accept_flags`` (``num_accepted`` where the flags are NULL).
+    Position i (1-based) is *reached* in a round when the round drafted >= i tokens, positions 1..i-1 were
+    accepted and the output had not stopped before position i (an EOS inside the block ends it); it is
+    *accepted* when additionally token i was accepted. The accepted prefix is the run of leading '1's of
+    ``rounds.accept_flags`` (``num_accepted`` where the flags are NULL), cut at ``num_accepted`` and
+    ``num_emitted``: drafts the verifier accepted after an EOS never reached the output (case C14).
 
     Columns: config_label, pair, prompt_type, method, position, reached, accepted, p (= accepted/reached).
     """
@@ -53,15 +55,20 @@ def position_acceptance(runs: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFram
         return pd.DataFrame(columns=cols)
     flags = r["accept_flags"]
     lead = flags.map(lambda s: len(str(s)) - len(str(s).lstrip("1")) if isinstance(s, str) else np.nan)
-    r["prefix"] = lead.where(lead.notna(), pd.to_numeric(r["num_accepted"], errors="coerce"))
+    n_acc = pd.to_numeric(r["num_accepted"], errors="coerce")
+    emitted = pd.to_numeric(r["num_emitted"], errors="coerce") if "num_emitted" in r else pd.Series(np.nan, r.index)
+    prefix = lead.where(lead.notna(), n_acc)
+    r["prefix"] = np.fmin(np.fmin(prefix, n_acc), emitted)  # fmin: a NaN bound does not cut
+    r["emitted"] = emitted.fillna(np.inf)
     r["kk"] = pd.to_numeric(r["k"], errors="coerce")
     r = r[r["prefix"].notna() & r["kk"].notna() & (r["kk"] > 0)]
     rows = []
     for key, g in r.groupby(_GROUP, sort=True):
         a = g["prefix"].to_numpy(float)
         k = g["kk"].to_numpy(float)
+        e = g["emitted"].to_numpy(float)
         for i in range(1, int(k.max()) + 1):
-            reached = int(np.sum((k >= i) & (a >= i - 1)))
+            reached = int(np.sum((k >= i) & (a >= i - 1) & (e >= i)))
             if reached == 0:
                 continue
             accepted = int(np.sum((k >= i) & (a >= i)))

@@ -89,9 +89,9 @@ def _heatmaps(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
         entries.append(save_figure(fig, out, FigureEntry(
             name("heatmap", label, pair, method), "heatmap",
             f"Speedup heatmap - {label} / {pair} / {method}",
-            "Median end-to-end speedup (method tokens/s / baseline tokens/s, median over prompts) per prompt "
+            "End-to-end speedup (method tokens/s / baseline tokens/s, geometric mean over prompts) per prompt "
             "type and K. Blue > 1 (faster), red < 1 (slower), white = parity. \u25b2 win (95 % CI above 1), "
-            "\u25bc loss (CI below 1), no mark: no measurable difference or a single run (no interval). "
+            "\u25bc loss (CI below 1), no mark: no measurable difference, too few units (< 5) or a single run. "
             "Grey: not measured.")))
     return entries
 
@@ -124,7 +124,7 @@ def _speedup_vs_k(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
         entries.append(save_figure(fig, out, FigureEntry(
             name("speedup_vs_k", label, pair, method), "speedup_vs_k",
             f"Speedup vs K - {label} / {pair} / {method}",
-            "Median speedup per prompt type against K with its 95 % bootstrap CI (across prompts; none for a "
+            "Speedup per prompt type against K with its 95 % t-interval (across prompts; none for a "
             "single run). Lines are shifted slightly sideways so the bars stay visible. Dashed line: parity "
             "with target-only decoding.")))
     return entries

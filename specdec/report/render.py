@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specdec.report.analysis import Analysis, analyze
-from specdec.report.document import Bullets, Pre, Table
+from specdec.report.document import Bullets, Pre, Section, Table
 from specdec.report.load import load_store
 from specdec.report.plots import FigureEntry, make_figures
 from specdec.report.sections import build_sections
@@ -78,9 +79,10 @@ def _html_figure(e: FigureEntry) -> str:
             f"(Files: figures/{esc(e.name)}.png, figures/{esc(e.name)}.svg)</figcaption></figure>")
 
 
-def render_html(a: Analysis, figures: list[FigureEntry]) -> str:
-    """The report as one self-contained HTML page (inline CSS, figures as base64 PNG, no script)."""
-    sections = build_sections(a, figures)
+def render_html(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> str:
+    """The report as one self-contained HTML page (inline CSS, figures as base64 PNG, no script); `extra`
+    sections (e.g. `specdec.report.original.original_pairs_section`) go before the figures."""
+    sections = build_sections(a, figures, extra)
     title = "Speculative decoding report"
     if a.store.sweep and a.store.sweep.get("name"):
         title += f": {a.store.sweep['name']}"
@@ -133,9 +135,9 @@ def _md_table(t: Table) -> str:
     return "\n".join(out)
 
 
-def render_markdown(a: Analysis, figures: list[FigureEntry]) -> str:
-    """The Markdown summary: the key tables, figure links (``figures/<name>.png``) and the gaps."""
-    sections = build_sections(a, figures)
+def render_markdown(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> str:
+    """The Markdown summary: the key tables, figure links (``figures/<name>.png``), the gaps, and `extra`."""
+    sections = build_sections(a, figures, extra)
     title = "Speculative decoding report"
     if a.store.sweep and a.store.sweep.get("name"):
         title += f": {a.store.sweep['name']}"
@@ -184,13 +186,15 @@ class ReportResult:
         return [e for e in self.figures if e.skipped]
 
 
-def write_report(db: str | Path, out: str | Path, sweep: str | None = None) -> ReportResult:
+def write_report(db: str | Path, out: str | Path, sweep: str | None = None,
+                 arch_costs: str | Path | None = None) -> ReportResult:
     """Analyse the store `db` and write ``out/report.html``, ``out/report.md`` and ``out/figures/``.
 
     Args:
         db: results store (SQLite, schema of ``specdec/bench/store.py``).
         out: output directory (created if needed); existing report files are overwritten.
         sweep: sweep id or unique prefix; None = the newest sweep.
+        arch_costs: a ``specdec costs --arch --out`` file: adds the section "The original pairs".
 
     Returns:
         `ReportResult` with the paths, the figure entries (drawn and skipped) and the analysis.
@@ -200,6 +204,11 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None) -> R
         ValueError: `db` is not an SQLite store, or `sweep` matches no sweep or several.
         OSError: `out` cannot be written.
     """
+    extra = []
+    if arch_costs is not None:
+        from specdec.report.original import load_arch_costs, original_pairs_section
+
+        extra.append(original_pairs_section(load_arch_costs(arch_costs)))
     store = load_store(db, sweep)
     analysis = analyze(store)
     out_dir = Path(out)
@@ -208,6 +217,6 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None) -> R
     figures = make_figures(analysis, fig_dir)
     html_path = out_dir / "report.html"
     md_path = out_dir / "report.md"
-    html_path.write_text(render_html(analysis, figures), encoding="utf-8")
-    md_path.write_text(render_markdown(analysis, figures), encoding="utf-8")
+    html_path.write_text(render_html(analysis, figures, extra), encoding="utf-8")
+    md_path.write_text(render_markdown(analysis, figures, extra), encoding="utf-8")
     return ReportResult(html_path, md_path, fig_dir, figures, analysis)

@@ -6,6 +6,7 @@ and gaps. Each section reads the analysis through the table registry's handles (
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from specdec.report import tables as T
@@ -34,10 +35,12 @@ HOW_TO_READ = [
      "speedup is quoted on."),
     ("speedup: a method's tokens/s / our target-only baseline's tokens/s on the same runtime (config), target "
      "and prompt, the baseline being the prompt's baseline run nearest in time to each run (they bracket the "
-     "prompt's runs). Per prompt each side is the median over repeats; a cell's speedup is the median over its "
-     "prompts, with a 95 % percentile-bootstrap CI resampling prompts (repeats when a cell has one prompt)."),
+     "prompt's runs) on the same machine. Per prompt each side is the median over repeats; a cell's speedup is "
+     "the geometric mean of its per-prompt ratios, with a 95 % Student-t interval on their logs: the unit is "
+     "the prompt (its runs when a cell has one prompt). Simulated, these intervals cover >= 90 % at 5-12 units."),
     ("verdict: 'win' when the whole CI is above 1, 'loss' when it is below 1, otherwise 'no measurable "
-     "difference'. A loss is a result, reported as plainly as a win. A cell with one run of one prompt (the "
+     "difference'; below 5 units no verdict is given ('too few units'), whatever the interval says. A loss is "
+     "a result, reported as plainly as a win. A cell with one run of one prompt (the "
      "default CPU plan: one prompt per type, one repeat) has a point estimate and no interval ('single run'); "
      "its spread is taken across prompts in the '(all prompts)' rows."),
     ("cells can hold different prompt sets (secondary prompts run only some K): the 'prompts' columns say "
@@ -142,7 +145,8 @@ def _summary_section(a: Analysis) -> Section:
                 counts = bt["verdict"].value_counts()
                 line += (f"; at each prompt type's best K: {counts.get('win', 0)} of {n} types win, "
                          f"{counts.get('loss', 0)} lose, {counts.get('no measurable difference', 0)} show no "
-                         "measurable difference")
+                         f"measurable difference, {counts.get('too few units', 0)} have too few units (< 5) "
+                         "for a verdict")
                 if counts.get(SINGLE_RUN, 0):
                     line += (f", {counts.get(SINGLE_RUN)} rest on a single run (no interval; "
                              f"{int((bt['speedup'] > 1).sum())} of {n} types are above 1 at their best K)")
@@ -305,13 +309,13 @@ def _figures_section(figures: list[FigureEntry]) -> Section:
     return sec
 
 
-def build_sections(a: Analysis, figures: list[FigureEntry]) -> list[Section]:
-    """The report's sections, in order."""
+def build_sections(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> list[Section]:
+    """The report's sections, in order (`extra` ones before the figures)."""
     how = Section("How to read this", "how")
     how.blocks.append(Bullets(HOW_TO_READ))
     return [
         _summary_section(a), _source_section(a), how, _speedup_section(a), _drift_section(a),
         condition_section(a),
-        model_section(a), peer_section(a), adaptive_section(a), runtime_section(a),
+        model_section(a), peer_section(a), adaptive_section(a), runtime_section(a), *extra,
         _figures_section(figures), _gaps_section(a, figures),
     ]

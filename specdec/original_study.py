@@ -98,7 +98,7 @@ def comparison(rows: list[dict[str, Any]], original: dict[str, Any] = ORIGINAL) 
             out.append(
                 f"{ptype}: the original measured {reported:.3f}x (no win); predicted best here "
                 f"{top['predicted']:.2f}x at K = {top['k']} "
-                f"({'a win' if top['predicted'] > 1 else 'no win either'})."
+                f"({'above 1' if top['predicted'] > 1 else 'below 1 here too'})."
             )
     for ptype in original["best_k"]:
         cells = [r for r in large if r["prompt_type"] == ptype]

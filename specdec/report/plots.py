@@ -91,7 +91,7 @@ def _heatmaps(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
             f"Speedup heatmap - {label} / {pair} / {method}",
             "End-to-end speedup (method tokens/s / baseline tokens/s, geometric mean over prompts) per prompt "
             "type and K. Blue > 1 (faster), red < 1 (slower), white = parity. \u25b2 win (95 % CI above 1), "
-            "\u25bc loss (CI below 1), no mark: no measurable difference, too few units (< 5) or a single run. "
+            "\u25bc loss (CI below 1), no mark: no measurable difference, too few units (under 5) or a single run. "
             "Grey: not measured.")))
     return entries
 

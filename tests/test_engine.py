@@ -20,25 +20,8 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def target(tiny_pair):
-    return load_backend(tiny_pair.target_dir)
 
 
-@pytest.fixture(scope="module")
-def far_draft(tiny_pair):
-    return load_backend(tiny_pair.draft_dir)
-
-
-@pytest.fixture(scope="module")
-def near_draft(near_draft_dir):
-    return load_backend(near_draft_dir)
-
-
-@pytest.fixture(scope="module")
-def same_draft(tiny_pair):
-    """SAME: the draft is the target checkpoint itself (a second instance with its own cache)."""
-    return load_backend(tiny_pair.target_dir)
 
 
 def ids_of(tok, text):

@@ -16,14 +16,6 @@ from specdec.sampling import SamplingParams
 V = 1000
 
 
-@pytest.fixture(scope="module")
-def target(tiny_pair):
-    return load_backend(tiny_pair.target_dir)
-
-
-@pytest.fixture(scope="module")
-def same_draft(tiny_pair):
-    return load_backend(tiny_pair.target_dir)
 
 
 def greedy(target, prompt, n, eos=frozenset()):

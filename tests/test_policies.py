@@ -8,7 +8,6 @@ import random
 
 import pytest
 import torch
-from conftest import load_backend
 
 from specdec.decoding import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
@@ -403,19 +402,7 @@ def test_cost_extrapolates_verification_cost_conservatively():
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def target(tiny_pair):
-    return load_backend(tiny_pair.target_dir)
 
-
-@pytest.fixture(scope="module")
-def near_draft(near_draft_dir):
-    return load_backend(near_draft_dir)
-
-
-@pytest.fixture(scope="module")
-def far_draft(tiny_pair):
-    return load_backend(tiny_pair.draft_dir)
 
 
 def _policies():

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
-from conftest import load_backend
 
 from specdec.decoding import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
@@ -14,14 +12,6 @@ V = 1000
 C9 = SamplingParams(temperature=0.7, top_k=20, top_p=0.9)
 
 
-@pytest.fixture(scope="module")
-def target(tiny_pair):
-    return load_backend(tiny_pair.target_dir)
-
-
-@pytest.fixture(scope="module")
-def far_draft(tiny_pair):
-    return load_backend(tiny_pair.draft_dir)
 
 
 def first_token_p(target, prompt, sampling):

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import typer
+from conftest import SWEEP_PROMPTS, tiny_sweep_config
 from typer.testing import CliRunner
 
 from specdec.bench import sweep as S
@@ -24,11 +25,7 @@ from specdec.bench.merge import merge_stores
 from specdec.bench.shard import Shard, assign_prompts, parse_shard, shard_plan, split_plan
 from specdec.bench.store import Store, StoreError
 
-PROMPTS = [
-    {"id": "rep-01", "type": "repetitive", "prompt": "abc abc abc abc abc abc abc abc abc abc"},
-    {"id": "rep-02", "type": "repetitive", "prompt": "one two one two one two one two"},
-    {"id": "code-01", "type": "code", "prompt": "def f(x): return x + 1\ndef g(x): return f(x) + f(x)"},
-]
+PROMPTS = SWEEP_PROMPTS
 
 #: Columns that differ between two executions of the same run (timings, insertion ids, where it ran).
 VOLATILE = {"run_id", "created_at", "prefill_s", "ttft_s", "decode_s", "total_s", "draft_s", "verify_s",
@@ -36,21 +33,8 @@ VOLATILE = {"run_id", "created_at", "prefill_s", "ttft_s", "decode_s", "total_s"
 ROUND_VOLATILE = {"run_id", "draft_s", "verify_s", "other_s"}
 
 
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
-    return path
-
-
 def _cfg(tiny_pair, draft_dir, prompt_file, **kw) -> S.SweepConfig:
-    flags = {
-        "target": str(tiny_pair.target_dir), "draft": str(draft_dir), "prompts": str(prompt_file),
-        "ks": "1,2", "secondary_ks": "1", "max_new_tokens": 6, "peers": False, "policies": "none",
-        "cost_repeats": 1, "warmup_tokens": 2, "threads": 1,
-    }  # fmt: skip
-    flags.update(kw)
-    return S.make_config(flags)
+    return tiny_sweep_config(tiny_pair, draft_dir, prompt_file, **{"max_new_tokens": 6, **kw})
 
 
 def _quiet(_msg: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from conftest import SWEEP_PROMPTS, tiny_sweep_config
 from typer.testing import CliRunner
 
 from specdec.bench import methods as M
@@ -25,28 +26,11 @@ from specdec.drafters import PromptLookupDrafter
 
 #: The published stores (results/*.db), read-only.
 PUBLISHED = Path(__file__).resolve().parents[1] / "results"
-PROMPTS = [
-    {"id": "rep-01", "type": "repetitive", "prompt": "abc abc abc abc abc abc abc abc abc abc"},
-    {"id": "rep-02", "type": "repetitive", "prompt": "one two one two one two one two"},
-    {"id": "code-01", "type": "code", "prompt": "def f(x): return x + 1\ndef g(x): return f(x) + f(x)"},
-]
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
-    return path
+PROMPTS = SWEEP_PROMPTS
 
 
 def _cfg(tiny_pair, draft_dir, prompt_file, **kw) -> S.SweepConfig:
-    flags = {
-        "target": str(tiny_pair.target_dir), "draft": str(draft_dir), "prompts": str(prompt_file),
-        "ks": "1,2", "secondary_ks": "1", "max_new_tokens": 8, "peers": False, "policies": "none",
-        "cost_repeats": 1, "warmup_tokens": 2, "threads": 1,
-    }  # fmt: skip
-    flags.update(kw)
-    return S.make_config(flags)
+    return tiny_sweep_config(tiny_pair, draft_dir, prompt_file, **kw)
 
 
 # ------------------------------------------------------------------------------------------ end to end

@@ -4,7 +4,6 @@ teacher-forced draft pass, equal the rounds of real speculative runs."""
 from __future__ import annotations
 
 import pytest
-from conftest import load_backend
 
 from specdec.decoding import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
@@ -18,14 +17,6 @@ PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def target(tiny_pair):
-    return load_backend(tiny_pair.target_dir)
-
-
-@pytest.fixture(scope="module")
-def near_draft(near_draft_dir):
-    return load_backend(near_draft_dir)
 
 
 @pytest.fixture(scope="module")

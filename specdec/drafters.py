@@ -165,20 +165,31 @@ class PromptLookupDrafter:
     1-grams and the *most recent* occurrence (a 3-gram seen twice in the generated text usually continues
     as it did last time).
 
+    ``PromptLookupDrafter(2, 1, match="earliest", continue_past_end=False)`` is transformers' rule exactly
+    (its proposals equal ``PromptLookupCandidateGenerator``'s: a test checks them), so our engine can be
+    timed against ``generate(prompt_lookup_num_tokens=K)`` like for like (the sweep's ``ngram_hf`` method).
+
     Args:
         max_ngram, min_ngram: n-gram sizes tried, longest first (defaults 3 and 1).
+        match: ``"recent"`` (default: the latest earlier occurrence) or ``"earliest"`` (transformers').
+        continue_past_end: continue a short period past the end of the sequence (default) or stop there.
 
     Raises:
-        ValueError: unless ``1 <= min_ngram <= max_ngram``.
+        ValueError: unless ``1 <= min_ngram <= max_ngram``, or an unknown `match`.
     """
 
     name = "ngram"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, *, match: str = "recent",
+                 continue_past_end: bool = True) -> None:
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if match not in ("recent", "earliest"):
+            raise ValueError(f"match must be 'recent' or 'earliest', got {match!r}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.match = match
+        self.continue_past_end = continue_past_end
 
     def prefill(self, context) -> None:
         pass
@@ -194,8 +205,11 @@ class PromptLookupDrafter:
         for n in range(min(self.max_ngram, n_total - 1), self.min_ngram - 1, -1):
             pattern = seq[n_total - n:]
             # candidate start positions i with seq[i:i+n] == pattern and i + n < n_total (something follows)
-            for i in range(n_total - n - 1, -1, -1):
+            starts = range(n_total - n - 1, -1, -1) if self.match == "recent" else range(n_total - n)
+            for i in starts:
                 if seq[i:i + n] == pattern:
+                    if not self.continue_past_end:
+                        return Draft(list(seq[i + n:i + n + k]), None)
                     return Draft(_continue(seq, i + n, k), None)
         return Draft([], None)
 

@@ -382,3 +382,29 @@ def test_c22_draft_scores_one_row_per_step(tiny_tokenizer, target, same_draft):
     drafter.propose(committed, 1, SamplingParams(), None)  # 21 pending tokens, one draft token
     assert head.rows == [1]
     head.handle.remove()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ngram_hf_proposals_equal_transformers_prompt_lookup(seed):
+    """Issue 16 item 5: `PromptLookupDrafter(2, 1, match="earliest", continue_past_end=False)` (the sweep's
+    ``ngram_hf``) proposes exactly what transformers' `PromptLookupCandidateGenerator` does, on random
+    sequences with repeats; our default rule differs from it on some of them (a negative control)."""
+    import random
+
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    from specdec.decoding import GREEDY
+
+    rng = random.Random(seed)
+    hf_rule = PromptLookupDrafter(2, 1, match="earliest", continue_past_end=False)
+    ours = PromptLookupDrafter()
+    differ = 0
+    for _ in range(200):
+        seq = [rng.randrange(6) for _ in range(rng.randrange(2, 30))]
+        k = rng.randrange(1, 9)
+        gen = PromptLookupCandidateGenerator(num_output_tokens=k, max_matching_ngram_size=2, max_length=10_000)
+        cand, _ = gen.get_candidates(torch.tensor([seq]))
+        want = cand[0, len(seq):].tolist()
+        assert hf_rule.propose(seq, k, GREEDY, None).tokens == want, (seq, k)
+        differ += ours.propose(seq, k, GREEDY, None).tokens != want
+    assert differ > 0

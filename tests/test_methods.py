@@ -12,8 +12,8 @@ from specdec.metrics import GenerationResult, RoundRecord
 
 
 def test_registry_holds_every_timed_method_once():
-    assert list(M.METHODS) == ["baseline", "draft", "ngram", "hf_generate", "hf_assisted", "hf_prompt_lookup",
-                               "llama_prompt_lookup"]
+    assert list(M.METHODS) == ["baseline", "draft", "ngram", "ngram_hf", "hf_generate", "hf_assisted",
+                               "hf_prompt_lookup", "llama_prompt_lookup"]
     assert M.reference_method().name == "baseline"
     ours = {m.name for m in M.our_methods()}
     # every peer is compared with one of ours, at the same K when it takes K

@@ -629,3 +629,19 @@ def test_fast_cpu_configurations_run_and_record_exactness(tmp_path, tiny_pair, n
     # the self-draft configuration's baseline is the bf16 target's: the same tokens as transformers-bf16
     assert all(base[("self-draft:bf16-int8", p)] == base[("transformers-bf16", p)]
                for (lbl, p) in base if lbl == "self-draft:bf16-int8")
+
+
+def test_ngram_hf_is_one_registry_entry_compared_like_for_like(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    """Issue 16 item 5: ``ngram_hf`` (our engine with transformers' prompt-lookup rule) is not in the default
+    plan, runs with --methods, and the report compares it with ``hf_prompt_lookup`` at the same K."""
+    from specdec.report import analyze, load_store
+
+    assert "ngram_hf" in M.METHODS and "ngram_hf" not in S.OUR_METHODS
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, methods="baseline,ngram,ngram_hf", ks="2", peers=True,
+               peer_ks="2", prompt_types="repetitive")
+    res = S.run_sweep(cfg, db=tmp_path / "hf.db", progress=False, echo=lambda m: None)
+    assert res.failed == 0
+    peers = analyze(load_store(tmp_path / "hf.db")).table("peers")
+    rows = peers[(peers["peer"] == "hf_prompt_lookup K=2") & (peers["prompt_type"] == "(all prompts)")]
+    assert set(rows["ours"]) == {"ngram K=2", "ngram_hf K=2"}
+    assert (rows["ours_match"] == 1.0).all() and (rows["peer_match"] == 1.0).all()

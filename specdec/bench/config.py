@@ -30,7 +30,7 @@ __all__ = [
     "to_json",
 ]
 
-OUR_METHODS = tuple(m.name for m in our_methods())
+OUR_METHODS = tuple(m.name for m in our_methods() if m.default)
 PEER_METHODS = tuple(m.name for m in peer_methods())
 ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
 DEFAULT_DB = "results/sweep.db"

@@ -155,6 +155,7 @@ class Method:
         applies: which runtime configurations the method can run on.
         skip: planned but recorded as skipped with this reason (``runs.error``), never run.
         counterpart: for a peer, our method it is compared with (same K where it takes K).
+        default: planned when ``--methods`` is not given.
     """
 
     name: str
@@ -166,6 +167,7 @@ class Method:
     applies: Callable[[RuntimeConfig], bool] = lambda rc: True
     skip: str | None = None
     counterpart: str | None = None
+    default: bool = True
 
 
 #: Every timed method by name, in plan order (`register` adds one).
@@ -255,6 +257,12 @@ def _prompt_lookup_drafter(rt: Runtime) -> Drafter:
     return PromptLookupDrafter(rt.ngram_max, rt.ngram_min)
 
 
+def _hf_rule_prompt_lookup_drafter(rt: Runtime) -> Drafter:
+    """transformers' prompt-lookup rule (2-grams down to 1, earliest match, nothing past the end) in our
+    engine: the like-for-like counterpart of ``hf_prompt_lookup``."""
+    return PromptLookupDrafter(2, 1, match="earliest", continue_past_end=False)
+
+
 # ------------------------------------------------------------------------------------------- peers
 
 
@@ -281,6 +289,7 @@ for _m in (
     Method("baseline", _baseline, reference=True),
     Method("draft", speculative(_model_drafter, free_drafts=False), takes_k=True, drafts_with_model=True),
     Method("ngram", speculative(_prompt_lookup_drafter), takes_k=True),
+    Method("ngram_hf", speculative(_hf_rule_prompt_lookup_drafter), takes_k=True, default=False),
     Method("hf_generate", _hf_peer("hf_generate"), peer=True, applies=_eager_transformers_target,
            counterpart="baseline"),
     Method("hf_assisted", _hf_peer("hf_assisted"), peer=True, takes_k=True, drafts_with_model=True,

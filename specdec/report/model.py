@@ -51,9 +51,9 @@ class CostInfo:
     target_s: dict[int, float]
 
     def c_for(self, method: str) -> float | None:
-        """c used by the model for `method`: measured c for ``draft``, 0 for ``ngram`` (lookup is free
-        in the model; its real cost lands in the efficiency), None otherwise."""
-        if method == "ngram":
+        """c used by the model for `method`: measured c for ``draft``, 0 for prompt lookup (``ngram``,
+        ``ngram_hf``: lookup is free in the model; its real cost lands in the efficiency), None otherwise."""
+        if method in ("ngram", "ngram_hf"):
             return 0.0
         return self.c if method == "draft" else None
 

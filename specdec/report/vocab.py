@@ -38,7 +38,7 @@ SINGLE_RUN = "single run (no interval)"
 #: Our target-only decoding: the denominator of every speedup.
 BASELINE = "baseline"
 #: Our speculative methods (the analytical model applies to them).
-SPEC_METHODS = ("draft", "ngram")
+SPEC_METHODS = ("draft", "ngram", "ngram_hf")
 #: Peer implementations measured in the same run.
 PEER_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup")
 #: Policies that choose K per round.
@@ -50,6 +50,7 @@ PEER_PAIRS = (
     (BASELINE, "hf_generate"),
     ("draft", "hf_assisted"),
     ("ngram", "hf_prompt_lookup"),
+    ("ngram_hf", "hf_prompt_lookup"),  # like for like: our engine with transformers' lookup rule
     ("ngram", "llama_prompt_lookup"),
 )
 

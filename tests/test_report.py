@@ -705,7 +705,12 @@ def test_speedups_are_taken_within_one_machine(tmp_path):
     st.run(prompt_id="p0", method="draft", policy="fixed", k=4, tokens_per_s=30.0, num_drafted=4,
            num_accepted=2, num_rejections=1, rounds=[(4, "1100")])
     st.con.execute("UPDATE runs SET machine_id = CASE WHEN k = 4 THEN 'B' ELSE 'A' END")
-    a = analyze(load_store(st.close()))
-    cells = a.table("cells")
+    st.con.execute("CREATE TABLE machines (machine_id TEXT PRIMARY KEY, machine_json TEXT)")
+    st.con.execute("INSERT INTO machines VALUES ('A', ?), ('B', ?)",
+                   (json.dumps({"cpu_model": "AMD EPYC", "cpu_count": 2}), json.dumps({"cpu_model": "Xeon"})))
+    res = write_report(st.close(), tmp_path / "out")
+    cells = res.analysis.table("cells")
     assert _cell(cells, "code", k=2)["speedup"] == pytest.approx(1.5)
     assert math.isnan(_cell(cells, "code", k=4)["speedup"])  # machine B has no baseline of p0
+    md = res.markdown.read_text()  # the machines are a dimension of the report
+    assert "2 machines timed this sweep's runs" in md and "AMD EPYC, 2 CPUs" in md and "| B | Xeon | 1 | 0 |" in md

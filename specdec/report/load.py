@@ -61,6 +61,8 @@ class StoreData:
         costs: ``costs`` rows of the sweep.
         meta: the ``meta`` table as a dict.
         notes: sentences about what the store lacks, found while loading.
+        machines: the ``machines`` table (machine_id, machine_json) of stores written by sharded sweeps
+            and merges (empty for older stores, whose one machine is the sweep's ``machine_json``).
     """
 
     db_path: str
@@ -72,6 +74,7 @@ class StoreData:
     costs: pd.DataFrame
     meta: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    machines: pd.DataFrame = field(default_factory=lambda: empty_frame(["machine_id", "machine_json"]))
 
 
 def empty_frame(columns: list[str]) -> pd.DataFrame:
@@ -182,7 +185,9 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
     rounds = _conform(rounds, ROUND_COLUMNS)
     costs = _conform(read("SELECT * FROM costs WHERE sweep_id = ?", params, "costs", COST_COLUMNS),
                      COST_COLUMNS)
-    return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes)
+    machines = read("SELECT machine_id, machine_json FROM machines", table="machines",
+                    columns=["machine_id", "machine_json"])
+    return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes, machines)
 
 
 def _select_sweep(sweeps: pd.DataFrame, run_sweeps: pd.DataFrame, sweep: str | None, path: Path,

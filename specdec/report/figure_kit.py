@@ -85,7 +85,11 @@ def save_figure(fig, out: Path, entry: FigureEntry) -> FigureEntry:
     entry.png = out / f"{entry.name}.png"
     entry.svg = out / f"{entry.name}.svg"
     fig.savefig(entry.png, dpi=DPI, format="png", metadata={"Software": None})
-    fig.savefig(entry.svg, format="svg", metadata={"Date": None})
+    import matplotlib
+
+    # A fixed salt for the SVG element ids (random otherwise): a report regenerates byte for byte.
+    with matplotlib.rc_context({"svg.hashsalt": "specdec"}):
+        fig.savefig(entry.svg, format="svg", metadata={"Date": None})
     return entry
 
 

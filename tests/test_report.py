@@ -714,3 +714,25 @@ def test_speedups_are_taken_within_one_machine(tmp_path):
     assert math.isnan(_cell(cells, "code", k=4)["speedup"])  # machine B has no baseline of p0
     md = res.markdown.read_text()  # the machines are a dimension of the report
     assert "2 machines timed this sweep's runs" in md and "AMD EPYC, 2 CPUs" in md and "| B | Xeon | 1 | 0 |" in md
+
+
+def test_aa_noise_floor_by_hand(tmp_path):
+    """A/A: each prompt's last baseline run over its first; geometric mean and t-interval over prompts,
+    the median |ratio - 1| as the noise floor; no verdict below 5 prompts."""
+    from specdec.report.diagnostics import aa_table
+
+    st = Store(tmp_path / "aa.db").sweep().costs()
+    pairs = [(10.0, 11.0), (10.0, 9.0), (20.0, 21.0)]  # ratios 1.1, 0.9, 1.05
+    for p, (first, last) in enumerate(pairs):
+        st.run(prompt_id=f"p{p}", tokens_per_s=first)
+        st.run(prompt_id=f"p{p}", method="draft", policy="fixed", k=2, tokens_per_s=2 * first, num_drafted=4,
+               num_accepted=2, num_rejections=1, rounds=[(2, "10")])
+        st.run(prompt_id=f"p{p}", tokens_per_s=last, repeat=1)
+    st.run(prompt_id="p9", tokens_per_s=5.0)  # one baseline run: no A/A ratio
+    a = analyze(load_store(st.close()))
+    (row,) = a.table("aa").itertuples()
+    want = stats.ratio_interval([1.1, 0.9, 1.05])
+    assert row.n_prompts == 3 and row.aa_ratio == pytest.approx(want.center)
+    assert (row.aa_lo, row.aa_hi) == pytest.approx((want.lo, want.hi)) and row.verdict == "too few units"
+    assert row.median_abs_dev == pytest.approx(0.1)
+    assert len(aa_table(a.store.runs[a.store.runs["method"] != "baseline"])) == 0

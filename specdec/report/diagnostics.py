@@ -117,6 +117,35 @@ def baseline_stability_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def aa_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The A/A noise floor: target-only against target-only, per runtime configuration.
+
+    Per prompt with at least two successful baseline runs, the A/A ratio is the tokens/s of its last
+    baseline run over its first (they bracket the prompt's other runs, so the ratio is the drift the
+    prompt's speedups are exposed to). Pooled per config_label over prompts like any speedup
+    (`specdec.stats.ratio_interval`: geometric mean, t-interval, no verdict below 5 prompts), with the
+    median |ratio - 1|: a speedup within that of 1 is not a measurable difference on this machine.
+
+    Columns: config_label, n_prompts, aa_ratio, aa_lo, aa_hi, verdict, median_abs_dev (fraction).
+    """
+    from specdec import stats
+
+    cols = ["config_label", "n_prompts", "aa_ratio", "aa_lo", "aa_hi", "verdict", "median_abs_dev"]
+    df = ensure_prepared(runs)
+    base = df[df["ok"] & (df["method"] == BASELINE)].sort_values("run_id")
+    rows = []
+    for label, g in base.groupby("config_label", sort=True):
+        ratios = [float(p["tokens_per_s"].iloc[-1]) / float(p["tokens_per_s"].iloc[0])
+                  for _, p in g.groupby(["target", "prompt_id"]) if len(p) >= 2 and p["tokens_per_s"].iloc[0] > 0]
+        if not ratios:
+            continue
+        ci = stats.ratio_interval(ratios)
+        rows.append({"config_label": label, "n_prompts": len(ratios), "aa_ratio": ci.center, "aa_lo": ci.lo,
+                     "aa_hi": ci.hi, "verdict": ci.verdict,
+                     "median_abs_dev": float(np.median(np.abs(np.asarray(ratios) - 1.0)))})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def _run_step_s(ok: pd.DataFrame, rounds: pd.DataFrame, infos: dict[str, CostInfo]) -> pd.Series | None:
     """Per run_id: the median over its traced rounds of verify_s / v(k + 1) (seconds per target step);
     None when no round has a measured v."""

@@ -188,6 +188,11 @@ def _summary_section(a: Analysis) -> Section:
         for r in peers[peers["prompt_type"] == ALL_PROMPTS].itertuples():
             lines.append(f"Ours vs peer on {r.config_label}: {r.ours} runs at {f(r.ratio)}x the tokens/s of "
                          f"{r.peer} {ci(r.ratio_lo, r.ratio_hi)} over {r.n_prompts} prompts ({r.verdict}).")
+    for r in a[T.AA].itertuples():
+        lines.append(f"A/A noise floor on {r.config_label}: the last baseline run of a prompt over its first "
+                     f"(they bracket its other runs) {f(r.aa_ratio)}x {ci(r.aa_lo, r.aa_hi)} over {r.n_prompts} "
+                     f"prompts, median |ratio - 1| = {pct(r.median_abs_dev)}: speedups within that of 1 are "
+                     "noise on this machine.")
     dc = a[T.DRIFT]
     if len(dc) and dc["flagged"].any():
         lines.append(f"Machine drift: {int(dc['flagged'].sum())} of {len(dc)} cells ran while the target step "

@@ -24,6 +24,7 @@ from specdec.report.comparisons import (
     runtime_summary_table,
 )
 from specdec.report.diagnostics import (
+    aa_table,
     baseline_stability_table,
     coverage_table,
     drift_cells,
@@ -95,6 +96,7 @@ GAPS = ReportTable("gaps", "gaps", lambda i: gaps_table(i.runs))
 BASELINE_STABILITY = ReportTable("baseline_stability", "baseline stability",
                                  lambda i: baseline_stability_table(i.runs))
 COVERAGE = ReportTable("coverage", "coverage", lambda i: coverage_table(i[CELLS]))
+AA = ReportTable("aa", "the A/A noise floor", lambda i: aa_table(i.runs))
 DRIFT_RUNS = ReportTable("drift_runs", "machine drift", lambda i: drift_runs(i.runs, i.rounds, i.infos))
 DRIFT = ReportTable("drift", "machine drift by cell",
                     lambda i: drift_cells(i[DRIFT_RUNS]) if len(i[DRIFT_RUNS]) else pd.DataFrame())
@@ -107,5 +109,5 @@ RUNTIMES_BY_TYPE = ReportTable("runtimes_by_type", "the runtime comparison by pr
 #: Every table, in build order (a builder reads only tables registered before it).
 REGISTRY: tuple[ReportTable, ...] = (
     CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
-    BASELINE_STABILITY, COVERAGE, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
+    BASELINE_STABILITY, COVERAGE, AA, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
 )

@@ -590,6 +590,8 @@ def test_c18_sampled_runs_use_their_whole_budget(tiny_pair, near_draft_dir, prom
 
     pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)
     pair = dataclasses.replace(pair, eos_ids=frozenset(range(1000)))
+    for m in (pair.target.hf_model, pair.draft.hf_model):  # the models' own configs stop at every token too
+        m.generation_config.eos_token_id = list(range(1000))
     sampled = SamplingParams(temperature=0.8)
     req = M.RunRequest([5, 6, 7, 5, 6, 7], 12, k=2, seed=3)
     ignoring = M.Runtime(pair, sampled, ignore_eos=True)

@@ -53,7 +53,8 @@ def _neutral_generation_config(model, *, max_new_tokens: int, sampling: Sampling
         "sequence_bias": None, "exponential_decay_length_penalty": None, "renormalize_logits": False,
         "remove_invalid_values": False, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
         "min_p": None, "top_h": None, "guidance_scale": None, "watermarking_config": None,
-        "eos_token_id": (eos if len(eos) != 1 else eos[0]) if eos else None, "pad_token_id": pad_id,
+        # no EOS: [] (None would be filled in from the model's own generation config, which stops at EOS)
+        "eos_token_id": (eos if len(eos) != 1 else eos[0]) if eos else [], "pad_token_id": pad_id,
         "return_dict_in_generate": False, "output_scores": False, "output_logits": False,
         "prompt_lookup_num_tokens": None, "assistant_early_exit": None,
     }  # fmt: skip

@@ -69,7 +69,8 @@ def generate(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     chat_template: Annotated[bool, typer.Option("--chat-template", help="Wrap the prompt in the chat template.")] = False,
     baseline: Annotated[bool, typer.Option("--baseline", help="Also run target-only decoding and compare.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (the text and the "
+                                          "statistics go to stderr).")] = False,
     backend: BackendOpt = "transformers",
     draft_backend: DraftBackendOpt = None,
     device: DeviceOpt = "cpu",
@@ -166,7 +167,7 @@ def generate(
                 lambda seq: next_token_logits(loaded.target.backend, seq)[: loaded.vocab_size],
                 prompt=prompt_ids,
             )
-    print(text)
+    print(text, file=sys.stderr if as_json else sys.stdout)  # with --json stdout is the JSON object alone
     print(
         f"\n[{result.num_tokens} tokens, {result.finish_reason}] {result.tokens_per_s:.2f} tok/s, "
         f"TTFT {result.ttft_s:.3f} s, rounds {result.num_rounds}, acceptance {_fmt(result.acceptance_rate)}, "

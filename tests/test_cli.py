@@ -21,7 +21,7 @@ def test_generate_json_with_baseline(tiny_pair, near_draft_dir):
             "--prompt", "hello world the quick brown fox", "--k", "4", "--max-new-tokens", "24",
             "--baseline", "--json", "--threads", "1")
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = json.loads(p.stdout)  # stdout is the JSON object alone (the text goes to stderr)
     for key in ("token_ids", "text", "finish_reason", "num_rounds", "num_drafted", "num_accepted",
                 "acceptance_rate", "block_efficiency", "tokens_per_s", "ttft_s", "baseline_token_ids",
                 "baseline_tokens_per_s", "speedup"):

@@ -69,8 +69,14 @@ def _config_diff(a: str | None, b: str | None) -> str:
         return "same settings"
     shown = []
     for k in keys[:3]:
-        va, vb = (json.dumps(ca.get(k))[:40], json.dumps(cb.get(k))[:40])
-        shown.append(f"{k}={va} vs {vb}")
+        va, vb = ca.get(k), cb.get(k)
+        if isinstance(va, list) and isinstance(vb, list):  # e.g. prompts: name what differs, not the prefix
+            only_a = [json.dumps(x) for x in va if x not in vb]
+            only_b = [json.dumps(x) for x in vb if x not in va]
+            shown.append(f"{k}: {len(only_a)} only in the first ({', '.join(only_a)[:60] or '-'}), "
+                         f"{len(only_b)} only in the second ({', '.join(only_b)[:60] or '-'})")
+        else:
+            shown.append(f"{k}={json.dumps(va)[:40]} vs {json.dumps(vb)[:40]}")
     more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
     return ", ".join(shown) + more
 

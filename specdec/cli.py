@@ -169,7 +169,7 @@ def generate(
             )
     print(text, file=sys.stderr if as_json else sys.stdout)  # with --json stdout is the JSON object alone
     print(
-        f"\n[{result.num_tokens} tokens, {result.finish_reason}] {result.tokens_per_s:.2f} tok/s, "
+        f"\n[{result.num_tokens} tokens, {result.finish_reason}] {_fmt(result.tokens_per_s)} tok/s, "
         f"TTFT {result.ttft_s:.3f} s, rounds {result.num_rounds}, acceptance {_fmt(result.acceptance_rate)}, "
         f"block efficiency {_fmt(result.block_efficiency)}",
         file=sys.stderr if as_json else sys.stdout,

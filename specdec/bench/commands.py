@@ -217,8 +217,11 @@ def sweep(
             typer.echo(f"\ninterrupted: finished runs are saved in {db_path}; rerun the same command with "
                        f"--resume to continue", err=True)
             raise typer.Exit(130) from None
-    typer.echo(f"sweep {result.sweep_id}: {result.status}; export with: specdec export --db {db_path} "
-               f"--format csv --out runs.csv")
+    if result.status == "interrupted":  # stopped by --max-runs, or a configuration could not load
+        typer.echo(f"sweep {result.sweep_id}: interrupted; rerun the same command with --resume to continue")
+    else:
+        typer.echo(f"sweep {result.sweep_id}: {result.status}; export with: specdec export --db {db_path} "
+                   f"--format csv --out runs.csv")
     if result.failed and result.failed >= result.ran - result.skipped:
         # Every run attempted now failed: that is not a result, it is a broken setup (exit non-zero).
         raise ValueError(f"all {result.failed} runs attempted failed; their errors are stored in {db_path} "

@@ -453,7 +453,8 @@ def _run_locked(cfg, prepared: Prepared, db, resume, progress, echo, max_runs, o
         todo = _begin(cfg, prepared, store, resume, log)
         record_shard(store, sid, shard)  # which shard this store holds, on which machine
         result = SweepResult(sid, str(db), len(plan), len(plan) - len(todo))
-        log(f"sweep {sid}: {len(plan)} timed generations ({len(prepared.prompts)} prompts x {len(cfg.configs)} "
+        n_prompts = len({c.prompt.id for c in plan})  # a shard's own prompts
+        log(f"sweep {sid}: {len(plan)} timed generations ({n_prompts} prompts x {len(cfg.configs)} "
             f"config(s), {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)); {result.already_done} "
             f"already done, {len(todo)} to run; results in {db}")
         bar = tqdm(total=len(todo), unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,

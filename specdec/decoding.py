@@ -107,6 +107,8 @@ def autoregressive_generate(
     finish = "length"
     while len(result.token_ids) < max_new_tokens:
         logits = target.forward([last])[:, :vocab]  # [1, vocab]
+        target.synchronize()
+        t_fwd = clock()
         if sampling.greedy:
             token = int(logits[0].argmax())
         else:
@@ -114,7 +116,8 @@ def autoregressive_generate(
         target.synchronize()
         t_now = clock()
         result.token_ids.append(token)
-        result.rounds.append(RoundRecord(0, 0, (), "bonus", 1, 0.0, t_now - t_prev, 0.0, 0))
+        result.rounds.append(RoundRecord(0, 0, (), "bonus", 1, 0.0, t_now - t_prev, 0.0, 0,
+                                         forward_s=t_fwd - t_prev))
         if len(result.token_ids) == 1:
             result.ttft_s = t_now - t0
         t_prev = t_now
@@ -212,6 +215,7 @@ def speculative_generate(
         d = draft.tokens
         t_draft = now()
         logits = target.forward([committed[-1]] + d)[:, :vocab]  # [len(d)+1, vocab]
+        t_forward = now()
         if sampling.greedy:
             verdict = greedy_verify(d, logits)
         else:
@@ -232,6 +236,7 @@ def speculative_generate(
             num_emitted=len(block),
             draft_s=t_draft - t_start,
             verify_s=t_verify - t_draft,
+            forward_s=t_forward - t_draft,
             other_s=now() - t_verify,
             k_requested=k_req,
             alpha_estimate=alpha_est,

@@ -111,6 +111,9 @@ class RoundRecord:
             `num_accepted`, as in records built by hand).
         draft_s: seconds spent drafting (wall clock, device synchronized).
         verify_s: seconds of the target forward plus verification.
+        forward_s: seconds of the target forward alone (device synchronized; within `verify_s`), so the
+            time model can take the forward's cost apart from sampling and verification work (None in
+            records built by hand).
         other_s: the rest of the round: rollback of both caches and bookkeeping.
         alpha_estimate: the policy's acceptance estimate when it chose K (None for fixed K).
     """
@@ -126,6 +129,7 @@ class RoundRecord:
     k_requested: int | None = None
     alpha_estimate: float | None = None
     num_accepted_raw: int | None = None
+    forward_s: float | None = None
 
     @property
     def rejected(self) -> bool:

@@ -27,7 +27,8 @@ from specdec.decoding import GREEDY
 from specdec.drafters import Drafter
 from specdec.metrics import RoundRecord
 
-__all__ = ["AcceptanceTrace", "ReplayRound", "compare_rounds", "record_trace", "replay"]
+__all__ = ["AcceptanceTrace", "ReplayRound", "compare_rounds", "first_divergence", "record_trace", "replay",
+           "target_margins"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,51 @@ def record_trace(
     return AcceptanceTrace(tuple(prompt_ids), tuple(target_ids), draft_ids, top, max_new_tokens)
 
 
+def target_margins(
+    target: Backend, prompt_ids: Sequence[int], target_ids: Sequence[int], *, vocab_size: int | None = None
+) -> tuple[list[float], list[int]]:
+    """Teacher-force the target over prompt + output: its top-2 probability margin and argmax per position.
+
+    A greedy run of another method (or another numeric path: batched verification, bf16 kernels) can leave
+    the target-only output only where the target's two best tokens are nearly tied; the margin at the first
+    differing position says how near (case: "a near-tie flipped by batched numerics").
+
+    Args:
+        target: the target's backend (its cache is reset before and after). prompt_ids: ``[P]`` (P >= 1).
+        target_ids: ``[T]`` the target-only greedy output. vocab_size: logits columns past it are ignored.
+
+    Returns:
+        ``(margins, argmax)``: ``[T]`` top-1 minus top-2 probability (softmax of the logits, fp32) and ``[T]``
+        the teacher-forced argmax (one forward of ``P + T - 1`` tokens).
+
+    Raises:
+        ValueError: empty prompt. ContextOverflowError: the sequence does not fit the target's context.
+    """
+    if not prompt_ids:
+        raise ValueError("empty prompt")
+    if not target_ids:
+        return [], []
+    seq = list(prompt_ids) + list(target_ids[:-1])
+    target.reset()
+    with torch.no_grad():
+        logits = target.forward(seq)[len(prompt_ids) - 1:]  # [T, vocab]
+    target.reset()
+    if vocab_size is not None:
+        logits = logits[:, :vocab_size]
+    top2 = torch.softmax(logits.float(), dim=-1).topk(2, dim=-1).values  # [T, 2]
+    margins = (top2[:, 0] - top2[:, 1]).tolist()
+    return [float(m) for m in margins], [int(x) for x in logits.argmax(dim=-1).tolist()]
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first output position where two token sequences differ (a length difference counts at the
+    shorter one's end), or None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 @dataclass(frozen=True)
 class ReplayRound:
     """A replayed round: `k` tokens drafted, `num_accepted` of them reached the output, `num_emitted`
@@ -137,7 +183,10 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
 
     Args:
         trace: from `record_trace`.
-        k: a fixed K (>= 1); or `policy`: any `specdec.policies` policy (started here, fed each round).
+        k: a fixed K (>= 1); or `policy`: any `specdec.policies` policy (started here, fed each round;
+            its confidence stop is applied from the trace's draft probabilities while the drafted tokens agree
+            with the target; after a rejected token the replay drafts on to K, so a confidence policy's K can
+            be overstated there, never its accepted or emitted tokens).
         drafter: None = the draft model (from ``trace.draft_ids``); a prompt-lookup drafter (anything with
             the `Drafter.propose` method that needs no model) is asked for its proposal each round.
         draft_context: the draft model's context length, when it clamps K (the engine's rule: K <= what
@@ -161,16 +210,29 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
     rounds: list[ReplayRound] = []
     pos = 0
     while pos < len(target):
-        want = k if policy is None else max(0, int(policy.next_k()))
+        plan = None if policy is None else policy.next_round()
+        want = k if policy is None else max(0, int(plan.k))
+        stop = None if plan is None else plan.min_confidence
         kk = min(want, trace.max_new_tokens - pos - 1)
         if drafter is None and draft_context is not None:
             kk = min(kk, draft_context - (len(trace.prompt_ids) + pos))
         kk = max(kk, 0)
         if drafter is None:
-            drafted = kk
             accepted = 0
             while accepted < kk and pos + accepted < len(target) and agree[pos + accepted]:
                 accepted += 1
+            drafted = kk
+            if stop is not None and kk > 1:
+                # the confidence stop before draft token i >= 1 reads the draft's top probability given the
+                # tokens drafted so far: known from the trace while they agree with the target (i <= accepted);
+                # past the first rejected token the draft's context leaves the trace, and the replay assumes
+                # no stop there (an upper bound on K; accepted and emitted tokens are exact either way)
+                probs = trace.draft_top_prob
+                for i in range(1, min(kk, accepted + 1)):
+                    if pos + i < len(probs) and probs[pos + i] < stop:
+                        drafted = i
+                        accepted = min(accepted, i)
+                        break
         else:
             committed = list(trace.prompt_ids) + list(target[:pos])
             proposal = drafter.propose(committed, kk, GREEDY, None).tokens if kk else []

@@ -12,7 +12,7 @@ from specdec.metrics import GenerationResult, RoundRecord
 
 
 def test_registry_holds_every_timed_method_once():
-    assert list(M.METHODS) == ["baseline", "draft", "ngram", "ngram_hf", "hf_generate", "hf_assisted",
+    assert list(M.METHODS) == ["baseline", "aa", "draft", "ngram", "ngram_hf", "hf_generate", "hf_assisted",
                                "hf_prompt_lookup", "llama_prompt_lookup"]
     assert M.reference_method().name == "baseline"
     ours = {m.name for m in M.our_methods()}

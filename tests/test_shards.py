@@ -30,7 +30,7 @@ PROMPTS = SWEEP_PROMPTS
 #: Columns that differ between two executions of the same run (timings, insertion ids, where it ran).
 VOLATILE = {"run_id", "created_at", "prefill_s", "ttft_s", "decode_s", "total_s", "draft_s", "verify_s",
             "tokens_per_s", "machine_id"}
-ROUND_VOLATILE = {"run_id", "draft_s", "verify_s", "other_s"}
+ROUND_VOLATILE = {"run_id", "draft_s", "verify_s", "other_s", "forward_s"}
 
 
 def _cfg(tiny_pair, draft_dir, prompt_file, **kw) -> S.SweepConfig:
@@ -170,8 +170,18 @@ def test_merged_shards_equal_the_local_sweep(sharded, tmp_path):
     assert merged.keys() == ref.keys() and len(ref) == local.planned
     for key in ref:
         assert merged[key] == ref[key], key
-    with Store(tmp_path / "m.db") as st:
+    with Store(tmp_path / "m.db") as st, Store(root / "local.db") as lt:
         assert st.get_sweep(local.sweep_id)["status"] == "done"
+        # acceptance traces and calibration blocks travel with the runs, their run ids renumbered
+        def traces(store):
+            return {t["prompt_id"]: (t["target_ids"], t["draft_ids"]) for t in store.traces()}
+        assert traces(st) == traces(lt) and len(traces(lt)) == len({k.split("|")[2] for k in ref})
+        for t in st.traces():
+            run = st.runs(run_id=t["run_id"])[0]
+            assert run["method"] == "baseline" and run["prompt_id"] == t["prompt_id"]
+            assert json.loads(run["token_ids"]) == t["target_ids"]
+        cal = st.calibration()
+        assert cal and all(st.runs(run_id=c["after_run_id"])[0]["prompt_id"] == c["prompt_id"] for c in cal)
         # each machine's own cost curve is kept, keyed by machine
         assert st.conn.execute("SELECT COUNT(DISTINCT machine_id) FROM machine_costs").fetchone()[0] == 1
     # merging again, or the same shard twice, never duplicates a run

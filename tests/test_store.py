@@ -20,11 +20,11 @@ SCHEMA = {
         "prompt_tokens", "method", "policy", "k", "repeat", "seed", "temperature", "top_k", "top_p",
         "max_new_tokens", "new_tokens", "finish_reason", "token_ids", "matches_baseline", "num_rounds",
         "num_drafted", "num_accepted", "num_rejections", "prefill_s", "ttft_s", "decode_s", "total_s",
-        "draft_s", "verify_s", "tokens_per_s", "error", "created_at", "machine_id",
+        "draft_s", "verify_s", "tokens_per_s", "error", "created_at", "machine_id", "first_divergence",
     ],
     "rounds": [
         "run_id", "round_idx", "k", "k_requested", "num_accepted", "accept_flags", "next_kind", "num_emitted",
-        "draft_s", "verify_s", "other_s", "alpha_estimate",
+        "draft_s", "verify_s", "other_s", "alpha_estimate", "forward_s",
     ],
     "costs": ["sweep_id", "config_label", "role", "n_tokens", "seconds", "repeats", "spread_s"],
     "meta": ["key", "value"],
@@ -32,6 +32,11 @@ SCHEMA = {
     "machine_costs": ["sweep_id", "machine_id", "config_label", "role", "n_tokens", "seconds", "repeats",
                       "spread_s"],
     "shards": ["sweep_id", "shard", "machine_id", "started_at"],
+    "traces": ["sweep_id", "config_label", "prompt_id", "machine_id", "run_id", "max_new_tokens", "draft_context",
+               "prompt_ids", "target_ids", "draft_ids", "draft_top_prob", "target_margin", "target_tf_ids",
+               "created_at"],
+    "calibration": ["sweep_id", "config_label", "prompt_id", "machine_id", "after_run_id", "role", "n_tokens",
+                    "context_tokens", "seconds", "repeats", "spread_s"],
 }  # fmt: skip
 
 CONFIG = {"target": "t", "draft": "d", "max_new_tokens": 8, "temperature": 0.0}
@@ -227,13 +232,34 @@ def test_schema_declared_once_matches_the_published_store(tmp_path):
         pytest.skip("the published study store is not in this checkout")
     conn = sqlite3.connect(f"file:{published}?mode=ro&immutable=1", uri=True)
     try:
-        # (runs.machine_id and the machine tables came later, with sharded sweeps: opening an older store
-        # adds them, and the published stores were opened so - a checkout does not change on first use)
+        # (runs.machine_id, the machine tables, rounds.forward_s, runs.first_divergence, traces and calibration
+        # came later: opening an older store adds them, and the published stores were opened so - a checkout
+        # does not change on first use)
         for table, cols in S.TABLES.items():
             got = [(r[1], r[2]) for r in conn.execute(f"PRAGMA table_info({table})")]
             assert got == [(name, decl.split()[0]) for name, decl in cols], table
     finally:
         conn.close()
+
+
+def test_an_older_store_gains_the_new_columns_and_keeps_its_rows(tmp_path):
+    """A store written before a column existed (here: rounds without forward_s, runs without
+    first_divergence, no traces table) opens, gains them as NULL, and keeps every row."""
+    path = tmp_path / "old.db"
+    with Store(path) as st:
+        st.begin_sweep("s1", CONFIG, resume=False)
+        st.record_run(_run("s1", "p"), [{"k": 0, "num_accepted": 0, "accept_flags": "", "next_kind": "bonus",
+                                         "num_emitted": 1, "verify_s": 0.1, "forward_s": 0.09}])
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE traces")
+    conn.execute("ALTER TABLE rounds DROP COLUMN forward_s")
+    conn.execute("ALTER TABLE runs DROP COLUMN first_divergence")
+    conn.commit()
+    conn.close()
+    with Store(path) as st:
+        assert [r["forward_s"] for r in st.rounds_of(1)] == [None]
+        assert st.runs("s1")[0]["first_divergence"] is None and st.traces() == []
+        assert [r[1] for r in st.conn.execute("PRAGMA table_info(rounds)")] == SCHEMA["rounds"]
 
 
 def test_report_column_lists_are_the_store_schema():

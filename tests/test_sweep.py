@@ -56,12 +56,12 @@ def test_full_sweep_runs_every_method_and_peer(full_sweep):
     assert len(runs) == len(plan) and len({r["cell_key"] for r in runs}) == len(runs)
     assert all(r["error"] is None for r in runs), [r["error"] for r in runs if r["error"]]
     methods = {r["method"] for r in runs}
-    assert methods == {"baseline", "draft", "ngram", "hf_generate", "hf_assisted", "hf_prompt_lookup"}
-    # Secondary prompt: baseline + secondary K only, no peers or policies.
-    # Two baseline runs per prompt (default baseline_repeats=2): the first and the last of its runs.
+    assert methods == {"baseline", "aa", "draft", "ngram", "hf_generate", "hf_assisted", "hf_prompt_lookup"}
+    # Secondary prompt: baseline + secondary K only, no peers or policies; each run between two baselines.
     rep2 = [(r["method"], r["k"], r["policy"], r["repeat"]) for r in runs if r["prompt_id"] == "rep-02"]
-    assert rep2 == [("baseline", None, None, 0), ("draft", 1, "fixed", 0), ("ngram", 1, "fixed", 0),
-                    ("baseline", None, None, 1)]
+    assert rep2 == [("baseline", None, None, 0), ("aa", None, None, 0), ("baseline", None, None, 1),
+                    ("draft", 1, "fixed", 0), ("baseline", None, None, 2), ("ngram", 1, "fixed", 0),
+                    ("baseline", None, None, 3)]
     pol = {(r["method"], r["policy"]) for r in runs if r["policy"] not in (None, "fixed")}
     assert pol == {(m, p) for m in ("draft", "ngram") for p in ("heuristic", "confidence", "cost")}
     for r in runs:
@@ -86,6 +86,65 @@ def test_full_sweep_runs_every_method_and_peer(full_sweep):
     # One summary line per cell, with the speedup once the baseline is known.
     assert any("x" in ln and "vs baseline" in ln for ln in lines)
     assert any("rough estimate" in ln and "alpha = 0.5" in ln for ln in lines)
+
+
+def test_sweep_stores_traces_that_replay_its_timed_runs(full_sweep):
+    """Each prompt's acceptance trace is stored after its first baseline; replaying it gives exactly the rounds
+    of every timed greedy run (fixed K and every policy, both drafters) - fp32 on tiny models, no near-tie
+    flips - and the calibration block is stored once per prompt at the prompt's own context."""
+    from specdec.metrics import RoundRecord
+    from specdec.policies import make_policy
+    from specdec.traces import AcceptanceTrace, compare_rounds, replay
+
+    cfg, db, result, _ = full_sweep
+    with Store(db) as st:
+        traces = {t["prompt_id"]: t for t in st.traces(result.sweep_id)}
+        runs = st.runs(result.sweep_id)
+        assert set(traces) == {r["prompt_id"] for r in runs}
+        costs = CostCurve.from_costs(st.load_costs(result.sweep_id, "transformers-eager"))
+        checked = 0
+        for r in runs:
+            t = traces[r["prompt_id"]]
+            if r["method"] == "baseline" and r["repeat"] == 0:
+                assert t["run_id"] == r["run_id"] and t["target_ids"] == json.loads(r["token_ids"])
+            if r["method"] not in ("draft", "ngram"):
+                continue
+            trace = AcceptanceTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]), tuple(t["draft_ids"]),
+                                    tuple(t["draft_top_prob"]), t["max_new_tokens"])
+            drafter = None if r["method"] == "draft" else PromptLookupDrafter(cfg.ngram_max, cfg.ngram_min)
+            if r["policy"] == "fixed":
+                rounds = replay(trace, k=r["k"], drafter=drafter, draft_context=t["draft_context"])
+            else:
+                c = costs if r["method"] == "draft" else costs.with_draft_step(0.0)
+                policy = make_policy(r["policy"], r["k"], costs=c) if r["policy"] == "cost" else \
+                    make_policy(r["policy"], r["k"])
+                rounds = replay(trace, policy=policy, drafter=drafter, draft_context=t["draft_context"])
+            timed = [RoundRecord(k=x["k"], num_accepted=x["num_accepted"], accept_flags=(),
+                                   next_kind=x["next_kind"], num_emitted=x["num_emitted"])
+                     for x in st.rounds_of(r["run_id"])]
+            if r["policy"] == "confidence" and r["method"] == "draft":
+                # past a rejected token the draft's confidence is off the trace: K is an upper bound there
+                assert [(x.num_accepted, x.num_emitted) for x in timed] == \
+                    [(x.num_accepted, x.num_emitted) for x in rounds]
+                assert all(a.k <= b.k for a, b in zip(timed, rounds, strict=True))
+            else:
+                assert compare_rounds(timed, rounds) == [], (r["method"], r["k"], r["policy"], r["prompt_id"])
+            checked += 1
+        assert checked >= 10
+        # margins: one per output position, in [0, 1]
+        assert all(len(t["target_margin"]) == len(t["target_ids"]) and all(0 <= m <= 1 for m in t["target_margin"])
+                   for t in traces.values())
+        cal = st.calibration(result.sweep_id)
+        by_prompt = {}
+        for c in cal:
+            by_prompt.setdefault(c["prompt_id"], set()).add((c["role"], c["n_tokens"]))
+        assert set(by_prompt) == set(traces)
+        assert all(v == {("target", n) for n in range(1, 18)} | {("draft", 1)} for v in by_prompt.values())
+        # the target forward is timed apart from verification, inside it
+        for r in runs:
+            if r["method"] in ("draft", "baseline"):
+                for x in st.rounds_of(r["run_id"]):
+                    assert 0 < x["forward_s"] <= x["verify_s"]
 
 
 def test_rounds_stored_for_our_runs_only(full_sweep):
@@ -287,11 +346,32 @@ def test_llama_prompt_lookup_is_recorded_as_skipped(tiny_tokenizer):
 
 def test_plan_repeats_run_in_passes_so_drift_hits_every_method():
     cfg = S.make_config({"prompt_types": "natural", "ks": "2,16", "methods": "baseline,draft",
-                         "policies": "cost", "peers": False, "repeats": 2, "baseline_repeats": 3})
+                         "policies": "cost", "peers": False, "repeats": 2, "baseline_repeats": 3,
+                         "pairing": "none"})
     plan = S.build_plan(cfg, S.select_prompts(cfg))
     order = [(c.method, c.k, c.policy, c.repeat) for c in plan]
     one_pass = [("baseline", None, None), ("draft", 2, "fixed"), ("draft", 16, "fixed"), ("draft", 16, "cost")]
     assert order == [(*g, 0) for g in one_pass] + [(*g, 1) for g in one_pass] + [("baseline", None, None, 2)]
+
+
+def test_bracket_plan_puts_a_baseline_on_each_side_of_every_run():
+    """pairing="bracket" (default): B X1 B X2 ... B per prompt, repeats in passes; baselines numbered in order;
+    every non-baseline run has a baseline immediately before and after it (the pair's two neighbours)."""
+    cfg = S.make_config({"prompt_types": "natural,code", "ks": "2,16", "methods": "baseline,aa,draft",
+                         "policies": "cost", "peers": False, "repeats": 2})
+    plan = S.build_plan(cfg, S.select_prompts(cfg))
+    for pid in ("natural-01", "code-01"):
+        cells = [c for c in plan if c.prompt.id == pid]
+        order = [(c.method, c.k, c.policy, c.repeat) for c in cells]
+        one_pass = [("aa", None, None), ("draft", 2, "fixed"), ("draft", 16, "fixed"), ("draft", 16, "cost")]
+        others = [(*g, 0) for g in one_pass] + [(*g, 1) for g in one_pass]
+        assert order[1::2] == others
+        assert order[0::2] == [("baseline", None, None, r) for r in range(len(others) + 1)]
+    with pytest.raises(ValueError, match="pairing must be one of"):
+        S.make_config({"pairing": "abba"})
+    # without a baseline method there is nothing to pair with: the plain order
+    lone = S.make_config({"prompt_types": "code", "ks": "2", "methods": "draft", "policies": "none", "peers": False})
+    assert [c.method for c in S.build_plan(lone, S.select_prompts(lone))] == ["draft"]
 
 
 def test_default_plan_and_budget_fit_the_cpu():
@@ -301,20 +381,22 @@ def test_default_plan_and_budget_fit_the_cpu():
     assert len(prompts) == 12 and all(p.id.endswith("-01") for p in prompts)
     per_prompt = S.plan_summary(plan)
     assert per_prompt == {
-        "baseline": 24, "draft K=1": 12, "draft K=2": 12, "draft K=4": 12, "draft K=8": 12, "draft K=16": 12,
+        "baseline": 204, "aa": 12,
+        "draft K=1": 12, "draft K=2": 12, "draft K=4": 12, "draft K=8": 12, "draft K=16": 12,
         "ngram K=1": 12, "ngram K=2": 12, "ngram K=4": 12, "ngram K=8": 12, "ngram K=16": 12,
         "draft cost (K<=16)": 12, "ngram cost (K<=16)": 12, "hf_generate": 12,
         "hf_assisted K=4": 12, "hf_prompt_lookup K=4": 12,
     }  # fmt: skip
-    assert len(plan) == 204  # README: "204 generations"
-    # the baseline brackets each prompt's runs: first and last
+    assert len(plan) == 396  # README: "396 generations"
+    # the baseline brackets each prompt's runs: first and last, and one between every two others
     for pid in {c.prompt.id for c in plan}:
         cells = [c for c in plan if c.prompt.id == pid]
-        assert [(c.method, c.repeat) for c in (cells[0], cells[-1])] == [("baseline", 0), ("baseline", 1)]
+        assert [c.method for c in cells[0::2]] == ["baseline"] * 17 and len(cells) == 33
+        assert "baseline" not in [c.method for c in cells[1::2]]
     quick = S.make_config({}, quick=True)
     qplan = S.build_plan(quick, S.select_prompts(quick))
-    assert {c.method for c in qplan} == {"baseline", "draft", "ngram"} and len(qplan) == 36
-    assert [c.method for c in qplan].count("baseline") == 12  # one baseline run per prompt in --quick
+    assert {c.method for c in qplan} == {"baseline", "aa", "draft", "ngram"} and len(qplan) == 84
+    assert [c.method for c in qplan].count("baseline") == 48  # 4 per prompt: around aa, draft K=4, ngram K=4
 
 
 def _published_study() -> tuple[list[dict], CostCurve, str]:
@@ -353,12 +435,13 @@ def test_duration_estimate_against_the_published_study():
     t, w = S.estimate_plan_s(prepared.plan, {"transformers-eager": curve}, max_new_tokens=cfg.max_new_tokens,
                              warmup_tokens=cfg.warmup_tokens)
     total = t + w + S.cost_measurement_s(curve, S.cost_max_n(cfg), cfg.cost_repeats)
-    assert 2.6 * 3600 < total < 3.3 * 3600, S.format_duration(total)  # "about 3 hours" (issue 9)
+    # paired timing (a baseline between every two runs) roughly doubles the published plan's ~3 hours
+    assert 4.8 * 3600 < total < 5.8 * 3600, S.format_duration(total)  # README: "~5 h 15 min"
     quick = S.make_config({"threads": 2}, quick=True)
     qt, qw = S.estimate_plan_s(S.prepare(quick).plan, {"transformers-eager": curve}, max_new_tokens=32,
                                warmup_tokens=quick.warmup_tokens)
     q_total = qt + qw + S.cost_measurement_s(curve, S.cost_max_n(quick), quick.cost_repeats)
-    assert 8 * 60 < q_total < 15 * 60, S.format_duration(q_total)  # README: "~15 min"
+    assert 16 * 60 < q_total < 28 * 60, S.format_duration(q_total)  # README: "~25 min"
 
 
 def test_estimate_follows_the_analytical_model():
@@ -493,11 +576,11 @@ def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, promp
             "--policies", "none", "--db", str(db), "--no-progress", "--threads", "1"]
     dry = runner.invoke(app, args + ["--dry-run"])
     assert dry.exit_code == 0, dry.output
-    # code-01: the baseline before and after draft and ngram at K = 1, 2
-    assert "6 timed generations" in dry.output and "rough estimate" in dry.output and not db.exists()
-    res = runner.invoke(app, args + ["--max-runs", "2"])
+    # code-01: aa, draft and ngram at K = 1, 2, each between two baselines (5 + 6)
+    assert "11 timed generations" in dry.output and "rough estimate" in dry.output and not db.exists()
+    res = runner.invoke(app, args + ["--max-runs", "4"])
     assert res.exit_code == 0, res.output
-    # (a cell's summary line comes after its last run: the baseline's after its second run, at the end)
+    # (a cell's summary line comes after its last run: the baseline's after its last run, at the end)
     assert "interrupted" in res.output and "[transformers-eager] code-01 draft K=1" in res.output
     again = runner.invoke(app, args)
     assert again.exit_code == 2 and "--resume" in again.output
@@ -509,7 +592,7 @@ def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, promp
         out = tmp_path / f"o.{fmt}"
         ex = runner.invoke(app, ["export", "--db", str(db), "--out", str(out)])
         assert ex.exit_code == 0, ex.output
-        assert "6 runs written" in ex.output
+        assert "11 runs written" in ex.output
     bad = runner.invoke(app, ["export", "--db", str(db), "--out", str(tmp_path / "o.xlsx")])
     assert bad.exit_code == 2 and "--format" in bad.output
 
@@ -546,11 +629,15 @@ def test_sampled_sweep_records_seeds_and_no_equality(tmp_path, tiny_pair, near_d
     res = S.run_sweep(cfg, db=tmp_path / "s.db", progress=False, echo=lambda _: None)
     with Store(tmp_path / "s.db") as st:
         runs = st.runs(res.sweep_id)
-    assert res.failed == 0 and len(runs) == 6
-    assert sorted({(r["method"], r["repeat"], r["seed"]) for r in runs}) == sorted(
-        (m, r, 10 + r) for m in ("baseline", "draft", "hf_generate") for r in (0, 1)
+    # B draft B hf_generate B | draft B hf_generate B: 4 runs between 5 baselines (numbered 0..4)
+    assert res.failed == 0 and len(runs) == 9
+    assert sorted({(r["method"], r["repeat"], r["seed"]) for r in runs if r["method"] != "baseline"}) == sorted(
+        (m, r, 10 + r) for m in ("draft", "hf_generate") for r in (0, 1)
     )
+    assert [(r["repeat"], r["seed"]) for r in runs if r["method"] == "baseline"] == [(r, 10 + r) for r in range(5)]
     assert all(r["matches_baseline"] is None and r["temperature"] == 0.8 for r in runs)
+    with Store(tmp_path / "s.db") as st:  # no acceptance trace under sampling (the output depends on K)
+        assert st.traces() == [] and st.calibration()
 
 
 def test_cached_costs_measure_once_per_setup_and_max_n(tmp_path):

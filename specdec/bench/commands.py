@@ -253,13 +253,19 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None) -> None:
                                     warmup_tokens=cfg.warmup_tokens)
     measure = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats)
                   for label in cfg.configs)
+    n_prompts = len({c.prompt.id for c in plan})
+    instr = n_prompts * sum(
+        S.instrumentation_s(costs_by[label], max_n=S.cost_max_n(cfg), calibration_repeats=cfg.calibration_repeats,
+                            traces=cfg.traces and cfg.greedy, new_tokens=cfg.max_new_tokens)
+        for label in cfg.configs)
     _echo(f"sweep {sid}: target {prepared.target}, draft {prepared.draft}; {len(prepared.prompts)} prompts, configs "
           f"{', '.join(cfg.configs)}; {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)")
     _echo(f"{len(plan)} timed generations:")
     for key, n in S.plan_summary(plan).items():
         _echo(f"  {key:<34} {n}")
     _echo(f"rough estimate: {S.format_duration(timed)} timed + {S.format_duration(warm)} warm-ups + "
-          f"{S.format_duration(measure)} cost measurement = {S.format_duration(timed + warm + measure)} "
+          f"{S.format_duration(measure)} cost measurement + {S.format_duration(instr)} traces and calibration = "
+          f"{S.format_duration(timed + warm + measure + instr)} "
           f"(model loading excluded), from {source}, ~100-token prompts and an ASSUMED acceptance alpha = 0.5")
 
 

@@ -122,6 +122,10 @@ def check_available(rc: RuntimeConfig) -> None:
 # ------------------------------------------------------------------------------------- configuration
 
 
+#: How target-only runs are placed around the other runs (`SweepConfig.pairing`).
+PAIRINGS = ("bracket", "none")
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     """Everything a sweep needs; the defaults are the CPU default study (docs/STORE.md, "The default plan").
@@ -136,9 +140,16 @@ class SweepConfig:
         secondary_ks: the fixed-K grid on the other prompts (no peers or policies there).
         max_new_tokens: new tokens per generation.
         repeats: timed runs per cell (seed = seed + repeat under sampling).
-        baseline_repeats: timed target-only runs per prompt (at least `repeats`): the first precedes the
-            prompt's other runs, the extra ones follow them, so the baseline, the denominator of every
-            speedup, brackets the prompt's runs in time (drift shows as a spread between them).
+        baseline_repeats: with ``pairing="none"`` only: timed target-only runs per prompt (at least
+            `repeats`): the first precedes the prompt's other runs, the extra ones follow them.
+        pairing: ``"bracket"`` (default): every timed run other than the baseline sits between two target-only
+            runs of the same prompt (B X1 B X2 B ... B), and its speedup is its ratio to the geometric mean of
+            those two neighbours (`specdec.report.speedup.paired_ratios`); ``"none"``: the older order
+            (baseline first, the other runs, `baseline_repeats` - 1 baselines after).
+        traces: record each prompt's acceptance trace after its first target-only run (greedy sweeps only;
+            `specdec.traces`): one teacher-forced draft and one target forward.
+        calibration_repeats: timed passes of the calibration block (target forwards of n = 1..17 tokens and
+            the draft step, at the prompt's own context) after each prompt's first target-only run; 0 = off.
         methods: among ``baseline``, ``draft``, ``ngram`` and the peer names (a peer named here is run even
             without `peers`).
         policies: adaptive policies run for ``draft`` and ``ngram`` on primary prompts, with K = `policy_k`.
@@ -170,6 +181,9 @@ class SweepConfig:
     max_new_tokens: int = 128
     repeats: int = 1
     baseline_repeats: int = 2
+    pairing: str = "bracket"
+    traces: bool = True
+    calibration_repeats: int = 2
     methods: tuple[str, ...] = OUR_METHODS
     policies: tuple[str, ...] = ("cost",)
     policy_k: int = 16
@@ -218,6 +232,7 @@ QUICK: dict[str, Any] = {
     "policies": (),
     "warmup_tokens": 8,
     "cost_repeats": 1,
+    "calibration_repeats": 1,
 }
 
 _FIELD_NAMES = tuple(f.name for f in fields(SweepConfig))
@@ -295,14 +310,15 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
         pt = ",".join(str(x) for x in pt)
     v["prompt_types"] = str(pt).strip() or "all"
     for name in ("prompts_per_type", "max_new_tokens", "repeats", "baseline_repeats", "policy_k", "warmup_tokens",
-                 "cost_repeats", "cost_context_tokens", "ngram_max", "ngram_min", "top_k", "seed"):
+                 "cost_repeats", "cost_context_tokens", "ngram_max", "ngram_min", "top_k", "seed",
+                 "calibration_repeats"):
         try:
             v[name] = int(v[name])
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be an integer, got {v[name]!r}") from None
     for name, low in (("prompts_per_type", 1), ("max_new_tokens", 1), ("repeats", 1), ("baseline_repeats", 1),
                       ("policy_k", 1), ("warmup_tokens", 1), ("cost_repeats", 1), ("cost_context_tokens", 1),
-                      ("ngram_min", 1), ("top_k", 0)):
+                      ("ngram_min", 1), ("top_k", 0), ("calibration_repeats", 0)):
         if v[name] < low:
             raise ValueError(f"{name} must be >= {low}, got {v[name]}")
     if v["ngram_max"] < v["ngram_min"]:
@@ -314,6 +330,10 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     v["temperature"] = float(v["temperature"])
     v["top_p"] = float(v["top_p"])
     SamplingParams(v["temperature"], v["top_k"], v["top_p"])  # validates
+    v["pairing"] = str(v["pairing"]).strip().lower()
+    if v["pairing"] not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, got {v['pairing']!r}")
+    v["traces"] = bool(v["traces"])
     v["peers"] = bool(v["peers"])
     v["chat_template"] = bool(v["chat_template"])
     return v

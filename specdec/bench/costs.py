@@ -23,7 +23,7 @@ from specdec.bench.environment import machine_info
 from specdec.costs import CostCurve
 from specdec.loading import LoadedPair
 
-__all__ = ["cached_costs", "forward_times", "measure_costs", "verification_steps"]
+__all__ = ["cached_costs", "calibration_block", "forward_times", "measure_costs", "verification_steps"]
 
 # Text whose tokens fill the warm context: the content does not change the timing, only its length does.
 _FILLER = (
@@ -63,6 +63,7 @@ def forward_times(
     *,
     repeats: int = 3,
     clock: Callable[[], float] = time.perf_counter,
+    warmup: bool = True,
 ) -> tuple[dict[int, float], dict[int, float]]:
     """Time ``backend.forward(n tokens)`` on a warm cache holding `context`.
 
@@ -70,8 +71,9 @@ def forward_times(
         backend: any `Backend`; its cache is reset, prefilled with `context`, and left empty afterwards.
         context: token ids for the warm cache (``len(context) + max(ns) <= backend.max_length``).
         ns: the token counts to time.
-        repeats: timed forwards per n (after one untimed warm-up pass over all n).
-        clock: seconds.
+        repeats: timed forwards per n (after one untimed warm-up pass over all n when `warmup`); the
+            passes interleave the n (1, 2, ..., max, 1, 2, ...), so a slow spell spreads over every n.
+        clock: seconds. warmup: run the untimed pass first (off when the model has just run).
 
     Returns:
         ``(median_s, iqr_s)``: ``{n: median seconds}`` and ``{n: interquartile range, seconds}``.
@@ -90,7 +92,8 @@ def forward_times(
     backend.forward(list(context), logits=False)
     backend.synchronize()
     samples: dict[int, list[float]] = {n: [] for n in ns}
-    for rep in range(repeats + 1):  # pass 0 is the warm-up
+    first = 0 if warmup else 1
+    for rep in range(first, repeats + 1):  # pass 0 is the warm-up
         for n in ns:
             backend.synchronize()
             t0 = clock()
@@ -185,6 +188,55 @@ def measure_costs(
         out["c"] = d_fwd[1] / t_fwd[1] if t_fwd[1] > 0 else None
         out["draft_forward_s"] = d_fwd
         out["draft_forward_spread_s"] = d_iqr
+    return out
+
+
+def calibration_block(
+    pair: LoadedPair,
+    context: list[int],
+    *,
+    max_n: int = 17,
+    repeats: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """Time the target's forwards of n = 1..`max_n` tokens and the draft's step at `context`, now.
+
+    The sweep runs this block right after a prompt's target-only run, at that prompt's own context (its
+    tokens and the first half of its output), so the time model's costs are measured next to the runs they
+    explain instead of once per sweep at a filler context (MEASUREMENT.md, "Costs measured where they are
+    used"). The forward is timed alone (no sampling, no verification). No warm-up pass: the models have
+    just run. The context is cut from the left so that ``context + max_n`` fits both models.
+
+    Args:
+        pair: the loaded models (their caches are reset afterwards). context: ``[P]`` token ids.
+        max_n: largest forward (K + 1 of the largest K). repeats: interleaved passes (>= 1).
+        clock: seconds; injectable for tests.
+
+    Returns:
+        ``{"context_tokens": int, "repeats": int, "target_forward_s": {n: s}, "target_forward_spread_s":
+        {n: IQR s}, "draft_step_s": s | None, "draft_step_spread_s": s | None, "draft_repeats": int}``.
+
+    Raises:
+        ValueError: empty context, ``repeats < 1``, or a context window shorter than ``max_n + 1``.
+    """
+    if not context:
+        raise ValueError("the calibration block needs a non-empty context")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
+    room = min(m.backend.max_length for m in models) - max_n
+    if room < 1:
+        raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
+    ctx = list(context)[-room:]
+    fwd, iqr = forward_times(pair.target.backend, ctx, list(range(1, max_n + 1)), repeats=repeats, clock=clock,
+                             warmup=False)
+    out: dict[str, Any] = {"context_tokens": len(ctx), "repeats": repeats, "target_forward_s": fwd,
+                           "target_forward_spread_s": iqr, "draft_step_s": None, "draft_step_spread_s": None,
+                           "draft_repeats": None}
+    if pair.draft is not None:
+        reps = DRAFT_REPEAT_FACTOR * repeats
+        d, d_iqr = forward_times(pair.draft.backend, ctx, [1], repeats=reps, clock=clock, warmup=False)
+        out.update(draft_step_s=d[1], draft_step_spread_s=d_iqr[1], draft_repeats=reps)
     return out
 
 

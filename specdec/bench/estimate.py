@@ -16,6 +16,7 @@ __all__ = [
     "estimate_generation_s",
     "estimate_plan_s",
     "format_duration",
+    "instrumentation_s",
 ]
 
 
@@ -107,6 +108,23 @@ def estimate_plan_s(
 def cost_measurement_s(costs: CostCurve, max_n: int, repeats: int) -> float:
     """Rough seconds `measure_costs` takes: (repeats + 1 warm-up) passes over forwards of 1..max_n tokens."""
     return (repeats + 1) * sum(costs.forward_s(n) for n in range(1, max_n + 1))
+
+
+def instrumentation_s(costs: CostCurve, *, max_n: int, calibration_repeats: int, traces: bool,
+                      prompt_tokens: int = 100, new_tokens: int = 128) -> float:
+    """Rough seconds one prompt's acceptance trace and calibration block add (`specdec.bench.runner`):
+    the trace is one target and one draft forward over prompt + output (the draft at c times the target's
+    cost), the block `calibration_repeats` passes over forwards of 1..max_n tokens plus 3x as many draft
+    steps."""
+    out = 0.0
+    if traces:
+        n = max(1, prompt_tokens + new_tokens - 1)
+        c = (costs.draft_step_s or 0.0) / costs.target_step_s
+        out += costs.forward_s(n) * (1.0 + c)
+    if calibration_repeats > 0:
+        out += calibration_repeats * (sum(costs.forward_s(n) for n in range(1, max_n + 1))
+                                      + 3 * (costs.draft_step_s or 0.0))
+    return out
 
 
 def format_duration(seconds: float) -> str:

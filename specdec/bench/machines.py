@@ -30,8 +30,7 @@ from typing import Any
 
 __all__ = [
     "FINGERPRINT_KEYS",
-    "ensure_machine_schema",
-    "host_id",
+        "host_id",
     "machine_cost_rows",
     "machine_id",
     "machine_label",
@@ -82,18 +81,6 @@ def machine_label(machine: Mapping[str, Any] | str | None) -> str:
         parts.append(f"{machine['memory_gib']} GiB")
     host = f" (host {machine['host']})" if machine.get("host") else ""
     return ", ".join(parts) + host
-
-
-def ensure_machine_schema(conn) -> None:
-    """Add ``runs.machine_id`` to a store written before it existed (call inside a transaction; the machine
-    tables themselves are declared with the rest of the schema in `specdec.bench.store.TABLES`).
-
-    Args:
-        conn: a `sqlite3.Connection` on a results store whose base schema exists.
-    """
-    cols = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
-    if "machine_id" not in cols:
-        conn.execute("ALTER TABLE runs ADD COLUMN machine_id TEXT")
 
 
 def register_machine(conn, machine: Mapping[str, Any] | str | None) -> str | None:

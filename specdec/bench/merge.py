@@ -198,7 +198,10 @@ def _merge_one(dst: Store, path: Path, sweeps: dict[str, dict], result: MergeRes
         have = {
             r[0]: r[1] for r in dst.conn.execute("SELECT cell_key, error IS NULL FROM runs")
         }
+        new_ids = dict(dst.conn.execute("SELECT cell_key, run_id FROM runs").fetchall())
+        old_key = {}
         for run in src.runs():
+            old_key[run["run_id"]] = run["cell_key"]
             key = run["cell_key"]
             ok = run["error"] is None
             if key in have:
@@ -214,5 +217,20 @@ def _merge_one(dst: Store, path: Path, sweeps: dict[str, dict], result: MergeRes
                 dst.record_run(row, rounds)
             except sqlite3.DatabaseError as exc:  # pragma: no cover - disk full and the like
                 raise StoreError(f"merge: writing {key} from {path} failed: {exc}") from None
+            new_ids[key] = dst.conn.execute("SELECT run_id FROM runs WHERE cell_key = ?", (key,)).fetchone()[0]
             have[key] = ok
             result.added += 1
+        _copy_traces(dst, src, lambda rid: new_ids.get(old_key.get(rid)))
+
+
+def _copy_traces(dst: Store, src: Store, run_id_of) -> None:
+    """Copy the source's acceptance traces and calibration blocks, their run ids renumbered to `dst`'s."""
+    with dst.transaction() as conn:
+        for table, col in (("traces", "run_id"), ("calibration", "after_run_id")):
+            cols = [r[1] for r in src.conn.execute(f"PRAGMA table_info({table})")]
+            for row in src.conn.execute(f"SELECT * FROM {table}"):
+                d = dict(zip(cols, tuple(row), strict=True))
+                d[col] = run_id_of(d[col])
+                names = ", ".join(d)
+                conn.execute(f"INSERT OR IGNORE INTO {table} ({names}) VALUES ({', '.join('?' * len(d))})",
+                             tuple(d.values()))

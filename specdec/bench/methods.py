@@ -156,6 +156,8 @@ class Method:
         skip: planned but recorded as skipped with this reason (``runs.error``), never run.
         counterpart: for a peer, our method it is compared with (same K where it takes K).
         default: planned when ``--methods`` is not given.
+        aa: a target-only run timed as if it were a method (A/A): its paired ratio to the neighbouring
+            baselines measures the noise floor of every speedup (MEASUREMENT.md, "A/A").
     """
 
     name: str
@@ -168,6 +170,7 @@ class Method:
     skip: str | None = None
     counterpart: str | None = None
     default: bool = True
+    aa: bool = False
 
 
 #: Every timed method by name, in plan order (`register` adds one).
@@ -287,6 +290,7 @@ def _eager_transformers_target(rc: RuntimeConfig) -> bool:
 
 for _m in (
     Method("baseline", _baseline, reference=True),
+    Method("aa", _baseline, aa=True),
     Method("draft", speculative(_model_drafter, free_drafts=False), takes_k=True, drafts_with_model=True),
     Method("ngram", speculative(_prompt_lookup_drafter), takes_k=True),
     Method("ngram_hf", speculative(_hf_rule_prompt_lookup_drafter), takes_k=True, default=False),

@@ -96,24 +96,28 @@ class PlannedRun:
 
 
 def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
-    """Every run of the sweep, in execution order: per config, per prompt: baseline first (so that the
-    other runs can be compared with it), then draft and ngram over K, their policies, then the peers; with
-    ``repeats`` > 1 that sequence runs once per repeat (repeat 0 of every run, then repeat 1 ...), so a
-    machine that slows down inside a prompt's window hits every method in every pass rather than the ones
-    that come last; then the baseline's extra runs (``baseline_repeats`` beyond ``repeats``), so that the
-    baseline brackets the prompt's runs in time.
+    """Every run of the sweep, in execution order, per config and per prompt.
+
+    The prompt's other runs (the A/A run ``aa``, draft and ngram over K, their policies, the peers) form one
+    pass; with ``repeats`` > 1 the pass runs once per repeat (repeat 0 of every run, then repeat 1 ...), so
+    a machine that slows down inside a prompt's window hits every method in every pass.
+
+    - ``pairing="bracket"`` (default): a target-only baseline run before each run of the pass and one after
+      the last (B X1 B X2 ... Xn B); each X is then timed between two baselines adjacent in time, and its
+      speedup is the ratio to those two (MEASUREMENT.md, "Pair what you compare").
+    - ``pairing="none"``: baseline first, the pass, then ``baseline_repeats - repeats`` extra baselines.
 
     Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
-    `secondary_ks` only.
+    `secondary_ks` only. Baseline runs of a prompt are numbered 0, 1, ... in plan order (their ``repeat``).
     """
     prim = primary_ids(prompts)
     plan: list[PlannedRun] = []
+    base = reference_method().name
     for label in cfg.configs:
         rc = RUNTIME_CONFIGS[label]
         peers = [m for m in peer_methods() if (cfg.peers or m.name in cfg.methods) and m.applies(rc)]
-        plain = [m.name for m in our_methods() if not m.takes_k and m.name in cfg.methods]
+        plain = [m.name for m in our_methods() if not m.takes_k and not m.reference and m.name in cfg.methods]
         drafting = [m.name for m in our_methods() if m.takes_k and m.name in cfg.methods]
-        base = reference_method().name
         for prompt in prompts:
             is_primary = prompt.id in prim
             ks = cfg.ks if is_primary else cfg.secondary_ks
@@ -125,12 +129,28 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
                     groups.extend((m, cfg.policy_k, p) for p in cfg.policies)
                 for pm in peers:
                     groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
-            for r in range(cfg.repeats):  # repeats outermost: each pass runs every group once
+            with_base = base in cfg.methods
+
+            def add(method: str, k: int | None, policy: str | None, r: int) -> None:
+                plan.append(PlannedRun(label, prompt, method, k, policy, r, is_primary))
+
+            if cfg.pairing == "bracket" and with_base and groups:
+                n_base = 0
+                add(base, None, None, n_base)
+                for r in range(cfg.repeats):  # repeats outermost: each pass runs every group once
+                    for method, k, policy in groups:
+                        add(method, k, policy, r)
+                        n_base += 1
+                        add(base, None, None, n_base)  # closes this pair and opens the next one
+                continue
+            for r in range(cfg.repeats):
+                if with_base:
+                    add(base, None, None, r)
                 for method, k, policy in groups:
-                    plan.append(PlannedRun(label, prompt, method, k, policy, r, is_primary))
-            if base in cfg.methods:
+                    add(method, k, policy, r)
+            if with_base:
                 for r in range(cfg.repeats, cfg.baseline_repeats):
-                    plan.append(PlannedRun(label, prompt, base, None, None, r, is_primary))
+                    add(base, None, None, r)
     return plan
 
 

@@ -26,7 +26,7 @@ import torch
 
 from specdec.bench.config import DEFAULT_DB, RuntimeConfig, SweepConfig
 from specdec.bench.console import summary_line
-from specdec.bench.costs import measure_costs
+from specdec.bench.costs import calibration_block, measure_costs
 from specdec.bench.environment import git_commit, machine_changes, machine_info
 from specdec.bench.estimate import estimate_plan_s, format_duration
 from specdec.bench.machines import record_shard
@@ -36,6 +36,7 @@ from specdec.bench.prompts import Prompt, encode_prompt
 from specdec.bench.shard import shard_plan
 from specdec.bench.store import Store, writer_lock
 from specdec.costs import CostCurve
+from specdec.traces import first_divergence, record_trace, target_margins
 
 __all__ = ["LoadedConfig", "SweepResult", "execute", "run_sweep"]
 
@@ -296,10 +297,35 @@ def _check_equal(loaded: LoadedConfig, cell: PlannedRun, row: dict, s: _Session,
     if METHODS[cell.method].reference and ref is None:
         ref = row["token_ids"]
     row["matches_baseline"] = None if ref is None else int(row["token_ids"] == ref)
+    row["first_divergence"] = None if ref is None else first_divergence(row["token_ids"], ref)
 
 
-def _record(cell: PlannedRun, row: dict, rounds: list[dict], label: str, s: _Session) -> None:
-    s.store.record_run(row, rounds)
+def _trace_and_calibrate(loaded: LoadedConfig, cell: PlannedRun, row: dict, run_id: int, s: _Session) -> None:
+    """After a prompt's first successful target-only run: store its acceptance trace (greedy sweeps) and time
+    a calibration block at its context. Untimed for the runs; a failure is logged, never raised."""
+    cfg, pair, sid, label = loaded.cfg, loaded.pair, s.prepared.sweep_id, loaded.rc.label
+    pid = cell.prompt.id
+    prompt, out = loaded.prompt_ids(cell.prompt), list(row["token_ids"] or [])
+    if cfg.traces and cfg.greedy and not s.store.has_trace(sid, label, pid):
+        try:
+            draft = pair.draft.backend if pair.draft is not None else None
+            trace = record_trace(prompt, out, cfg.max_new_tokens, draft, vocab_size=pair.vocab_size)
+            margins, tf_ids = target_margins(pair.target.backend, prompt, out, vocab_size=pair.vocab_size)
+            s.store.save_trace(sid, label, pid, run_id, trace, target_margin=margins, target_tf_ids=tf_ids,
+                               draft_context=draft.max_length if draft is not None else None)
+        except Exception as exc:  # noqa: BLE001 - the timed runs do not depend on it
+            s.log(f"[{label}] {pid}: acceptance trace not recorded: {_one_line(exc)}")
+    if cfg.calibration_repeats > 0:
+        try:
+            block = calibration_block(pair, prompt + out[: len(out) // 2], max_n=cost_max_n(cfg),
+                                      repeats=cfg.calibration_repeats)
+            s.store.save_calibration(sid, label, pid, run_id, block)
+        except Exception as exc:  # noqa: BLE001
+            s.log(f"[{label}] {pid}: calibration block not timed: {_one_line(exc)}")
+
+
+def _record(cell: PlannedRun, row: dict, rounds: list[dict], label: str, s: _Session) -> int:
+    run_id = s.store.record_run(row, rounds)
     s.result.ran += 1
     if row.get("error"):
         if str(row["error"]).startswith("skipped:"):
@@ -311,6 +337,7 @@ def _record(cell: PlannedRun, row: dict, rounds: list[dict], label: str, s: _Ses
     if s.on_run is not None:
         s.on_run(row)
     s.bar.update(1)
+    return run_id
 
 
 def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: _Session) -> bool:
@@ -331,7 +358,9 @@ def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: _Session) -> b
             _warm_up(loaded, cell, cells[0].prompt, s.log)
         row, rounds = execute(loaded, cell, s.prepared)
         _check_equal(loaded, cell, row, s, refs)
-        _record(cell, row, rounds, label, s)
+        run_id = _record(cell, row, rounds, label, s)
+        if METHODS[cell.method].reference and cell.repeat == 0 and not row.get("error"):
+            _trace_and_calibrate(loaded, cell, row, run_id, s)
         finished.setdefault(cell.cell, []).append(row)
         remaining[cell.cell] -= 1
         if remaining[cell.cell] == 0:

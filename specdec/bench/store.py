@@ -25,7 +25,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,12 +75,16 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("error", "TEXT"), ("created_at", "TEXT"),
         # the machine that timed the run (`specdec.bench.machines`; added by ALTER TABLE to older stores)
         ("machine_id", "TEXT"),
+        # greedy runs that differ from the baseline: the first output position where they differ
+        ("first_divergence", "INTEGER"),
     ),
     "rounds": (
         ("run_id", "INTEGER REFERENCES runs(run_id)"), ("round_idx", "INTEGER"),
         ("k", "INTEGER"), ("k_requested", "INTEGER"), ("num_accepted", "INTEGER"), ("accept_flags", "TEXT"),
         ("next_kind", "TEXT"), ("num_emitted", "INTEGER"), ("draft_s", "REAL"), ("verify_s", "REAL"),
         ("other_s", "REAL"), ("alpha_estimate", "REAL"),
+        # the target forward alone, inside verify_s (added by ALTER TABLE to older stores)
+        ("forward_s", "REAL"),
     ),
     "costs": (
         ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("role", "TEXT"), ("n_tokens", "INTEGER"),
@@ -94,6 +98,22 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("n_tokens", "INTEGER"), ("seconds", "REAL"), ("repeats", "INTEGER"), ("spread_s", "REAL"),
     ),
     "shards": (("sweep_id", "TEXT"), ("shard", "TEXT"), ("machine_id", "TEXT"), ("started_at", "TEXT")),
+    # Acceptance traces (`specdec.traces`): per prompt, the target-only greedy output and, per output position,
+    # the draft's teacher-forced greedy token and the target's own top-2 margin; every fixed K and policy of
+    # both drafters is replayed from it (JSON lists; one row per sweep, config, prompt and machine).
+    "traces": (
+        ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("prompt_id", "TEXT"), ("machine_id", "TEXT"),
+        ("run_id", "INTEGER"), ("max_new_tokens", "INTEGER"), ("draft_context", "INTEGER"),
+        ("prompt_ids", "TEXT"), ("target_ids", "TEXT"), ("draft_ids", "TEXT"), ("draft_top_prob", "TEXT"),
+        ("target_margin", "TEXT"), ("target_tf_ids", "TEXT"), ("created_at", "TEXT"),
+    ),
+    # Calibration blocks: target forwards of n = 1..17 tokens (and the draft step) timed at a prompt's own
+    # context right after one of its target-only runs (`after_run_id`), median and IQR over `repeats`.
+    "calibration": (
+        ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("prompt_id", "TEXT"), ("machine_id", "TEXT"),
+        ("after_run_id", "INTEGER"), ("role", "TEXT"), ("n_tokens", "INTEGER"), ("context_tokens", "INTEGER"),
+        ("seconds", "REAL"), ("repeats", "INTEGER"), ("spread_s", "REAL"),
+    ),
 }  # fmt: skip
 #: Table-level constraints and indexes (not columns).
 _CONSTRAINTS = {
@@ -101,6 +121,8 @@ _CONSTRAINTS = {
     "costs": "PRIMARY KEY (sweep_id, config_label, role, n_tokens)",
     "machine_costs": "PRIMARY KEY (sweep_id, machine_id, config_label, role, n_tokens)",
     "shards": "PRIMARY KEY (sweep_id, shard, machine_id)",
+    "traces": "PRIMARY KEY (sweep_id, config_label, prompt_id, machine_id)",
+    "calibration": "PRIMARY KEY (sweep_id, config_label, prompt_id, machine_id, after_run_id, role, n_tokens)",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS runs_by_sweep ON runs (sweep_id, config_label, prompt_id, method)",)
 
@@ -130,6 +152,16 @@ _SCHEMA = ";\n".join(_create_statements()) + ";\n"
 RUN_COLUMNS: tuple[str, ...] = columns("runs")[1:]
 #: Columns of ``rounds`` that a caller fills (``run_id`` is the run's).
 ROUND_COLUMNS: tuple[str, ...] = columns("rounds")[1:]
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """ALTER TABLE ... ADD COLUMN every column of `TABLES` that an older store's table lacks (NULL in its old
+    rows; call inside a transaction, after the CREATE TABLE IF NOT EXISTS statements)."""
+    for table, cols in TABLES.items():
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        for name, decl in cols:
+            if name not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl.split()[0]}")
 
 
 class StoreError(ValueError):
@@ -289,7 +321,7 @@ class Store:
                         f"{self.path}: results schema version {row[0]}, this specdec writes version "
                         f"{SCHEMA_VERSION}; use a new --db"
                     )
-                _machines.ensure_machine_schema(self.conn)  # machines, machine_costs, shards tables
+                _add_missing_columns(self.conn)  # stores written before a column existed
         except sqlite3.OperationalError:
             raise  # the caller tells a busy store from a broken one
         except sqlite3.DatabaseError as exc:
@@ -532,6 +564,68 @@ class Store:
             (sweep_id, config_label, prompt_id),
         ).fetchone()
         return json.loads(row[0]) if row is not None and row[0] is not None else None
+
+    # ------------------------------------------------------------------------- traces and calibration
+
+    def save_trace(self, sweep_id: str, config_label: str, prompt_id: str, run_id: int | None,
+                   trace: Any, *, target_margin: Sequence[float] | None = None,
+                   target_tf_ids: Sequence[int] | None = None, draft_context: int | None = None) -> None:
+        """Store (replace) the acceptance trace of one prompt on this machine (`specdec.traces.AcceptanceTrace`).
+
+        Args:
+            run_id: the target-only run the trace was taken from. target_margin: ``[T]`` the target's
+                top-1 minus top-2 probability at each output position (teacher forced); target_tf_ids: ``[T]``
+                the target's teacher-forced argmax (it can differ from the incremental run's token at a
+                near-tie). draft_context: the draft model's context length (it clamps K in a replay).
+        """
+        def js(x):
+            return None if x is None else json.dumps(list(x))
+
+        with self.transaction():
+            self.conn.execute(
+                "INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (sweep_id, config_label, prompt_id, self.machine_id or "", run_id, trace.max_new_tokens,
+                 draft_context, js(trace.prompt_ids), js(trace.target_ids), js(trace.draft_ids),
+                 js(trace.draft_top_prob), js(target_margin), js(target_tf_ids), _now()))
+
+    def traces(self, sweep_id: str | None = None) -> list[dict]:
+        """Rows of ``traces`` (JSON columns decoded to lists), optionally of one sweep."""
+        sql = "SELECT * FROM traces" + (" WHERE sweep_id = ?" if sweep_id else "") + " ORDER BY rowid"
+        out = []
+        for r in self.conn.execute(sql, (sweep_id,) if sweep_id else ()).fetchall():
+            d = dict(r)
+            for c in ("prompt_ids", "target_ids", "draft_ids", "draft_top_prob", "target_margin", "target_tf_ids"):
+                d[c] = None if d[c] is None else json.loads(d[c])
+            out.append(d)
+        return out
+
+    def has_trace(self, sweep_id: str, config_label: str, prompt_id: str) -> bool:
+        """Whether this machine already stored the trace of this prompt."""
+        return self.conn.execute(
+            "SELECT 1 FROM traces WHERE sweep_id = ? AND config_label = ? AND prompt_id = ? AND machine_id = ?",
+            (sweep_id, config_label, prompt_id, self.machine_id or "")).fetchone() is not None
+
+    def save_calibration(self, sweep_id: str, config_label: str, prompt_id: str, after_run_id: int | None,
+                         block: Mapping[str, Any]) -> None:
+        """Store one calibration block (`specdec.bench.costs.calibration_block`'s dict: ``context_tokens``,
+        ``repeats``, ``target_forward_s`` / ``target_forward_spread_s`` ``{n: s}``, optional ``draft_step_s`` /
+        ``draft_step_spread_s``) timed right after run `after_run_id`."""
+        ctx, reps = block.get("context_tokens"), block.get("repeats")
+        rows = [(sweep_id, config_label, prompt_id, self.machine_id or "", after_run_id, "target", int(n), ctx,
+                 _clean(float(s)), reps, _clean(block.get("target_forward_spread_s", {}).get(n)))
+                for n, s in block["target_forward_s"].items()]
+        if block.get("draft_step_s") is not None:
+            rows.append((sweep_id, config_label, prompt_id, self.machine_id or "", after_run_id, "draft", 1, ctx,
+                         _clean(float(block["draft_step_s"])), block.get("draft_repeats", reps),
+                         _clean(block.get("draft_step_spread_s"))))
+        with self.transaction():
+            self.conn.executemany("INSERT OR REPLACE INTO calibration VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                  rows)
+
+    def calibration(self, sweep_id: str | None = None) -> list[dict]:
+        """Rows of ``calibration`` (one per block, role and n), optionally of one sweep."""
+        sql = "SELECT * FROM calibration" + (" WHERE sweep_id = ?" if sweep_id else "") + " ORDER BY rowid"
+        return [dict(r) for r in self.conn.execute(sql, (sweep_id,) if sweep_id else ()).fetchall()]
 
     # ------------------------------------------------------------------------------------------ costs
 

@@ -49,6 +49,7 @@ from specdec.bench.estimate import (
     estimate_generation_s,
     estimate_plan_s,
     format_duration,
+    instrumentation_s,
 )
 from specdec.bench.methods import LLAMA_PROMPT_LOOKUP_SKIP, METHODS, Method, RunRecord
 from specdec.bench.peers import hf_peer_generate
@@ -96,6 +97,7 @@ __all__ = [
     "format_duration",
     "git_commit",
     "hf_peer_generate",
+    "instrumentation_s",
     "load_config_file",
     "machine_info",
     "make_config",

@@ -734,3 +734,31 @@ def test_ngram_hf_is_one_registry_entry_compared_like_for_like(tmp_path, tiny_pa
     rows = peers[(peers["peer"] == "hf_prompt_lookup K=2") & (peers["prompt_type"] == "(all prompts)")]
     assert set(rows["ours"]) == {"ngram K=2", "ngram_hf K=2"}
     assert (rows["ours_match"] == 1.0).all() and (rows["peer_match"] == 1.0).all()
+
+
+def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path):
+    """The report replays each stored trace over K = 1..16 for both drafters, checks every timed greedy run
+    against its replay (all exact on fp32 tiny models), pairs each run with its adjacent baselines, and shows
+    the paired A/A runs."""
+    from specdec.report import tables as T
+    from specdec.report.analysis import analyze
+    from specdec.report.load import load_store
+    from specdec.report.render import write_report
+
+    _, db, result, _ = full_sweep
+    a = analyze(load_store(db))
+    grid, pvm = a[T.TRACE_GRID], a[T.PREDICTED]
+    n_prompts = len({r for r in grid["prompt_id"]})
+    assert n_prompts == len(SWEEP_PROMPTS)
+    fixed = grid[grid["policy"] == "fixed"]
+    assert sorted(set(fixed["k"])) == list(range(1, 17)) and set(fixed["method"]) == {"draft", "ngram"}
+    assert len(fixed) == n_prompts * 2 * 16 and (grid["predicted"] > 0).all()
+    assert len(pvm) >= 10 and pvm["replay_exact"].all(), pvm[~pvm["replay_exact"]][["method", "policy", "k", "mismatch"]].to_string()
+    assert (pvm["n_adjacent"] == 2).all() and (pvm["measured"] > 0).all() and (pvm["predicted"] > 0).all()
+    cells = a[T.CELLS]
+    spec = cells[cells["method"].isin(["draft", "ngram", "aa"])]
+    assert (spec["n_paired"] == spec["n_runs"]).all()  # every run sat between two baselines
+    assert len(cells[cells["method"] == "aa"]) and a[T.DIVERGENCE].empty  # fp32: nothing diverged
+    res = write_report(db, tmp_path / "rep")
+    md, html = res.markdown.read_text(), res.html.read_text()
+    assert "Acceptance traces" in md and "Paired A/A" in md and "Replay:" in md and "Acceptance traces" in html

@@ -90,8 +90,23 @@ def sweep(
         int | None, typer.Option(help="Target-only runs per prompt, one before and the rest after its other "
                                  "runs (at least --repeats). (default: 2)", rich_help_panel=_PANEL_PLAN)
     ] = None,
+    pairing: Annotated[
+        str | None, typer.Option(help="bracket: a target-only run between every two other runs, each speedup "
+                                 "paired with its two neighbours; none: baseline first and last only. "
+                                 "(default: bracket)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    traces: Annotated[
+        bool | None, typer.Option("--traces/--no-traces", help="Record each prompt's acceptance trace (greedy): "
+                                  "every K and policy replayed from one run. (default: on)",
+                                  rich_help_panel=_PANEL_PLAN)
+    ] = None,
+    calibration_repeats: Annotated[
+        int | None, typer.Option(help="Passes of the calibration block (target forwards of 1..17 tokens at each "
+                                 "prompt's context, after its first baseline); 0 = off. (default: 2)",
+                                 rich_help_panel=_PANEL_PLAN)
+    ] = None,
     methods: Annotated[
-        str | None, typer.Option(help="baseline,draft,ngram (and/or peer names). (default: baseline,draft,ngram)",
+        str | None, typer.Option(help="baseline,aa,draft,ngram (and/or peer names). (default: baseline,aa,draft,ngram)",
                                  rich_help_panel=_PANEL_PLAN)
     ] = None,
     policies: Annotated[
@@ -195,7 +210,8 @@ def sweep(
             "name": name, "pair": pair, "target": target, "draft": draft, "prompt_types": prompt_types,
             "prompts": str(prompts) if prompts is not None else None, "prompts_per_type": prompts_per_type,
             "ks": ks, "secondary_ks": secondary_ks, "max_new_tokens": max_new_tokens, "repeats": repeats,
-            "baseline_repeats": baseline_repeats, "methods": methods, "policies": policies, "policy_k": policy_k, "peers": peers,
+            "baseline_repeats": baseline_repeats, "pairing": pairing, "traces": traces,
+            "calibration_repeats": calibration_repeats, "methods": methods, "policies": policies, "policy_k": policy_k, "peers": peers,
             "skip_long_prompts": skip_long_prompts,
             "peer_ks": peer_ks, "configs": configs, "temperature": temperature, "top_k": top_k,
             "top_p": top_p, "seed": seed, "device": device, "dtype": dtype, "threads": threads,

@@ -131,7 +131,8 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
                     groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
             with_base = base in cfg.methods
 
-            def add(method: str, k: int | None, policy: str | None, r: int) -> None:
+            def add(method: str, k: int | None, policy: str | None, r: int, label=label, prompt=prompt,
+                    is_primary=is_primary) -> None:
                 plan.append(PlannedRun(label, prompt, method, k, policy, r, is_primary))
 
             if cfg.pairing == "bracket" and with_base and groups:

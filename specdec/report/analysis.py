@@ -123,7 +123,7 @@ def analyze(store: StoreData) -> Analysis:
         missing.append(f"costs could not be computed: {type(exc).__name__}: {exc}")
         infos = {}
     missing += _data_notes(runs, store, infos)
-    inputs = Inputs(runs, store.rounds, infos)
+    inputs = Inputs(runs, store.rounds, infos, store=store)
     for spec in REGISTRY:
         try:
             table = spec.build(inputs)

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from specdec.report.load import ROUND_COLUMNS, empty_frame, ensure_prepared, with_round_stats
-from specdec.report.speedup import PROMPT_KEY, nearest_baseline, ratio_ci
+from specdec.report.speedup import paired_ratio_ci, paired_reference
 from specdec.report.vocab import ALL_PROMPTS, BASELINE, CELL_KEY, FIXED_POLICIES, SPEC_METHODS
 
 __all__ = [
@@ -84,30 +84,21 @@ def _latency(g: pd.DataFrame) -> dict:
             "decode_tok_s": float(dec.median()) if len(dec) else np.nan}
 
 
-def _baseline_refs(g: pd.DataFrame, near: dict[int, int], base_tps: dict) -> dict:
-    """Per prompt of `g`: the median, over its runs, of the tokens/s of the baseline run nearest each."""
-    ref_d: dict = {}
-    for pkey, pg in g.groupby(PROMPT_KEY):
-        vals = [base_tps[near[int(i)]] for i in pg["run_id"] if int(i) in near]
-        if vals:
-            ref_d[pkey] = float(np.median(vals))
-    return ref_d
-
-
-def _cell_row(rec: dict, g: pd.DataFrame, near: dict[int, int], base_tps: dict) -> dict:
-    """Fill the measured columns of one cell's row `rec` from its successful runs `g`."""
+def _cell_row(rec: dict, g: pd.DataFrame, ref: dict[int, float], adj: dict[int, int]) -> dict:
+    """Fill the measured columns of one cell's row `rec` from its successful runs `g` and the per-run
+    baseline references `ref` (`specdec.report.speedup.paired_reference`)."""
     rec["n_prompts"] = int(g["prompt_id"].nunique())
     rec["n_runs"] = len(g)
     rec.update(_latency(g))
-    prompts = g[PROMPT_KEY].drop_duplicates().itertuples(index=False, name=None)
-    ref_d = _baseline_refs(g, near, base_tps)
-    refs = [ref_d[key] for key in prompts if key in ref_d]
+    refs = [ref[int(i)] for i in g["run_id"] if int(i) in ref]
     rec["baseline_tok_s"] = float(np.median(refs)) if refs else np.nan
+    rec["n_paired"] = sum(1 for i in g["run_id"] if adj.get(int(i), 0) > 0)
     if rec["method"] == BASELINE and len(g):
         rec.update(speedup=1.0, speedup_lo=1.0, speedup_hi=1.0, verdict="baseline",
                    n_aligned=rec["n_prompts"], ci_over="")
+        rec["n_paired"] = 0
     else:
-        rec.update(ratio_ci(g, ref_d))
+        rec.update(paired_ratio_ci(g, ref))
     rec.update(_counts(g) if len(g) else {})
     rec.update(_times(g) if len(g) else {})
     mb = g["matches_baseline"].dropna()
@@ -125,7 +116,7 @@ def cell_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None, *, pool_p
     Columns: the cell key; ``n_prompts``, ``n_prompts_expected`` (prompts of that type in the sweep),
     ``n_runs``, ``n_failed``; ``tok_s`` (median end-to-end tokens/s over runs), ``ttft_ms`` (median time
     to first token), ``decode_tok_s`` (median new tokens / decode seconds), ``baseline_tok_s`` (median of the
-    per-prompt baseline medians), ``speedup``/``speedup_lo``/``speedup_hi``/``verdict``/``n_aligned``/
+    runs' baseline references), ``n_paired`` (runs with a baseline adjacent in time), ``speedup``/``speedup_lo``/``speedup_hi``/``verdict``/``n_aligned``/
     ``ci_over`` (:mod:`specdec.report.speedup`; the baseline's own rows have speedup 1 and verdict
     ``"baseline"``); raw counts and ``acceptance_rate``, ``alpha_hat``, ``mean_accepted``,
     ``block_efficiency``, ``mean_k`` (drafted per speculative round); ``share_{prefill,draft,verify,other}``
@@ -136,8 +127,7 @@ def cell_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None, *, pool_p
     if df.empty:
         return pd.DataFrame(columns=[*CELL_KEY, "speedup"])
     ok = with_round_stats(df[df["ok"]], rounds if rounds is not None else empty_frame(ROUND_COLUMNS))
-    near = nearest_baseline(ok)
-    base_tps = dict(zip(ok["run_id"], ok["tokens_per_s"], strict=False)) if near else {}
+    ref, adj = paired_reference(ok)
     expected = df.groupby(["config_label", "prompt_type"])["prompt_id"].nunique()
     expected_all = df.groupby("config_label")["prompt_id"].nunique()
     failed_counts = df[df["failed"]].groupby(key).size()
@@ -151,7 +141,7 @@ def cell_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None, *, pool_p
         else:
             rec["n_prompts_expected"] = int(expected.get((rec["config_label"], rec["prompt_type"]), 0))
         rec["n_failed"] = int(failed_counts.get(cell, 0))
-        rows.append(_cell_row(rec, groups.get(cell, ok.iloc[0:0]), near, base_tps))
+        rows.append(_cell_row(rec, groups.get(cell, ok.iloc[0:0]), ref, adj))
     out = pd.DataFrame(rows)
     return out[_LEAD_COLUMNS + [c for c in out.columns if c not in _LEAD_COLUMNS]]
 

@@ -63,6 +63,8 @@ class StoreData:
         notes: sentences about what the store lacks, found while loading.
         machines: the ``machines`` table (machine_id, machine_json) of stores written by sharded sweeps
             and merges (empty for older stores, whose one machine is the sweep's ``machine_json``).
+        traces, calibration: the sweep's acceptance traces (JSON columns as text) and calibration blocks
+            (empty for stores written before them).
     """
 
     db_path: str
@@ -75,6 +77,8 @@ class StoreData:
     meta: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     machines: pd.DataFrame = field(default_factory=lambda: empty_frame(["machine_id", "machine_json"]))
+    traces: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("traces"))))
+    calibration: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("calibration"))))
 
 
 def empty_frame(columns: list[str]) -> pd.DataFrame:
@@ -187,7 +191,12 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
                      COST_COLUMNS)
     machines = read("SELECT machine_id, machine_json FROM machines", table="machines",
                     columns=["machine_id", "machine_json"])
-    return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes, machines)
+    tcols, ccols = list(store.columns("traces")), list(store.columns("calibration"))
+    traces = _conform(read("SELECT * FROM traces WHERE sweep_id = ?", params, "traces", tcols), tcols)
+    calibration = _conform(read("SELECT * FROM calibration WHERE sweep_id = ?", params, "calibration", ccols),
+                           ccols)
+    return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes, machines,
+                     traces, calibration)
 
 
 def _select_sweep(sweeps: pd.DataFrame, run_sweeps: pd.DataFrame, sweep: str | None, path: Path,

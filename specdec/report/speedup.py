@@ -1,10 +1,13 @@
-"""Speedup statistics: which baseline run each run is divided by, and the ratio with its interval.
+"""Speedup statistics: which baseline runs each run is divided by, and the ratio with its interval.
 
 **speedup** (dimensionless) = a method's end-to-end tokens/s / our target-only ``baseline`` tokens/s on
-the same ``config_label``, target, prompt and machine. The baseline side of each run is the prompt's
-baseline run nearest it in time on the same machine (`nearest_baseline`: the baseline runs bracket a
-prompt's other runs, a resumed sweep can leave them hours apart, and a merged sharded store holds runs of
-several machines, never divided by each other). Per prompt, each side is the median over its repeats.
+the same ``config_label``, target, prompt and machine, taken **pair by pair** (`paired_reference`): a run
+whose neighbours in the store (run_id - 1 and run_id + 1) are baseline runs of the same prompt and machine
+is divided by the geometric mean of those two (the sweep's ``pairing="bracket"`` plan puts a baseline on
+each side of every run, so a linear drift of the machine's speed cancels); a run with one such neighbour
+is divided by it; a run with none (older stores, a resumed sweep) by the prompt's baseline run nearest it
+in time (`nearest_baseline`; a merged sharded store holds runs of several machines, never divided by each
+other). Per prompt, the ratio is the geometric mean of its runs' ratios (repeats).
 
 **Interval** (`specdec.stats`, MEASUREMENT.md "Units, not runs"): the unit is the prompt. A group's ratio is
 the geometric mean of its per-prompt ratios with Student's t-interval on their logs (nominal 95 %; its
@@ -24,7 +27,8 @@ import pandas as pd
 from specdec import stats
 from specdec.report.vocab import BASELINE, SINGLE_RUN
 
-__all__ = ["PROMPT_KEY", "nearest_baseline", "per_prompt_median", "ratio_ci"]
+__all__ = ["PROMPT_KEY", "nearest_baseline", "paired_ratio_ci", "paired_reference", "per_prompt_median",
+           "ratio_ci"]
 
 #: The columns that name one prompt on one runtime and target: the unit speedups are aligned on.
 PROMPT_KEY = ["config_label", "target", "prompt_id"]
@@ -103,4 +107,75 @@ def ratio_ci(runs: pd.DataFrame, ref: pd.Series | dict) -> dict:
         over = "repeats (one prompt)"
     out.update(speedup=ci.center, speedup_lo=ci.lo, speedup_hi=ci.hi, verdict=ci.verdict,
                n_aligned=len(common), ci_over=over)
+    return out
+
+
+def paired_reference(ok: pd.DataFrame, col: str = "tokens_per_s") -> tuple[dict[int, float], dict[int, int]]:
+    """Per run: the baseline value of `col` it is divided by, and how many adjacent baselines gave it.
+
+    Args:
+        ok: prepared successful runs (``run_id``, `PROMPT_KEY`, ``method``, `col`; ``machine_id`` optional).
+        col: the rate to pair (``tokens_per_s``, or a decode rate the caller added).
+
+    Returns:
+        ``(ref, n_adjacent)``: run_id -> reference value (geometric mean of the adjacent baselines' `col`, or
+        the nearest baseline's when none is adjacent) and run_id -> 2, 1 or 0 adjacent baselines. Baseline
+        runs map to their own value. Runs whose baselines lack `col` are left out.
+    """
+    if ok.empty or "run_id" not in ok.columns:
+        return {}, {}
+    keys = [*PROMPT_KEY, *(["machine_id"] if "machine_id" in ok.columns else [])]
+    df = ok.assign(machine_id=ok["machine_id"].astype(object).fillna("")) if "machine_id" in ok.columns else ok
+    val = dict(zip(df["run_id"].astype(int), pd.to_numeric(df[col], errors="coerce"), strict=True))
+    base_key = {int(r.run_id): tuple(getattr(r, k) for k in keys)
+                for r in df[df["method"] == BASELINE][["run_id", *keys]].itertuples(index=False)}
+    near = nearest_baseline(ok)
+    ref: dict[int, float] = {}
+    adj: dict[int, int] = {}
+    for r in df[["run_id", "method", *keys]].itertuples(index=False):
+        rid = int(r.run_id)
+        if r.method == BASELINE:
+            if np.isfinite(val.get(rid, np.nan)):
+                ref[rid], adj[rid] = val[rid], 0
+            continue
+        key = tuple(getattr(r, k) for k in keys)
+        sides = [val[b] for b in (rid - 1, rid + 1) if base_key.get(b) == key and np.isfinite(val.get(b, np.nan))
+                 and val[b] > 0]
+        if sides:
+            ref[rid], adj[rid] = float(np.exp(np.mean(np.log(sides)))), len(sides)
+        elif rid in near and np.isfinite(val.get(near[rid], np.nan)) and val[near[rid]] > 0:
+            ref[rid], adj[rid] = float(val[near[rid]]), 0
+    return ref, adj
+
+
+def paired_ratio_ci(runs: pd.DataFrame, ref: dict[int, float], col: str = "tokens_per_s") -> dict:
+    """Speedup of `runs` from per-run ratios ``col / ref[run_id]`` (`paired_reference`), with its interval.
+
+    Per prompt: the geometric mean of its runs' ratios. Two or more prompts: the interval is over prompts
+    (`specdec.stats.ratio_interval`); one prompt with two or more runs: over its runs; one run: a point.
+
+    Returns:
+        dict with ``speedup``, ``speedup_lo``, ``speedup_hi``, ``verdict``, ``n_aligned`` (prompts with a
+        ratio) and ``ci_over``.
+    """
+    out = {"speedup": np.nan, "speedup_lo": np.nan, "speedup_hi": np.nan, "verdict": "",
+           "n_aligned": 0, "ci_over": ""}
+    if runs.empty:
+        return out
+    r = runs.assign(_ref=runs["run_id"].map(lambda i: ref.get(int(i), np.nan)),
+                    _val=pd.to_numeric(runs[col], errors="coerce"))
+    r = r[np.isfinite(r["_ref"]) & np.isfinite(r["_val"]) & (r["_val"] > 0) & (r["_ref"] > 0)]
+    if r.empty:
+        return out
+    r = r.assign(_log=np.log(r["_val"] / r["_ref"]))
+    per_prompt = np.exp(r.groupby(PROMPT_KEY)["_log"].mean().to_numpy(float))
+    if len(per_prompt) >= 2:
+        ci, over = stats.ratio_interval(per_prompt), "prompts"
+    elif len(r) >= 2:
+        ci, over = stats.ratio_interval(np.exp(r["_log"].to_numpy(float))), "repeats (one prompt)"
+    else:
+        out.update(speedup=float(per_prompt[0]), verdict=SINGLE_RUN, n_aligned=1, ci_over="none (one run)")
+        return out
+    out.update(speedup=ci.center, speedup_lo=ci.lo, speedup_hi=ci.hi, verdict=ci.verdict,
+               n_aligned=len(per_prompt), ci_over=over)
     return out

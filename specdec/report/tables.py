@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -32,6 +33,7 @@ from specdec.report.diagnostics import (
     gaps_table,
     position_acceptance,
 )
+from specdec.report.load import parse_json
 from specdec.report.model import (
     CostInfo,
     break_even_table,
@@ -39,6 +41,13 @@ from specdec.report.model import (
     optimal_k_table,
     spec_ks_by_config,
     speedup_condition_table,
+)
+from specdec.report.predicted import (
+    divergence_table,
+    predicted_vs_measured,
+    prompt_models,
+    trace_best_k,
+    trace_grid,
 )
 from specdec.report.vocab import CELL_KEY
 
@@ -54,9 +63,47 @@ class Inputs:
     rounds: pd.DataFrame
     infos: dict[str, CostInfo]
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    store: Any = None  # the `specdec.report.load.StoreData` (traces, calibration, costs, sweep config)
+    _models: list | None = None
+
+    def prompt_models(self) -> list:
+        """The traced prompts' `specdec.report.predicted.PromptModel` (built once)."""
+        if self._models is None:
+            st = self.store
+            if st is None or st.traces is None or st.traces.empty:
+                self._models = []
+            else:
+                cfg = parse_json((st.sweep or {}).get("config_json")) or {}
+                ngram = (int(cfg.get("ngram_max", 3)), int(cfg.get("ngram_min", 1)))
+                self._models = prompt_models(self.runs, self.rounds, st.traces, st.calibration,
+                                             _costs_by_label(st.costs), ngram)
+        return self._models
+
+    def sweep_setting(self, name: str, default: Any) -> Any:
+        cfg = parse_json(((self.store.sweep or {}) if self.store is not None else {}).get("config_json")) or {}
+        return cfg.get(name, default) if isinstance(cfg, dict) else default
 
     def __getitem__(self, table: ReportTable) -> pd.DataFrame:
         return self.tables[table.name]
+
+
+def _costs_by_label(costs: pd.DataFrame) -> dict[str, dict]:
+    """The costs table as ``{config_label: {"target_forward_s": {n: s}, "draft_step_s": s}}``."""
+    out: dict[str, dict] = {}
+    if costs is None or costs.empty:
+        return out
+    for label, g in costs.groupby("config_label"):
+        t = g[g["role"] == "target"]
+        d = g[(g["role"] == "draft") & (g["n_tokens"] == 1)]["seconds"]
+        out[str(label)] = {"target_forward_s": {int(n): float(x) for n, x in zip(t["n_tokens"], t["seconds"],
+                                                                                     strict=True)},
+                           "draft_step_s": float(d.iloc[0]) if len(d) else None}
+    return out
+
+
+def _grid(i: Inputs) -> pd.DataFrame:
+    pols = [p for p in (i.sweep_setting("policies", ["cost"]) or []) if p == "cost"]
+    return trace_grid(i.prompt_models(), pols, int(i.sweep_setting("policy_k", 16)))
 
 
 def _cell_frame() -> pd.DataFrame:
@@ -105,9 +152,16 @@ RUNTIMES = ReportTable("runtimes", "the runtime comparison",
                        lambda i: runtime_summary_table(i[CELLS], i[OVERALL], i.infos, i[MODEL]))
 RUNTIMES_BY_TYPE = ReportTable("runtimes_by_type", "the runtime comparison by prompt type",
                                lambda i: runtime_by_type_table(i[BEST_K]))
+TRACE_GRID = ReportTable("trace_grid", "the trace-predicted K grid", _grid)
+TRACE_BEST_K = ReportTable("trace_best_k", "best K from the traces", lambda i: trace_best_k(i[TRACE_GRID]))
+PREDICTED = ReportTable("predicted", "predicted vs measured",
+                        lambda i: predicted_vs_measured(i.runs, i.rounds, i.prompt_models()))
+DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
+                         lambda i: divergence_table(i.runs, i.store.traces if i.store is not None else None))
 
 #: Every table, in build order (a builder reads only tables registered before it).
 REGISTRY: tuple[ReportTable, ...] = (
     CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
     BASELINE_STABILITY, COVERAGE, AA, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
+    TRACE_GRID, TRACE_BEST_K, PREDICTED, DIVERGENCE,
 )

@@ -1,0 +1,338 @@
+"""What the acceptance traces predict, next to what the paired timed runs measured (issue 16).
+
+Separation (MEASUREMENT.md): the **algorithm** is the acceptance trace of a prompt (`specdec.traces`): the
+rounds of every fixed K in 1..16 and of every policy, for the draft model and for prompt lookup, replayed
+exactly from one target-only run. The **hardware** is the prompt's calibration block (target forwards of
+n = 1..17 tokens and the draft step, timed at the prompt's own context right after its first baseline run;
+`specdec.bench.costs.calibration_block`) plus the per-round overheads measured in the prompt's own runs.
+
+**Time model** (decode only: prefill is left out on both sides, like for like). For a replayed round that
+drafted k tokens (the realized k: a prompt-lookup round may draft fewer than K, or none):
+
+    round_s(k) = draft_s(k) + F(k + 1) + o_spec        target-only step = F(1) + o_base
+
+with F the calibration block's median forward time (`specdec.costs.CostCurve`, one rule beyond the measured
+range), draft_s(k) = k x the block's draft step for the draft model and the median drafting time of the
+prompt's prompt-lookup rounds for prompt lookup (0 when there were none), o_spec = the median over the
+prompt's timed speculative rounds of verify_s - forward_s + other_s (verification, sampling, rollback) and
+o_base = the median over its baseline rounds of verify_s - forward_s. The **predicted decode speedup** is
+(T x (F(1) + o_base)) / sum(round_s), T = the output's tokens.
+
+The **measured decode speedup** of a timed run is its decode tokens/s (new tokens / decode_s) over the
+geometric mean of its adjacent baselines' (`specdec.report.speedup.paired_reference` on the decode rate).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from specdec import stats
+from specdec.costs import CostCurve
+from specdec.drafters import PromptLookupDrafter
+from specdec.policies import make_policy
+from specdec.report.load import ensure_prepared, is_missing
+from specdec.report.speedup import paired_reference
+from specdec.report.vocab import BASELINE
+from specdec.traces import AcceptanceTrace, ReplayRound, compare_rounds, replay
+
+__all__ = [
+    "GRID",
+    "PromptModel",
+    "divergence_table",
+    "predicted_vs_measured",
+    "prompt_models",
+    "trace_best_k",
+    "trace_grid",
+]
+
+#: The K grid predicted from every trace (free: no timed run needed).
+GRID = tuple(range(1, 17))
+_DRAFTERS = ("draft", "ngram")
+
+
+class PromptModel:
+    """One prompt's trace and costs (one config_label, machine): replays and their predicted times.
+
+    Attributes:
+        key: (config_label, prompt_id, machine_id). prompt_type: its type. trace: the `AcceptanceTrace`.
+        curve: the calibration block's `CostCurve` (None without a block or stored costs).
+        o_base, o_spec, ngram_draft_s: per-round overheads in seconds (see the module docstring).
+        ngram: the sweep's prompt-lookup n-gram sizes. draft_context: the draft model's context length.
+        policy_curve: the costs the sweep's cost policy decided with (the configuration's stored costs, as
+            the runs had them); the calibration curve when there are none.
+    """
+
+    def __init__(self, key, prompt_type, trace, curve, o_base, o_spec, ngram_draft_s, ngram, draft_context,
+                 policy_curve=None):
+        self.key, self.prompt_type, self.trace, self.curve = key, prompt_type, trace, curve
+        self.policy_curve = policy_curve if policy_curve is not None else curve
+        self.o_base, self.o_spec, self.ngram_draft_s = o_base, o_spec, ngram_draft_s
+        self.ngram, self.draft_context = ngram, draft_context
+
+    def drafter(self, method: str):
+        """None for the draft model (replayed from the trace's draft tokens), a prompt-lookup drafter else."""
+        return None if method == "draft" else PromptLookupDrafter(*self.ngram)
+
+    def rounds(self, method: str, k: int, policy: str = "fixed") -> list[ReplayRound]:
+        """The replayed rounds of `method` at fixed K or with an adaptive `policy` (K = its maximum).
+
+        Raises:
+            ValueError: a draft-model replay on a trace without draft tokens; the cost policy without costs.
+        """
+        if method == "draft" and self.trace.draft_ids is None:
+            raise ValueError("no draft tokens in this trace")
+        if policy in (None, "fixed"):
+            return replay(self.trace, k=k, drafter=self.drafter(method), draft_context=self.draft_context)
+        if policy == "cost":
+            if self.policy_curve is None:
+                raise ValueError("the cost policy needs measured costs")
+            c = self.policy_curve if method == "draft" else self.policy_curve.with_draft_step(0.0)
+            pol = make_policy(policy, k, costs=c)
+        else:
+            pol = make_policy(policy, k)
+        return replay(self.trace, policy=pol, drafter=self.drafter(method), draft_context=self.draft_context)
+
+    def decode_s(self, method: str, rounds: Sequence[ReplayRound]) -> float:
+        """Predicted decode seconds of `rounds` (module docstring); NaN without costs."""
+        if self.curve is None:
+            return np.nan
+        total = 0.0
+        for r in rounds:
+            if method == "draft":
+                draft = r.k * (self.curve.draft_step_s or 0.0)
+            else:
+                draft = self.ngram_draft_s
+            total += draft + self.curve.forward_s(r.k + 1) + self.o_spec
+        return total
+
+    def baseline_decode_s(self) -> float:
+        """Predicted target-only decode seconds: T x (F(1) + o_base)."""
+        if self.curve is None:
+            return np.nan
+        return len(self.trace.target_ids) * (self.curve.forward_s(1) + self.o_base)
+
+    def speedup(self, method: str, rounds: Sequence[ReplayRound]) -> float:
+        """Predicted decode speedup of `rounds` over target-only decoding."""
+        d = self.decode_s(method, rounds)
+        return self.baseline_decode_s() / d if d and np.isfinite(d) and d > 0 else np.nan
+
+
+def _median(xs) -> float:
+    xs = [float(x) for x in xs if x is not None and np.isfinite(float(x))]
+    return float(np.median(xs)) if xs else 0.0
+
+
+def _curve(cal: pd.DataFrame, costs: dict | None) -> CostCurve | None:
+    """The calibration blocks' median curve (all blocks of one prompt), else the sweep's costs."""
+    if len(cal):
+        t = cal[cal["role"] == "target"].groupby("n_tokens")["seconds"].median()
+        d = cal[cal["role"] == "draft"]["seconds"]
+        if len(t) and 1 in t.index:
+            return CostCurve({int(n): float(s) for n, s in t.items()}, float(d.median()) if len(d) else None)
+    if costs:
+        try:
+            return CostCurve.from_costs(costs)
+        except ValueError:
+            return None
+    return None
+
+
+def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame, calibration: pd.DataFrame,
+                  costs: dict[str, dict] | None = None, ngram: tuple[int, int] = (3, 1)) -> list[PromptModel]:
+    """A `PromptModel` per stored trace.
+
+    Args:
+        runs, rounds: the store's (prepared or raw) runs and rounds. traces, calibration: the store's tables.
+        costs: config_label -> the sweep's stored costs dict (fallback when a prompt has no block).
+        ngram: the sweep's (ngram_max, ngram_min).
+    """
+    if traces is None or traces.empty:
+        return []
+    df = ensure_prepared(runs)
+    ok = df[df["ok"]]
+    r = rounds.copy() if rounds is not None else pd.DataFrame()
+    for c in ("verify_s", "forward_s", "other_s", "draft_s", "k"):
+        if c in r.columns:
+            r[c] = pd.to_numeric(r[c], errors="coerce")
+    out = []
+    for t in traces.itertuples(index=False):
+        mid = t.machine_id or ""
+        sel = ok[(ok["config_label"] == t.config_label) & (ok["prompt_id"] == t.prompt_id)]
+        if "machine_id" in sel.columns and mid:
+            sel = sel[sel["machine_id"].astype(object).fillna("") == mid]
+        if sel.empty:
+            continue
+        cal = calibration[(calibration["config_label"] == t.config_label)
+                          & (calibration["prompt_id"] == t.prompt_id)
+                          & (calibration["machine_id"].astype(object).fillna("") == mid)] \
+            if calibration is not None and len(calibration) else pd.DataFrame()
+        stored = (costs or {}).get(t.config_label)
+        curve = _curve(cal, stored)
+        policy_curve = _curve(pd.DataFrame(), stored)
+        rr = r[r["run_id"].isin(sel["run_id"])] if len(r) and "forward_s" in r.columns else pd.DataFrame()
+        base_ids = set(sel[sel["method"] == BASELINE]["run_id"])
+        o_base = o_spec = ng = 0.0
+        if len(rr):
+            b = rr[rr["run_id"].isin(base_ids)]
+            o_base = _median(b["verify_s"] - b["forward_s"])
+            s = rr[(~rr["run_id"].isin(base_ids)) & (rr["k"] > 0)]
+            o_spec = _median(s["verify_s"] - s["forward_s"] + s["other_s"].fillna(0.0))
+            ng_ids = set(sel[sel["method"].isin(["ngram", "ngram_hf"])]["run_id"])
+            ng = _median(rr[rr["run_id"].isin(ng_ids)]["draft_s"])
+        dec = [json.loads(x) if isinstance(x, str) else x for x in (t.prompt_ids, t.target_ids, t.draft_ids,
+                                                                    t.draft_top_prob)]
+        trace = AcceptanceTrace(tuple(dec[0]), tuple(dec[1]), None if dec[2] is None else tuple(dec[2]),
+                                None if dec[3] is None else tuple(dec[3]), int(t.max_new_tokens))
+        ctx = None if is_missing(t.draft_context) else int(t.draft_context)
+        out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]), trace,
+                               curve, o_base, o_spec, ng, ngram, ctx, policy_curve))
+    return out
+
+
+def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",), policy_k: int = 16
+               ) -> pd.DataFrame:
+    """Predicted decode speedup per prompt for K in `GRID` and the `policies`, both drafters.
+
+    Columns: config_label, prompt_id, prompt_type, method, policy, k, predicted (decode speedup),
+    block_efficiency (tokens per target forward), mean_k (drafted tokens per round with K > 0).
+    """
+    rows = []
+    for m in models:
+        for method in _DRAFTERS:
+            if method == "draft" and not m.trace.draft_ids:
+                continue
+            cases = [("fixed", k) for k in GRID] + [(p, policy_k) for p in policies]
+            for policy, k in cases:
+                try:
+                    rounds = m.rounds(method, k, policy)
+                except ValueError:
+                    continue
+                spec = [r for r in rounds if r.k > 0]
+                rows.append({"config_label": m.key[0], "prompt_id": m.key[1], "prompt_type": m.prompt_type,
+                             "method": method, "policy": policy, "k": k, "predicted": m.speedup(method, rounds),
+                             "block_efficiency": sum(r.num_emitted for r in rounds) / max(len(rounds), 1),
+                             "mean_k": sum(r.k for r in spec) / len(spec) if spec else 0.0})
+    return pd.DataFrame(rows)
+
+
+def _geo(x: pd.Series) -> float:
+    v = x.astype(float)
+    v = v[np.isfinite(v) & (v > 0)]
+    return float(np.exp(np.log(v).mean())) if len(v) else np.nan
+
+
+def trace_best_k(grid: pd.DataFrame) -> pd.DataFrame:
+    """Per (config_label, prompt_type, method): the fixed K in `GRID` with the highest geometric-mean
+    predicted decode speedup over the type's prompts, that speedup, and the cost policy's prediction."""
+    cols = ["config_label", "prompt_type", "method", "best_k", "predicted", "predicted_k4", "policy_predicted",
+            "n_prompts"]
+    if grid.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for (label, ptype, method), g in grid.groupby(["config_label", "prompt_type", "method"], sort=True):
+        fx = g[g["policy"] == "fixed"].groupby("k")["predicted"].apply(_geo)
+        if fx.dropna().empty:
+            continue
+        best = int(fx.idxmax())
+        pol = g[g["policy"] == "cost"]["predicted"]
+        rows.append({"config_label": label, "prompt_type": ptype, "method": method, "best_k": best,
+                     "predicted": float(fx[best]), "predicted_k4": float(fx.get(4, np.nan)),
+                     "policy_predicted": _geo(pol) if len(pol) else np.nan,
+                     "n_prompts": int(g["prompt_id"].nunique())})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _timed_records(rounds: pd.DataFrame, run_id: int):
+    from specdec.metrics import RoundRecord
+
+    g = rounds[rounds["run_id"] == run_id].sort_values("round_idx")
+    return [RoundRecord(k=int(x.k), num_accepted=int(x.num_accepted), accept_flags=(), next_kind=str(x.next_kind),
+                        num_emitted=int(x.num_emitted)) for x in g.itertuples(index=False)]
+
+
+def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequence[PromptModel]
+                          ) -> pd.DataFrame:
+    """Per timed greedy run of draft/ngram (fixed K or a policy) on a traced prompt: the replay check, the
+    predicted and the measured (paired) decode speedup.
+
+    Columns: run_id, config_label, prompt_id, prompt_type, method, policy, k, replay_exact (the replayed
+    rounds equal the timed rounds), mismatch (first differing round, text), predicted, measured, ratio
+    (predicted / measured), n_adjacent (baselines adjacent in time to the run).
+    """
+    cols = ["run_id", "config_label", "prompt_id", "prompt_type", "method", "policy", "k", "replay_exact",
+            "mismatch", "predicted", "measured", "ratio", "n_adjacent"]
+    df = ensure_prepared(runs)
+    ok = df[df["ok"]].copy()
+    if ok.empty or not models:
+        return pd.DataFrame(columns=cols)
+    dec = pd.to_numeric(ok["decode_s"], errors="coerce")
+    ok["decode_tokens_per_s"] = pd.to_numeric(ok["new_tokens"], errors="coerce") / dec.where(dec > 0)
+    ref, adj = paired_reference(ok, "decode_tokens_per_s")
+    by_key = {(m.key[0], m.key[1], m.key[2]): m for m in models}
+    rows = []
+    for r in ok[ok["method"].isin(_DRAFTERS)].itertuples(index=False):
+        if not is_missing(getattr(r, "temperature", 0.0)) and float(r.temperature or 0.0) > 0:
+            continue
+        mid = "" if is_missing(getattr(r, "machine_id", None)) else str(r.machine_id)
+        m = by_key.get((r.config_label, r.prompt_id, mid))
+        if m is None:
+            continue
+        try:
+            replayed = m.rounds(r.method, int(r.k), r.policy or "fixed")
+        except ValueError:
+            continue
+        timed = _timed_records(rounds, int(r.run_id))
+        diff = compare_rounds(timed, replayed)
+        if r.policy == "confidence" and r.method == "draft":  # K past a rejection is off the trace
+            diff = [] if [(x.num_accepted, x.num_emitted) for x in timed] == \
+                [(x.num_accepted, x.num_emitted) for x in replayed] else diff
+        meas = r.decode_tokens_per_s / ref[int(r.run_id)] if int(r.run_id) in ref else np.nan
+        pred = m.speedup(r.method, replayed)
+        rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
+                     "prompt_type": r.prompt_type, "method": r.method, "policy": r.policy, "k": int(r.k),
+                     "replay_exact": not diff, "mismatch": "" if not diff else json.dumps(diff[0]),
+                     "predicted": pred, "measured": meas,
+                     "ratio": pred / meas if meas and np.isfinite(meas) and meas > 0 else np.nan,
+                     "n_adjacent": adj.get(int(r.run_id), 0)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def divergence_table(runs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
+    """Greedy runs whose output left the target-only output: where, and the target's top-2 margin there
+    (from the prompt's trace, teacher forced; NaN without a trace). Columns: run_id, config_label,
+    prompt_id, method, policy, k, first_divergence, target_margin."""
+    cols = ["run_id", "config_label", "prompt_id", "method", "policy", "k", "first_divergence", "target_margin"]
+    df = ensure_prepared(runs)
+    if df.empty or "first_divergence" not in df.columns:
+        return pd.DataFrame(columns=cols)
+    d = df[df["ok"] & pd.to_numeric(df["first_divergence"], errors="coerce").notna()]
+    margins = {}
+    if traces is not None and len(traces):
+        for t in traces.itertuples(index=False):
+            tm = json.loads(t.target_margin) if isinstance(t.target_margin, str) else t.target_margin
+            margins[(t.config_label, t.prompt_id)] = tm
+    rows = []
+    for r in d.itertuples(index=False):
+        pos = int(r.first_divergence)
+        tm = margins.get((r.config_label, r.prompt_id))
+        rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
+                     "method": r.method, "policy": r.policy, "k": r.k, "first_divergence": pos,
+                     "target_margin": float(tm[pos]) if tm is not None and pos < len(tm) else np.nan})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def summary(pvm: pd.DataFrame) -> dict:
+    """Headline figures of `predicted_vs_measured`: replay exact share, median predicted/measured, its
+    spread, and the share of cells within 10 %."""
+    if pvm.empty:
+        return {"n": 0}
+    r = pvm["ratio"].astype(float)
+    r = r[np.isfinite(r)]
+    return {"n": len(pvm), "n_exact": int(pvm["replay_exact"].sum()),
+            "median_ratio": float(r.median()) if len(r) else np.nan,
+            "within_10pct": float(((r - 1).abs() <= 0.10).mean()) if len(r) else np.nan,
+            "interval": stats.ratio_interval(r.to_numpy()) if len(r) >= 2 else None}

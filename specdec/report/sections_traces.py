@@ -1,0 +1,121 @@
+"""The report's section on measurement method: paired A/A, acceptance traces, predicted vs measured, and the
+greedy runs that left the target-only output (`specdec.report.predicted`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.report import tables as T
+from specdec.report.analysis import Analysis
+from specdec.report.document import Bullets, Section, ci, f, i, key_columns, pct, s, table_of, yn
+from specdec.report.predicted import summary
+from specdec.report.vocab import ALL_PROMPTS
+
+__all__ = ["aa_line", "traces_section"]
+
+
+def aa_line(a: Analysis) -> list[str]:
+    """One line per configuration on the paired A/A runs (target-only timed as a method between two
+    baselines): the interval of their ratio and the median |ratio - 1| over prompts."""
+    ov = a[T.OVERALL]
+    out = []
+    if ov.empty or "method" not in ov.columns:
+        return out
+    for r in ov[ov["method"] == "aa"].itertuples():
+        cells = a[T.CELLS]
+        per = cells[(cells["method"] == "aa") & (cells["config_label"] == r.config_label)]
+        dev = np.abs(per["speedup"].astype(float) - 1.0)
+        out.append(f"Paired A/A on {r.config_label}: target-only timed as a method between two target-only runs "
+                   f"at {f(r.speedup, 3)}x {ci(r.speedup_lo, r.speedup_hi, 3)} of them over "
+                   f"{i(r.n_aligned)} prompts ({r.verdict}); median |ratio - 1| over prompt types "
+                   f"{pct(float(np.median(dev)) if len(dev) else np.nan)}: a speedup closer to 1 than that is "
+                   "noise on this machine.")
+    return out
+
+
+def traces_section(a: Analysis) -> Section:
+    """Acceptance traces, the K grid they predict, predicted vs measured, divergences."""
+    sec = Section("Acceptance traces: every K predicted, checked against the timed runs", "traces")
+    grid, best, pvm, div = a[T.TRACE_GRID], a[T.TRACE_BEST_K], a[T.PREDICTED], a[T.DIVERGENCE]
+    lines = aa_line(a)
+    if grid.empty and pvm.empty:
+        lines.append("No acceptance traces in this store (sweeps before issue 16, or sampled sweeps): the K "
+                     "grid is only what was timed.")
+        sec.blocks.append(Bullets(lines))
+        return sec
+    sec.blocks.append(
+        "Under greedy decoding the target's output does not depend on K or on the drafter, so one target-only "
+        "run and one teacher-forced draft forward give the rounds of every K and policy (replayed exactly; "
+        "specdec/traces.py). Hardware enters through each prompt's calibration block (target forwards of "
+        "1..17 tokens at its own context, timed right after its first baseline) and the per-round "
+        "overheads measured in its own runs. 'predicted' and 'measured' are both decode-only speedups "
+        "(prefill left out on both sides); measured = the run's decode tokens/s over its two adjacent "
+        "baselines'. Prompt-lookup predictions use the drafted length each round actually had.")
+    sm = summary(pvm)
+    if sm.get("n"):
+        lines.append(f"Replay: {sm['n_exact']} of {sm['n']} timed greedy runs have exactly the replayed rounds "
+                     f"({pct(sm['n_exact'] / sm['n'])})"
+                     + ("." if sm["n_exact"] == sm["n"] else "; the others are listed below."))
+        iv = sm["interval"]
+        lines.append(f"Predicted / measured decode speedup: median {f(sm['median_ratio'], 3)} over {sm['n']} "
+                     f"timed runs, {pct(sm['within_10pct'])} within 10%"
+                     + (f"; geometric mean {f(iv.center, 3)} {ci(iv.lo, iv.hi, 3)}." if iv is not None else "."))
+    sec.blocks.append(Bullets(lines))
+    if len(best):
+        cells = a[T.CELLS]
+        timed_best = a[T.BEST_K]
+
+        def timed(r, col):
+            m = timed_best[(timed_best["config_label"] == r["config_label"])
+                           & (timed_best["prompt_type"] == r["prompt_type"]) & (timed_best["method"] == r["method"])]
+            return m.iloc[0][col] if len(m) else np.nan
+
+        def measured_at(r):
+            m = cells[(cells["config_label"] == r["config_label"]) & (cells["prompt_type"] == r["prompt_type"])
+                      & (cells["method"] == r["method"]) & (cells["policy"] == "fixed")
+                      & (cells["k"] == r["best_k"])]
+            return m.iloc[0]["speedup"] if len(m) else np.nan
+
+        t = table_of(best, [*key_columns("config", "prompt type", "method"),
+                            ("best K (traces)", lambda r: i(r["best_k"])),
+                            ("predicted at it", lambda r: f(r["predicted"])),
+                            ("predicted K=4", lambda r: f(r["predicted_k4"])),
+                            ("cost policy predicted", lambda r: f(r["policy_predicted"])),
+                            ("best timed K", lambda r: i(timed(r, "best_k"))),
+                            ("measured at best timed K", lambda r: f(timed(r, "speedup"))),
+                            ("measured at trace's best K", lambda r: f(measured_at(r))),
+                            ("prompts", lambda r: i(r["n_prompts"]))])
+        t.caption = ("Best fixed K per prompt type from the traces (K = 1..16; geometric mean of the predicted "
+                     "decode speedups over the type's prompts), next to the best K among the timed ones "
+                     "(end-to-end, paired). '-' where that K was not timed.")
+        sec.blocks.append(t)
+    if len(grid):
+        fx = grid[grid["policy"] == "fixed"]
+        piv = fx.groupby(["config_label", "method", "k"])["predicted"].apply(
+            lambda x: float(np.exp(np.log(x[x > 0].astype(float)).mean())) if (x > 0).any() else np.nan
+        ).reset_index()
+        t = table_of(piv, [("config", lambda r: s(r["config_label"])), *key_columns("method", "K"),
+                           ("predicted decode speedup (all prompts)", lambda r: f(r["predicted"]))])
+        t.caption = f"The whole K grid from the traces, geometric mean over {ALL_PROMPTS.strip('()')}."
+        t.collapsed = True
+        sec.blocks.append(t)
+    if len(pvm):
+        t = table_of(pvm, [("run", lambda r: i(r["run_id"])), *key_columns("prompt", "method", "policy", "K"),
+                           ("replay exact", lambda r: yn(r["replay_exact"])),
+                           ("predicted", lambda r: f(r["predicted"])), ("measured", lambda r: f(r["measured"])),
+                           ("pred / meas", lambda r: f(r["ratio"], 3)),
+                           ("adjacent baselines", lambda r: i(r["n_adjacent"])),
+                           ("first mismatch", lambda r: s(r["mismatch"]) if r["mismatch"] else "")])
+        t.caption = "Every timed greedy draft/ngram run on a traced prompt."
+        t.collapsed = True
+        sec.blocks.append(t)
+    if len(div):
+        t = table_of(div, [("run", lambda r: i(r["run_id"])), *key_columns("config", "prompt", "method", "K"),
+                           ("first differing token", lambda r: i(r["first_divergence"])),
+                           ("target top-2 margin there", lambda r: f(r["target_margin"], 4))])
+        t.caption = ("Greedy runs whose output left the target-only output, and the target's top-1 minus top-2 "
+                     "probability at the first differing position (teacher forced): a small margin is a "
+                     "near-tie flipped by batched numerics, a large one a bug.")
+        sec.blocks.append(t)
+    return sec
+

@@ -10,8 +10,9 @@ the `cost` policy (issue 7) and prints PASS / FAIL for each; it asserts nothing 
 
 Targets: ``vs best fixed >= 1 - within`` on every prompt type (default within 10%), and ``speedup >= floor``
 on every prompt type (default: no more than 5% slower than the baseline). Both are printed twice: on raw
-tokens/s, and on step-normalized speedups (each run scaled by its own measured target step time over its
-baseline's: the comparison had the machine kept one speed; see `specdec.report.diagnostics.drift_runs`). Each ratio is a median over the
+tokens/s, and (for stores with acceptance traces) on the trace-predicted decode speedups, where the policy and
+every fixed K in 1..16 are replayed on the same traces and priced with the same calibration blocks. Each
+end-to-end ratio is a median over the
 prompt type's prompts of per-prompt tokens/s ratios (`specdec.report.comparisons.adaptive_table`); with one
 run per cell it carries the run-to-run noise of two single runs (a few percent on an idle CPU).
 """
@@ -64,7 +65,7 @@ def main() -> None:
     n_types = int((ad["prompt_type"] != ALL_PROMPTS).sum())
     print()
     _print_targets("raw tokens/s", fails, n_types, args)
-    _normalized(an, args)
+    _from_traces(an, args)
 
 
 def _print_targets(basis: str, fails: dict[str, list[str]], n_cells: int, args) -> None:
@@ -76,40 +77,29 @@ def _print_targets(basis: str, fails: dict[str, list[str]], n_cells: int, args) 
         print(f"target ({basis}): {args.policy} policy {text}: {verdict}")
 
 
-def _normalized(an, args) -> None:
-    """The same comparison on step-normalized speedups (`specdec.report.diagnostics.drift_runs`): each run's
-    speedup scaled by its own target step time over its baseline's, so that runs taken while the machine
-    ran at another speed compare as if it had not."""
-    dr = an.table("drift_runs")
-    if dr.empty:
-        print("\n(no round traces: no step-normalized comparison)")
+def _from_traces(an, args) -> None:
+    """The same comparison on the acceptance traces (stores with traces only): the policy's predicted decode
+    speedup against the best fixed K in 1..16, both replayed on every prompt's trace and priced with its
+    calibration block (`specdec.report.predicted`), so no machine drift enters either side."""
+    best = an.table("trace_best_k")
+    if best.empty or args.policy != "cost":
+        print("\n(no acceptance traces with cost-policy predictions: no trace-based comparison)")
         return
-    print("\nstep-normalized (machine drift removed with each run's own target step time; see the report's "
-          "'Machine drift' section):")
-    print(f"{'config':<22} {'method':<6} {'prompt type':<20} {'drift':>6} {'speedup':>8} {'best K':>6} {'best':>6} "
-          f"{'vs best':>8}  targets")
+    print("\nfrom the acceptance traces (decode-only, predicted; best fixed K over 1..16):")
+    print(f"{'config':<22} {'method':<6} {'prompt type':<20} {'policy':>7} {'best K':>6} {'best':>6} {'vs best':>8}  targets")
     fails: dict[str, list[str]] = {"within": [], "floor": []}
-    n_cells = 0
-    spec = dr[dr["method"] != "baseline"]
-    for (label, method, ptype), g in spec.groupby(["config_label", "method", "prompt_type"], sort=True):
-        pol = g[g["policy"] == args.policy]
-        fixed = g[g["policy"] == "fixed"].groupby("k")["normalized_speedup"].median()
-        if pol.empty or fixed.empty:
-            continue
-        n_cells += 1
-        ns = float(pol["normalized_speedup"].median())
-        best_k = int(fixed.idxmax())
-        ratio = ns / float(fixed.max())
-        within_ok, floor_ok = ratio >= 1 - args.within, ns >= args.floor
+    for r in best.itertuples():
+        ratio = r.policy_predicted / r.predicted
+        within_ok, floor_ok = ratio >= 1 - args.within, r.policy_predicted >= args.floor
         if not within_ok:
-            fails["within"].append(f"{method}/{ptype}")
+            fails["within"].append(f"{r.method}/{r.prompt_type}")
         if not floor_ok:
-            fails["floor"].append(f"{method}/{ptype}")
-        print(f"{label:<22} {method:<6} {ptype:<20} {float(pol['drift'].median()):>+6.0%} {ns:>7.2f}x {best_k:>6} "
-              f"{float(fixed.max()):>5.2f}x {ratio:>7.2f}x  {'ok' if within_ok else 'BELOW-BEST'} "
+            fails["floor"].append(f"{r.method}/{r.prompt_type}")
+        print(f"{r.config_label:<22} {r.method:<6} {r.prompt_type:<20} {r.policy_predicted:>6.2f}x {r.best_k:>6} "
+              f"{r.predicted:>5.2f}x {ratio:>7.2f}x  {'ok' if within_ok else 'BELOW-BEST'} "
               f"{'ok' if floor_ok else 'SLOWER'}")
     print()
-    _print_targets("step-normalized", fails, n_cells, args)
+    _print_targets("trace-predicted", fails, len(best), args)
 
 
 if __name__ == "__main__":

@@ -101,10 +101,13 @@ def test_sweep_stores_traces_that_replay_its_timed_runs(full_sweep):
         traces = {t["prompt_id"]: t for t in st.traces(result.sweep_id)}
         runs = st.runs(result.sweep_id)
         assert set(traces) == {r["prompt_id"] for r in runs}
-        costs = CostCurve.from_costs(st.load_costs(result.sweep_id, "transformers-eager"))
+        cal = {}
+        for c in st.calibration(result.sweep_id):  # the cost policy of a prompt decides with its own block
+            cal.setdefault(c["prompt_id"], {}).setdefault(c["role"], {})[c["n_tokens"]] = c["seconds"]
         checked = 0
         for r in runs:
             t = traces[r["prompt_id"]]
+            costs = CostCurve(cal[r["prompt_id"]]["target"], cal[r["prompt_id"]]["draft"][1])
             if r["method"] == "baseline" and r["repeat"] == 0:
                 assert t["run_id"] == r["run_id"] and t["target_ids"] == json.loads(r["token_ids"])
             if r["method"] not in ("draft", "ngram"):
@@ -762,3 +765,23 @@ def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path)
     res = write_report(db, tmp_path / "rep")
     md, html = res.markdown.read_text(), res.html.read_text()
     assert "Acceptance traces" in md and "Paired A/A" in md and "Replay:" in md and "Acceptance traces" in html
+
+
+def test_bench_method_prints_the_four_targets(full_sweep, monkeypatch, capsys):
+    """benchmarks/bench_method.py on a traced, paired store: replay exact on fp32 (PASS), every timed run's
+    predicted / measured ratio printed, the A/A figures, and the simulated coverage."""
+    import importlib.util
+
+    _, db, _, _ = full_sweep
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_method.py"
+    spec = importlib.util.spec_from_file_location("bench_method", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr("sys.argv", ["bench_method.py", "--db", str(db)])
+    mod.main()
+    out = capsys.readouterr().out
+    assert "exact (100.0%): target >= 99%: PASS" in out
+    assert "median |ratio - 1|" in out and "interval contains 1" in out
+    assert out.count("coverage") >= 3 and "false-win rate" in out
+    n_lines = sum(1 for ln in out.splitlines() if ln.strip().split(" ")[0].isdigit())
+    assert n_lines >= 10  # one line per timed draft/ngram run

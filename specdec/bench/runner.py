@@ -88,11 +88,15 @@ class LoadedConfig:
     pair: Any
     costs: dict | None = None
     threads: int = 1
+    prompt_costs: dict[str, CostCurve] = field(default_factory=dict)
     _ids: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
-    def runtime(self) -> Runtime:
-        """What the methods run on: the pair, the sampling settings, the measured costs, n-gram sizes."""
-        costs = CostCurve.from_costs(self.costs) if self.costs else None
+    def runtime(self, prompt_id: str | None = None) -> Runtime:
+        """What the methods run on: the pair, the sampling settings, the measured costs (the prompt's own
+        calibration block once it has one, else the configuration's), n-gram sizes."""
+        costs = self.prompt_costs.get(prompt_id) if prompt_id is not None else None
+        if costs is None:
+            costs = CostCurve.from_costs(self.costs) if self.costs else None
         return Runtime(self.pair, self.cfg.sampling, costs, self.cfg.ngram_max, self.cfg.ngram_min,
                        ignore_eos=not self.cfg.sampling.greedy)
 
@@ -142,7 +146,7 @@ def _row(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> dict[str
 def _run(loaded: LoadedConfig, cell: PlannedRun, ids: list[int], n: int) -> RunRecord:
     """Run `cell`'s method on prompt `ids` for `n` new tokens (raises what the method raises)."""
     request = RunRequest(ids, n, cell.k, cell.policy, loaded.cfg.seed + cell.repeat)
-    return METHODS[cell.method].run(loaded.runtime(), request)
+    return METHODS[cell.method].run(loaded.runtime(cell.prompt.id), request)
 
 
 def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> tuple[dict, list[dict]]:
@@ -320,6 +324,8 @@ def _trace_and_calibrate(loaded: LoadedConfig, cell: PlannedRun, row: dict, run_
             block = calibration_block(pair, prompt + out[: len(out) // 2], max_n=cost_max_n(cfg),
                                       repeats=cfg.calibration_repeats)
             s.store.save_calibration(sid, label, pid, run_id, block)
+            # the cost policy of this prompt's runs decides with the costs measured at its own context
+            loaded.prompt_costs[pid] = CostCurve(block["target_forward_s"], block["draft_step_s"])
         except Exception as exc:  # noqa: BLE001
             s.log(f"[{label}] {pid}: calibration block not timed: {_one_line(exc)}")
 

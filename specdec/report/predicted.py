@@ -62,8 +62,8 @@ class PromptModel:
         curve: the calibration block's `CostCurve` (None without a block or stored costs).
         o_base, o_spec, ngram_draft_s: per-round overheads in seconds (see the module docstring).
         ngram: the sweep's prompt-lookup n-gram sizes. draft_context: the draft model's context length.
-        policy_curve: the costs the sweep's cost policy decided with (the configuration's stored costs, as
-            the runs had them); the calibration curve when there are none.
+        policy_curve: the costs the sweep's cost policy decided with: the prompt's calibration block (the
+            runner hands it to the prompt's runs once it is measured), else the configuration's stored costs.
     """
 
     def __init__(self, key, prompt_type, trace, curve, o_base, o_spec, ngram_draft_s, ngram, draft_context,
@@ -170,9 +170,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
                           & (calibration["prompt_id"] == t.prompt_id)
                           & (calibration["machine_id"].astype(object).fillna("") == mid)] \
             if calibration is not None and len(calibration) else pd.DataFrame()
-        stored = (costs or {}).get(t.config_label)
-        curve = _curve(cal, stored)
-        policy_curve = _curve(pd.DataFrame(), stored)
+        curve = _curve(cal, (costs or {}).get(t.config_label))
         rr = r[r["run_id"].isin(sel["run_id"])] if len(r) and "forward_s" in r.columns else pd.DataFrame()
         base_ids = set(sel[sel["method"] == BASELINE]["run_id"])
         o_base = o_spec = ng = 0.0
@@ -189,7 +187,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
                                 None if dec[3] is None else tuple(dec[3]), int(t.max_new_tokens))
         ctx = None if is_missing(t.draft_context) else int(t.draft_context)
         out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]), trace,
-                               curve, o_base, o_spec, ng, ngram, ctx, policy_curve))
+                               curve, o_base, o_spec, ng, ngram, ctx))
     return out
 
 

@@ -748,7 +748,7 @@ def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path)
     from specdec.report.load import load_store
     from specdec.report.render import write_report
 
-    _, db, result, _ = full_sweep
+    _, db, _, _ = full_sweep
     a = analyze(load_store(db))
     grid, pvm = a[T.TRACE_GRID], a[T.PREDICTED]
     n_prompts = len({r for r in grid["prompt_id"]})

@@ -81,6 +81,10 @@ def generate(
     quant: QuantOpt = None,
     draft_dtype: DraftDtypeOpt = None,
     draft_quant: DraftQuantOpt = None,
+    pad_verify: Annotated[bool, typer.Option(
+        "--pad-verify", help="Pad each verification forward to the cheapest shape on the target's measured "
+        "cost curve (the costs the cost policy uses; measured now when not cached); the cost policy prices "
+        "K with the padded cost.")] = False,
 ) -> None:
     """Generate from one prompt with speculative decoding and print the text and its statistics."""
     from specdec import models
@@ -138,18 +142,24 @@ def generate(
                 # only when set, so that the costs cached for full-precision setups keep their keys
                 **{n: v for n, v in (("quant", quant), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant))
                    if v is not None}}
-    the_policy = build_policy(policy, k, loaded, the_drafter, cost_key=cost_key)
+    costs, pad_to = (pad_costs(loaded, cost_key, k) if pad_verify else (None, None))
+    the_policy = build_policy(policy, k, loaded, the_drafter, costs=costs, cost_key=cost_key, pad_verify=pad_verify)
     common = {"sampling": sampling, "eos_ids": loaded.eos_ids, "vocab_size": loaded.vocab_size, "seed": seed}
     if baseline:  # warm both paths up once so that neither timed run pays first-call costs
         warm = min(8, max_new_tokens)
-        speculative_generate(loaded.target.backend, the_drafter, prompt_ids, warm, policy=the_policy, **common)
+        speculative_generate(loaded.target.backend, the_drafter, prompt_ids, warm, policy=the_policy,
+                             pad_to=pad_to, **common)
         autoregressive_generate(loaded.target.backend, prompt_ids, warm, **common)
-    result = speculative_generate(loaded.target.backend, the_drafter, prompt_ids, max_new_tokens, policy=the_policy, **common)
+    result = speculative_generate(loaded.target.backend, the_drafter, prompt_ids, max_new_tokens, policy=the_policy,
+                                  pad_to=pad_to, **common)
     text = tok.decode(result.token_ids, skip_special_tokens=True)
     out = result.summary()
     out.update(text=text, k=k, drafter=drafter, policy=policy, prompt_tokens=len(prompt_ids))
     out["rounds_k"] = [r.k for r in result.rounds]
     out["rounds_alpha"] = [r.alpha_estimate for r in result.rounds]  # None for fixed K
+    out["pad_verify"] = pad_verify
+    if pad_verify:
+        out["rounds_n_forward"] = [r.n_forward for r in result.rounds]  # tokens in each target forward
     if baseline:
         base = autoregressive_generate(loaded.target.backend, prompt_ids, max_new_tokens, **common)
         out["baseline_token_ids"] = base.token_ids
@@ -174,6 +184,11 @@ def generate(
         f"block efficiency {_fmt(result.block_efficiency)}",
         file=sys.stderr if as_json else sys.stdout,
     )
+    if pad_verify:
+        padded = sum(1 for r in result.rounds if r.n_forward is not None and r.n_forward > r.k + 1)
+        print(f"verification padded in {padded} of {result.num_rounds} rounds "
+              f"({sum(r.n_forward - r.k - 1 for r in result.rounds)} filler tokens)",
+              file=sys.stderr if as_json else sys.stdout)
     if baseline:
         same = "identical" if out["identical_to_baseline"] else "DIFFERENT"
         print(
@@ -213,10 +228,29 @@ def default_policy(policy: str | None, k: int | None) -> tuple[str, int]:
     return policy, k
 
 
-def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, cost_key: dict | None = None):
+def pad_costs(loaded, cost_key: dict, k: int):
+    """``(costs, pad_to)`` for ``generate --pad-verify``: the measured costs of this setup
+    (`specdec.bench.costs.cached_costs`, target forwards of n = 1 .. max(K + 1, 17) tokens, so that a
+    verification can be padded to any shape the sweep measures) and ``CostCurve.padded_n`` of their curve.
+    Fails in one line when no costs can be had."""
+    from specdec.bench.costs import cached_costs
+    from specdec.costs import CostCurve
+
+    try:
+        costs, note = cached_costs(loaded, cost_key, max_n=max(k + 1, 17))
+        curve = CostCurve.from_costs(costs)
+    except ValueError as exc:
+        fail(f"--pad-verify needs the target's measured cost curve and none is available: {exc}")
+    print(f"specdec: {note}", file=sys.stderr)
+    return costs, curve.padded_n
+
+
+def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, cost_key: dict | None = None,
+                 pad_verify: bool = False):
     """The K policy for a run. `cost` without `costs` takes them from `specdec.bench.costs.cached_costs` under
     `cost_key` (an earlier measurement of the same setup on this machine, or a new one: 3 target samples per
-    n, 9 draft samples; a note goes to stderr).
+    n, 9 draft samples; a note goes to stderr). `pad_verify`: the cost policy prices verification at the
+    padded shape (`specdec.policies.CostPolicy`).
 
     Raises:
         ValueError: unknown policy, or ``cost`` with neither `costs` nor `cost_key`.
@@ -234,7 +268,7 @@ def build_policy(name: str, k: int, loaded, drafter, costs: dict | None = None, 
         print(f"specdec: {note}", file=sys.stderr)
     if name == "cost" and getattr(drafter, "name", "") != "model":
         costs = {**costs, "draft_step_s": 0.0}  # prompt lookup drafts for free (no model step)
-    return policies.make_policy(name, k, costs=costs)
+    return policies.make_policy(name, k, costs=costs, pad_verify=pad_verify)
 
 
 @app.command("models")

@@ -191,8 +191,60 @@ class CostCurve:
         t1 = self.target_step_s
         return {n: (1.0 if n == 1 else s / t1) for n, s in self._pts}
 
-    def round_s(self, k: int, *, draft: bool = True) -> float:
+    def round_s(self, k: int, *, draft: bool = True, padded: bool = False) -> float:
         """Seconds of one speculative round with K = k: k draft steps (when `draft` and a draft step is
-        known) plus one target forward of k + 1 tokens; k = 0 is one plain decoding step."""
+        known) plus one target forward of k + 1 tokens (with `padded`, of `padded_n(k + 1)` tokens: the
+        forward the engine runs when it pads verification); k = 0 is one plain decoding step."""
         d = (self.draft_step_s or 0.0) if draft else 0.0
-        return k * d + self.forward_s(k + 1)
+        return k * d + (self.padded_value(k + 1) if padded else self.forward_s(k + 1))
+
+    def padded_n(self, n: int, max_n: int | None = None) -> int:
+        """The cheapest forward that can hold n tokens: the n' >= n with the smallest cost on the curve.
+
+        Why: on a CPU the forward time is a staircase of the kernels' blocking, not a monotone function of
+        n (measured fp32 on a 2-vCPU AMD EPYC, Qwen2.5 1.5B: v(3) = 3.0 target steps, v(5) = 1.9), so
+        verifying 3 tokens is faster as a forward of 5: the engine appends filler tokens after the real
+        ones and discards their logits rows (`specdec.decoding.speculative_generate`'s `pad_to`). Causal
+        attention keeps the real rows' logits what they were.
+
+        Only token counts within the measured range are candidates (n' <= `max_n` of the curve: beyond it
+        the extrapolated cost is a guess, never a reason to pad); between measured points the cost is the
+        module's linear interpolation, so the cheapest n' is n itself or a measured count. Ties go to the
+        smallest n' (no padding when padding gains nothing).
+
+        Args:
+            n: real tokens in the forward (>= 1).
+            max_n: an upper bound on n' (tokens; e.g. the room left in the target's context); None = none.
+                When it is below n, n is returned.
+
+        Returns:
+            n' in ``n .. max(n, min(max_n, self.max_n))`` (tokens); n itself when n is at or past the
+            largest measured count.
+
+        Raises:
+            ValueError: n < 1.
+        """
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"a forward has at least one token, got n = {n}")
+        hi = self.max_n if max_n is None else min(self.max_n, int(max_n))
+        best, best_s = n, self.forward_s(n)
+        for m in range(n + 1, hi + 1):
+            s = self.forward_s(m)
+            if s < best_s:
+                best, best_s = m, s
+        return best
+
+    def padded_value(self, n: int, max_n: int | None = None) -> float:
+        """Seconds of the forward the engine runs for n tokens when it pads: ``forward_s(padded_n(n, max_n))``
+        (<= ``forward_s(n)``).
+
+        Raises:
+            ValueError: n < 1.
+        """
+        return self.forward_s(self.padded_n(n, max_n))
+
+    def padded_v(self, n: int) -> float:
+        """`padded_value` in target steps: the relative cost v'(n) = padded_value(n) / target_step_s
+        (a callable `specdec.theory` cost model: ``theory.refined_speedup(alpha, k, c, curve.padded_v)``)."""
+        return self.padded_value(n) / self.target_step_s

@@ -144,6 +144,7 @@ def speculative_generate(
     seed: int | None = None,
     clock: Clock = time.perf_counter,
     synchronize: Callable[[], None] | None = None,
+    pad_to: Callable[[int], int] | None = None,
 ) -> GenerationResult:
     """Speculative decoding: draft K, verify K+1 positions in one target forward, commit, roll back.
 
@@ -160,12 +161,21 @@ def speculative_generate(
         policy: chooses K per round (see `specdec.policies`).
         sampling, eos_ids, vocab_size, seed, clock: as in `autoregressive_generate`.
         synchronize: called before each clock read (defaults to syncing the target backend).
+        pad_to: verification padded to a cheaper shape: ``pad_to(m)`` (>= m) is the number of tokens the
+            target forward runs for the m = K + 1 real ones (e.g. `specdec.costs.CostCurve.padded_n`, from
+            the measured curve). The real tokens come first, filler tokens (copies of the last real one)
+            after them; only the first m logits rows are used, and the round's single ``truncate`` drops the
+            filler from the cache with the rejected drafts. Causal attention makes the real rows' logits
+            independent of the filler (within the kernels' rounding of a larger batch); never padded past
+            the target's context. None: no padding (a forward of exactly K + 1 tokens).
 
     Returns:
-        A `GenerationResult` with one `RoundRecord` per target forward.
+        A `GenerationResult` with one `RoundRecord` per target forward (``n_forward`` = tokens in that
+        forward when `pad_to` is given).
 
     Raises:
-        ValueError: empty prompt, negative budget, K < 1, or both/neither of `k` and `policy`.
+        ValueError: empty prompt, negative budget, K < 1, both/neither of `k` and `policy`, or a `pad_to`
+            that returns fewer tokens than it was given.
         ContextOverflowError: prompt + budget exceeds the target's context. A draft with a shorter context
             never raises: a round where it has no room (`Drafter.max_k` <= 0) is a plain target step
             (K = 0), and output is unchanged.
@@ -214,7 +224,17 @@ def speculative_generate(
         draft = drafter.propose(committed, k_round, sampling, generator, plan.min_confidence)
         d = draft.tokens
         t_draft = now()
-        logits = target.forward([committed[-1]] + d)[:, :vocab]  # [len(d)+1, vocab]
+        block_in = [committed[-1]] + d  # the m = len(d) + 1 real tokens
+        n_forward = len(block_in)
+        if pad_to is not None:
+            n_forward = int(pad_to(len(block_in)))
+            if n_forward < len(block_in):
+                raise ValueError(f"pad_to({len(block_in)}) = {n_forward}: a padded forward must hold the "
+                                 f"{len(block_in)} real tokens")
+            # the cache holds len(committed) - 1 tokens (the invariant): never pad past the context
+            n_forward = min(n_forward, target.max_length - (len(committed) - 1))
+        fed = block_in + [block_in[-1]] * (n_forward - len(block_in))
+        logits = target.forward(fed)[: len(block_in), :vocab]  # [len(d)+1, vocab]: the filler rows dropped
         t_forward = now()
         if sampling.greedy:
             verdict = greedy_verify(d, logits)
@@ -240,6 +260,7 @@ def speculative_generate(
             other_s=now() - t_verify,
             k_requested=k_req,
             alpha_estimate=alpha_est,
+            n_forward=n_forward if pad_to is not None else None,
         )
         result.rounds.append(record)
         policy.observe(record)

@@ -116,6 +116,9 @@ class RoundRecord:
             records built by hand).
         other_s: the rest of the round: rollback of both caches and bookkeeping.
         alpha_estimate: the policy's acceptance estimate when it chose K (None for fixed K).
+        n_forward: tokens in the round's target forward when verification was padded to a cheaper shape
+            (`specdec.decoding.speculative_generate`'s ``pad_to``; >= k + 1, the extra ones filler); None:
+            not padded, the forward held k + 1 tokens.
     """
 
     k: int
@@ -130,6 +133,7 @@ class RoundRecord:
     alpha_estimate: float | None = None
     num_accepted_raw: int | None = None
     forward_s: float | None = None
+    n_forward: int | None = None
 
     @property
     def rejected(self) -> bool:

@@ -237,6 +237,9 @@ class CostPolicy(_KOnly):
         forget_prior: decay the prior's weight with the data (default) instead of keeping it constant.
         explore_z: standard deviations of optimism before deciding on plain decoding (>= 0; 0: decide at the
             estimate; see `upper_alpha`).
+        pad_verify: the engine pads verification to the cheapest measured shape (`speculative_generate`'s
+            ``pad_to=CostCurve.padded_n``): price a round's forward at ``curve.padded_value(K + 1)`` instead
+            of ``T(K + 1)``, so K follows the curve the engine actually runs.
 
     Raises:
         ValueError: invalid costs or parameters.
@@ -258,6 +261,7 @@ class CostPolicy(_KOnly):
         max_backoff: int = 64,
         forget_prior: bool = True,
         explore_z: float = 1.0,
+        pad_verify: bool = False,
     ) -> None:
         self.max_k = _check_k(max_k, "max_k")
         if draft_step_s is None or not isinstance(target_forward_s, Mapping):
@@ -287,7 +291,8 @@ class CostPolicy(_KOnly):
         # Round cost in seconds for K = 0..max_k, fixed for the policy's life (specdec.costs' one rule
         # for forwards longer than the measured curve).
         self.c = self.curve.c  # Leviathan's c (dimensionless)
-        self.round_cost_s = [self.curve.round_s(k) for k in range(self.max_k + 1)]
+        self.pad_verify = bool(pad_verify)
+        self.round_cost_s = [self.curve.round_s(k, padded=self.pad_verify) for k in range(self.max_k + 1)]
         # Can any K beat plain decoding even at alpha = 1?  If not, probing is pointless.
         self.speculation_can_win = any(
             (k + 1) / self.round_cost_s[k] > 1.0 / self.round_cost_s[0] for k in range(1, self.max_k + 1)
@@ -450,6 +455,7 @@ def make_policy(
     costs: Mapping[str, Any] | CostCurve | None = None,
     confidence_threshold: float = 0.4,
     max_k: int | None = None,
+    pad_verify: bool = False,
 ) -> KPolicy:
     """Build a policy by name.
 
@@ -461,6 +467,7 @@ def make_policy(
             {n: s}}`` measured with ``specdec costs`` (or stored from an earlier measurement).
         confidence_threshold: for ``confidence`` only (see `ConfidenceK`).
         max_k: for ``heuristic`` only: optional cap on K (None = only the engine's clamps).
+        pad_verify: for ``cost`` only: price verification at the padded shape (see `CostPolicy`).
 
     Raises:
         ValueError: unknown name (the message lists the names), k < 1, or ``cost`` without costs.
@@ -478,5 +485,5 @@ def make_policy(
                 "the cost policy needs measured costs (draft_step_s, target_forward_s): "
                 "measure them with `specdec costs` or pass stored ones"
             )
-        return CostPolicy.from_costs(costs, max_k=k)
+        return CostPolicy.from_costs(costs, max_k=k, pad_verify=pad_verify)
     raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(POLICY_NAMES)}")

@@ -211,6 +211,18 @@ def test_greedy_exact_with_prompt_lookup(target, refs, text, k):
 
 
 @pytest.mark.parametrize("k", [1, 4])
+def test_padded_verification_is_exact(target, refs, k):
+    """Issue 19: verification padded with filler tokens (``pad_to``) changes neither the output nor what the
+    cache holds after each round (``llama_memory_seq_rm`` drops the filler with the rejected drafts)."""
+    for text in PROMPTS:
+        prompt, ref = refs[text]
+        out = speculative_generate(target, PromptLookupDrafter(), prompt, NEW, k=k, pad_to=lambda m: m + 3)
+        assert out.token_ids == ref
+        assert all(r.n_forward == r.k + 4 for r in out.rounds)
+        assert target.cache_length == len(prompt) + NEW - 1
+
+
+@pytest.mark.parametrize("k", [1, 4])
 def test_always_wrong_drafter(target, refs, k):
     prompt, ref = refs[PROMPTS[0]]
     full = prompt + ref

@@ -24,7 +24,7 @@ SCHEMA = {
     ],
     "rounds": [
         "run_id", "round_idx", "k", "k_requested", "num_accepted", "accept_flags", "next_kind", "num_emitted",
-        "draft_s", "verify_s", "other_s", "alpha_estimate", "forward_s",
+        "draft_s", "verify_s", "other_s", "alpha_estimate", "forward_s", "n_forward",
     ],
     "costs": ["sweep_id", "config_label", "role", "n_tokens", "seconds", "repeats", "spread_s"],
     "meta": ["key", "value"],

@@ -309,8 +309,13 @@ def costs(
     quant: Annotated[str | None, typer.Option("--quant", help="int8: int8 weight-only linears (torchao).")] = None,
     draft_dtype: Annotated[str | None, typer.Option("--draft-dtype", help="The draft's dtype (default: --dtype).")] = None,
     draft_quant: Annotated[str | None, typer.Option("--draft-quant", help="int8 | none (default: --quant).")] = None,
+    bandwidth_mib: Annotated[float, typer.Option(
+        "--bandwidth-mib", help="MiB per buffer of the streaming copy that measures the machine's memory "
+        "bandwidth (the roofline).")] = 512,
 ) -> None:
-    """Measure c (draft step / target step) and the target's forward-time curve on a warm cache."""
+    """Measure c (draft step / target step) and the target's forward-time curve on a warm cache, and the
+    target's roofline: weight bytes read per step, achieved GB/s at n = 1 and its share of the machine's
+    memory bandwidth (a streaming copy; GB/s = 1e9 bytes/s)."""
     from specdec import models
     from specdec.bench.costs import measure_costs
     from specdec.loading import load_pair
@@ -327,13 +332,17 @@ def costs(
                            dtype=dtype, threads=threads, compile=compile, quant=quant, draft_dtype=draft_dtype,
                            draft_quant=draft_quant_arg(draft_quant))
         result = measure_costs(loaded, max_n=max_n, repeats=repeats, context_tokens=context_tokens)
+        from specdec.roofline import measure_bandwidth, roofline, weight_bytes
+
+        bandwidth = measure_bandwidth(bandwidth_mib, threads=threads)
+        roof = roofline(weight_bytes(loaded.target), result["target_step_s"], bandwidth)
     if as_json:
         out = {
             "target": target_spec, "draft": draft_spec, "backend": backend,
             "draft_backend": draft_backend or backend, "device": device, "dtype": dtype,
             "threads": threads, "compiled": compile, "quant": quant, "draft_dtype": draft_dtype or dtype,
             "draft_quant": quant if draft_quant is None else draft_quant,
-            **result,
+            **result, "roofline": roof, "bandwidth": bandwidth,
         }  # fmt: skip
         typer.echo(json.dumps(out, sort_keys=True))
         return
@@ -348,6 +357,10 @@ def costs(
     for n, s in result["target_forward_s"].items():
         spread = result["target_forward_spread_s"][n]
         typer.echo(f"  {n:2d} {s * 1e3:8.2f} {spread * 1e3:10.2f} {result['verify_steps'][n]:10.2f}")
+    typer.echo(f"roofline: target weights {roof['weight_bytes'] / 1e6:.1f} MB read per step, "
+               f"{roof['achieved_gbps']:.2f} GB/s achieved at n = 1; machine bandwidth "
+               f"{roof['bandwidth_gbps']:.2f} GB/s (streaming copy of {bandwidth['size_mib']:g} MiB, best of "
+               f"{bandwidth['repeats']}): share {roof['bandwidth_share']:.2f}")
 
 
 def _arch_costs(names: str, *, device, dtype, threads, max_n, repeats, context_tokens, as_json, out) -> None:

@@ -50,6 +50,9 @@ class RuntimeConfig:
         quant: transformers weight quantization of both models (`specdec.precision`; None: full weights).
         self_draft_quant: draft with a copy of the TARGET quantized this way (e.g. ``"int8"``) instead of
             the sweep's draft model: same tokenizer, cost set by bytes read.
+        pad_verify: our speculative methods pad each verification forward to the cheapest shape on the
+            configuration's measured cost curve (`specdec.costs.CostCurve.padded_n`; output unchanged),
+            and the cost policy prices K with the padded cost. Loading is unchanged.
     """
 
     label: str
@@ -59,6 +62,7 @@ class RuntimeConfig:
     dtype: str | None = None
     quant: str | None = None
     self_draft_quant: str | None = None
+    pad_verify: bool = False
 
     def load_kwargs(self, sweep_dtype: str) -> dict:
         """The `specdec.loading.load_pair` arguments this configuration sets beyond the runtimes (only those
@@ -91,6 +95,8 @@ RUNTIME_CONFIGS: dict[str, RuntimeConfig] = {
         RuntimeConfig("transformers-bf16-int8", "transformers", "transformers", dtype="bfloat16", quant="int8"),
         RuntimeConfig("self-draft:bf16-int8", "transformers", "transformers", dtype="bfloat16",
                       self_draft_quant="int8"),
+        # fp32 eager with verification padded to the cheapest measured shape (issue 19)
+        RuntimeConfig("transformers-padded", "transformers", "transformers", pad_verify=True),
     )
 }
 _CONFIG_ALIASES = {

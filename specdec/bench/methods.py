@@ -64,6 +64,9 @@ class Runtime:
         ignore_eos: run every generation for its whole budget (EOS is a token like any other): sampled
             sweeps do, so that every run of a prompt does the same work (case C18: a run that stopped after
             8 tokens is otherwise compared with one that ran 128, prefill included).
+        pad_verify: our speculative methods pad verification to the cheapest shape of `costs`
+            (`RuntimeConfig.pad_verify`; ``speculative_generate(pad_to=costs.padded_n)``), and the cost
+            policy prices K with the padded cost. The baseline is never padded.
     """
 
     pair: Any
@@ -72,6 +75,7 @@ class Runtime:
     ngram_max: int = 3
     ngram_min: int = 1
     ignore_eos: bool = False
+    pad_verify: bool = False
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -220,14 +224,24 @@ def _baseline(rt: Runtime, req: RunRequest) -> RunRecord:
     return RunRecord.from_result(res)
 
 
-def _policy(name: str, k: int, costs: CostCurve | None, *, free_drafts: bool):
+def _policy(name: str, k: int, costs: CostCurve | None, *, free_drafts: bool, pad_verify: bool = False):
     """An adaptive policy; the cost policy gets the configuration's costs (a draft step of 0 s for a
-    drafter without a model: prompt lookup drafts at almost no cost)."""
+    drafter without a model: prompt lookup drafts at almost no cost), priced padded with `pad_verify`."""
     if name != "cost":
         return make_policy(name, k)
     if costs is None:
         raise ValueError("the cost policy needs measured costs for this configuration")
-    return make_policy(name, k, costs=costs.with_draft_step(0.0) if free_drafts else costs)
+    return make_policy(name, k, costs=costs.with_draft_step(0.0) if free_drafts else costs,
+                       pad_verify=pad_verify)
+
+
+def _pad_to(rt: Runtime):
+    """``pad_to`` for `speculative_generate`: the measured curve's `CostCurve.padded_n`, or None."""
+    if not rt.pad_verify:
+        return None
+    if rt.costs is None:
+        raise ValueError("padded verification needs measured costs for this configuration")
+    return rt.costs.padded_n
 
 
 def speculative(make_drafter: Callable[[Runtime], Drafter], *, free_drafts: bool = True):
@@ -238,11 +252,11 @@ def speculative(make_drafter: Callable[[Runtime], Drafter], *, free_drafts: bool
     def run(rt: Runtime, req: RunRequest) -> RunRecord:
         drafter = make_drafter(rt)
         target = rt.pair.target.backend
-        common = _common(rt, req)
+        common = {**_common(rt, req), "pad_to": _pad_to(rt)}
         if req.policy in (None, "fixed"):
             res = speculative_generate(target, drafter, req.prompt_ids, req.max_new_tokens, k=req.k, **common)
         else:
-            policy = _policy(req.policy, int(req.k), rt.costs, free_drafts=free_drafts)
+            policy = _policy(req.policy, int(req.k), rt.costs, free_drafts=free_drafts, pad_verify=rt.pad_verify)
             res = speculative_generate(target, drafter, req.prompt_ids, req.max_new_tokens, policy=policy,
                                        **common)
         return RunRecord.from_result(res)

@@ -98,7 +98,7 @@ class LoadedConfig:
         if costs is None:
             costs = CostCurve.from_costs(self.costs) if self.costs else None
         return Runtime(self.pair, self.cfg.sampling, costs, self.cfg.ngram_max, self.cfg.ngram_min,
-                       ignore_eos=not self.cfg.sampling.greedy)
+                       ignore_eos=not self.cfg.sampling.greedy, pad_verify=self.rc.pad_verify)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """`prompt`'s token ids on this configuration's tokenizer (encoded once)."""

@@ -83,8 +83,9 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("k", "INTEGER"), ("k_requested", "INTEGER"), ("num_accepted", "INTEGER"), ("accept_flags", "TEXT"),
         ("next_kind", "TEXT"), ("num_emitted", "INTEGER"), ("draft_s", "REAL"), ("verify_s", "REAL"),
         ("other_s", "REAL"), ("alpha_estimate", "REAL"),
-        # the target forward alone, inside verify_s (added by ALTER TABLE to older stores)
-        ("forward_s", "REAL"),
+        # the target forward alone, inside verify_s; its token count when padded to a cheaper shape (added
+        # by ALTER TABLE to older stores)
+        ("forward_s", "REAL"), ("n_forward", "INTEGER"),
     ),
     "costs": (
         ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("role", "TEXT"), ("n_tokens", "INTEGER"),

@@ -765,6 +765,14 @@ def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path)
     res = write_report(db, tmp_path / "rep")
     md, html = res.markdown.read_text(), res.html.read_text()
     assert "Acceptance traces" in md and "Paired A/A" in md and "Replay:" in md and "Acceptance traces" in html
+    # the roofline: weight bytes per step and the machine's bandwidth were stored; bytes/s per cell follow
+    rl = a[T.ROOFLINE]
+    assert len(rl) and (rl["achieved_gbps"] > 0).all() and (rl["share"] > 0).all()
+    with Store(db) as st:
+        (tb, bw), = st.conn.execute("SELECT target_weight_bytes, bandwidth_gbps FROM roofline").fetchall()
+    base = rl[rl["method"] == "baseline"].iloc[0]
+    assert base["target_gb"] == pytest.approx(tb / 1e9) and base["bandwidth_gbps"] == pytest.approx(bw)
+    assert "Roofline" in md
 
 
 def test_bench_method_prints_the_four_targets(full_sweep, monkeypatch, capsys):

@@ -188,6 +188,8 @@ def _merge_one(dst: Store, path: Path, sweeps: dict[str, dict], result: MergeRes
                 conn.execute("INSERT OR IGNORE INTO machine_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", tuple(row))
             for row in src.conn.execute("SELECT * FROM costs"):
                 conn.execute("INSERT OR IGNORE INTO costs VALUES (?, ?, ?, ?, ?, ?, ?)", tuple(row))
+            for row in src.conn.execute("SELECT * FROM roofline"):
+                conn.execute("INSERT OR IGNORE INTO roofline VALUES (?, ?, ?, ?, ?, ?, ?)", tuple(row))
             if not src.conn.execute("SELECT 1 FROM machine_costs LIMIT 1").fetchone():
                 # an old store: its costs were measured on its sweep's machine
                 for row in src.conn.execute("SELECT * FROM costs"):

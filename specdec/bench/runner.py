@@ -236,11 +236,31 @@ def _measure(loaded: LoadedConfig, s: _Session) -> None:
         costs = s.store.load_costs(p.sweep_id, rc.label)
         s.log(f"[{rc.label}] costs measured in {time.perf_counter() - t0:.1f} s")
     loaded.costs = costs
+    _roofline(loaded, s)
     curve = CostCurve.from_costs(costs)
     c_txt = f"{curve.c:.3f}" if curve.c is not None else "n/a"
     d_txt = f"{curve.draft_step_s * 1e3:.1f} ms" if curve.draft_step_s is not None else "n/a"
     s.log(f"[{rc.label}] target step {curve.target_step_s * 1e3:.1f} ms, draft step {d_txt}, c = {c_txt}, "
           f"v({max_n}) = {curve.v(max_n):.2f} target steps")
+
+
+def _roofline(loaded: LoadedConfig, s: _Session) -> None:
+    """Store the configuration's weight bytes per step and (once per machine and store) the machine's
+    memory bandwidth by a streaming copy; a failure is logged, never raised."""
+    from specdec.roofline import measure_bandwidth, weight_bytes
+
+    pair, label = loaded.pair, loaded.rc.label
+    try:
+        tb = weight_bytes(pair.target)
+        db = weight_bytes(pair.draft) if pair.draft is not None else None
+        known = s.store.bandwidth_gbps()
+        bw = measure_bandwidth(threads=loaded.cfg.threads) if known is None else {"gbps": known,
+                                                                               "method": "measured earlier"}
+        s.store.save_roofline(s.prepared.sweep_id, label, tb, db, bw)
+        s.log(f"[{label}] weights read per target step {tb / 1e9:.2f} GB; machine bandwidth "
+              f"{bw['gbps']:.1f} GB/s (streaming copy)")
+    except Exception as exc:  # noqa: BLE001 - a roofline is context, not a result
+        s.log(f"[{label}] roofline inputs not measured: {_one_line(exc)}")
 
 
 def _announce(loaded: LoadedConfig, cells: list[PlannedRun], log: Callable[[str], None]) -> None:

@@ -115,6 +115,12 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("after_run_id", "INTEGER"), ("role", "TEXT"), ("n_tokens", "INTEGER"), ("context_tokens", "INTEGER"),
         ("seconds", "REAL"), ("repeats", "INTEGER"), ("spread_s", "REAL"),
     ),
+    # The roofline inputs per configuration and machine (`specdec.roofline`): bytes of weights a target step
+    # and a draft step read, and the machine's memory bandwidth by a streaming copy (GB/s = 1e9 bytes/s).
+    "roofline": (
+        ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("machine_id", "TEXT"), ("target_weight_bytes", "INTEGER"),
+        ("draft_weight_bytes", "INTEGER"), ("bandwidth_gbps", "REAL"), ("bandwidth_json", "TEXT"),
+    ),
 }  # fmt: skip
 #: Table-level constraints and indexes (not columns).
 _CONSTRAINTS = {
@@ -124,6 +130,7 @@ _CONSTRAINTS = {
     "shards": "PRIMARY KEY (sweep_id, shard, machine_id)",
     "traces": "PRIMARY KEY (sweep_id, config_label, prompt_id, machine_id)",
     "calibration": "PRIMARY KEY (sweep_id, config_label, prompt_id, machine_id, after_run_id, role, n_tokens)",
+    "roofline": "PRIMARY KEY (sweep_id, config_label, machine_id)",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS runs_by_sweep ON runs (sweep_id, config_label, prompt_id, method)",)
 
@@ -627,6 +634,22 @@ class Store:
         """Rows of ``calibration`` (one per block, role and n), optionally of one sweep."""
         sql = "SELECT * FROM calibration" + (" WHERE sweep_id = ?" if sweep_id else "") + " ORDER BY rowid"
         return [dict(r) for r in self.conn.execute(sql, (sweep_id,) if sweep_id else ()).fetchall()]
+
+    def save_roofline(self, sweep_id: str, config_label: str, target_weight_bytes: int | None,
+                      draft_weight_bytes: int | None, bandwidth: Mapping[str, Any] | None) -> None:
+        """Store (replace) the roofline inputs of one configuration on this machine (`specdec.roofline`)."""
+        with self.transaction():
+            self.conn.execute(
+                "INSERT OR REPLACE INTO roofline VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (sweep_id, config_label, self.machine_id or "", target_weight_bytes, draft_weight_bytes,
+                 _clean(bandwidth.get("gbps")) if bandwidth else None,
+                 json.dumps(dict(bandwidth), sort_keys=True) if bandwidth else None))
+
+    def bandwidth_gbps(self) -> float | None:
+        """This machine's bandwidth as any sweep of this store measured it (None if never)."""
+        row = self.conn.execute("SELECT bandwidth_gbps FROM roofline WHERE machine_id = ? AND bandwidth_gbps IS "
+                                "NOT NULL LIMIT 1", (self.machine_id or "",)).fetchone()
+        return None if row is None else float(row[0])
 
     # ------------------------------------------------------------------------------------------ costs
 

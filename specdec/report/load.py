@@ -64,7 +64,7 @@ class StoreData:
         machines: the ``machines`` table (machine_id, machine_json) of stores written by sharded sweeps
             and merges (empty for older stores, whose one machine is the sweep's ``machine_json``).
         traces, calibration: the sweep's acceptance traces (JSON columns as text) and calibration blocks
-            (empty for stores written before them).
+            (empty for stores written before them). roofline: weight bytes and bandwidth per configuration.
     """
 
     db_path: str
@@ -79,6 +79,7 @@ class StoreData:
     machines: pd.DataFrame = field(default_factory=lambda: empty_frame(["machine_id", "machine_json"]))
     traces: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("traces"))))
     calibration: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("calibration"))))
+    roofline: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("roofline"))))
 
 
 def empty_frame(columns: list[str]) -> pd.DataFrame:
@@ -195,8 +196,10 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
     traces = _conform(read("SELECT * FROM traces WHERE sweep_id = ?", params, "traces", tcols), tcols)
     calibration = _conform(read("SELECT * FROM calibration WHERE sweep_id = ?", params, "calibration", ccols),
                            ccols)
+    rcols = list(store.columns("roofline"))
+    roofline = _conform(read("SELECT * FROM roofline WHERE sweep_id = ?", params, "roofline", rcols), rcols)
     return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes, machines,
-                     traces, calibration)
+                     traces, calibration, roofline)
 
 
 def _select_sweep(sweeps: pd.DataFrame, run_sweeps: pd.DataFrame, sweep: str | None, path: Path,

@@ -11,7 +11,8 @@ drafted k tokens (the realized k: a prompt-lookup round may draft fewer than K, 
 
     round_s(k) = draft_s(k) + F(k + 1) + o_spec        target-only step = F(1) + o_base
 
-with F the calibration block's median forward time (`specdec.costs.CostCurve`, one rule beyond the measured
+with F the calibration block's median forward time (for a configuration that pads verification,
+`transformers-padded`, the cost of the cheapest measured shape >= k + 1: `CostCurve.padded_value`) (`specdec.costs.CostCurve`, one rule beyond the measured
 range), draft_s(k) = k x the block's draft step for the draft model and the median drafting time of the
 prompt's prompt-lookup rounds for prompt lookup (0 when there were none), o_spec = the median over the
 prompt's timed speculative rounds of verify_s - forward_s + other_s (verification, sampling, rollback) and
@@ -31,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from specdec import stats
+from specdec.bench.config import RUNTIME_CONFIGS
 from specdec.costs import CostCurve
 from specdec.drafters import PromptLookupDrafter
 from specdec.policies import make_policy
@@ -45,6 +47,7 @@ __all__ = [
     "divergence_table",
     "predicted_vs_measured",
     "prompt_models",
+    "roofline_table",
     "trace_best_k",
     "trace_grid",
 ]
@@ -67,8 +70,9 @@ class PromptModel:
     """
 
     def __init__(self, key, prompt_type, trace, curve, o_base, o_spec, ngram_draft_s, ngram, draft_context,
-                 policy_curve=None):
+                 policy_curve=None, padded=False):
         self.key, self.prompt_type, self.trace, self.curve = key, prompt_type, trace, curve
+        self.padded = padded  # the configuration pads verification to the cheapest measured shape
         self.policy_curve = policy_curve if policy_curve is not None else curve
         self.o_base, self.o_spec, self.ngram_draft_s = o_base, o_spec, ngram_draft_s
         self.ngram, self.draft_context = ngram, draft_context
@@ -91,7 +95,7 @@ class PromptModel:
             if self.policy_curve is None:
                 raise ValueError("the cost policy needs measured costs")
             c = self.policy_curve if method == "draft" else self.policy_curve.with_draft_step(0.0)
-            pol = make_policy(policy, k, costs=c)
+            pol = make_policy(policy, k, costs=c, pad_verify=self.padded)
         else:
             pol = make_policy(policy, k)
         return replay(self.trace, policy=pol, drafter=self.drafter(method), draft_context=self.draft_context)
@@ -106,7 +110,8 @@ class PromptModel:
                 draft = r.k * (self.curve.draft_step_s or 0.0)
             else:
                 draft = self.ngram_draft_s
-            total += draft + self.curve.forward_s(r.k + 1) + self.o_spec
+            verify = self.curve.padded_value(r.k + 1) if self.padded else self.curve.forward_s(r.k + 1)
+            total += draft + verify + self.o_spec
         return total
 
     def baseline_decode_s(self) -> float:
@@ -187,7 +192,8 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
                                 None if dec[3] is None else tuple(dec[3]), int(t.max_new_tokens))
         ctx = None if is_missing(t.draft_context) else int(t.draft_context)
         out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]), trace,
-                               curve, o_base, o_spec, ng, ngram, ctx))
+                               curve, o_base, o_spec, ng, ngram, ctx,
+                               padded=getattr(RUNTIME_CONFIGS.get(t.config_label), "pad_verify", False)))
     return out
 
 
@@ -334,3 +340,47 @@ def summary(pvm: pd.DataFrame) -> dict:
             "median_ratio": float(r.median()) if len(r) else np.nan,
             "within_10pct": float(((r - 1).abs() <= 0.10).mean()) if len(r) else np.nan,
             "interval": stats.ratio_interval(r.to_numpy()) if len(r) >= 2 else None}
+
+
+def roofline_table(runs: pd.DataFrame, roofline: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: decode tokens/s next to the weight bytes it read per second and the share of the machine's
+    memory bandwidth (`specdec.roofline`; gpt-fast's "achieved bandwidth").
+
+    Bytes read in a run's decode = target weight bytes x target forwards (its rounds) + draft weight bytes x
+    draft steps (its drafted tokens; the draft model only); achieved GB/s = that / decode_s / 1e9; share =
+    achieved / the machine's streaming-copy GB/s. Columns: config_label, prompt_type, method, policy, k,
+    n_runs, decode_tok_s, target_gb (per target step), achieved_gbps, bandwidth_gbps, share (medians over
+    the cell's runs). Empty without roofline rows or rounds counts (peers are left out).
+    """
+    cols = ["config_label", "prompt_type", "method", "policy", "k", "n_runs", "decode_tok_s", "target_gb",
+            "achieved_gbps", "bandwidth_gbps", "share"]
+    df = ensure_prepared(runs)
+    if df.empty or roofline is None or roofline.empty:
+        return pd.DataFrame(columns=cols)
+    ok = df[df["ok"] & pd.to_numeric(df["num_rounds"], errors="coerce").notna()].copy()
+    rl = roofline.assign(machine_id=roofline["machine_id"].astype(object).fillna(""))
+    info = {(r.config_label, r.machine_id): r for r in rl.itertuples(index=False)}
+    by_label = {r.config_label: r for r in rl.itertuples(index=False)}
+    rows = []
+    for r in ok.itertuples(index=False):
+        mid = "" if is_missing(getattr(r, "machine_id", None)) else str(r.machine_id)
+        x = info.get((r.config_label, mid)) or by_label.get(r.config_label)
+        dec = float(r.decode_s) if not is_missing(r.decode_s) else np.nan
+        if x is None or is_missing(x.target_weight_bytes) or not np.isfinite(dec) or dec <= 0:
+            continue
+        draft_b = 0.0 if r.method != "draft" or is_missing(x.draft_weight_bytes) else float(x.draft_weight_bytes)
+        moved = float(x.target_weight_bytes) * float(r.num_rounds) + draft_b * float(r.num_drafted or 0)
+        gbps = moved / dec / 1e9
+        bw = float(x.bandwidth_gbps) if not is_missing(x.bandwidth_gbps) else np.nan
+        rows.append({"config_label": r.config_label, "prompt_type": r.prompt_type, "method": r.method,
+                     "policy": r.policy, "k": r.k, "decode_tok_s": float(r.new_tokens) / dec,
+                     "target_gb": float(x.target_weight_bytes) / 1e9, "achieved_gbps": gbps,
+                     "bandwidth_gbps": bw, "share": gbps / bw if bw and np.isfinite(bw) else np.nan})
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    d = pd.DataFrame(rows)
+    key = ["config_label", "prompt_type", "method", "policy", "k"]
+    g = d.groupby(key, dropna=False, sort=True)
+    out = g[["decode_tok_s", "target_gb", "achieved_gbps", "bandwidth_gbps", "share"]].median().reset_index()
+    out["n_runs"] = g.size().to_numpy()
+    return out[cols]

@@ -22,7 +22,7 @@ from specdec.report.sections_compare import (
     peer_section,
     runtime_section,
 )
-from specdec.report.sections_traces import aa_line, traces_section
+from specdec.report.sections_traces import aa_line, roofline_section, traces_section
 from specdec.report.vocab import ALL_PROMPTS, BASELINE, SINGLE_RUN, SPEC_METHODS
 
 __all__ = ["HOW_TO_READ", "build_sections"]
@@ -341,7 +341,7 @@ def build_sections(a: Analysis, figures: list[FigureEntry], extra: Sequence[Sect
     how = Section("How to read this", "how")
     how.blocks.append(Bullets(HOW_TO_READ))
     return [
-        _summary_section(a), _source_section(a), how, _speedup_section(a), traces_section(a), _drift_section(a),
+        _summary_section(a), _source_section(a), how, _speedup_section(a), traces_section(a), roofline_section(a), _drift_section(a),
         condition_section(a),
         model_section(a), peer_section(a), adaptive_section(a), runtime_section(a), *extra,
         _figures_section(figures), _gaps_section(a, figures),

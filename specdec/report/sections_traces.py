@@ -11,7 +11,7 @@ from specdec.report.document import Bullets, Section, ci, f, i, key_columns, pct
 from specdec.report.predicted import summary
 from specdec.report.vocab import ALL_PROMPTS
 
-__all__ = ["aa_line", "traces_section"]
+__all__ = ["aa_line", "roofline_section", "traces_section"]
 
 
 def aa_line(a: Analysis) -> list[str]:
@@ -119,3 +119,32 @@ def traces_section(a: Analysis) -> Section:
         sec.blocks.append(t)
     return sec
 
+
+
+def roofline_section(a: Analysis) -> Section:
+    """Per configuration, how close decoding runs to the machine's memory bandwidth."""
+    sec = Section("Roofline: bytes read per second against the memory bandwidth", "roofline")
+    rl = a[T.ROOFLINE]
+    if rl.empty:
+        sec.blocks.append("No roofline inputs in this store (sweeps before issue 19).")
+        return sec
+    sec.blocks.append(
+        "A decoding step reads every weight once, so weight bytes / memory bandwidth bounds its time from below "
+        "(specdec/roofline.py; gpt-fast reports the same 'achieved bandwidth'). achieved GB/s = (target weight "
+        "bytes x target forwards + draft weight bytes x draft steps) / decode seconds; the bandwidth is a "
+        "streaming copy measured once per machine (read + written bytes, GB = 1e9 bytes). Speculative "
+        "decoding reads the target's weights once per round instead of once per token, so its tokens/s can "
+        "pass the target-only roofline while its own bytes/s stay under the bandwidth.")
+    base = rl[rl["method"] == "baseline"]
+    lines = [f"{r.config_label}, target-only ({r.prompt_type}): {f(r.decode_tok_s, 2)} tokens/s, "
+             f"{f(r.target_gb, 2)} GB per step, {f(r.achieved_gbps, 1)} GB/s = {pct(r.share)} of "
+             f"{f(r.bandwidth_gbps, 1)} GB/s" for r in base.groupby("config_label").head(1).itertuples()]
+    if lines:
+        sec.blocks.append(Bullets(lines))
+    t = table_of(rl, [*key_columns("config", "prompt type", "method", "policy", "K"),
+                      ("runs", lambda r: i(r["n_runs"])), ("decode tok/s", lambda r: f(r["decode_tok_s"])),
+                      ("GB/s", lambda r: f(r["achieved_gbps"], 1)), ("share of bandwidth", lambda r: pct(r["share"]))])
+    t.caption = "Per cell, medians over its runs."
+    t.collapsed = True
+    sec.blocks.append(t)
+    return sec

@@ -46,6 +46,7 @@ from specdec.report.predicted import (
     divergence_table,
     predicted_vs_measured,
     prompt_models,
+    roofline_table,
     trace_best_k,
     trace_grid,
 )
@@ -156,6 +157,8 @@ TRACE_GRID = ReportTable("trace_grid", "the trace-predicted K grid", _grid)
 TRACE_BEST_K = ReportTable("trace_best_k", "best K from the traces", lambda i: trace_best_k(i[TRACE_GRID]))
 PREDICTED = ReportTable("predicted", "predicted vs measured",
                         lambda i: predicted_vs_measured(i.runs, i.rounds, i.prompt_models()))
+ROOFLINE = ReportTable("roofline", "the roofline",
+                       lambda i: roofline_table(i.runs, i.store.roofline if i.store is not None else None))
 DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
                          lambda i: divergence_table(i.runs, i.store.traces if i.store is not None else None))
 
@@ -163,5 +166,5 @@ DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
 REGISTRY: tuple[ReportTable, ...] = (
     CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
     BASELINE_STABILITY, COVERAGE, AA, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
-    TRACE_GRID, TRACE_BEST_K, PREDICTED, DIVERGENCE,
+    TRACE_GRID, TRACE_BEST_K, PREDICTED, DIVERGENCE, ROOFLINE,
 )

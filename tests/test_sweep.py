@@ -793,3 +793,25 @@ def test_bench_method_prints_the_four_targets(full_sweep, monkeypatch, capsys):
     assert out.count("coverage") >= 3 and "false-win rate" in out
     n_lines = sum(1 for ln in out.splitlines() if ln.strip().split(" ")[0].isdigit())
     assert n_lines >= 10  # one line per timed draft/ngram run
+
+
+def test_fastest_table_names_the_fastest_configuration_per_type(full_sweep, capsys):
+    """benchmarks/fastest.py: one Markdown row per prompt type with target-only and the best speculative
+    cell of each configuration, and the fastest of all by tokens/s."""
+    import importlib.util
+
+    _, db, _, _ = full_sweep
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fastest.py"
+    spec = importlib.util.spec_from_file_location("fastest", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = mod.main(["--db", str(db)])
+    out = capsys.readouterr().out
+    types = sorted({p.type for p in SWEEP_PROMPTS})
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and not ln.startswith("| prompt type")]
+    assert [r.split(" | ")[0][2:] for r in rows] == types
+    for ptype, g in t.groupby("prompt_type"):
+        top = max(float(g["target_only"].max()), float(g["spec_tok_s"].max()))
+        row = next(r for r in rows if r.startswith(f"| {ptype} |"))
+        assert f"({top:.1f} tok/s)" in row
+    assert "greedy runs left the target-only output" in out

@@ -773,6 +773,7 @@ def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path)
     base = rl[rl["method"] == "baseline"].iloc[0]
     assert base["target_gb"] == pytest.approx(tb / 1e9) and base["bandwidth_gbps"] == pytest.approx(bw)
     assert "Roofline" in md
+    assert "transformers-eager: 0 of " in md and "greedy runs left the target-only output" in md
 
 
 def test_bench_method_prints_the_four_targets(full_sweep, monkeypatch, capsys):
@@ -807,7 +808,7 @@ def test_fastest_table_names_the_fastest_configuration_per_type(full_sweep, caps
     spec.loader.exec_module(mod)
     t = mod.main(["--db", str(db)])
     out = capsys.readouterr().out
-    types = sorted({p.type for p in SWEEP_PROMPTS})
+    types = sorted({p["type"] for p in SWEEP_PROMPTS})
     rows = [ln for ln in out.splitlines() if ln.startswith("| ") and not ln.startswith("| prompt type")]
     assert [r.split(" | ")[0][2:] for r in rows] == types
     for ptype, g in t.groupby("prompt_type"):

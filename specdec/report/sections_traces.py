@@ -109,6 +109,18 @@ def traces_section(a: Analysis) -> Section:
         t.caption = "Every timed greedy draft/ngram run on a traced prompt."
         t.collapsed = True
         sec.blocks.append(t)
+    runs = a.store.runs if a.store is not None else None
+    if runs is not None and len(runs) and runs["matches_baseline"].notna().any():
+        checked = runs[runs["matches_baseline"].notna() & (runs["method"] != "baseline")]
+        div_lines = []
+        for label, g in checked.groupby("config_label", sort=True):
+            d = div[div["config_label"] == label] if len(div) else div
+            top = d["target_margin"].max() if len(d) else float("nan")
+            lines_div = (f"{label}: {len(d)} of {len(g)} greedy runs left the target-only output"
+                         + (f" ({pct(len(d) / len(g))}); the largest target top-2 margin at a first difference "
+                            f"was {f(top, 4)}" if len(d) else ""))
+            div_lines.append(lines_div + ".")
+        sec.blocks.append(Bullets(div_lines))
     if len(div):
         t = table_of(div, [("run", lambda r: i(r["run_id"])), *key_columns("config", "prompt", "method", "K"),
                            ("first differing token", lambda r: i(r["first_divergence"])),

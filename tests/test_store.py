@@ -254,6 +254,7 @@ def test_an_older_store_gains_the_new_columns_and_keeps_its_rows(tmp_path):
                                          "num_emitted": 1, "verify_s": 0.1, "forward_s": 0.09}])
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE traces")
+    conn.execute("ALTER TABLE rounds DROP COLUMN n_forward")
     conn.execute("ALTER TABLE rounds DROP COLUMN forward_s")
     conn.execute("ALTER TABLE runs DROP COLUMN first_divergence")
     conn.commit()

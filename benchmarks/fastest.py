@@ -30,6 +30,7 @@ def _rows(db: str) -> pd.DataFrame:
     if cells.empty:
         return cells
     runs = an.store.runs
+    runs = runs[runs["method"] != "baseline"] if len(runs) else runs
     div = runs[runs["matches_baseline"] == 0].groupby("config_label").size().to_dict() if len(runs) else {}
     n = runs[runs["matches_baseline"].notna()].groupby("config_label").size().to_dict() if len(runs) else {}
     cells = cells.assign(store=db, diverged=cells["config_label"].map(div).fillna(0).astype(int),

@@ -199,7 +199,7 @@ def _summary_section(a: Analysis) -> Section:
     if len(dc) and dc["flagged"].any():
         lines.append(f"Machine drift: {int(dc['flagged'].sum())} of {len(dc)} cells ran while the target step "
                      f"was more than {100 * DRIFT_FLAG:.0f}% slower or faster than during their prompt's "
-                     "baseline (see 'Machine drift'); paired ratios are what the speedups use.")
+                     "baseline (see 'Machine drift'); each speedup divides by its adjacent (else nearest) baselines.")
     base = ov[ov["method"] == "baseline"]
     for r in base.itertuples():
         lines.append(f"Target-only baseline on {r.config_label}: median {f(r.tok_s, 1)} tokens/s over "

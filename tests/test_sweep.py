@@ -816,3 +816,24 @@ def test_fastest_table_names_the_fastest_configuration_per_type(full_sweep, caps
         row = next(r for r in rows if r.startswith(f"| {ptype} |"))
         assert f"({top:.1f} tok/s)" in row
     assert "greedy runs left the target-only output" in out
+
+
+def test_resumed_cost_policy_decides_with_the_prompts_stored_calibration(tmp_path, tiny_pair, near_draft_dir,
+                                                                         prompt_file):
+    """A sweep stopped after a prompt's first baseline (trace and calibration stored) and resumed in a new
+    process: the resumed cost-policy runs decide with that prompt's stored calibration block, so the report's
+    replay (which prices with the block) reproduces them exactly."""
+    from specdec.report import tables as T
+    from specdec.report.analysis import analyze
+    from specdec.report.load import load_store
+
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, prompt_types="code", ks="1", policies="cost", policy_k=4,
+               max_new_tokens=12)
+    db = tmp_path / "r.db"
+    first = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None, max_runs=2)
+    assert first.status == "interrupted"
+    done = S.run_sweep(cfg, db=db, resume=True, progress=False, echo=lambda _: None)
+    assert done.status == "done" and done.already_done == 2
+    pvm = analyze(load_store(db))[T.PREDICTED]
+    pol = pvm[pvm["policy"] == "cost"]
+    assert len(pol) == 2 and pol["replay_exact"].all(), pol[["method", "mismatch"]].to_string()

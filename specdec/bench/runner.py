@@ -350,6 +350,23 @@ def _trace_and_calibrate(loaded: LoadedConfig, cell: PlannedRun, row: dict, run_
             s.log(f"[{label}] {pid}: calibration block not timed: {_one_line(exc)}")
 
 
+def _stored_prompt_costs(loaded: LoadedConfig, s: _Session) -> None:
+    """On --resume: the calibration blocks this machine stored earlier for this configuration, so that the
+    cost policy of a resumed prompt decides with the same costs as its earlier runs (and as its replay)."""
+    blocks: dict[str, dict] = {}
+    for c in s.store.calibration(s.prepared.sweep_id):
+        if c["config_label"] != loaded.rc.label or c["machine_id"] != (s.store.machine_id or ""):
+            continue
+        b = blocks.setdefault(c["prompt_id"], {"target": {}, "draft": None})
+        if c["role"] == "target":
+            b["target"][int(c["n_tokens"])] = c["seconds"]
+        elif c["role"] == "draft":
+            b["draft"] = c["seconds"]
+    for pid, b in blocks.items():
+        if 1 in b["target"]:
+            loaded.prompt_costs.setdefault(pid, CostCurve(b["target"], b["draft"]))
+
+
 def _record(cell: PlannedRun, row: dict, rounds: list[dict], label: str, s: _Session) -> int:
     run_id = s.store.record_run(row, rounds)
     s.result.ran += 1
@@ -370,6 +387,7 @@ def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: _Session) -> b
     """Warm up and run one configuration's remaining cells; True when `max_runs` stopped the sweep."""
     label = loaded.rc.label
     _announce(loaded, cells, s.log)
+    _stored_prompt_costs(loaded, s)
     warmed: set[tuple] = set()
     remaining: dict[tuple, int] = {}  # runs left per cell: its summary line comes after its last repeat
     for c in cells:

@@ -48,6 +48,7 @@ __all__ = [
     "predicted_vs_measured",
     "prompt_models",
     "roofline_table",
+    "summary",
     "trace_best_k",
     "trace_grid",
 ]

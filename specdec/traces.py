@@ -247,14 +247,18 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
     return rounds
 
 
-def compare_rounds(timed: Sequence[RoundRecord], replayed: Sequence[ReplayRound]) -> list[dict]:
-    """Rounds where a timed run and its replay differ: ``[{"round", "position", "timed": (k, accepted),
-    "replayed": (k, accepted)}]``, empty when the replay reproduces the run exactly. Compared round by round
-    until the first difference (after it the two sequences are out of step), plus a length mismatch."""
+def compare_rounds(timed: Sequence[RoundRecord], replayed: Sequence[ReplayRound], *,
+                   k_upper_bound: bool = False) -> list[dict]:
+    """Rounds where a timed run and its replay differ: ``[{"round", "position", "timed": (k, accepted,
+    emitted), "replayed": (k, accepted, emitted)}]``, empty when the replay reproduces the run exactly.
+    Compared round by round until the first difference (after it the two sequences are out of step), plus a
+    length mismatch. `k_upper_bound`: the replayed K only bounds the timed one from above (a confidence
+    policy's replay, see `replay`); accepted and emitted tokens must still be equal."""
     out = []
     pos = 0
     for i, (a, b) in enumerate(zip(timed, replayed)):
-        if (a.k, a.num_accepted, a.num_emitted) != (b.k, b.num_accepted, b.num_emitted):
+        same_k = a.k <= b.k if k_upper_bound else a.k == b.k
+        if not same_k or (a.num_accepted, a.num_emitted) != (b.num_accepted, b.num_emitted):
             out.append({"round": i, "position": pos, "timed": (a.k, a.num_accepted, a.num_emitted),
                         "replayed": (b.k, b.num_accepted, b.num_emitted)})
             return out

@@ -45,6 +45,7 @@ __all__ = [
     "GRID",
     "PromptModel",
     "divergence_table",
+    "positive_geomean",
     "predicted_vs_measured",
     "prompt_models",
     "roofline_table",
@@ -66,15 +67,16 @@ class PromptModel:
         curve: the calibration block's `CostCurve` (None without a block or stored costs).
         o_base, o_spec, ngram_draft_s: per-round overheads in seconds (see the module docstring).
         ngram: the sweep's prompt-lookup n-gram sizes. draft_context: the draft model's context length.
-        policy_curve: the costs the sweep's cost policy decided with: the prompt's calibration block (the
-            runner hands it to the prompt's runs once it is measured), else the configuration's stored costs.
+        padded: the configuration pads verification to the cheapest measured shape.
+
+    The cost policy is replayed with `curve` too: it is what the prompt's runs decided with (the runner hands
+    the prompt's calibration block to them once it is measured).
     """
 
     def __init__(self, key, prompt_type, trace, curve, o_base, o_spec, ngram_draft_s, ngram, draft_context,
-                 policy_curve=None, padded=False):
+                 padded=False):
         self.key, self.prompt_type, self.trace, self.curve = key, prompt_type, trace, curve
-        self.padded = padded  # the configuration pads verification to the cheapest measured shape
-        self.policy_curve = policy_curve if policy_curve is not None else curve
+        self.padded = padded
         self.o_base, self.o_spec, self.ngram_draft_s = o_base, o_spec, ngram_draft_s
         self.ngram, self.draft_context = ngram, draft_context
 
@@ -93,9 +95,9 @@ class PromptModel:
         if policy in (None, "fixed"):
             return replay(self.trace, k=k, drafter=self.drafter(method), draft_context=self.draft_context)
         if policy == "cost":
-            if self.policy_curve is None:
+            if self.curve is None:
                 raise ValueError("the cost policy needs measured costs")
-            c = self.policy_curve if method == "draft" else self.policy_curve.with_draft_step(0.0)
+            c = self.curve if method == "draft" else self.curve.with_draft_step(0.0)
             pol = make_policy(policy, k, costs=c, pad_verify=self.padded)
         else:
             pol = make_policy(policy, k)
@@ -132,28 +134,23 @@ def _median(xs) -> float:
     return float(np.median(xs)) if xs else 0.0
 
 
-def _curve(cal: pd.DataFrame, costs: dict | None) -> CostCurve | None:
-    """The calibration blocks' median curve (all blocks of one prompt), else the sweep's costs."""
+def _curve(cal: pd.DataFrame, stored: CostCurve | None) -> CostCurve | None:
+    """The calibration blocks' median curve (all blocks of one prompt), else the configuration's stored one."""
     if len(cal):
         t = cal[cal["role"] == "target"].groupby("n_tokens")["seconds"].median()
         d = cal[cal["role"] == "draft"]["seconds"]
         if len(t) and 1 in t.index:
             return CostCurve({int(n): float(s) for n, s in t.items()}, float(d.median()) if len(d) else None)
-    if costs:
-        try:
-            return CostCurve.from_costs(costs)
-        except ValueError:
-            return None
-    return None
+    return stored
 
 
 def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame, calibration: pd.DataFrame,
-                  costs: dict[str, dict] | None = None, ngram: tuple[int, int] = (3, 1)) -> list[PromptModel]:
+                  costs: dict[str, CostCurve] | None = None, ngram: tuple[int, int] = (3, 1)) -> list[PromptModel]:
     """A `PromptModel` per stored trace.
 
     Args:
         runs, rounds: the store's (prepared or raw) runs and rounds. traces, calibration: the store's tables.
-        costs: config_label -> the sweep's stored costs dict (fallback when a prompt has no block).
+        costs: config_label -> the configuration's stored cost curve (fallback when a prompt has no block).
         ngram: the sweep's (ngram_max, ngram_min).
     """
     if traces is None or traces.empty:
@@ -224,10 +221,10 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
     return pd.DataFrame(rows)
 
 
-def _geo(x: pd.Series) -> float:
+def positive_geomean(x: pd.Series) -> float:
+    """`specdec.stats.geometric_mean` of the finite, positive values of `x` (NaN when there are none)."""
     v = x.astype(float)
-    v = v[np.isfinite(v) & (v > 0)]
-    return float(np.exp(np.log(v).mean())) if len(v) else np.nan
+    return stats.geometric_mean(v[np.isfinite(v) & (v > 0)])
 
 
 def trace_best_k(grid: pd.DataFrame) -> pd.DataFrame:
@@ -239,14 +236,14 @@ def trace_best_k(grid: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     rows = []
     for (label, ptype, method), g in grid.groupby(["config_label", "prompt_type", "method"], sort=True):
-        fx = g[g["policy"] == "fixed"].groupby("k")["predicted"].apply(_geo)
+        fx = g[g["policy"] == "fixed"].groupby("k")["predicted"].apply(positive_geomean)
         if fx.dropna().empty:
             continue
         best = int(fx.idxmax())
         pol = g[g["policy"] == "cost"]["predicted"]
         rows.append({"config_label": label, "prompt_type": ptype, "method": method, "best_k": best,
                      "predicted": float(fx[best]), "predicted_k4": float(fx.get(4, np.nan)),
-                     "policy_predicted": _geo(pol) if len(pol) else np.nan,
+                     "policy_predicted": positive_geomean(pol) if len(pol) else np.nan,
                      "n_prompts": int(g["prompt_id"].nunique())})
     return pd.DataFrame(rows, columns=cols)
 
@@ -291,10 +288,8 @@ def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequ
         except ValueError:
             continue
         timed = _timed_records(rounds, int(r.run_id))
-        diff = compare_rounds(timed, replayed)
-        if r.policy == "confidence" and r.method == "draft":  # K past a rejection is off the trace
-            diff = [] if [(x.num_accepted, x.num_emitted) for x in timed] == \
-                [(x.num_accepted, x.num_emitted) for x in replayed] else diff
+        # a confidence stop past a rejected draft token is off the trace: the replayed K is an upper bound
+        diff = compare_rounds(timed, replayed, k_upper_bound=r.policy == "confidence" and r.method == "draft")
         meas = r.decode_tokens_per_s / ref[int(r.run_id)] if int(r.run_id) in ref else np.nan
         pred = m.speedup(r.method, replayed)
         rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,

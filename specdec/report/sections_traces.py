@@ -8,7 +8,7 @@ import numpy as np
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.document import Bullets, Section, ci, f, i, key_columns, pct, s, table_of, yn
-from specdec.report.predicted import summary
+from specdec.report.predicted import positive_geomean, summary
 from specdec.report.vocab import ALL_PROMPTS
 
 __all__ = ["aa_line", "roofline_section", "traces_section"]
@@ -91,9 +91,7 @@ def traces_section(a: Analysis) -> Section:
         sec.blocks.append(t)
     if len(grid):
         fx = grid[grid["policy"] == "fixed"]
-        piv = fx.groupby(["config_label", "method", "k"])["predicted"].apply(
-            lambda x: float(np.exp(np.log(x[x > 0].astype(float)).mean())) if (x > 0).any() else np.nan
-        ).reset_index()
+        piv = fx.groupby(["config_label", "method", "k"])["predicted"].apply(positive_geomean).reset_index()
         t = table_of(piv, [("config", lambda r: s(r["config_label"])), *key_columns("method", "K"),
                            ("predicted decode speedup (all prompts)", lambda r: f(r["predicted"]))])
         t.caption = f"The whole K grid from the traces, geometric mean over {ALL_PROMPTS.strip('()')}."

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from specdec.costs import CostCurve
 from specdec.report.cells import best_k_table, cell_table
 from specdec.report.comparisons import (
     adaptive_table,
@@ -74,10 +75,10 @@ class Inputs:
             if st is None or st.traces is None or st.traces.empty:
                 self._models = []
             else:
-                cfg = parse_json((st.sweep or {}).get("config_json")) or {}
-                ngram = (int(cfg.get("ngram_max", 3)), int(cfg.get("ngram_min", 1)))
-                self._models = prompt_models(self.runs, self.rounds, st.traces, st.calibration,
-                                             _costs_by_label(st.costs), ngram)
+                ngram = (int(self.sweep_setting("ngram_max", 3)), int(self.sweep_setting("ngram_min", 1)))
+                stored = {label: CostCurve(info.target_s, info.draft_step_s)
+                          for label, info in self.infos.items() if 1 in info.target_s}
+                self._models = prompt_models(self.runs, self.rounds, st.traces, st.calibration, stored, ngram)
         return self._models
 
     def sweep_setting(self, name: str, default: Any) -> Any:
@@ -86,20 +87,6 @@ class Inputs:
 
     def __getitem__(self, table: ReportTable) -> pd.DataFrame:
         return self.tables[table.name]
-
-
-def _costs_by_label(costs: pd.DataFrame) -> dict[str, dict]:
-    """The costs table as ``{config_label: {"target_forward_s": {n: s}, "draft_step_s": s}}``."""
-    out: dict[str, dict] = {}
-    if costs is None or costs.empty:
-        return out
-    for label, g in costs.groupby("config_label"):
-        t = g[g["role"] == "target"]
-        d = g[(g["role"] == "draft") & (g["n_tokens"] == 1)]["seconds"]
-        out[str(label)] = {"target_forward_s": {int(n): float(x) for n, x in zip(t["n_tokens"], t["seconds"],
-                                                                                     strict=True)},
-                           "draft_step_s": float(d.iloc[0]) if len(d) else None}
-    return out
 
 
 def _grid(i: Inputs) -> pd.DataFrame:

@@ -377,6 +377,25 @@ def test_bracket_plan_puts_a_baseline_on_each_side_of_every_run():
     assert [c.method for c in S.build_plan(lone, S.select_prompts(lone))] == ["draft"]
 
 
+def test_secondary_policies_time_a_policy_on_every_prompt_of_a_type():
+    """Policies run on primaries only unless `secondary_policies` names them for the other prompts too."""
+    base = {"prompt_types": "code", "prompts_per_type": 3, "ks": "2", "secondary_ks": "", "methods": "baseline,draft",
+            "policies": "cost", "peers": False}
+    plain = S.make_config(base)
+    wide = S.make_config({**base, "secondary_policies": "cost"})
+    for cfg, want in ((plain, {"code-01"}), (wide, {"code-01", "code-02", "code-03"})):
+        plan = S.build_plan(cfg, S.select_prompts(cfg))
+        assert {c.prompt.id for c in plan if c.policy == "cost"} == want
+        assert all(c.k == 16 for c in plan if c.policy == "cost")
+    # secondaries get the policy but not the primary's fixed-K grid
+    wplan = S.build_plan(wide, S.select_prompts(wide))
+    assert [(c.method, c.k, c.policy) for c in wplan if c.prompt.id == "code-02"] == [
+        ("baseline", None, None), ("draft", 16, "cost"), ("baseline", None, None)]
+    assert wide.secondary_policies == ("cost",) and plain.secondary_policies == ()
+    with pytest.raises(ValueError, match="unknown policy fixed"):
+        S.make_config({**base, "secondary_policies": "fixed"})
+
+
 def test_default_plan_and_budget_fit_the_cpu():
     cfg = S.make_config({})
     prompts = S.select_prompts(cfg)

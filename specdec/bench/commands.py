@@ -113,6 +113,10 @@ def sweep(
         str | None, typer.Option(help="Adaptive policies for draft/ngram on primaries: heuristic,confidence,cost "
                                  "or 'none'. (default: cost)", rich_help_panel=_PANEL_PLAN)
     ] = None,
+    secondary_policies: Annotated[
+        str | None, typer.Option(help="Adaptive policies also run on the non-primary prompts ('none' for none). "
+                                 "(default: none)", rich_help_panel=_PANEL_PLAN)
+    ] = None,
     policy_k: Annotated[
         int | None, typer.Option(help="Policies' starting/maximum K. (default: 16)", rich_help_panel=_PANEL_PLAN)
     ] = None,
@@ -211,7 +215,8 @@ def sweep(
             "prompts": str(prompts) if prompts is not None else None, "prompts_per_type": prompts_per_type,
             "ks": ks, "secondary_ks": secondary_ks, "max_new_tokens": max_new_tokens, "repeats": repeats,
             "baseline_repeats": baseline_repeats, "pairing": pairing, "traces": traces,
-            "calibration_repeats": calibration_repeats, "methods": methods, "policies": policies, "policy_k": policy_k, "peers": peers,
+            "calibration_repeats": calibration_repeats, "methods": methods, "policies": policies,
+            "secondary_policies": secondary_policies, "policy_k": policy_k, "peers": peers,
             "skip_long_prompts": skip_long_prompts,
             "peer_ks": peer_ks, "configs": configs, "temperature": temperature, "top_k": top_k,
             "top_p": top_p, "seed": seed, "device": device, "dtype": dtype, "threads": threads,

@@ -159,6 +159,8 @@ class SweepConfig:
         methods: among ``baseline``, ``draft``, ``ngram`` and the peer names (a peer named here is run even
             without `peers`).
         policies: adaptive policies run for ``draft`` and ``ngram`` on primary prompts, with K = `policy_k`.
+        secondary_policies: adaptive policies run on the other prompts too (default none), so a policy can be
+            timed paired over every prompt of a type.
         policy_k: the policies' starting (heuristic) or maximum (confidence, cost) K.
         peers: run every peer that applies to each configuration.
         peer_ks: K for ``hf_assisted`` / ``hf_prompt_lookup`` / ``llama_prompt_lookup``.
@@ -192,6 +194,7 @@ class SweepConfig:
     calibration_repeats: int = 2
     methods: tuple[str, ...] = OUR_METHODS
     policies: tuple[str, ...] = ("cost",)
+    secondary_policies: tuple[str, ...] = ()
     policy_k: int = 16
     peers: bool = True
     peer_ks: tuple[int, ...] = (4,)
@@ -283,14 +286,15 @@ def _normalize_names(v: dict[str, Any]) -> None:
     if not methods:
         raise ValueError("methods: give at least one method")
     v["methods"] = tuple(dict.fromkeys(methods))
-    policies = [p.lower() for p in _as_list(v["policies"], "policies")]
-    if policies in (["none"], ["off"]):
-        policies = []
-    bad = [p for p in policies if p not in ADAPTIVE_POLICIES]
-    if bad:
-        hint = " (fixed K is the --ks grid)" if "fixed" in bad else ""
-        raise ValueError(f"unknown policy {', '.join(bad)}; choose from {', '.join(ADAPTIVE_POLICIES)}{hint}")
-    v["policies"] = tuple(dict.fromkeys(policies))
+    for field in ("policies", "secondary_policies"):
+        policies = [p.lower() for p in _as_list(v[field], field)]
+        if policies in (["none"], ["off"]):
+            policies = []
+        bad = [p for p in policies if p not in ADAPTIVE_POLICIES]
+        if bad:
+            hint = " (fixed K is the --ks grid)" if "fixed" in bad else ""
+            raise ValueError(f"unknown policy {', '.join(bad)}; choose from {', '.join(ADAPTIVE_POLICIES)}{hint}")
+        v[field] = tuple(dict.fromkeys(policies))
     configs = []
     for c in _as_list(v["configs"], "configs"):
         label = _CONFIG_ALIASES.get(c.lower(), c)

@@ -108,7 +108,7 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
     - ``pairing="none"``: baseline first, the pass, then ``baseline_repeats - repeats`` extra baselines.
 
     Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
-    `secondary_ks` only. Baseline runs of a prompt are numbered 0, 1, ... in plan order (their ``repeat``).
+    `secondary_ks` and `secondary_policies` only. Baseline runs of a prompt are numbered 0, 1, ... in plan order (their ``repeat``).
     """
     prim = primary_ids(prompts)
     plan: list[PlannedRun] = []
@@ -124,9 +124,9 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
             groups: list[tuple[str, int | None, str | None]] = [(m, None, None) for m in plain]
             for m in drafting:
                 groups.extend((m, k, "fixed") for k in ks)
+            for m in drafting:
+                groups.extend((m, cfg.policy_k, p) for p in (cfg.policies if is_primary else cfg.secondary_policies))
             if is_primary:
-                for m in drafting:
-                    groups.extend((m, cfg.policy_k, p) for p in cfg.policies)
                 for pm in peers:
                     groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
             with_base = base in cfg.methods
@@ -188,7 +188,7 @@ def cost_max_n(cfg: SweepConfig) -> int:
     """Largest forward the cost curve covers: n = 1..17 always (K up to 16), more when a cell uses K > 16
     (its verification forward scores K + 1 tokens)."""
     ks = list(cfg.ks) + list(cfg.secondary_ks) + list(cfg.peer_ks)
-    if cfg.policies:
+    if cfg.policies or cfg.secondary_policies:
         ks.append(cfg.policy_k)
     return max([17] + [k + 1 for k in ks])
 

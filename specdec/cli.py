@@ -84,7 +84,7 @@ def generate(
     pad_verify: Annotated[bool, typer.Option(
         "--pad-verify", help="Pad each verification forward to the cheapest shape on the target's measured "
         "cost curve (the costs the cost policy uses; measured now when not cached); the cost policy prices "
-        "K with the padded cost.")] = False,
+        "K with the padded cost; --baseline pads its target-only steps by the same curve.")] = False,
 ) -> None:
     """Generate from one prompt with speculative decoding and print the text and its statistics."""
     from specdec import models
@@ -149,7 +149,7 @@ def generate(
         warm = min(8, max_new_tokens)
         speculative_generate(loaded.target.backend, the_drafter, prompt_ids, warm, policy=the_policy,
                              pad_to=pad_to, **common)
-        autoregressive_generate(loaded.target.backend, prompt_ids, warm, **common)
+        autoregressive_generate(loaded.target.backend, prompt_ids, warm, pad_to=pad_to, **common)
     result = speculative_generate(loaded.target.backend, the_drafter, prompt_ids, max_new_tokens, policy=the_policy,
                                   pad_to=pad_to, **common)
     text = tok.decode(result.token_ids, skip_special_tokens=True)
@@ -161,7 +161,10 @@ def generate(
     if pad_verify:
         out["rounds_n_forward"] = [r.n_forward for r in result.rounds]  # tokens in each target forward
     if baseline:
-        base = autoregressive_generate(loaded.target.backend, prompt_ids, max_new_tokens, **common)
+        # with --pad-verify the baseline pads its 1-token steps by the same curve: where a 2-token forward is
+        # cheaper (bf16 on some CPUs), plain target-only would be an unfairly slow baseline
+        base = autoregressive_generate(loaded.target.backend, prompt_ids, max_new_tokens, pad_to=pad_to,
+                                       **common)
         out["baseline_token_ids"] = base.token_ids
         base_tps, spec_tps = _rate(base.tokens_per_s), _rate(result.tokens_per_s)
         out["baseline_tokens_per_s"] = base_tps  # None (JSON null), never NaN, when nothing was generated

@@ -69,6 +69,7 @@ def autoregressive_generate(
     vocab_size: int | None = None,
     seed: int | None = None,
     clock: Clock = time.perf_counter,
+    pad_to: Callable[[int], int] | None = None,
 ) -> GenerationResult:
     """Target-only decoding, one token per forward: the baseline and the oracle.
 
@@ -81,14 +82,23 @@ def autoregressive_generate(
         vocab_size: shared vocabulary; logits columns past it are never chosen.
         seed: seeds the `torch.Generator` used for sampling (same seed, same tokens).
         clock: seconds; injectable for tests.
+        pad_to: each step's forward padded to ``pad_to(1)`` tokens (the last token repeated as filler; the
+            filler rows' logits are dropped and their cache entries truncated), for a runtime whose measured
+            cost curve makes a 2-token forward cheaper than a 1-token one (`specdec.costs.CostCurve.padded_n`;
+            bf16 on some CPUs). Causal attention keeps the real row's logits those of a 1-token forward up
+            to kernel rounding. None: a plain 1-token forward (the baseline).
 
     Returns:
-        A `GenerationResult` with one round (K = 0) per new token.
+        A `GenerationResult` with one round (K = 0) per new token (``n_forward`` set when padded).
 
     Raises:
-        ValueError: empty prompt or negative budget. ContextOverflowError: prompt + budget > context.
+        ValueError: empty prompt, negative budget, or ``pad_to(1) < 1``. ContextOverflowError: prompt +
+        budget > context.
     """
     _check_inputs(prompt_ids, max_new_tokens, target.max_length)
+    n_step = 1 if pad_to is None else int(pad_to(1))
+    if n_step < 1:
+        raise ValueError(f"pad_to(1) = {n_step}: a step forward holds at least its one real token")
     eos = frozenset(eos_ids)
     vocab = vocab_size or target.vocab_size
     generator = _make_generator(sampling, seed, target.device)
@@ -106,7 +116,11 @@ def autoregressive_generate(
     t_prev = t_prefill
     finish = "length"
     while len(result.token_ids) < max_new_tokens:
-        logits = target.forward([last])[:, :vocab]  # [1, vocab]
+        cached = len(prompt) + len(result.token_ids) - 1  # the cache holds everything before `last`
+        n_fwd = min(n_step, target.max_length - cached)  # never pad past the context
+        logits = target.forward([last] * n_fwd)[:1, :vocab]  # [1, vocab]: filler rows dropped
+        if n_fwd > 1:
+            target.truncate(cached + 1)
         target.synchronize()
         t_fwd = clock()
         if sampling.greedy:
@@ -117,7 +131,7 @@ def autoregressive_generate(
         t_now = clock()
         result.token_ids.append(token)
         result.rounds.append(RoundRecord(0, 0, (), "bonus", 1, 0.0, t_now - t_prev, 0.0, 0,
-                                         forward_s=t_fwd - t_prev))
+                                         forward_s=t_fwd - t_prev, n_forward=n_fwd if pad_to else None))
         if len(result.token_ids) == 1:
             result.ttft_s = t_now - t0
         t_prev = t_now

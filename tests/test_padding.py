@@ -122,6 +122,37 @@ def test_greedy_padded_equals_target_only(refs, target, near_draft, k, rule):
     assert rejections > 0  # rollback of rejected drafts and filler together was exercised
 
 
+@pytest.mark.parametrize("rule", ["plus1", "double", "to9"])
+def test_padded_target_only_equals_target_only(refs, target, rule):
+    """Target-only decoding with each 1-token step padded (`autoregressive_generate(pad_to=)`, the
+    ``baseline_padded`` method): same tokens, the shape recorded per step, the filler never left in the cache,
+    and the target sees exactly prefill + the recorded shapes."""
+    pad = RULES[rule]
+    counting = CountingBackend(target)
+    for text, (prompt, ref) in refs.items():
+        before = counting.tokens
+        out = autoregressive_generate(counting, prompt, NEW, pad_to=pad)
+        assert out.token_ids == ref, (text, rule)
+        assert [r.n_forward for r in out.rounds] == [pad(1)] * len(out.rounds)
+        assert target.cache_length == len(prompt) + len(out.token_ids) - 1
+        assert counting.tokens - before == len(prompt) - 1 + pad(1) * len(out.rounds)
+    plain = autoregressive_generate(target, refs[PROMPTS[0]][0], 4)
+    assert all(r.n_forward is None for r in plain.rounds)
+    with pytest.raises(ValueError, match=r"pad_to\(1\) = 0"):
+        autoregressive_generate(target, refs[PROMPTS[0]][0], 4, pad_to=lambda m: 0)
+
+
+def test_padded_target_only_never_passes_the_context(tiny_tokenizer, tiny_pair):
+    short = load_backend(tiny_pair.target_dir, max_length=40)
+    prompt = tiny_tokenizer("abc abc abc abc abc abc abc abc abc abc").input_ids
+    budget = 40 - len(prompt)
+    ref = autoregressive_generate(short, prompt, budget).token_ids
+    out = autoregressive_generate(short, prompt, budget, pad_to=lambda m: m + 5)
+    assert out.token_ids == ref
+    # the step at cache length c pads to min(6, 40 - c); the last step has c = 38: the last four are cut
+    assert [r.n_forward for r in out.rounds][-5:] == [6, 5, 4, 3, 2]
+
+
 def test_padding_off_records_nothing_and_bad_rules_are_refused(refs, target, near_draft):
     prompt, _ = refs[PROMPTS[0]]
     out = speculative_generate(target, ModelDrafter(near_draft, V), prompt, 8, k=2, vocab_size=V)

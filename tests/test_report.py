@@ -455,7 +455,7 @@ def test_runtimes_side_by_side(tmp_path):
 # the report
 # --------------------------------------------------------------------------------------------------
 
-KINDS = {"heatmap", "speedup_vs_k", "alpha_vs_speedup", "best_k", "predicted_vs_measured", "time_breakdown",
+KINDS = {"headline", "heatmap", "speedup_vs_k", "alpha_vs_speedup", "best_k", "predicted_vs_measured", "time_breakdown",
          "acceptance_by_position", "verification_cost"}
 
 
@@ -475,6 +475,13 @@ def test_report_from_full_store(store_path, tmp_path):
     assert text.count("data:image/png;base64,") == len(res.drawn)
     assert "deadbeef" in text and "Test CPU" in text and "prompt_filter" in text
     assert "How to read this" in text and "win" in text
+    # reader first: how to read it, the headline (figure + verdict), ...; the raw configuration in the appendix
+    at = {a: text.index(f'<section id="{a}">') for a in ("how", "headline", "summary", "gaps", "definitions",
+                                                         "source")}
+    assert at["how"] < at["headline"] < at["summary"] < at["gaps"] < at["definitions"] < at["source"]
+    assert text.index("sweeps.config_json") > at["source"]
+    head = text[at["headline"]:at["summary"]]
+    assert head.count("data:image/png;base64,") == 1 and head.count("<li>") <= 5
     md = res.markdown.read_text(encoding="utf-8")
     outside_fences = "".join(md.split("```")[::2])  # fenced code is shown verbatim, never rendered
     assert XSS not in outside_fences and "| &lt;script>alert(1)&lt;/script> |" in md
@@ -482,6 +489,56 @@ def test_report_from_full_store(store_path, tmp_path):
     for e in res.drawn:
         assert f"figures/{e.name}.png" in md
     assert not [m for m in res.analysis.missing if "could not be computed" in m]
+
+
+def test_headline_table_picks_each_types_best_cell(analysis):
+    from specdec.report import tables as T
+    from specdec.report.headline import headline_table, verdict_lines
+
+    t = headline_table(analysis[T.CELLS])
+    assert list(t["speedup"]) == sorted(t["speedup"], reverse=True)
+    rows = t.set_index("prompt_type")
+    # code: draft K = 2 at 2.0x; natural and the XSS type: the heuristic policy (1.3x) beats every fixed K
+    assert (rows.loc["code", "method"], rows.loc["code", "k"]) == ("draft", 2)
+    assert rows.loc["code", "speedup"] == pytest.approx(2.0)
+    assert rows.loc["natural", "policy"] == "heuristic" and rows.loc["natural", "speedup"] == pytest.approx(1.3)
+    assert t["default_speedup"].isna().all()  # this store has no cost-policy runs
+    lines = verdict_lines(analysis)
+    assert 1 <= len(lines) <= 5 and "of 3 prompt types" in lines[0]
+    assert "Highest: code 2.00x" in lines[1]
+
+
+def test_headline_shows_the_default_policy_and_the_aa_floor(tmp_path):
+    from specdec.report import tables as T
+    from specdec.report.headline import aa_floor, headline_table, padded_reference, verdict_lines
+
+    st = Store(tmp_path / "h.db").sweep().costs()
+    for p in range(6):
+        common = {"prompt_id": f"code-{p}", "prompt_type": "code"}
+        st.run(method="baseline", tokens_per_s=10.0, repeat=0, **common)
+        st.run(method="aa", tokens_per_s=10.0 * (1 + 0.01 * (p - 2.5)), **common)
+        st.run(method="baseline", tokens_per_s=10.0, repeat=1, **common)
+        st.run(method="draft", policy="cost", k=16, tokens_per_s=15.0 * (1 + 0.02 * (p % 2)), rounds=[(2, "11")],
+               num_drafted=2, num_accepted=2, num_rejections=0, matches_baseline=1, **common)
+        st.run(method="baseline", tokens_per_s=10.0, repeat=2, **common)
+        st.run(method="draft", policy="fixed", k=2, tokens_per_s=18.0, rounds=[(2, "11")], num_drafted=2,
+               num_accepted=2, num_rejections=0, matches_baseline=int(p > 0), **common)
+        st.run(method="baseline", tokens_per_s=10.0, repeat=3, **common)
+        st.run(method="baseline_padded", tokens_per_s=11.6, **common)
+        st.run(method="baseline", tokens_per_s=10.0, repeat=4, **common)
+    a = analyze(load_store(st.close()))
+    t = headline_table(a[T.CELLS])
+    r = t.iloc[0]
+    assert (r["method"], r["k"], r["verdict"]) == ("draft", 2, "win") and r["speedup"] == pytest.approx(1.8)
+    assert r["default_speedup"] == pytest.approx(1.5 * 1.01, rel=0.01) and r["default_verdict"] == "win"
+    lo, hi, label = aa_floor(a)
+    assert lo < 1.0 < hi and label == LABEL
+    text = " ".join(verdict_lines(a))
+    assert "The default policy" in text and "A/A noise floor" in text
+    assert "11 of 12 (92%)" in text  # one fixed-K run left the target-only output
+    assert padded_reference(a)[0] == pytest.approx(1.16) and "runs at 1.16x" in text
+    res = write_report(tmp_path / "h.db", tmp_path / "out")
+    assert "headline" in {e.kind for e in res.drawn}
 
 
 def test_cli_report(store_path, tmp_path):

@@ -837,6 +837,69 @@ def test_fastest_table_names_the_fastest_configuration_per_type(full_sweep, caps
     assert "greedy runs left the target-only output" in out
 
 
+def test_baseline_padded_is_timed_paired_exact_and_read_by_bench_fast(tmp_path, tiny_pair, near_draft_dir,
+                                                                         prompt_file, capsys):
+    """``baseline_padded`` (target-only, each step padded to the cheapest measured shape; not a default
+    method): planned between two baselines on every prompt, token-identical to the baseline, each step's
+    forward shape recorded; benchmarks/bench_fast.py reports it against plain target-only and the default
+    policy against it, and prints every issue-19 target."""
+    import importlib.util
+
+    db = tmp_path / "padded.db"
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, methods="baseline,baseline_padded,draft", ks="1",
+               secondary_ks="", policies="cost", secondary_policies="cost", peers=False)
+    assert "baseline_padded" not in S.make_config({}).methods
+    result = S.run_sweep(cfg, db=db, progress=False)
+    assert result.status == "done" and result.failed == 0
+    with Store(db) as st:
+        runs = st.runs(result.sweep_id)
+        rounds = st.conn.execute("SELECT run_id, n_forward FROM rounds").fetchall()
+    padded = [r for r in runs if r["method"] == "baseline_padded"]
+    assert len(padded) == len(PROMPTS) and all(r["matches_baseline"] == 1 for r in padded)
+    by_id = {r["run_id"]: r for r in runs}
+    for r in padded:  # paired: a baseline of the same prompt on each side
+        assert {by_id[r["run_id"] - 1]["method"], by_id[r["run_id"] + 1]["method"]} == {"baseline"}
+    shapes = [n for rid, n in rounds if by_id[rid]["method"] == "baseline_padded"]
+    assert shapes and all(n is not None and n >= 1 for n in shapes)
+    assert all(n is None for rid, n in rounds if by_id[rid]["method"] == "baseline")
+    # the cost policy ran on the secondary prompt too (secondary_policies)
+    assert {r["prompt_id"] for r in runs if r["policy"] == "cost"} == {p["id"] for p in PROMPTS}
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fast.py"
+    spec = importlib.util.spec_from_file_location("bench_fast", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    for head in ("1. bf16 step", "2./4. default policy", "3. exactness", "5. target-only padded",
+                 "6. the default policy replayed"):
+        assert head in out
+    assert "transformers-eager, this machine's curve: " in out
+    assert "transformers-eager: baseline_padded / baseline = " in out
+    assert "default policy / baseline_padded = " in out
+    n = sum(1 for r in runs if r["method"] == "draft")
+    assert f"equal to plain target-only output {n} of {n}, to padded target-only output {n} of {n}" in out
+    assert "repetitive" in out and "code" in out and "NOT MEASURED" in out  # 2 types, not 12: no verdict
+
+
+def test_bench_fast_measures_fp32_and_bf16_steps_in_one_process(tiny_pair, capsys):
+    """benchmarks/bench_fast.py --measure: both dtypes loaded, interleaved passes, the two targets printed."""
+    import importlib.util
+
+    from specdec import precision
+
+    if precision.missing_bf16_support(precision.cpu_flags(), None) is not None:
+        pytest.skip("this CPU has no native bf16 kernels (bf16 is refused)")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fast.py"
+    spec = importlib.util.spec_from_file_location("bench_fast_measure", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.measure_steps(str(tiny_pair.target_dir), threads=1, passes=2)
+    out = capsys.readouterr().out
+    assert "float32   t(1) = " in out and "bfloat16  t(1) = " in out
+    assert "bf16 / fp32 single step = " in out and "target <= 0.45: " in out and "bf16 v(17) = " in out
+
+
 def test_resumed_cost_policy_decides_with_the_prompts_stored_calibration(tmp_path, tiny_pair, near_draft_dir,
                                                                          prompt_file):
     """A sweep stopped after a prompt's first baseline (trace and calibration stored) and resumed in a new

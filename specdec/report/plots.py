@@ -7,6 +7,8 @@ stops the report.
 
 Figures (file stem prefixes):
 
+* ``headline`` -- per prompt type, the best cell's and the default policy's speedup with 95 % intervals, and
+  the A/A noise floor (:mod:`specdec.report.headline`; shown in the report's first section).
 * ``heatmap`` -- speedup, prompt type x K, per (config, pair, method); diverging colormap centred at 1.
 * ``speedup_vs_k`` -- speedup against K, one line per prompt type, with 95 % CI bars.
 * ``alpha_vs_speedup`` -- measured alpha-hat against measured speedup per cell, with the model's curves.
@@ -41,6 +43,7 @@ from specdec.report.figure_kit import (
     sorted_groups,
     tex_safe,
 )
+from specdec.report.headline import headline_figure
 from specdec.report.vocab import FIXED_POLICIES, SPEC_METHODS
 
 __all__ = ["FigureEntry", "make_figures"]
@@ -346,6 +349,7 @@ def _verification_cost(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]
 
 
 _BUILDERS = (
+    ("headline", headline_figure),
     ("heatmap", _heatmaps),
     ("speedup_vs_k", _speedup_vs_k),
     ("alpha_vs_speedup", _alpha_vs_speedup),

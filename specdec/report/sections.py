@@ -1,6 +1,7 @@
-"""The report's sections, in order (`build_sections`): summary, where the data came from, how to read
-it, speedup by cell, machine drift, the comparisons of :mod:`specdec.report.sections_compare`, figures
-and gaps. Each section reads the analysis through the table registry's handles (:mod:`specdec.report.tables`).
+"""The report's sections, in order (`build_sections`): how to read it, the headline, summary, speedup by
+cell, traces, roofline, machine drift, the comparisons of :mod:`specdec.report.sections_compare`, figures,
+gaps, and the appendices (definitions; where the data came from). Each section reads the analysis through
+the table registry's handles (:mod:`specdec.report.tables`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from specdec.report.analysis import Analysis
 from specdec.report.cells import best_fixed, spec_fixed_cells
 from specdec.report.diagnostics import DRIFT_FLAG
 from specdec.report.document import Bullets, Pre, Section, Table, ci, f, i, key_columns, pct, s, table_of, yn
+from specdec.report.headline import HOW_TO_READ_FIRST, headline_section
 from specdec.report.plots import FigureEntry
 from specdec.report.sections_compare import (
     adaptive_section,
@@ -100,7 +102,7 @@ def _machine_blocks(st) -> list:
 
 def _source_section(a: Analysis) -> Section:
     st = a.store
-    sec = Section("Where the data came from", "source")
+    sec = Section("Appendix: where the data came from", "source")
     sw = st.sweep or {}
     info = [
         ["store", st.db_path],
@@ -329,7 +331,7 @@ def _gaps_section(a: Analysis, figures: list[FigureEntry]) -> Section:
 
 def _figures_section(figures: list[FigureEntry]) -> Section:
     sec = Section("Figures", "figures")
-    drawn = [e for e in figures if not e.skipped]
+    drawn = [e for e in figures if not e.skipped and e.kind != "headline"]  # the headline has its own section
     if not drawn:
         sec.blocks.append("No figure could be drawn from this store (see Gaps).")
     sec.blocks.extend(drawn)
@@ -337,12 +339,17 @@ def _figures_section(figures: list[FigureEntry]) -> Section:
 
 
 def build_sections(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> list[Section]:
-    """The report's sections, in order (`extra` ones before the figures)."""
+    """The report's sections, in reading order: a short "how to read this", the headline (figure and five-line
+    verdict, :mod:`specdec.report.headline`), the summary, the tables and comparisons (`extra` ones before
+    the figures), the gaps, then the appendices: the definitions of every metric and where the data came
+    from (provenance, machine, the raw sweep configuration)."""
     how = Section("How to read this", "how")
-    how.blocks.append(Bullets(HOW_TO_READ))
+    how.blocks.append(Bullets(HOW_TO_READ_FIRST))
+    definitions = Section("Appendix: definitions", "definitions")
+    definitions.blocks.append(Bullets(HOW_TO_READ))
     return [
-        _summary_section(a), _source_section(a), how, _speedup_section(a), traces_section(a), roofline_section(a), _drift_section(a),
-        condition_section(a),
-        model_section(a), peer_section(a), adaptive_section(a), runtime_section(a), *extra,
-        _figures_section(figures), _gaps_section(a, figures),
+        how, headline_section(a, figures), _summary_section(a), _speedup_section(a), traces_section(a),
+        roofline_section(a), _drift_section(a), condition_section(a), model_section(a), peer_section(a),
+        adaptive_section(a), runtime_section(a), *extra, _figures_section(figures), _gaps_section(a, figures),
+        definitions, _source_section(a),
     ]

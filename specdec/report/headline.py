@@ -37,8 +37,8 @@ HOW_TO_READ_FIRST = [
      "machine. A speedup inside it is no speedup."),
     ("'Best' cells (configuration, drafter, K) are picked after the fact and so are optimistic; the default "
      "policy (draft model, cost policy) is fixed before the run and is the figure to expect."),
-    ("Definitions of every metric are in the appendix 'Definitions'; the machine, library versions and the raw "
-     "sweep configuration in the appendix 'Where the data came from'."),
+    ("Definitions of every metric are in 'Appendix: definitions'; the machine, library versions and the raw "
+     "sweep configuration in 'Appendix: where the data came from'."),
 ]
 
 
@@ -124,7 +124,7 @@ def headline_figure(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
         return [FigureEntry("headline", "headline", "Headline", "",
                             skipped="no speculative cell with a measured speedup")]
     t = t.iloc[::-1].reset_index(drop=True)  # highest on top
-    fig = new_figure(9.5, 1.4 + 0.42 * len(t))
+    fig = new_figure(9.5, 2.0 + 0.42 * len(t))
     ax = fig.subplots()
     y = np.arange(len(t))
     sp = t["speedup"].astype(float).to_numpy()
@@ -148,7 +148,7 @@ def headline_figure(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
     padded = padded_reference(a)
     if padded is not None:
         ax.axvline(padded[0], color="#6a1b9a", lw=1.2, ls="--",
-                   label=tex_safe(f"target-only padded ({padded[2]}): {padded[0]:.2f}x"))
+                   label=tex_safe(f"target-only padded ({padded[3]}): {padded[0]:.2f}x"))
     floor = aa_floor(a)
     if floor is not None:
         ax.axvspan(floor[0], floor[1], color="#ffb300", alpha=0.25, label=tex_safe(f"A/A noise floor ({floor[2]})"))
@@ -162,7 +162,8 @@ def headline_figure(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
     ax.set_xlim(min(left, 1.0) - 0.05, right + 0.55 * max(right - 1.0, 0.4) + 0.1)
     ax.set_xlabel("speedup over target-only (paired; 1 = parity)")
     ax.set_title("Speedup per prompt type: best cell and the default policy, with 95 % intervals", fontsize=10)
-    ax.legend(loc="lower right", fontsize=7)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=7)  # below the axes, never on bars
     return [save_figure(fig, out, FigureEntry(
         name("headline"), "headline", "Headline: speedup per prompt type",
         "Per prompt type, the speculative cell with the highest paired speedup among those measured on the most "
@@ -204,7 +205,7 @@ def verdict_lines(a: Analysis) -> list[str]:
         refs.append(f"A/A noise floor ({floor[2]}): target-only against itself lies in [{floor[0]:.3f}, "
                     f"{floor[1]:.3f}]; a speedup inside that band is noise on this machine")
     if padded is not None:
-        refs.append(f"target-only padded to its cheapest measured step shape ({padded[3]}) runs at "
+        refs.append(f"Target-only padded to its cheapest measured step shape ({padded[3]}) runs at "
                     f"{f(padded[0])}x {ci(padded[1], padded[2])} of plain target-only: a speedup below that is "
                     "beaten without speculating")
     if refs:

@@ -12,8 +12,9 @@ from specdec.metrics import GenerationResult, RoundRecord
 
 
 def test_registry_holds_every_timed_method_once():
-    assert list(M.METHODS) == ["baseline", "aa", "draft", "ngram", "ngram_hf", "hf_generate", "hf_assisted",
-                               "hf_prompt_lookup", "llama_prompt_lookup"]
+    assert list(M.METHODS) == ["baseline", "aa", "baseline_padded", "draft", "ngram", "ngram_hf", "hf_generate",
+                               "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup"]
+    assert not M.METHODS["baseline_padded"].default and not M.METHODS["baseline_padded"].takes_k
     assert M.reference_method().name == "baseline"
     ours = {m.name for m in M.our_methods()}
     # every peer is compared with one of ours, at the same K when it takes K

@@ -503,6 +503,9 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
     ("compiled.db", {"threads": 2, "configs": "transformers-eager,transformers-compiled",
                      "prompt_types": "repetitive,natural", "ks": "4", "methods": "baseline,draft",
                      "policies": "none", "peers": False}),
+    ("bf16_all.db", {"threads": 2, "configs": "transformers-bf16", "prompts_per_type": 6, "ks": "2",
+                     "secondary_ks": "", "methods": "baseline,aa,draft", "policies": "cost",
+                     "secondary_policies": "cost", "peers": False, "max_new_tokens": 64, "name": "bf16-all"}),
 ])
 def test_published_sweeps_keep_their_identity(db, flags):
     """The README's rerun commands must --resume the published stores: the same settings give the same sweep

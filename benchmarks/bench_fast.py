@@ -168,6 +168,7 @@ def target_exactness(analyses) -> None:
 
 def target_padded_baseline(analyses) -> None:
     from specdec import stats
+    from specdec.report.predicted import positive_geomean
     from specdec.report.speedup import paired_reference
 
     print("\n5. target-only padded to the cheapest shape (baseline_padded):")
@@ -183,7 +184,7 @@ def target_padded_baseline(analyses) -> None:
                               for r in ok.itertuples()])
         for label, g in ok.groupby("config_label"):
             per = g.groupby(["prompt_id", "method", "policy"], dropna=False)["ratio"].apply(
-                lambda x: float(np.exp(np.log(x).mean()))).reset_index()
+                positive_geomean).reset_index()
             pad = per[per["method"] == "baseline_padded"].set_index("prompt_id")["ratio"]
             if pad.empty:
                 continue
@@ -235,9 +236,7 @@ def target_replay(analyses, other_db: str | None) -> None:
     machine) and, for fp32, with another machine's stored curve (the same traces, priced as there)."""
     import copy
 
-    from specdec.report.load import prepare_runs
     from specdec.report.predicted import positive_geomean
-    from specdec.report.tables import Inputs
 
     print("\n6. the default policy replayed from the acceptance traces (decode-only predicted speedup, per type):")
     other = _other_curve(other_db) if other_db else None
@@ -245,8 +244,7 @@ def target_replay(analyses, other_db: str | None) -> None:
         print(f"   {other_db}: no fp32 transformers cost curve")
     rows = []
     for _, an in analyses:
-        models = Inputs(prepare_runs(an.store.runs), an.store.rounds, an.costs, store=an.store).prompt_models()
-        for m in models:
+        for m in an.prompt_models:
             if m.curve is None or not m.trace.draft_ids:
                 continue
             curves = [("this machine", m.curve)]

@@ -19,7 +19,7 @@ Units: tokens/s, seconds (``*_s``), milliseconds (``*_ms``); shares are fraction
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -40,12 +40,15 @@ class Analysis:
         tables: name -> DataFrame, one per `specdec.report.tables.REGISTRY` entry.
         costs: `CostInfo` per config_label.
         missing: sentences naming what is absent from the store (and so from the report).
+        prompt_models: the traced prompts' `specdec.report.predicted.PromptModel` (what the trace tables
+            were built from; empty without traces), for callers that replay them with other costs.
     """
 
     store: StoreData
     tables: dict[str, pd.DataFrame]
     costs: dict[str, CostInfo]
     missing: list[str]
+    prompt_models: list = field(default_factory=list)
 
     def table(self, which: ReportTable | str) -> pd.DataFrame:
         """The table registered as `which` (a `ReportTable` handle or its name); an empty frame when absent."""
@@ -131,4 +134,8 @@ def analyze(store: StoreData) -> Analysis:
             missing.append(f"{spec.what} could not be computed: {type(exc).__name__}: {exc}")
             table = None
         inputs.tables[spec.name] = table if table is not None else spec.empty()
-    return Analysis(store, inputs.tables, infos, missing)
+    try:
+        models = inputs.prompt_models()  # built once for the trace tables above; cached
+    except Exception:  # noqa: BLE001 - the trace tables already reported why they could not be built
+        models = []
+    return Analysis(store, inputs.tables, infos, missing, models)

@@ -84,12 +84,17 @@ def headline_table(cells: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("speedup", ascending=False).reset_index(drop=True)
 
 
-def aa_floor(a: Analysis) -> tuple[float, float, str] | None:
-    """The widest pooled A/A interval over the configurations: (lo, hi, label), or None without A/A runs."""
+def _pooled(a: Analysis, method: str, col: str) -> pd.DataFrame:
+    """The pooled rows of `method` (one per configuration) whose `col` is finite."""
     ov = a[T.OVERALL]
     if ov.empty or "method" not in ov.columns:
-        return None
-    aa = ov[(ov["method"] == "aa") & np.isfinite(ov["speedup_lo"].astype(float))]
+        return ov
+    return ov[(ov["method"] == method) & np.isfinite(ov[col].astype(float))]
+
+
+def aa_floor(a: Analysis) -> tuple[float, float, str] | None:
+    """The widest pooled A/A interval over the configurations: (lo, hi, label), or None without A/A runs."""
+    aa = _pooled(a, "aa", "speedup_lo")
     if aa.empty:
         return None
     r = aa.assign(width=aa["speedup_hi"].astype(float) - aa["speedup_lo"].astype(float)).sort_values("width").iloc[-1]
@@ -100,10 +105,7 @@ def padded_reference(a: Analysis) -> tuple[float, float, float, str] | None:
     """The pooled speedup of ``baseline_padded`` (target-only with each step padded to the cheapest measured
     shape) over plain target-only: (speedup, lo, hi, config_label), the configuration with the largest one;
     None without such runs. Where it is above 1, plain target-only is not the fastest target-only decoder."""
-    ov = a[T.OVERALL]
-    if ov.empty or "method" not in ov.columns:
-        return None
-    p = ov[(ov["method"] == "baseline_padded") & np.isfinite(ov["speedup"].astype(float))]
+    p = _pooled(a, "baseline_padded", "speedup")
     if p.empty:
         return None
     r = p.sort_values("speedup").iloc[-1]

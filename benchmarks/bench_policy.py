@@ -5,8 +5,8 @@ per prompt type and speculative method, the policy's speedup over the target-onl
 and its speedup, and the policy's tokens/s relative to that best fixed K. It then checks the two targets of
 the `cost` policy (issue 7) and prints PASS / FAIL for each; it asserts nothing and always exits 0.
 
-    python benchmarks/bench_policy.py --db results/study.db                 # newest sweep in the store
-    python benchmarks/bench_policy.py --db results/study.db --policy heuristic --within 0.10 --floor 0.95
+    python benchmarks/bench_policy.py --db results/archive/study.db                 # newest sweep in the store
+    python benchmarks/bench_policy.py --db results/archive/study.db --policy heuristic --within 0.10 --floor 0.95
 
 Targets: ``vs best fixed >= 1 - within`` on every prompt type (default within 10%), and ``speedup >= floor``
 on every prompt type (default: no more than 5% slower than the baseline). Both are printed twice: on raw
@@ -25,7 +25,7 @@ import math
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default="results/study.db", help="SQLite results store")
+    ap.add_argument("--db", default="results/archive/study.db", help="SQLite results store")
     ap.add_argument("--sweep", default=None, help="sweep id or prefix (default: the newest)")
     ap.add_argument("--policy", default="cost", help="adaptive policy to check (cost, heuristic, confidence)")
     ap.add_argument("--within", type=float, default=0.10, help="allowed shortfall against the best fixed K")

@@ -15,9 +15,9 @@ token, rollback time and timing noise, so its absolute speedups are not the swee
 `benchmarks/bench_policy.py` on a sweep. Prints PASS / FAIL for the issue-7 targets (policy within 10% of
 the best fixed K, never below 0.95x the baseline); asserts nothing, exits 0.
 
-    python benchmarks/sim_policy.py --db results/study.db                      # draft model and prompt lookup
-    python benchmarks/sim_policy.py --db results/study.db --methods ngram --policies cost,heuristic
-    python benchmarks/sim_policy.py --db results/study.db --synthetic --cost-kw '{"explore_z": 0}'
+    python benchmarks/sim_policy.py --db results/archive/study.db                      # draft model and prompt lookup
+    python benchmarks/sim_policy.py --db results/archive/study.db --methods ngram --policies cost,heuristic
+    python benchmarks/sim_policy.py --db results/archive/study.db --synthetic --cost-kw '{"explore_z": 0}'
 
 ``--synthetic`` replays i.i.d. acceptance instead (each draft position accepted with probability alpha, 40
 seeded sequences per alpha, the draft model's cost), where the best fixed K is known from theory: it shows
@@ -171,7 +171,7 @@ def _store(db: str, sweep: str | None) -> tuple[str, list[tuple[str, str, list[i
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default="results/study.db", help="SQLite results store with baseline runs and costs")
+    ap.add_argument("--db", default="results/archive/study.db", help="SQLite results store with baseline runs and costs")
     ap.add_argument("--sweep", default=None, help="sweep id or prefix (default: the newest)")
     ap.add_argument("--draft", default="qwen2.5-coder:draft", help="draft model spec (the store's pair)")
     ap.add_argument("--methods", default="draft,ngram")

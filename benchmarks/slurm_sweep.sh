@@ -3,8 +3,8 @@
 #
 #   sbatch --array=1-4 benchmarks/slurm_sweep.sh          # 4 shards (N = the array's size)
 #   # when every element has finished (or after a failure: resubmit the missing elements, same command):
-#   specdec merge --out results/study.db results/shards/shard_*.db
-#   specdec report --db results/study.db
+#   specdec merge --out results/mine.db results/shards/shard_*.db
+#   specdec report --db results/mine.db
 #
 # Each element runs `specdec sweep --shard I/N`: the plan is split by prompt (a prompt's baseline and all
 # its runs stay on one node), every shard has the same sweep id, and `--resume` makes a resubmitted element

@@ -15,7 +15,7 @@ from specdec.bench.store import Store
 from specdec.costs import CostCurve, curve_value
 from specdec.policies import CostPolicy
 
-STUDY_DB = Path(__file__).resolve().parents[1] / "results" / "study.db"
+STUDY_DB = Path(__file__).resolve().parents[1] / "results" / "archive" / "study.db"
 #: A staircase like the default pair's on 2 CPU cores (n = 1..9, seconds).
 STAIRS = {1: 0.27, 2: 0.29, 3: 0.29, 4: 0.54, 5: 0.56, 6: 0.56, 7: 0.77, 8: 0.76, 9: 0.77}
 

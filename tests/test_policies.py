@@ -171,7 +171,7 @@ def test_cost_alpha_estimate_hand_computed():
     assert kept.current_alpha() == pytest.approx(3.2 / 5)
 
 
-# The default pair's measured costs on this CPU (results/study.db): c = 0.36 and the MKL staircase, where
+# The default pair's measured costs on this CPU (results/archive/study.db): c = 0.36 and the MKL staircase, where
 # scoring 3 tokens costs what 2 do and 17 cost less than 13.
 STUDY_COSTS = {"draft_step_s": 0.0994, "target_forward_s": {
     1: 0.2748, 2: 0.2882, 3: 0.2858, 4: 0.5378, 5: 0.5576, 6: 0.5634, 7: 0.7652, 8: 0.7621, 9: 0.7643,

@@ -224,12 +224,12 @@ def test_export_errors(tmp_path, db, monkeypatch):
 
 def test_schema_declared_once_matches_the_published_store(tmp_path):
     """`TABLES` is the one declaration: the SQL, RUN_COLUMNS/ROUND_COLUMNS and `columns` come from it, and a
-    store written by an earlier specdec (results/study.db) has exactly these columns and types."""
+    store written by an earlier specdec (results/archive/study.db) has exactly these columns and types."""
     from pathlib import Path
 
     assert {t: list(S.columns(t)) for t in S.TABLES} == SCHEMA
     assert S.RUN_COLUMNS == S.columns("runs")[1:] and S.ROUND_COLUMNS == S.columns("rounds")[1:]
-    published = Path(__file__).resolve().parents[1] / "results" / "study.db"
+    published = Path(__file__).resolve().parents[1] / "results" / "archive" / "study.db"
     if not published.is_file():
         pytest.skip("the published study store is not in this checkout")
     conn = sqlite3.connect(f"file:{published}?mode=ro&immutable=1", uri=True)

@@ -16,10 +16,10 @@ nothing; prints each target with PASS / FAIL / NOT MEASURED and the figures behi
    paired speedups per prompt, pooled with a t-interval): the fair comparison when padding makes target-only
    faster.
 6. The default policy replayed from the acceptance traces with each prompt's calibration block and, for fp32,
-   with another machine's stored cost curve (``--replay-curve results/study.db``: the Intel machine of the
+   with another machine's stored cost curve (``--replay-curve results/archive/study.db``: the Intel machine of the
    published study): never below 0.97 per type (decode-only predictions).
 
-    python benchmarks/bench_fast.py --db results/bf16_all.db --db results/method.db --replay-curve results/study.db
+    python benchmarks/bench_fast.py --db results/bf16_all.db --db results/method.db --replay-curve results/archive/study.db
     python benchmarks/bench_fast.py --db results/bf16_all.db --measure qwen2.5-coder:target   # + target 1 live
 
 The "fastest way to generate on this CPU" table is `benchmarks/fastest.py`.
@@ -216,7 +216,7 @@ def target_padded_baseline(analyses) -> None:
 
 
 def _other_curve(db: str):
-    """(label, CostCurve) of the fp32 transformers costs stored in `db` (e.g. results/study.db, the Intel
+    """(label, CostCurve) of the fp32 transformers costs stored in `db` (e.g. results/archive/study.db, the Intel
     machine), or None."""
     from specdec.costs import CostCurve
     from specdec.report import load_store
@@ -274,12 +274,12 @@ def measure_steps(target: str, threads: int, passes: int, context_tokens: int = 
     slow spell of the machine hits both; medians over the passes."""
     import statistics
 
-    from specdec.bench.costs import _context_ids, forward_times
+    from specdec.bench.costs import context_ids, forward_times
     from specdec.loading import load_pair
 
     ns = [1, 2, 17]
     pairs = {dt: load_pair(target, None, dtype=dt, threads=threads) for dt in ("float32", "bfloat16")}
-    ctx = _context_ids(pairs["float32"].tokenizer, pairs["float32"].vocab_size, context_tokens)
+    ctx = context_ids(pairs["float32"].tokenizer, pairs["float32"].vocab_size, context_tokens)
     samples: dict[str, dict[int, list[float]]] = {dt: {n: [] for n in ns} for dt in pairs}
     for p in range(passes):
         for dt, pair in pairs.items():

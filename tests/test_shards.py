@@ -197,6 +197,22 @@ def test_merge_of_one_shard_says_the_others_are_missing(sharded, tmp_path):
     res = merge_stores(tmp_path / "half.db", [root / "s2.db"], echo=notes.append)
     assert res.missing_shards == ["1/2"] and res.status == "interrupted" and res.added == two.planned
     assert any("1/2" in n and "not in the merge" in n for n in notes)
+    # the report of a store that lacks shards says so (its pooled figures cover the held shards only)
+    from specdec.report.load import load_store
+
+    for path in (tmp_path / "half.db", root / "s2.db"):
+        want = ("the store holds shard(s) 2/2 of this sweep, not 1/2: every table and pooled figure covers the "
+                "held shards' prompts only (`specdec merge` adds the others)")
+        assert [n for n in load_store(path).notes if "shard" in n] == [want]
+    assert not [n for n in load_store(root / "local.db").notes if "shard" in n]
+
+
+def test_missing_shards_from_the_recorded_ones():
+    from specdec.bench.shard import missing_shards
+
+    assert missing_shards(["1/4"]) == ["2/4", "3/4", "4/4"]
+    assert missing_shards(["2/2", "1/2"]) == [] and missing_shards(["1/1"]) == []
+    assert missing_shards(["1/2", "1/3"]) == [] and missing_shards([]) == []
 
 
 def test_killed_shard_resumes_without_loss_or_duplicates(sharded, tmp_path, monkeypatch):

@@ -424,9 +424,9 @@ def test_default_plan_and_budget_fit_the_cpu():
 def _published_study() -> tuple[list[dict], CostCurve, str]:
     import sqlite3
 
-    path = PUBLISHED / "study.db"
+    path = PUBLISHED / "archive" / "study.db"
     if not path.is_file():
-        pytest.skip("results/study.db is not in this checkout")
+        pytest.skip("results/archive/study.db is not in this checkout")
     conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
     conn.row_factory = sqlite3.Row
     try:
@@ -483,6 +483,36 @@ def test_estimate_follows_the_analytical_model():
                                    prompt_tokens=2, alpha=0.0) == pytest.approx(1.0 + 5 * 3.0)
 
 
+def test_dry_run_prices_each_configuration_with_its_own_reference(app, tmp_path):
+    """Without stored costs, --dry-run prices a configuration with the reference curve of its runtime and
+    dtype (a bf16 plan was priced with fp32 costs, 2-3x too long); a mixed pair takes the target's curve
+    of one runtime and the draft step of the other, and the printed source names each."""
+    import re
+
+    fp32, _ = S.reference_costs("transformers", "transformers", "float32")
+    bf16, bf16_label = S.reference_costs("transformers", "transformers", "bfloat16")
+    llama, _ = S.reference_costs("llamacpp", "llamacpp", "float32")
+    mixed, mixed_label = S.reference_costs("transformers", "llamacpp", "float32")
+    assert fp32 == S.REFERENCE_COSTS and llama == S.REFERENCE_COSTS_LLAMACPP and bf16 == S.REFERENCE_COSTS_BF16
+    assert bf16.target_step_s < 0.6 * fp32.target_step_s and bf16.forward_s(2) < bf16.forward_s(1)
+    assert mixed.target_forward_s == fp32.target_forward_s and mixed.draft_step_s == llama.draft_step_s
+    assert "AMD EPYC" in bf16_label and "Intel Xeon" in mixed_label and "llama.cpp" in mixed_label
+
+    def total_s(configs: str) -> tuple[float, str]:
+        res = CliRunner().invoke(app, ["sweep", "--quick", "--configs", configs, "--dry-run", "--db",
+                                       str(tmp_path / "none.db")])
+        assert res.exit_code == 0, res.output
+        (total,) = re.findall(r"= ((?:\d+[hms] ?)+) \(model loading", res.output)
+        unit = {"h": 3600, "m": 60, "s": 1}
+        return sum(int(v) * unit[u] for v, u in re.findall(r"(\d+)([hms])", total)), res.output
+
+    t32, out32 = total_s("transformers-eager")
+    t16, out16 = total_s("transformers-bf16")
+    assert 0.2 * t32 < t16 < 0.6 * t32, (t32, t16)
+    assert "fp32, Intel Xeon" in out32 and "bf16, AMD EPYC" in out16 and "fp32" not in out16.split("reference")[-1]
+    assert not (tmp_path / "none.db").exists()
+
+
 def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file):
     base = _cfg(tiny_pair, near_draft_dir, prompt_file)
     sid = S.prepare(base).sweep_id
@@ -496,13 +526,16 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
 
 
 @pytest.mark.parametrize("db, flags", [
-    ("study.db", {"threads": 2}),  # README: specdec sweep --db results/study.db --threads 2 --resume
+    ("archive/study.db", {"threads": 2}),  # results/archive/README.md: specdec sweep --db results/archive/study.db --threads 2 --resume
     ("policy2.db", {"threads": 2, "prompt_types": "natural,code,code_python,technical_ml", "ks": "2,16",
                     "methods": "baseline,draft", "policies": "cost", "peers": False, "repeats": 2,
                     "baseline_repeats": 3, "name": "policy-interleaved"}),
     ("compiled.db", {"threads": 2, "configs": "transformers-eager,transformers-compiled",
                      "prompt_types": "repetitive,natural", "ks": "4", "methods": "baseline,draft",
                      "policies": "none", "peers": False}),
+    ("fp32_all.db", {"threads": 2, "prompts_per_type": 6, "ks": "1,2,4", "secondary_ks": "2",
+                     "methods": "baseline,aa,draft", "policies": "cost", "secondary_policies": "cost",
+                     "peers": False, "max_new_tokens": 128, "name": "fp32-all"}),
     ("bf16_all.db", {"threads": 2, "configs": "transformers-bf16", "prompts_per_type": 6, "ks": "2",
                      "secondary_ks": "", "methods": "baseline,aa,draft", "policies": "cost",
                      "secondary_policies": "cost", "peers": False, "max_new_tokens": 64, "name": "bf16-all"}),

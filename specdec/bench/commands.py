@@ -258,18 +258,21 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None) -> None:
     sid = prepared.sweep_id
     plan = shard_plan(prepared.plan, prepared.prompts, shard)  # the shard's part of the plan (all when None)
     costs_by = {}
-    source = ("reference CPU costs (2 cores, fp32 Qwen2.5-Coder 0.5B -> 1.5B: "
-              f"{S.REFERENCE_COSTS.draft_step_s:.3f} / {S.REFERENCE_COSTS.target_step_s:.3f} s per token)")
     if db_path.is_file():
         with Store(db_path) as store:
             for label in cfg.configs:
                 c = store.load_costs(sid, label)
                 if c is not None:
                     costs_by[label] = CostCurve.from_costs(c)
-        if costs_by:
-            source = f"costs stored in {db_path}"
-    for label in cfg.configs:
-        costs_by.setdefault(label, S.REFERENCE_COSTS)
+    sources = [f"costs stored in {db_path}"] if costs_by else []
+    references = []
+    for rc in cfg.runtime_configs():
+        if rc.label not in costs_by:
+            costs_by[rc.label], ref = S.reference_costs(rc.target_backend, rc.draft_backend, rc.dtype or cfg.dtype)
+            references.append(f"{rc.label}: {ref}")
+    if references:
+        sources.append("reference costs of the default pair on 2 cores (" + "; ".join(references) + ")")
+    source = " and ".join(sources)
     timed, warm = S.estimate_plan_s(plan, costs_by, max_new_tokens=cfg.max_new_tokens,
                                     warmup_tokens=cfg.warmup_tokens)
     measure = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats)

@@ -23,7 +23,9 @@ from specdec.bench.environment import machine_info
 from specdec.costs import CostCurve
 from specdec.loading import LoadedPair
 
-__all__ = ["cached_costs", "calibration_block", "forward_times", "measure_costs", "verification_steps"]
+__all__ = [
+    "cached_costs", "calibration_block", "context_ids", "forward_times", "measure_costs", "verification_steps",
+]
 
 # Text whose tokens fill the warm context: the content does not change the timing, only its length does.
 _FILLER = (
@@ -33,8 +35,10 @@ _FILLER = (
 )
 
 
-def _context_ids(tokenizer, vocab_size: int, n: int) -> list[int]:
-    """`n` real token ids (the filler text, repeated), all below `vocab_size`."""
+def context_ids(tokenizer, vocab_size: int, n: int) -> list[int]:
+    """A warm context for timing forwards: ``n + 32`` real token ids (a fixed filler text of code and
+    prose, repeated), all below `vocab_size`; synthetic ids when `tokenizer` cannot encode. The content does
+    not change a forward's time, only its length does (`measure_costs`, `calibration_block`)."""
     ids: list[int] = []
     if tokenizer is not None:
         try:
@@ -162,7 +166,7 @@ def measure_costs(
     if room < 1:
         raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
     ctx_len = min(context_tokens, room)
-    context = _context_ids(pair.tokenizer, pair.vocab_size, ctx_len)[:ctx_len]
+    context = context_ids(pair.tokenizer, pair.vocab_size, ctx_len)[:ctx_len]
     t_fwd, t_iqr = forward_times(pair.target.backend, context, list(range(1, max_n + 1)), repeats=repeats,
                                  clock=clock)
     out: dict[str, Any] = {

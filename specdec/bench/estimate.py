@@ -12,16 +12,19 @@ from specdec.theory import expected_tokens_per_round
 
 __all__ = [
     "REFERENCE_COSTS",
+    "REFERENCE_COSTS_BF16",
+    "REFERENCE_COSTS_LLAMACPP",
     "cost_measurement_s",
     "estimate_generation_s",
     "estimate_plan_s",
     "format_duration",
     "instrumentation_s",
+    "reference_costs",
 ]
 
 
 #: Target forward seconds for n = 1..17 tokens, measured by the default study's sweep on the development
-#: machine (2-vCPU Xeon VM, 2 threads, fp32 Qwen2.5-Coder-1.5B, warm cache; results/study.db, costs table).
+#: machine (2-vCPU Xeon VM, 2 threads, fp32 Qwen2.5-Coder-1.5B, warm cache; results/archive/study.db, costs table).
 _REFERENCE_TARGET_S = (0.2748, 0.2882, 0.2858, 0.5378, 0.5576, 0.5634, 0.7652, 0.7621, 0.7643, 0.9167, 0.9138,
                        0.9075, 1.0635, 1.0771, 1.0724, 0.7681, 0.7822)
 
@@ -31,6 +34,48 @@ _REFERENCE_TARGET_S = (0.2748, 0.2882, 0.2858, 0.5378, 0.5576, 0.5634, 0.7652, 0
 #: 0.0994 s/token, target 0.2748 s/token (c = 0.36), the forward curve `_REFERENCE_TARGET_S` (v(5) = 2.03,
 #: v(17) = 2.85; MKL's small-row kernels make it a staircase, not a line).
 REFERENCE_COSTS = CostCurve(dict(enumerate(_REFERENCE_TARGET_S, start=1)), 0.0994)
+
+#: bf16 transformers, the default pair, 2 threads, on the 2-vCPU AMD EPYC with avx512_bf16: the medians over
+#: the 63 prompts' calibration blocks of results/bf16_all.db (target forwards of 1..17 tokens, seconds; a
+#: 2-token forward is cheaper than a 1-token one there) and the draft step.
+REFERENCE_COSTS_BF16 = CostCurve(dict(enumerate(
+    (0.1431, 0.1214, 0.1215, 0.1255, 0.1303, 0.1344, 0.1392, 0.1415, 0.1465, 0.149, 0.1522, 0.1543, 0.1602,
+     0.1633, 0.1688, 0.1705, 0.1735), start=1)), 0.0501)
+
+#: llama.cpp (GGUF Q4_K_M), the default pair, 2 threads, on the same AMD EPYC: medians over the calibration
+#: blocks of results/fast.db (6 prompts).
+REFERENCE_COSTS_LLAMACPP = CostCurve(dict(enumerate(
+    (0.0327, 0.0719, 0.0902, 0.1041, 0.1209, 0.1355, 0.1518, 0.1359, 0.1358, 0.1372, 0.1401, 0.14, 0.1424,
+     0.1424, 0.1442, 0.1443, 0.2078), start=1)), 0.0149)
+
+
+def reference_costs(target_backend: str, draft_backend: str, dtype: str) -> tuple[CostCurve, str]:
+    """The reference costs ``--dry-run`` prices a configuration with when its store has none, and their
+    label: the target curve of the target's runtime and dtype, the draft step of the draft's.
+
+    Args:
+        target_backend, draft_backend: ``"transformers"`` or ``"llamacpp"``.
+        dtype: the transformers dtype (``"float32"``, ``"bfloat16"``; ``"float16"`` is priced as bf16).
+
+    Returns:
+        ``(CostCurve, label)``; every curve was measured on the default pair (2 threads) on one of this
+        project's machines, named in the label: an estimate for another model or machine is rougher still.
+    """
+    def pick(backend: str) -> tuple[CostCurve, str]:
+        if backend == "llamacpp":
+            return REFERENCE_COSTS_LLAMACPP, "llama.cpp Q4_K_M, AMD EPYC"
+        if dtype in ("bfloat16", "float16"):
+            return REFERENCE_COSTS_BF16, "bf16, AMD EPYC"
+        return REFERENCE_COSTS, "fp32, Intel Xeon"
+
+    target, t_label = pick(target_backend)
+    draft, d_label = pick(draft_backend)
+    if t_label == d_label:
+        label = f"{t_label}: draft {draft.draft_step_s:.3f} / target {target.target_step_s:.3f} s per token"
+    else:
+        label = (f"target {t_label} {target.target_step_s:.3f} s, draft {d_label} {draft.draft_step_s:.3f} s "
+                 "per token")
+    return target.with_draft_step(draft.draft_step_s), label
 
 
 def estimate_generation_s(

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench import machines as M
+from specdec.bench.shard import missing_shards
 from specdec.bench.store import RUN_COLUMNS, Store, StoreError
 
 __all__ = ["MergeResult", "merge_stores"]
@@ -157,17 +158,13 @@ def merge_stores(
         result.machines = [r[0] for r in dst.conn.execute("SELECT machine_id FROM machines ORDER BY 1")]
         result.shards = sorted({r[0] for r in dst.conn.execute("SELECT shard FROM shards")})
         dst.conn.execute("PRAGMA synchronous=FULL")
-    counts = {s.split("/")[1] for s in result.shards if "/" in s}
-    if len(counts) == 1:
-        n = int(next(iter(counts)))
-        have = {int(s.split("/")[0]) for s in result.shards}
-        result.missing_shards = [f"{i}/{n}" for i in range(1, n + 1) if i not in have]
-        if result.missing_shards:
-            say(f"note: shard(s) {', '.join(result.missing_shards)} are not in the merge yet")
-            result.status = "interrupted"
-            with Store(out) as dst, dst.transaction():
-                for sid in ref:
-                    dst.conn.execute("UPDATE sweeps SET status = 'interrupted' WHERE sweep_id = ?", (sid,))
+    result.missing_shards = missing_shards(result.shards)
+    if result.missing_shards:
+        say(f"note: shard(s) {', '.join(result.missing_shards)} are not in the merge yet")
+        result.status = "interrupted"
+        with Store(out) as dst, dst.transaction():
+            for sid in ref:
+                dst.conn.execute("UPDATE sweeps SET status = 'interrupted' WHERE sweep_id = ?", (sid,))
     if result.duplicates:
         say(f"{result.duplicates} run(s) were already in the merge (same cell and repeat in another store): "
             f"kept one of each (the first successful, in the order the stores were given)")

@@ -45,11 +45,14 @@ from specdec.bench.config import (
 from specdec.bench.environment import git_commit, machine_info
 from specdec.bench.estimate import (
     REFERENCE_COSTS,
+    REFERENCE_COSTS_BF16,
+    REFERENCE_COSTS_LLAMACPP,
     cost_measurement_s,
     estimate_generation_s,
     estimate_plan_s,
     format_duration,
     instrumentation_s,
+    reference_costs,
 )
 from specdec.bench.methods import LLAMA_PROMPT_LOOKUP_SKIP, METHODS, Method, RunRecord
 from specdec.bench.peers import hf_peer_generate
@@ -77,6 +80,8 @@ __all__ = [
     "PEER_METHODS",
     "QUICK",
     "REFERENCE_COSTS",
+    "REFERENCE_COSTS_BF16",
+    "REFERENCE_COSTS_LLAMACPP",
     "RUNTIME_CONFIGS",
     "LoadedConfig",
     "Method",
@@ -105,6 +110,7 @@ __all__ = [
     "plan_summary",
     "prepare",
     "primary_ids",
+    "reference_costs",
     "run_sweep",
     "select_prompts",
     "to_json",

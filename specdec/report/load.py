@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from specdec.bench import store
+from specdec.bench.shard import missing_shards
 
 __all__ = [
     "COST_COLUMNS",
@@ -198,6 +199,13 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
                            ccols)
     rcols = list(store.columns("roofline"))
     roofline = _conform(read("SELECT * FROM roofline WHERE sweep_id = ?", params, "roofline", rcols), rcols)
+    shards = read("SELECT shard FROM shards WHERE sweep_id = ?", params, "shards", ["shard"])
+    held = sorted(set(shards["shard"].dropna().astype(str)))
+    absent = missing_shards(held)
+    if absent:
+        notes.append(f"the store holds shard(s) {', '.join(held)} of this sweep, not {', '.join(absent)}: every "
+                     "table and pooled figure covers the held shards' prompts only (`specdec merge` adds the "
+                     "others)")
     return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes, machines,
                      traces, calibration, roofline)
 

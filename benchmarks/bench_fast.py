@@ -167,21 +167,35 @@ def target_exactness(analyses) -> None:
 
 
 def target_padded_baseline(analyses) -> None:
+    """baseline_padded against plain target-only, per prompt type and pooled, and the default policy against
+    baseline_padded. Each ratio is paired inside its own store; with several stores of one configuration
+    (e.g. results/bf16_all.db and results/bf16_padded.db) the default policy / padded ratio divides two such
+    ratios of one prompt taken in different sweeps."""
     from specdec import stats
     from specdec.report.predicted import positive_geomean
     from specdec.report.speedup import paired_reference
 
+    def fmt(x) -> str:
+        ci = stats.ratio_interval(x.to_numpy()) if len(x) >= 2 else None
+        return (f"{ci.center:.3f} [{ci.lo:.3f}, {ci.hi:.3f}] over {len(x)} prompts ({ci.verdict})" if ci
+                else f"{x.iloc[0]:.3f} (one prompt)")
+
     print("\n5. target-only padded to the cheapest shape (baseline_padded):")
     found = False
+    pers = []
     for db, an in analyses:
         runs = an.store.runs
-        if runs is None or runs.empty or "baseline_padded" not in set(runs["method"]):
+        if runs is None or runs.empty:
             continue
-        found = True
         ok = runs[runs["error"].isna() & runs["tokens_per_s"].notna()]
         ref, _ = paired_reference(ok)
         ok = ok.assign(ratio=[r.tokens_per_s / ref[r.run_id] if r.run_id in ref else np.nan
                               for r in ok.itertuples()])
+        pers.append(ok.groupby(["config_label", "prompt_type", "prompt_id", "method", "policy"], dropna=False)[
+            "ratio"].apply(positive_geomean).reset_index().assign(store=db))
+        if "baseline_padded" not in set(runs["method"]):
+            continue
+        found = True
         for label, g in ok.groupby("config_label"):
             per = g.groupby(["prompt_id", "method", "policy"], dropna=False)["ratio"].apply(
                 positive_geomean).reset_index()
@@ -213,6 +227,19 @@ def target_padded_baseline(analyses) -> None:
                       f"{ci2.hi:.3f}] over {len(common)} prompts ({ci2.verdict})")
     if not found:
         print("   no baseline_padded runs in these stores")
+        return
+    per_all = pd.concat(pers, ignore_index=True)
+    for label, g in per_all.groupby("config_label"):
+        pad = g[g["method"] == "baseline_padded"].set_index("prompt_id")
+        pol = g[(g["method"] == DEFAULT[0]) & (g["policy"] == DEFAULT[1])].set_index("prompt_id")["ratio"]
+        if pad.empty or not pol.index.is_unique:
+            continue
+        print(f"   {label}, per prompt type: baseline_padded / baseline; default policy / baseline_padded "
+              f"(across the stores given: {', '.join(sorted(set(g['store'])))})")
+        for ptype, pt in [*pad.groupby("prompt_type"), ("all", pad)]:
+            common = pol.index.intersection(pt.index)
+            print(f"     {ptype:<18} {fmt(pt['ratio'])}; "
+                  + (fmt(pol[common] / pt.loc[common, "ratio"]) if len(common) else "no default-policy runs"))
 
 
 def _other_curve(db: str):

@@ -1,8 +1,15 @@
 """The measured costs of a model pair as ONE type, with ONE rule for token counts that were not measured.
 
 `CostCurve` holds what decides whether speculative decoding wins on a machine: the target's forward time
-for n tokens appended to a warm cache (``target_forward_s``, n = 1 is the single decoding step) and the
-draft's single step (``draft_step_s``; None when no draft model was measured). The analytical model
+for n tokens appended to a warm cache (``target_forward_s``, n = 1 is the single decoding step), the
+draft's single step (``draft_step_s``; None when no draft model was measured) and, when measured, the
+draft's forward time for n tokens (``draft_forward_s``): a draft-model round starts with one draft forward
+over every committed token the draft has not cached yet (its *catch-up*, `specdec.traces.draft_pending`:
+1 token, 2 after an all-accepted round, one more per plain round before it), so a round of K costs
+``draft_forward(pending) + (K - 1) x draft_step + target_forward(K + 1)``. Measured on the 2-vCPU AMD EPYC
+the 2-token catch-up costs 1.75-1.9 draft steps in fp32 transformers and 2.0 on llama.cpp, 1.0 in bf16
+(`results/fp32_all.db`, `results/fast.db`, `results/bf16_all.db`); pricing every round at K draft steps
+had made fp32 and llama.cpp predictions optimistic. The analytical model
 (`specdec.theory`, through `curve_value`), the cost policy (`specdec.policies.CostPolicy`) and the
 sweep's duration estimate (`specdec.bench.estimate`) all evaluate the curve through it, so the report's
 prediction, the policy's choice of K and the planner's estimate cannot disagree about what a forward costs.
@@ -25,9 +32,10 @@ over the whole curve uses every measurement and is the slope the planner has alw
 measured range the three old rules agreed (linear interpolation), so every figure of the published reports,
 whose K + 1 never exceeds the measured 17 tokens, is unchanged.
 
-Serialization is unchanged: the costs dicts of `specdec.bench.costs.measure_costs`, the JSON cost cache and
-`specdec.bench.store.Store.load_costs` (``{"target_forward_s": {n: s}, "draft_step_s": s, ...}``, n keys
-possibly strings after JSON) are read by `CostCurve.from_costs`; nothing new is stored.
+Serialization: the costs dicts of `specdec.bench.costs.measure_costs`, the JSON cost cache and
+`specdec.bench.store.Store.load_costs` (``{"target_forward_s": {n: s}, "draft_step_s": s,
+"draft_forward_s": {n: s} | None, ...}``, n keys possibly strings after JSON) are read by
+`CostCurve.from_costs`; a calibration block's draft rows are role ``draft`` with their token count.
 """
 
 from __future__ import annotations
@@ -38,7 +46,17 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-__all__ = ["CostCurve", "curve_value"]
+__all__ = ["DRAFT_CALIBRATION_NS", "DRAFT_REPEAT_FACTOR", "CostCurve", "curve_value"]
+
+#: The draft is timed this many times as often as the target: its forwards are ~3x cheaper, and with 3
+#: samples a few slow ones decided the median (results/policy.db: draft step 137 ms, IQR 149 ms, while the
+#: same sweep's drafting ran at 97-106 ms per token), which made the cost policy think drafting dearer.
+DRAFT_REPEAT_FACTOR = 3
+
+#: Draft forwards timed by the calibration block: its single step (n = 1) and its catch-up at a round's
+#: start (`specdec.traces.draft_pending`: 2 tokens after an all-accepted round, more after plain rounds;
+#: a cost policy's plain stretches leave 20-60; beyond 32 the curve's least-squares slope extends it).
+DRAFT_CALIBRATION_NS = (1, 2, 3, 4, 8, 16, 32)
 
 
 def _points(curve: Mapping[Any, Any]) -> list[tuple[int, float]]:
@@ -116,7 +134,12 @@ class CostCurve:
     Attributes:
         target_forward_s: ``{n: seconds}`` of one target forward over n new tokens; must hold n = 1.
         draft_step_s: seconds of one draft step (one token), or None (no draft model measured; prompt
-            lookup drafts for ~0 s: use `with_draft_step(0.0)`).
+            lookup drafts for ~0 s: use `with_draft_step(0.0)`). When None and `draft_forward_s` holds
+            n = 1, that value.
+        draft_forward_s: ``{n: seconds}`` of one draft forward over n tokens (its catch-up at a round's
+            start), or None: not measured, and every catch-up is priced at one draft step (the model before
+            the catch-up was measured; optimistic where a 2-token forward costs more than one). A curve of
+            the n = 1 point alone counts as not measured.
 
     Raises:
         ValueError: n = 1 missing, an invalid point (see `curve_value`), or a negative / non-finite
@@ -125,18 +148,31 @@ class CostCurve:
 
     target_forward_s: Mapping[int, float]
     draft_step_s: float | None = None
+    draft_forward_s: Mapping[int, float] | None = None
     _pts: list[tuple[int, float]] = field(init=False, repr=False, compare=False)
     _slope_s: float = field(init=False, repr=False, compare=False)
+    _draft_pts: list[tuple[int, float]] | None = field(init=False, repr=False, compare=False)
+    _draft_slope_s: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         pts = _points(self.target_forward_s)
         if pts[0][0] != 1:
             raise ValueError("target_forward_s must contain n = 1 (the time of a plain decoding step)")
+        dpts = _points(self.draft_forward_s) if self.draft_forward_s else None
+        if self.draft_step_s is None and dpts is not None and dpts[0][0] == 1:
+            object.__setattr__(self, "draft_step_s", dpts[0][1])
         if self.draft_step_s is not None:
             d = float(self.draft_step_s)
             if not math.isfinite(d) or d < 0.0:
                 raise ValueError(f"draft_step_s must be finite and >= 0 seconds, got {self.draft_step_s}")
             object.__setattr__(self, "draft_step_s", d)
+        if dpts is not None and [n for n, _ in dpts] == [1]:
+            dpts = None  # the step alone says nothing about n > 1: not measured
+        if dpts is not None and dpts[0][0] != 1 and self.draft_step_s:
+            dpts = [(1, float(self.draft_step_s)), *dpts]  # the step is the curve's n = 1
+        object.__setattr__(self, "draft_forward_s", dict(dpts) if dpts is not None else None)
+        object.__setattr__(self, "_draft_pts", dpts)
+        object.__setattr__(self, "_draft_slope_s", _slope(dpts) if dpts is not None else 0.0)
         object.__setattr__(self, "target_forward_s", dict(pts))
         object.__setattr__(self, "_pts", pts)
         object.__setattr__(self, "_slope_s", _slope(pts))
@@ -151,11 +187,45 @@ class CostCurve:
         """
         if "target_forward_s" not in costs or not costs["target_forward_s"]:
             raise ValueError("costs lack target_forward_s: measure them with `specdec costs`")
-        return cls(costs["target_forward_s"], costs.get("draft_step_s"))
+        return cls(costs["target_forward_s"], costs.get("draft_step_s"), costs.get("draft_forward_s") or None)
 
     def with_draft_step(self, draft_step_s: float) -> CostCurve:
-        """The same target curve with another draft step time (0.0 for prompt lookup)."""
+        """The same target curve with another draft step time (0.0 for prompt lookup) and no draft curve."""
         return CostCurve(self.target_forward_s, draft_step_s)
+
+    def with_draft_forward(self, draft_forward_s: Mapping[int, float] | None) -> CostCurve:
+        """The same target curve and draft step with another draft forward curve (None: none)."""
+        return CostCurve(self.target_forward_s, self.draft_step_s, draft_forward_s)
+
+    def draft_forward(self, n: int) -> float:
+        """Seconds of one draft forward over n >= 1 tokens: the measured draft curve by the module's rule
+        when there is one (its n = 1 point, when missing, is the draft step), else one draft step for any n
+        (0.0 without a draft step).
+
+        Raises:
+            ValueError: n < 1.
+        """
+        if int(n) < 1:
+            raise ValueError(f"a forward has at least one token, got n = {n}")
+        step = self.draft_step_s or 0.0
+        if self._draft_pts is None or int(n) == 1:
+            return step
+        return _value(self._draft_pts, self._draft_slope_s, int(n))
+
+    def draft_round_s(self, k: int, pending: int = 1) -> float:
+        """Seconds the draft model spends in a round that drafts k tokens: its catch-up forward over the
+        `pending` uncached committed tokens (`specdec.traces.draft_pending`; it yields the first draft
+        token) and k - 1 single steps; 0.0 when k = 0 (no draft forward at all: the catch-up waits for
+        the next drafting round).
+
+        Raises:
+            ValueError: k < 0 or pending < 1.
+        """
+        if k < 0 or pending < 1:
+            raise ValueError(f"need k >= 0 and pending >= 1, got k = {k}, pending = {pending}")
+        if k == 0:
+            return 0.0
+        return self.draft_forward(pending) + (k - 1) * (self.draft_step_s or 0.0)
 
     @property
     def target_step_s(self) -> float:
@@ -191,12 +261,13 @@ class CostCurve:
         t1 = self.target_step_s
         return {n: (1.0 if n == 1 else s / t1) for n, s in self._pts}
 
-    def round_s(self, k: int, *, draft: bool = True, padded: bool = False) -> float:
-        """Seconds of one speculative round with K = k: k draft steps (when `draft` and a draft step is
-        known) plus one target forward of k + 1 tokens (with `padded`, of `padded_n(k + 1)` tokens: the
-        forward the engine runs when it pads verification); k = 0 is one plain decoding step."""
-        d = (self.draft_step_s or 0.0) if draft else 0.0
-        return k * d + (self.padded_value(k + 1) if padded else self.forward_s(k + 1))
+    def round_s(self, k: int, *, draft: bool = True, padded: bool = False, pending: int = 1) -> float:
+        """Seconds of one speculative round with K = k: the draft's time (`draft_round_s(k, pending)`, when
+        `draft` and a draft step is known) plus one target forward of k + 1 tokens (with `padded`, of
+        `padded_n(k + 1)` tokens: the forward the engine runs when it pads verification); k = 0 is one
+        plain decoding step."""
+        d = self.draft_round_s(k, pending) if draft else 0.0
+        return d + (self.padded_value(k + 1) if padded else self.forward_s(k + 1))
 
     def padded_n(self, n: int, max_n: int | None = None) -> int:
         """The cheapest forward that can hold n tokens: the n' >= n with the smallest cost on the curve.

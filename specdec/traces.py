@@ -27,8 +27,8 @@ from specdec.decoding import GREEDY
 from specdec.drafters import Drafter
 from specdec.metrics import RoundRecord
 
-__all__ = ["AcceptanceTrace", "ReplayRound", "compare_rounds", "first_divergence", "record_trace", "replay",
-           "target_margins"]
+__all__ = ["AcceptanceTrace", "ReplayRound", "compare_rounds", "draft_pending", "first_divergence", "record_trace",
+           "replay", "target_margins"]
 
 
 @dataclass(frozen=True)
@@ -245,6 +245,35 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
             policy.observe(r.as_record())
         pos += emitted
     return rounds
+
+
+def draft_pending(rounds: Sequence) -> list[int]:
+    """Tokens the draft model feeds in the first forward of each round: its catch-up (`ModelDrafter.propose`).
+
+    The draft's cache ends a round holding the committed sequence up to its last token plus the draft tokens
+    it fed (d_1 .. d_{k-1}; d_k is proposed but never fed); `ModelDrafter.rollback` keeps the part that
+    agrees with the new committed sequence. So the next round starts by feeding 1 token (the recovered or
+    bonus token) after a round with a rejection, 2 after an all-accepted round (d_k and the bonus token),
+    and one more for every plain round (k = 0) in between, which feeds the draft nothing. The first round
+    feeds 1 (the prompt's last token; the prefill holds the rest). Prompt lookup has no cache: this applies
+    to the draft model only.
+
+    Args:
+        rounds: `ReplayRound`s or `specdec.metrics.RoundRecord`s in order (``k`` drafted, ``num_accepted``).
+
+    Returns:
+        ``[len(rounds)]`` pending token counts (>= 1; a plain round's entry is what a draft forward would
+        have fed there).
+    """
+    out: list[int] = []
+    pending = 1
+    for r in rounds:
+        out.append(pending)
+        if r.k > 0:
+            pending = 2 if r.num_accepted >= r.k else 1
+        else:
+            pending += 1
+    return out
 
 
 def compare_rounds(timed: Sequence[RoundRecord], replayed: Sequence[ReplayRound], *,

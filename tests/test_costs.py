@@ -54,6 +54,28 @@ def test_derived_figures_and_validation():
         CostCurve.from_costs({"draft_step_s": 0.1})
 
 
+def test_draft_catch_up_is_priced_on_the_draft_curve():
+    """A round of K starts with the draft's catch-up forward over its pending tokens: priced on the measured
+    draft curve (here the fp32 AMD shape: 2 tokens cost 1.8 steps), one step when no curve was measured."""
+    t = {1: 0.3, 2: 0.6, 3: 0.9}
+    curve = CostCurve(t, 0.1, {1: 0.1, 2: 0.18, 4: 0.3})
+    assert curve.draft_forward(1) == 0.1 and curve.draft_forward(2) == pytest.approx(0.18)
+    assert curve.draft_forward(3) == pytest.approx(0.24)  # interpolated
+    assert curve.draft_round_s(0, 5) == 0.0  # a plain round feeds the draft nothing
+    assert curve.draft_round_s(1) == pytest.approx(0.1) and curve.draft_round_s(2, 2) == pytest.approx(0.28)
+    assert curve.round_s(2, pending=2) == pytest.approx(0.28 + 0.9) and curve.round_s(2) == pytest.approx(0.2 + 0.9)
+    # no curve, or the step alone: every catch-up costs one step (the old model); prompt lookup drops it
+    for flat in (CostCurve(t, 0.1), CostCurve(t, 0.1, {1: 0.1}), curve.with_draft_step(0.1)):
+        assert flat.draft_forward_s is None and flat.draft_round_s(2, 9) == pytest.approx(0.2)
+    # the step fills in n = 1 (and vice versa); a stored costs dict carries the curve
+    assert CostCurve(t, 0.1, {2: 0.18}).draft_forward_s == {1: 0.1, 2: 0.18}
+    assert CostCurve(t, None, {1: 0.1, 2: 0.18}).draft_step_s == 0.1
+    back = CostCurve.from_costs({"target_forward_s": t, "draft_step_s": 0.1, "draft_forward_s": {"1": 0.1, "2": 0.18}})
+    assert back.draft_round_s(1, 2) == pytest.approx(0.18)
+    with pytest.raises(ValueError, match="pending"):
+        curve.draft_round_s(1, 0)
+
+
 def test_theory_policy_and_estimate_agree_past_the_measured_range():
     """The report's model, the policy's K choice and the sweep's estimate read ONE curve: beyond the measured
     n (here 9) they used to clamp, extend the last slope and fit a line respectively."""

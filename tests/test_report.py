@@ -794,3 +794,41 @@ def test_aa_noise_floor_by_hand(tmp_path):
     assert (row.aa_lo, row.aa_hi) == pytest.approx((want.lo, want.hi)) and row.verdict == "too few units"
     assert row.median_abs_dev == pytest.approx(0.1)
     assert len(aa_table(a.store.runs[a.store.runs["method"] != "baseline"])) == 0
+
+
+def test_time_model_prices_the_drafts_catch_up():
+    """The predicted decode time of a draft-model replay prices each round's catch-up on the draft curve:
+    an always-agreeing draft at K = 2 accepts everything, so every round after the first feeds 2 tokens.
+    Without a measured curve the timed rounds give it (`catchup_from_rounds`: same-K differences)."""
+    from specdec.costs import CostCurve
+    from specdec.report.predicted import PromptModel, catchup_from_rounds
+    from specdec.traces import AcceptanceTrace, draft_pending
+
+    out = tuple(range(10, 22))  # 12 tokens
+    trace = AcceptanceTrace((1, 2), out, out, None, 12)
+    curve = CostCurve({1: 1.0, 2: 1.5, 3: 2.0}, 0.25, {1: 0.25, 2: 0.45})
+    m = PromptModel(("c", "p", ""), "code", trace, curve, 0.0, 0.0, 0.0, (3, 1), None)
+    rounds = m.rounds("draft", 2)
+    assert [(r.k, r.num_accepted) for r in rounds] == [(2, 2)] * 4
+    assert draft_pending(rounds) == [1, 2, 2, 2]
+    assert m.decode_s("draft", rounds) == pytest.approx(4 * 2.0 + (0.25 + 0.25) + 3 * (0.45 + 0.25))
+    assert m.speedup("draft", rounds) == pytest.approx(12.0 / m.decode_s("draft", rounds))
+    flat = PromptModel(("c", "p", ""), "code", trace, curve.with_draft_forward(None), 0.0, 0.0, 0.0, (3, 1), None)
+    assert flat.decode_s("draft", rounds) == pytest.approx(4 * 2.0 + 4 * 0.5)  # the old model: K steps
+    # prompt lookup has no cache to catch up: its drafting time is the measured per-round median
+    ng = PromptModel(("c", "p", ""), "code", trace, curve, 0.0, 0.0, 0.01, (3, 1), None)
+    assert ng.decode_s("ngram", rounds) == pytest.approx(4 * 2.01)
+
+    # timed rounds of two runs (K = 2 fixed, then K = 1 with plain rounds): draft_s = d(pending) + (k - 1) x step
+    d = {1: 0.25, 2: 0.45, 3: 0.6}
+    seqs = {1: [(2, 2), (2, 2), (2, 1), (2, 0), (2, 2), (2, 1)], 2: [(1, 0), (0, 0), (0, 0), (1, 1), (1, 0),
+                                                                    (0, 0), (1, 0), (1, 1), (1, 1), (1, 0)]}
+    rows = []
+    for run_id, seq in seqs.items():
+        recs = [pd.Series({"k": k, "num_accepted": a}) for k, a in seq]
+        for i, ((k, a), p) in enumerate(zip(seq, draft_pending(recs))):
+            rows.append({"run_id": run_id, "round_idx": i, "k": k, "num_accepted": a,
+                         "draft_s": 0.0 if k == 0 else d[p] + (k - 1) * 0.25})
+    assert catchup_from_rounds(pd.DataFrame(rows), 0.25) == pytest.approx(d)  # d(3): the one round after 2 plain
+    assert catchup_from_rounds(pd.DataFrame(rows), 0.25, min_rounds=2) == pytest.approx({1: 0.25, 2: 0.45})
+    assert catchup_from_rounds(pd.DataFrame(rows[:1]), 0.25) is None  # no round fed more than one token

@@ -104,6 +104,9 @@ def test_sweep_stores_traces_that_replay_its_timed_runs(full_sweep):
         cal = {}
         for c in st.calibration(result.sweep_id):  # the cost policy of a prompt decides with its own block
             cal.setdefault(c["prompt_id"], {}).setdefault(c["role"], {})[c["n_tokens"]] = c["seconds"]
+        # the block times the draft's step and its catch-up forwards (DRAFT_CALIBRATION_NS tokens)
+        from specdec.costs import DRAFT_CALIBRATION_NS
+        assert all(set(c["draft"]) == set(DRAFT_CALIBRATION_NS) for c in cal.values())
         checked = 0
         for r in runs:
             t = traces[r["prompt_id"]]

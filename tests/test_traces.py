@@ -81,3 +81,64 @@ def test_bad_arguments():
         replay(t, k=0, drafter=PromptLookupDrafter())
     with pytest.raises(ValueError, match="empty prompt"):
         record_trace([], [1], 4)
+
+
+class _FirstForwardLog:
+    """Wraps the draft backend and records the size of each round's first forward (its catch-up)."""
+
+    def __init__(self, inner):
+        self.inner, self.sizes, self._fresh = inner, [], False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, tokens, **kw):
+        if self._fresh:
+            self.sizes.append(len(tokens))
+            self._fresh = False
+        return self.inner.forward(tokens, **kw)
+
+
+class _LoggingDrafter(ModelDrafter):
+    def propose(self, committed, k, *args, **kw):
+        self.backend._fresh = k > 0
+        return super().propose(committed, k, *args, **kw)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_draft_pending_is_what_the_engine_feeds(traces, target, near_draft, k):
+    """`draft_pending` (the catch-up the time model prices) equals the tokens the real ModelDrafter feeds
+    at the start of each drafting round: 1 after a rejection, 2 after an all-accepted round, one more per plain
+    round in between (a scripted policy inserts plain rounds)."""
+    from specdec.policies import RoundPlan
+    from specdec.traces import draft_pending
+
+    class Script:  # K, K, 0, 0, K, 0, K, ... (a policy that sometimes decodes plainly)
+        def __init__(self):
+            self.i = 0
+
+        def start(self):
+            self.i = 0
+
+        def next_round(self):
+            self.i += 1
+            return RoundPlan(0 if self.i % 5 in (3, 4) else k)
+
+        def observe(self, record):
+            pass
+
+        def alpha_estimate(self):
+            return None
+
+    seen = {"all": 0, "plain": 0}
+    for (_name, eos), (prompt, _eos, trace) in traces.items():
+        for policy in (None, Script()):
+            log = _FirstForwardLog(near_draft)
+            d = _LoggingDrafter(log, V)
+            run = speculative_generate(target, d, prompt, trace.max_new_tokens, k=None if policy else k,
+                                       policy=policy, vocab_size=V, eos_ids=eos)
+            pending = draft_pending(run.rounds)
+            assert log.sizes == [p for p, r in zip(pending, run.rounds) if r.k > 0]
+            seen["all"] += sum(p == 2 for p in log.sizes)
+            seen["plain"] += sum(p > 2 for p in log.sizes)
+    assert seen["all"] > 0 and seen["plain"] > 0  # both kinds of catch-up occurred

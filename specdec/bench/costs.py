@@ -20,7 +20,7 @@ from typing import Any
 
 from specdec.backends.base import Backend
 from specdec.bench.environment import machine_info
-from specdec.costs import CostCurve
+from specdec.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCurve
 from specdec.loading import LoadedPair
 
 __all__ = [
@@ -121,10 +121,6 @@ def verification_steps(target_forward_s: dict[int, float]) -> dict[int, float]:
     return CostCurve(target_forward_s).relative()
 
 
-#: The draft is timed this many times as often as the target: its forwards are ~3x cheaper, and with 3
-#: samples a few slow ones decided the median (results/policy.db: draft step 137 ms, IQR 149 ms, while the
-#: same sweep's drafting ran at 97-106 ms per token), which made the cost policy think drafting dearer.
-DRAFT_REPEAT_FACTOR = 3
 
 
 def measure_costs(
@@ -203,7 +199,8 @@ def calibration_block(
     repeats: int = 2,
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any]:
-    """Time the target's forwards of n = 1..`max_n` tokens and the draft's step at `context`, now.
+    """Time the target's forwards of n = 1..`max_n` tokens and the draft's forwards of
+    `DRAFT_CALIBRATION_NS` tokens (its step and its catch-up) at `context`, now.
 
     The sweep runs this block right after a prompt's target-only run, at that prompt's own context (its
     tokens and the first half of its output), so the time model's costs are measured next to the runs they
@@ -218,7 +215,9 @@ def calibration_block(
 
     Returns:
         ``{"context_tokens": int, "repeats": int, "target_forward_s": {n: s}, "target_forward_spread_s":
-        {n: IQR s}, "draft_step_s": s | None, "draft_step_spread_s": s | None, "draft_repeats": int}``.
+        {n: IQR s}, "draft_step_s": s | None, "draft_step_spread_s": s | None, "draft_forward_s": {n: s} |
+        None, "draft_forward_spread_s": {n: IQR s} | None, "draft_repeats": int | None}`` (seconds; the
+        draft's n = 1 entry is its step).
 
     Raises:
         ValueError: empty context, ``repeats < 1``, or a context window shorter than ``max_n + 1``.
@@ -228,7 +227,8 @@ def calibration_block(
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
-    room = min(m.backend.max_length for m in models) - max_n
+    draft_ns = list(DRAFT_CALIBRATION_NS) if pair.draft is not None else []
+    room = min(m.backend.max_length for m in models) - max([max_n, *draft_ns])
     if room < 1:
         raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
     ctx = list(context)[-room:]
@@ -236,11 +236,12 @@ def calibration_block(
                              warmup=False)
     out: dict[str, Any] = {"context_tokens": len(ctx), "repeats": repeats, "target_forward_s": fwd,
                            "target_forward_spread_s": iqr, "draft_step_s": None, "draft_step_spread_s": None,
-                           "draft_repeats": None}
+                           "draft_forward_s": None, "draft_forward_spread_s": None, "draft_repeats": None}
     if pair.draft is not None:
         reps = DRAFT_REPEAT_FACTOR * repeats
-        d, d_iqr = forward_times(pair.draft.backend, ctx, [1], repeats=reps, clock=clock, warmup=False)
-        out.update(draft_step_s=d[1], draft_step_spread_s=d_iqr[1], draft_repeats=reps)
+        d, d_iqr = forward_times(pair.draft.backend, ctx, draft_ns, repeats=reps, clock=clock, warmup=False)
+        out.update(draft_step_s=d[1], draft_step_spread_s=d_iqr[1], draft_forward_s=d,
+                   draft_forward_spread_s=d_iqr, draft_repeats=reps)
     return out
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun
-from specdec.costs import CostCurve
+from specdec.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCurve
 from specdec.theory import expected_tokens_per_round
 
 __all__ = [
@@ -159,16 +159,18 @@ def instrumentation_s(costs: CostCurve, *, max_n: int, calibration_repeats: int,
                       prompt_tokens: int = 100, new_tokens: int = 128) -> float:
     """Rough seconds one prompt's acceptance trace and calibration block add (`specdec.bench.runner`):
     the trace is one target and one draft forward over prompt + output (the draft at c times the target's
-    cost), the block `calibration_repeats` passes over forwards of 1..max_n tokens plus 3x as many draft
-    steps."""
+    cost), the block `calibration_repeats` passes over forwards of 1..max_n tokens plus 3x as many passes
+    over the draft's forwards of `DRAFT_CALIBRATION_NS` tokens (priced as the draft step times the target's
+    v(n))."""
     out = 0.0
     if traces:
         n = max(1, prompt_tokens + new_tokens - 1)
         c = (costs.draft_step_s or 0.0) / costs.target_step_s
         out += costs.forward_s(n) * (1.0 + c)
     if calibration_repeats > 0:
+        draft = (costs.draft_step_s or 0.0) * sum(costs.v(n) for n in DRAFT_CALIBRATION_NS)
         out += calibration_repeats * (sum(costs.forward_s(n) for n in range(1, max_n + 1))
-                                      + 3 * (costs.draft_step_s or 0.0))
+                                      + DRAFT_REPEAT_FACTOR * draft)
     return out
 
 

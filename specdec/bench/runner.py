@@ -345,7 +345,8 @@ def _trace_and_calibrate(loaded: LoadedConfig, cell: PlannedRun, row: dict, run_
                                       repeats=cfg.calibration_repeats)
             s.store.save_calibration(sid, label, pid, run_id, block)
             # the cost policy of this prompt's runs decides with the costs measured at its own context
-            loaded.prompt_costs[pid] = CostCurve(block["target_forward_s"], block["draft_step_s"])
+            loaded.prompt_costs[pid] = CostCurve(block["target_forward_s"], block["draft_step_s"],
+                                                 block.get("draft_forward_s"))
         except Exception as exc:  # noqa: BLE001
             s.log(f"[{label}] {pid}: calibration block not timed: {_one_line(exc)}")
 
@@ -357,14 +358,12 @@ def _stored_prompt_costs(loaded: LoadedConfig, s: _Session) -> None:
     for c in s.store.calibration(s.prepared.sweep_id):
         if c["config_label"] != loaded.rc.label or c["machine_id"] != (s.store.machine_id or ""):
             continue
-        b = blocks.setdefault(c["prompt_id"], {"target": {}, "draft": None})
-        if c["role"] == "target":
-            b["target"][int(c["n_tokens"])] = c["seconds"]
-        elif c["role"] == "draft":
-            b["draft"] = c["seconds"]
+        b = blocks.setdefault(c["prompt_id"], {"target": {}, "draft": {}})
+        if c["role"] in ("target", "draft"):
+            b[c["role"]][int(c["n_tokens"])] = c["seconds"]
     for pid, b in blocks.items():
         if 1 in b["target"]:
-            loaded.prompt_costs.setdefault(pid, CostCurve(b["target"], b["draft"]))
+            loaded.prompt_costs.setdefault(pid, CostCurve(b["target"], b["draft"].get(1), b["draft"] or None))
 
 
 def _record(cell: PlannedRun, row: dict, rounds: list[dict], label: str, s: _Session) -> int:

@@ -617,12 +617,19 @@ class Store:
                          block: Mapping[str, Any]) -> None:
         """Store one calibration block (`specdec.bench.costs.calibration_block`'s dict: ``context_tokens``,
         ``repeats``, ``target_forward_s`` / ``target_forward_spread_s`` ``{n: s}``, optional ``draft_step_s`` /
-        ``draft_step_spread_s``) timed right after run `after_run_id`."""
+        ``draft_step_spread_s`` and ``draft_forward_s`` / ``draft_forward_spread_s`` ``{n: s}``) timed right
+        after run `after_run_id`. Rows: role ``target`` per n; role ``draft`` per n of ``draft_forward_s``,
+        or n = 1 alone (the step) for a block without it."""
         ctx, reps = block.get("context_tokens"), block.get("repeats")
         rows = [(sweep_id, config_label, prompt_id, self.machine_id or "", after_run_id, "target", int(n), ctx,
                  _clean(float(s)), reps, _clean(block.get("target_forward_spread_s", {}).get(n)))
                 for n, s in block["target_forward_s"].items()]
-        if block.get("draft_step_s") is not None:
+        if block.get("draft_forward_s"):
+            spread = block.get("draft_forward_spread_s") or {}
+            rows += [(sweep_id, config_label, prompt_id, self.machine_id or "", after_run_id, "draft", int(n), ctx,
+                      _clean(float(s)), block.get("draft_repeats", reps), _clean(spread.get(n)))
+                     for n, s in block["draft_forward_s"].items()]
+        elif block.get("draft_step_s") is not None:
             rows.append((sweep_id, config_label, prompt_id, self.machine_id or "", after_run_id, "draft", 1, ctx,
                          _clean(float(block["draft_step_s"])), block.get("draft_repeats", reps),
                          _clean(block.get("draft_step_spread_s"))))

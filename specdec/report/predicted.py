@@ -13,11 +13,19 @@ drafted k tokens (the realized k: a prompt-lookup round may draft fewer than K, 
 
 with F the calibration block's median forward time (for a configuration that pads verification,
 `transformers-padded`, the cost of the cheapest measured shape >= k + 1: `CostCurve.padded_value`) (`specdec.costs.CostCurve`, one rule beyond the measured
-range), draft_s(k) = k x the block's draft step for the draft model and the median drafting time of the
-prompt's prompt-lookup rounds for prompt lookup (0 when there were none), o_spec = the median over the
+range), draft_s(k) for the draft model = its catch-up forward over the round's pending tokens
+(`specdec.traces.draft_pending`: 1, 2 after an all-accepted round, more after plain rounds) + (k - 1) draft
+steps (`CostCurve.draft_round_s`; 0 when k = 0), and for prompt lookup the median drafting time of the
+prompt's prompt-lookup rounds (0 when there were none), o_spec = the median over the
 prompt's timed speculative rounds of verify_s - forward_s + other_s (verification, sampling, rollback) and
 o_base = the median over its baseline rounds of verify_s - forward_s. The **predicted decode speedup** is
 (T x (F(1) + o_base)) / sum(round_s), T = the output's tokens.
+
+The draft's catch-up curve d(n) comes from the calibration block's draft forwards of n tokens when it has
+them (sweeps since the ninth session); an older block times the draft step alone, and then d(n) is
+estimated from the prompt's own timed draft-model rounds (`catchup_from_rounds`: the median drafting time
+of rounds that fed n tokens, less their K - 1 steps). Without either, every catch-up is priced
+at one step (the model before it was measured: 5-10% optimistic in fp32 and on llama.cpp here).
 
 The **measured decode speedup** of a timed run is its decode tokens/s (new tokens / decode_s) over the
 geometric mean of its adjacent baselines' (`specdec.report.speedup.paired_reference` on the decode rate).
@@ -39,11 +47,13 @@ from specdec.policies import make_policy
 from specdec.report.load import ensure_prepared, is_missing
 from specdec.report.speedup import paired_reference
 from specdec.report.vocab import BASELINE
-from specdec.traces import AcceptanceTrace, ReplayRound, compare_rounds, replay
+from specdec.traces import AcceptanceTrace, ReplayRound, compare_rounds, draft_pending, replay
 
 __all__ = [
     "GRID",
     "PromptModel",
+    "catchup_from_rounds",
+    "catchup_summary",
     "divergence_table",
     "positive_geomean",
     "predicted_vs_measured",
@@ -68,15 +78,17 @@ class PromptModel:
         o_base, o_spec, ngram_draft_s: per-round overheads in seconds (see the module docstring).
         ngram: the sweep's prompt-lookup n-gram sizes. draft_context: the draft model's context length.
         padded: the configuration pads verification to the cheapest measured shape.
+        catchup: where the draft's catch-up curve (`CostCurve.draft_forward_s`) came from: ``"calibration"``,
+            ``"timed rounds"`` (`catchup_from_rounds`) or None (every catch-up priced at one draft step).
 
     The cost policy is replayed with `curve` too: it is what the prompt's runs decided with (the runner hands
     the prompt's calibration block to them once it is measured).
     """
 
     def __init__(self, key, prompt_type, trace, curve, o_base, o_spec, ngram_draft_s, ngram, draft_context,
-                 padded=False):
+                 padded=False, catchup=None):
         self.key, self.prompt_type, self.trace, self.curve = key, prompt_type, trace, curve
-        self.padded = padded
+        self.padded, self.catchup = padded, catchup
         self.o_base, self.o_spec, self.ngram_draft_s = o_base, o_spec, ngram_draft_s
         self.ngram, self.draft_context = ngram, draft_context
 
@@ -108,9 +120,10 @@ class PromptModel:
         if self.curve is None:
             return np.nan
         total = 0.0
-        for r in rounds:
+        pending = draft_pending(rounds) if method == "draft" else [1] * len(rounds)
+        for r, p in zip(rounds, pending):
             if method == "draft":
-                draft = r.k * (self.curve.draft_step_s or 0.0)
+                draft = self.curve.draft_round_s(r.k, p)
             else:
                 draft = self.ngram_draft_s
             verify = self.curve.padded_value(r.k + 1) if self.padded else self.curve.forward_s(r.k + 1)
@@ -135,13 +148,53 @@ def _median(xs) -> float:
 
 
 def _curve(cal: pd.DataFrame, stored: CostCurve | None) -> CostCurve | None:
-    """The calibration blocks' median curve (all blocks of one prompt), else the configuration's stored one."""
+    """The calibration blocks' median curve (all blocks of one prompt: target forwards, the draft step and,
+    when timed, the draft's forwards of n > 1 tokens), else the configuration's stored one."""
     if len(cal):
         t = cal[cal["role"] == "target"].groupby("n_tokens")["seconds"].median()
-        d = cal[cal["role"] == "draft"]["seconds"]
+        d = cal[cal["role"] == "draft"].groupby("n_tokens")["seconds"].median()
         if len(t) and 1 in t.index:
-            return CostCurve({int(n): float(s) for n, s in t.items()}, float(d.median()) if len(d) else None)
+            step = float(d.loc[1]) if 1 in d.index else None
+            dcurve = {int(n): float(s) for n, s in d.items()} if len(d) > 1 else None
+            return CostCurve({int(n): float(s) for n, s in t.items()}, step, dcurve)
     return stored
+
+
+def catchup_from_rounds(rounds: pd.DataFrame, draft_step_s: float, *, min_rounds: int = 1
+                        ) -> dict[int, float] | None:
+    """The draft's forward time for n pending tokens, estimated from timed draft-model rounds.
+
+    For each run (rounds in order) `specdec.traces.draft_pending` gives the tokens each round's catch-up
+    fed; a drafting round's catch-up took ``draft_s - (k - 1) x draft_step_s``. d(n) is the median of that
+    over the rounds that fed n > 1 tokens (n = 1 is `draft_step_s` itself). Rounds feed 2 tokens after every
+    all-accepted round (hundreds per store) and larger counts only after a policy's plain stretches (a few
+    each), so d(2) is well measured and the rest is the curve's interpolation between the counts seen.
+    Measured here (AMD EPYC, 2 threads): fp32 d(2) 1.75-1.8 and d(25-45) 2.0-2.5 steps; llama.cpp 2.0 and
+    8-9; bf16 1.0.
+
+    Args:
+        rounds: rows of one prompt's draft-model runs (``run_id``, ``round_idx``, ``k``, ``num_accepted``,
+            ``draft_s`` in seconds). draft_step_s: the draft step (seconds; the calibration block's).
+        min_rounds: rounds needed to keep a count n.
+
+    Returns:
+        ``{1: draft_step_s, n: seconds, ...}`` with at least one n > 1, or None when no round fed more than
+        one token.
+    """
+    if rounds is None or rounds.empty or not draft_step_s or draft_step_s <= 0:
+        return None
+    rows = []
+    for _, g in rounds.sort_values(["run_id", "round_idx"]).groupby("run_id", sort=False):
+        recs = list(g[["k", "num_accepted", "draft_s"]].itertuples(index=False))
+        for r, p in zip(recs, draft_pending(recs)):
+            if p > 1 and r.k > 0 and r.draft_s is not None and np.isfinite(r.draft_s):
+                rows.append((int(p), max(float(r.draft_s) - (int(r.k) - 1) * draft_step_s, 1e-9)))
+    if not rows:
+        return None
+    med = pd.DataFrame(rows, columns=["pending", "s"]).groupby("pending")["s"].agg(["median", "size"])
+    out = {1: float(draft_step_s)}
+    out.update({int(n): float(m) for n, m, size in med.itertuples() if size >= min_rounds})
+    return out if len(out) > 1 else None
 
 
 def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame, calibration: pd.DataFrame,
@@ -158,7 +211,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
     df = ensure_prepared(runs)
     ok = df[df["ok"]]
     r = rounds.copy() if rounds is not None else pd.DataFrame()
-    for c in ("verify_s", "forward_s", "other_s", "draft_s", "k"):
+    for c in ("verify_s", "forward_s", "other_s", "draft_s", "k", "num_accepted", "round_idx"):
         if c in r.columns:
             r[c] = pd.to_numeric(r[c], errors="coerce")
     out = []
@@ -175,6 +228,13 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
             if calibration is not None and len(calibration) else pd.DataFrame()
         curve = _curve(cal, (costs or {}).get(t.config_label))
         rr = r[r["run_id"].isin(sel["run_id"])] if len(r) and "forward_s" in r.columns else pd.DataFrame()
+        catchup = "calibration" if curve is not None and curve.draft_forward_s is not None else None
+        if curve is not None and catchup is None and curve.draft_step_s and len(rr) \
+                and {"round_idx", "num_accepted"} <= set(rr.columns):
+            draft_ids = set(sel[sel["method"] == "draft"]["run_id"])
+            curve = curve.with_draft_forward(catchup_from_rounds(rr[rr["run_id"].isin(draft_ids)],
+                                                                 curve.draft_step_s))
+            catchup = "timed rounds" if curve.draft_forward_s is not None else None
         base_ids = set(sel[sel["method"] == BASELINE]["run_id"])
         o_base = o_spec = ng = 0.0
         if len(rr):
@@ -191,7 +251,24 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         ctx = None if is_missing(t.draft_context) else int(t.draft_context)
         out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]), trace,
                                curve, o_base, o_spec, ng, ngram, ctx,
-                               padded=getattr(RUNTIME_CONFIGS.get(t.config_label), "pad_verify", False)))
+                               padded=getattr(RUNTIME_CONFIGS.get(t.config_label), "pad_verify", False),
+                               catchup=catchup))
+    return out
+
+
+def catchup_summary(models: Sequence[PromptModel]) -> dict:
+    """Where the prompts' draft catch-up curves came from and what they say: ``{"calibration": n,
+    "timed rounds": n, "none": n, "d2": median d(2) / d(1) over the prompts with a curve (NaN without)}``,
+    draft-model traces only."""
+    out = {"calibration": 0, "timed rounds": 0, "none": 0}
+    ratios = []
+    for m in models:
+        if m.trace.draft_ids is None or m.curve is None or not m.curve.draft_step_s:
+            continue
+        out[m.catchup or "none"] += 1
+        if m.curve.draft_forward_s is not None:
+            ratios.append(m.curve.draft_forward(2) / m.curve.draft_step_s)
+    out["d2"] = float(np.median(ratios)) if ratios else np.nan
     return out
 
 

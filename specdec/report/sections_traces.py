@@ -8,7 +8,7 @@ import numpy as np
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.document import Bullets, Section, ci, f, i, key_columns, pct, s, table_of, yn
-from specdec.report.predicted import positive_geomean, summary
+from specdec.report.predicted import catchup_summary, positive_geomean, summary
 from specdec.report.vocab import ALL_PROMPTS
 
 __all__ = ["aa_line", "roofline_section", "traces_section"]
@@ -47,8 +47,10 @@ def traces_section(a: Analysis) -> Section:
         "Under greedy decoding the target's output does not depend on K or on the drafter, so one target-only "
         "run and one teacher-forced draft forward give the rounds of every K and policy (replayed exactly; "
         "specdec/traces.py). Hardware enters through each prompt's calibration block (target forwards of "
-        "1..17 tokens at its own context, timed right after its first baseline) and the per-round "
-        "overheads measured in its own runs. 'predicted' and 'measured' are both decode-only speedups "
+        "1..17 tokens and the draft's step and catch-up forwards at its own context, timed right after its "
+        "first baseline) and the per-round overheads measured in its own runs; a draft-model round costs its "
+        "catch-up forward over the tokens the draft has not cached (2 after an all-accepted round), K - 1 "
+        "draft steps and one target forward of K + 1 tokens. 'predicted' and 'measured' are both decode-only speedups "
         "(prefill left out on both sides); measured = the run's decode tokens/s over its two adjacent "
         "baselines'. Prompt-lookup predictions use the drafted length each round actually had.")
     sm = summary(pvm)
@@ -60,6 +62,12 @@ def traces_section(a: Analysis) -> Section:
         lines.append(f"Predicted / measured decode speedup: median {f(sm['median_ratio'], 3)} over {sm['n']} "
                      f"timed runs, {pct(sm['within_10pct'])} within 10%"
                      + (f"; geometric mean {f(iv.center, 3)} {ci(iv.lo, iv.hi, 3)}." if iv is not None else "."))
+    cu = catchup_summary(a.prompt_models)
+    if cu["calibration"] + cu["timed rounds"] + cu["none"]:
+        lines.append(f"Draft catch-up priced from the calibration block on {cu['calibration']} prompts, from the "
+                     f"prompt's timed draft rounds on {cu['timed rounds']} (blocks that timed the draft step "
+                     f"alone), at one draft step on {cu['none']}; a 2-token catch-up costs "
+                     f"{f(cu['d2'], 2)} draft steps (median over prompts).")
     sec.blocks.append(Bullets(lines))
     if len(best):
         cells = a[T.CELLS]

@@ -142,18 +142,15 @@ def target_policy(analyses) -> None:
 
 def target_exactness(analyses) -> None:
     from specdec.report import tables as T
+    from specdec.report.comparisons import exactness
+    from specdec.report.vocab import SPEC_METHODS
 
     print("\n3. exactness of greedy speculative runs against the same configuration's target-only output:")
     for db, an in analyses:
-        runs = an.store.runs
-        if runs is None or runs.empty or "matches_baseline" not in runs.columns:
-            continue
-        spec = runs[runs["method"].isin(["draft", "ngram"]) & runs["matches_baseline"].notna()
-                    & (runs["temperature"].fillna(0) == 0)]
         div = an[T.DIVERGENCE]
-        for label, g in spec.groupby("config_label"):
-            n, ok = len(g), int((g["matches_baseline"] == 1).sum())
-            d = div[div["config_label"] == label] if len(div) else div
+        for r in exactness(an[T.EQUALITY]).itertuples():  # the report's one count
+            label, n, ok = r.config_label, r.n_checked, r.n_equal
+            d = div[(div["config_label"] == label) & div["method"].isin(SPEC_METHODS)] if len(div) else div
             worst = float(d["target_margin"].max()) if len(d) and d["target_margin"].notna().any() else np.nan
             verdict = _verdict(ok / n >= 0.90) if label == BF16 else "(target is for bf16)"
             print(f"   {label:<22} {db}: {ok} of {n} exact ({ok / n:.0%}); largest margin at a divergence "
@@ -161,9 +158,9 @@ def target_exactness(analyses) -> None:
             if len(d):
                 pos = d.groupby(["prompt_id", "first_divergence"]).agg(
                     runs=("run_id", "size"), margin=("target_margin", "first")).reset_index()
-                for r in pos.itertuples():
-                    print(f"     {r.prompt_id:<20} new token {int(r.first_divergence):>3}: {r.runs} run(s), "
-                          f"target top-2 margin {r.margin:.3f}")
+                for p in pos.itertuples():
+                    print(f"     {p.prompt_id:<20} new token {int(p.first_divergence):>3}: {p.runs} run(s), "
+                          f"target top-2 margin {p.margin:.3f}")
 
 
 def target_padded_baseline(analyses) -> None:

@@ -25,17 +25,15 @@ import pandas as pd
 def _rows(db: str) -> pd.DataFrame:
     from specdec.report import analyze, load_store
     from specdec.report import tables as T
+    from specdec.report.comparisons import exactness
 
     an = analyze(load_store(db))
     cells = an[T.CELLS]
     if cells.empty:
         return cells
-    runs = an.store.runs
-    runs = runs[runs["method"] != "baseline"] if len(runs) else runs
-    div = runs[runs["matches_baseline"] == 0].groupby("config_label").size().to_dict() if len(runs) else {}
-    n = runs[runs["matches_baseline"].notna()].groupby("config_label").size().to_dict() if len(runs) else {}
-    cells = cells.assign(store=db, diverged=cells["config_label"].map(div).fillna(0).astype(int),
-                         checked=cells["config_label"].map(n).fillna(0).astype(int))
+    ex = exactness(an[T.EQUALITY]).set_index("config_label")  # the report's one count
+    cells = cells.assign(store=db, diverged=cells["config_label"].map(ex["n_diverged"]).fillna(0).astype(int),
+                         checked=cells["config_label"].map(ex["n_checked"]).fillna(0).astype(int))
     return cells
 
 
@@ -84,7 +82,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         print(f"| {ptype} | " + " | ".join(parts) + f" | {best_all[1]} ({best_all[0]:.1f} tok/s) |")
     print()
     for label, g in cells.groupby("config_label"):
-        print(f"{label}: {int(g['diverged'].iloc[0])} of {int(g['checked'].iloc[0])} greedy runs left the "
+        print(f"{label}: {int(g['diverged'].iloc[0])} of {int(g['checked'].iloc[0])} greedy speculative runs left the "
               "target-only output")
     return t
 

@@ -834,7 +834,7 @@ def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path)
     base = rl[rl["method"] == "baseline"].iloc[0]
     assert base["target_gb"] == pytest.approx(tb / 1e9) and base["bandwidth_gbps"] == pytest.approx(bw)
     assert "Roofline" in md
-    assert "transformers-eager: 0 of " in md and "greedy runs left the target-only output" in md
+    assert "transformers-eager: 0 of " in md and "greedy speculative runs left the target-only output" in md
 
 
 def test_bench_method_prints_the_four_targets(full_sweep, monkeypatch, capsys):
@@ -876,7 +876,7 @@ def test_fastest_table_names_the_fastest_configuration_per_type(full_sweep, caps
         top = max(float(g["target_only"].max()), float(g["spec_tok_s"].max()))
         row = next(r for r in rows if r.startswith(f"| {ptype} |"))
         assert f"({top:.1f} tok/s)" in row
-    assert "greedy runs left the target-only output" in out
+    assert "greedy speculative runs left the target-only output" in out
 
 
 def test_baseline_padded_is_timed_paired_exact_and_read_by_bench_fast(tmp_path, tiny_pair, near_draft_dir,

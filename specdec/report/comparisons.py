@@ -16,9 +16,18 @@ from specdec.report.cells import best_fixed, fixed_k_cells
 from specdec.report.load import ensure_prepared
 from specdec.report.model import CostInfo
 from specdec.report.speedup import per_prompt_median, ratio_ci
-from specdec.report.vocab import ADAPTIVE_POLICIES, ALL_PROMPTS, BASELINE, FIXED_POLICIES, PEER_PAIRS
+from specdec.report.vocab import (
+    ADAPTIVE_POLICIES,
+    ALL_PROMPTS,
+    BASELINE,
+    FIXED_POLICIES,
+    PEER_PAIRS,
+    SPEC_METHODS,
+)
 
-__all__ = ["adaptive_table", "equality_table", "peer_table", "runtime_by_type_table", "runtime_summary_table"]
+__all__ = [
+    "adaptive_table", "equality_table", "exactness", "peer_table", "runtime_by_type_table", "runtime_summary_table",
+]
 
 
 def _match(runs: pd.DataFrame) -> float:
@@ -86,6 +95,27 @@ def equality_table(runs: pd.DataFrame) -> pd.DataFrame:
     g = ok.groupby(["config_label", "method", "policy", "k"], sort=True)["matches_baseline"]
     out = pd.DataFrame({"n_checked": g.size(), "n_equal": g.sum().astype(int), "equal_rate": g.mean()})
     return out.reset_index()[cols]
+
+
+def exactness(equality: pd.DataFrame) -> pd.DataFrame:
+    """The one count of exactness the report, `benchmarks/bench_fast.py` and `benchmarks/fastest.py` quote:
+    per configuration, the greedy runs of our speculative engine (``SPEC_METHODS``: draft model and prompt
+    lookup, fixed K and policies) that finished and whose output was compared with the same configuration's
+    target-only output (``matches_baseline`` recorded, only under greedy decoding), and how many equal it.
+
+    Args:
+        equality: `equality_table` of the runs (the report's ``equality`` table).
+
+    Returns:
+        Columns ``config_label``, ``n_checked``, ``n_equal``, ``n_diverged``; one row per configuration with
+        checked runs (empty frame with those columns when none).
+    """
+    cols = ["config_label", "n_checked", "n_equal", "n_diverged"]
+    eq = equality[equality["method"].isin(SPEC_METHODS)] if len(equality) else equality
+    if eq.empty:
+        return pd.DataFrame(columns=cols)
+    g = eq.groupby("config_label", sort=True)[["n_checked", "n_equal"]].sum().astype(int).reset_index()
+    return g.assign(n_diverged=g["n_checked"] - g["n_equal"])[cols]
 
 
 def _adaptive_row(r: Any, ok: pd.DataFrame, fixed: pd.DataFrame, pooled: bool) -> dict:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
+from specdec.report.comparisons import exactness
 from specdec.report.document import Bullets, Section, ci, f, pct
 from specdec.report.figure_kit import FigureEntry, Namer, new_figure, save_figure, tex_safe
 from specdec.report.vocab import ALL_PROMPTS, SPEC_METHODS
@@ -212,13 +213,10 @@ def verdict_lines(a: Analysis) -> list[str]:
                     "beaten without speculating")
     if refs:
         lines.append("; ".join(refs) + ".")
-    eq = a[T.EQUALITY]
-    if len(eq):
-        ours = eq[eq["method"].isin(SPEC_METHODS)]
-        parts = []
-        for label, g in ours.groupby("config_label"):
-            n_eq, n_ch = int(g["n_equal"].sum()), int(g["n_checked"].sum())
-            parts.append(f"{label} {n_eq} of {n_ch} ({pct(n_eq / n_ch if n_ch else np.nan)})")
+    ex = exactness(a[T.EQUALITY])
+    if len(ex):
+        parts = [f"{r.config_label} {r.n_equal} of {r.n_checked} ({pct(r.n_equal / r.n_checked)})"
+                 for r in ex.itertuples()]
         if parts:
             lines.append("Greedy speculative runs that reproduced their configuration's target-only output "
                          "token for token: " + "; ".join(parts) + ".")

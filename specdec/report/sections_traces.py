@@ -7,9 +7,10 @@ import numpy as np
 
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
+from specdec.report.comparisons import exactness
 from specdec.report.document import Bullets, Section, ci, f, i, key_columns, pct, s, table_of, yn
 from specdec.report.predicted import catchup_summary, positive_geomean, summary
-from specdec.report.vocab import ALL_PROMPTS
+from specdec.report.vocab import ALL_PROMPTS, SPEC_METHODS
 
 __all__ = ["aa_line", "roofline_section", "traces_section"]
 
@@ -115,16 +116,16 @@ def traces_section(a: Analysis) -> Section:
         t.caption = "Every timed greedy draft/ngram run on a traced prompt."
         t.collapsed = True
         sec.blocks.append(t)
-    runs = a.store.runs if a.store is not None else None
-    if runs is not None and len(runs) and runs["matches_baseline"].notna().any():
-        checked = runs[runs["matches_baseline"].notna() & (runs["method"] != "baseline")]
+    ex = exactness(a[T.EQUALITY])
+    if len(ex):
         div_lines = []
-        for label, g in checked.groupby("config_label", sort=True):
-            d = div[div["config_label"] == label] if len(div) else div
+        for r in ex.itertuples():
+            d = div[(div["config_label"] == r.config_label) & div["method"].isin(SPEC_METHODS)] if len(div) else div
             top = d["target_margin"].max() if len(d) else float("nan")
-            lines_div = (f"{label}: {len(d)} of {len(g)} greedy runs left the target-only output"
-                         + (f" ({pct(len(d) / len(g))}); the largest target top-2 margin at a first difference "
-                            f"was {f(top, 4)}" if len(d) else ""))
+            lines_div = (f"{r.config_label}: {r.n_diverged} of {r.n_checked} greedy speculative runs left the "
+                         "target-only output"
+                         + (f" ({pct(r.n_diverged / r.n_checked)}); the largest target top-2 margin at a first "
+                            f"difference was {f(top, 4)}" if r.n_diverged else ""))
             div_lines.append(lines_div + ".")
         sec.blocks.append(Bullets(div_lines))
     if len(div):

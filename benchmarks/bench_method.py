@@ -75,6 +75,11 @@ def main() -> None:
     for r in pvm.itertuples():
         print(f"   {r.run_id:>4} {r.prompt_id:<18} {r.method:<6} {r.policy:<6} {r.k:>3} {r.predicted:>6.2f} "
               f"{r.measured:>6.2f} {r.ratio:>6.3f}")
+    if len(pvm):
+        print("   per cell (median predicted / measured over its timed runs):")
+        for (label, method, policy, k), g in pvm.groupby(["config_label", "method", "policy", "k"], sort=True):
+            print(f"     {label:<20} {method:<6} {policy:<6} K={int(k):<3} {g['ratio'].median():.3f} "
+                  f"({len(g)} runs)")
     if sm.get("n"):
         med = summary(pvm)["median_ratio"]
         print(f"   median {med:.3f}, {summary(pvm)['within_10pct']:.0%} within 10%: target median within +/-10%: "

@@ -121,8 +121,6 @@ def verification_steps(target_forward_s: dict[int, float]) -> dict[int, float]:
     return CostCurve(target_forward_s).relative()
 
 
-
-
 def measure_costs(
     pair: LoadedPair,
     *,

@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import typer
 from conftest import SWEEP_PROMPTS, tiny_sweep_config
@@ -399,6 +400,38 @@ def test_secondary_policies_time_a_policy_on_every_prompt_of_a_type():
         S.make_config({**base, "secondary_policies": "fixed"})
 
 
+def test_type_ks_time_a_types_best_k_on_every_prompt_of_it():
+    """--type-ks method:type=K adds fixed-K cells on every prompt of that type (primaries and the others),
+    each between two baselines; a K already in the prompt's grid is not timed twice; type=K alone means every
+    drafting method; the report's best-K table prints the value in this form (it parses back)."""
+    from specdec.report.predicted import type_ks_flags
+
+    base = {"prompt_types": "code,natural", "prompts_per_type": 2, "ks": "2", "secondary_ks": "",
+            "methods": "baseline,draft,ngram", "policies": "none", "peers": False}
+    cfg = S.make_config({**base, "type_ks": "draft:code=7,ngram:code=2,natural=3"})
+    assert cfg.type_ks == ("draft:code=7", "ngram:code=2", "draft:natural=3", "ngram:natural=3")
+    plan = S.build_plan(cfg, S.select_prompts(cfg))
+    cells = {pid: [(c.method, c.k) for c in plan if c.prompt.id == pid] for pid in {c.prompt.id for c in plan}}
+    assert cells["code-01"] == [("baseline", None), ("draft", 2), ("baseline", None), ("draft", 7),
+                                ("baseline", None), ("ngram", 2), ("baseline", None)]  # ngram K = 2 once
+    assert cells["code-02"] == [("baseline", None), ("draft", 7), ("baseline", None), ("ngram", 2),
+                                ("baseline", None)]
+    assert cells["natural-02"] == [("baseline", None), ("draft", 3), ("baseline", None), ("ngram", 3),
+                                   ("baseline", None)]
+    assert S.cost_max_n(S.make_config({**base, "type_ks": "draft:code=20"})) == 21
+    for bad, match in (("draft:code", "not method:type=K"), ("draft:code=0", "K >= 1"),
+                       ("baseline:code=2", "not a drafting method"), ("hf_assisted:code=2", "not a drafting")):
+        with pytest.raises(ValueError, match=match):
+            S.make_config({**base, "type_ks": bad})
+    with pytest.raises(ValueError, match="not in this sweep: poetry"):
+        odd = S.make_config({**base, "type_ks": "draft:poetry=2"})
+        S.build_plan(odd, S.select_prompts(odd))
+    best = pd.DataFrame({"config_label": ["c", "c"], "prompt_type": ["code", "natural"], "method": ["draft", "ngram"],
+                         "best_k": [3, 16]})
+    flags = type_ks_flags(best)["c"]
+    assert S.make_config({**base, "type_ks": flags}).type_ks == ("draft:code=3", "ngram:natural=16")
+
+
 def test_default_plan_and_budget_fit_the_cpu():
     cfg = S.make_config({})
     prompts = S.select_prompts(cfg)
@@ -668,6 +701,11 @@ def test_cli_bad_prompt_file_and_bad_flags(app, tmp_path):
     assert res.exit_code == 2 and "no such prompt file" in res.output and not (tmp_path / "x.db").exists()
     res = runner.invoke(app, ["sweep", "--ks", "1,two", "--dry-run"])
     assert res.exit_code == 2 and "not an integer" in res.output
+    res = runner.invoke(app, ["sweep", "--type-ks", "draft:code", "--dry-run"])
+    assert res.exit_code == 2 and "not method:type=K" in res.output
+    res = runner.invoke(app, ["sweep", "--prompt-types", "code", "--ks", "2", "--type-ks", "draft:code=7",
+                              "--no-peers", "--dry-run", "--db", str(tmp_path / "t.db")])
+    assert res.exit_code == 0 and "draft K=7" in res.output, res.output
 
 
 def test_cli_costs_json(app, tiny_pair, near_draft_dir):

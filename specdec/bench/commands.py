@@ -80,6 +80,12 @@ def sweep(
         str | None, typer.Option(help="Fixed-K grid on non-primary prompts ('' for none). (default: 4)",
                                  rich_help_panel=_PANEL_PLAN)
     ] = None,
+    type_ks: Annotated[
+        str | None, typer.Option("--type-ks", help="Extra fixed K timed on every prompt of a type, per drafter: "
+                                 "method:type=K,... (e.g. draft:code=3,ngram:repetitive=16; the report prints the "
+                                 "traces' best K per type in this form). (default: none)",
+                                 rich_help_panel=_PANEL_PLAN)
+    ] = None,
     max_new_tokens: Annotated[
         int | None, typer.Option(help="New tokens per generation. (default: 128)", rich_help_panel=_PANEL_PLAN)
     ] = None,
@@ -213,7 +219,8 @@ def sweep(
         flags = {
             "name": name, "pair": pair, "target": target, "draft": draft, "prompt_types": prompt_types,
             "prompts": str(prompts) if prompts is not None else None, "prompts_per_type": prompts_per_type,
-            "ks": ks, "secondary_ks": secondary_ks, "max_new_tokens": max_new_tokens, "repeats": repeats,
+            "ks": ks, "secondary_ks": secondary_ks, "type_ks": type_ks, "max_new_tokens": max_new_tokens,
+            "repeats": repeats,
             "baseline_repeats": baseline_repeats, "pairing": pairing, "traces": traces,
             "calibration_repeats": calibration_repeats, "methods": methods, "policies": policies,
             "secondary_policies": secondary_policies, "policy_k": policy_k, "peers": peers,

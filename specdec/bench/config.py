@@ -27,7 +27,9 @@ __all__ = [
     "check_available",
     "load_config_file",
     "make_config",
+    "parse_type_ks",
     "to_json",
+    "type_ks_for",
 ]
 
 OUR_METHODS = tuple(m.name for m in our_methods() if m.default)
@@ -144,6 +146,9 @@ class SweepConfig:
         prompts_per_type: built-in prompts per type (1 = the primary ``<type>-01`` only).
         ks: the fixed-K grid run on primary prompts (the first prompt of each type).
         secondary_ks: the fixed-K grid on the other prompts (no peers or policies there).
+        type_ks: extra fixed K timed on EVERY prompt of a type, per drafter: entries ``"method:type=K"``
+            (e.g. the best fixed K per type from an earlier store's acceptance traces, which `specdec report`
+            prints in this form); a K already in the prompt's grid is not timed twice.
         max_new_tokens: new tokens per generation.
         repeats: timed runs per cell (seed = seed + repeat under sampling).
         baseline_repeats: with ``pairing="none"`` only: timed target-only runs per prompt (at least
@@ -186,6 +191,7 @@ class SweepConfig:
     prompts_per_type: int = 1
     ks: tuple[int, ...] = (1, 2, 4, 8, 16)
     secondary_ks: tuple[int, ...] = (4,)
+    type_ks: tuple[str, ...] = ()
     max_new_tokens: int = 128
     repeats: int = 1
     baseline_repeats: int = 2
@@ -277,6 +283,44 @@ def _int_list(value: Any, what: str, *, allow_empty: bool) -> tuple[int, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def parse_type_ks(value: Any, methods: tuple[str, ...]) -> tuple[str, ...]:
+    """Validate ``type_ks`` entries ``"method:type=K"`` (a comma-separated string or a list; ``type=K`` alone
+    means every drafting method of the sweep) and return them normalized, one (method, type, K) per entry,
+    in the order given without repeats.
+
+    Raises:
+        ValueError: an entry not of that form, a method that takes no K or is not in the sweep's methods,
+            or K < 1 (one line naming the entry).
+    """
+    drafting = [m.name for m in our_methods() if m.takes_k and m.name in methods]
+    out: list[str] = []
+    for item in _as_list(value, "type_ks"):
+        entry = str(item).strip()
+        head, eq, k_txt = entry.partition("=")
+        method, colon, ptype = head.partition(":")
+        if not colon:
+            method, ptype = "", head
+        method, ptype = method.strip().lower(), ptype.strip()
+        try:
+            k = int(k_txt)
+        except ValueError:
+            k = 0
+        if not eq or not ptype or k < 1:
+            raise ValueError(f"type_ks: {entry!r} is not method:type=K with K >= 1 (e.g. draft:code=3)")
+        if method and method not in drafting:
+            raise ValueError(f"type_ks: {entry!r}: {method!r} is not a drafting method of this sweep "
+                             f"({', '.join(drafting) or 'none'})")
+        for m in [method] if method else drafting:
+            out.append(f"{m}:{ptype}={k}")
+    return tuple(dict.fromkeys(out))
+
+
+def type_ks_for(cfg: SweepConfig, method: str, prompt_type: str) -> tuple[int, ...]:
+    """The extra fixed K of `cfg.type_ks` for one drafting method and prompt type (tokens, in order)."""
+    prefix = f"{method}:{prompt_type}="
+    return tuple(int(e[len(prefix):]) for e in cfg.type_ks if e.startswith(prefix))
+
+
 def _normalize_names(v: dict[str, Any]) -> None:
     """Validate the name lists in place: methods (`METHODS`), policies, configs (aliases resolved)."""
     methods = [m.lower() for m in _as_list(v["methods"], "methods")]
@@ -315,6 +359,7 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     v["secondary_ks"] = _int_list(v["secondary_ks"], "secondary_ks", allow_empty=True)
     v["peer_ks"] = _int_list(v["peer_ks"], "peer_ks", allow_empty=True)
     _normalize_names(v)
+    v["type_ks"] = parse_type_ks(v["type_ks"], v["methods"])
     pt = v["prompt_types"]
     if isinstance(pt, (list, tuple)):
         pt = ",".join(str(x) for x in pt)

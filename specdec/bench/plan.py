@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.bench.config import RUNTIME_CONFIGS, SweepConfig, check_available
+from specdec.bench.config import RUNTIME_CONFIGS, SweepConfig, check_available, type_ks_for
 from specdec.bench.methods import our_methods, peer_methods, reference_method
 from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
 from specdec.bench.store import cell_key, sweep_id_for
@@ -108,9 +108,15 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
     - ``pairing="none"``: baseline first, the pass, then ``baseline_repeats - repeats`` extra baselines.
 
     Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
-    `secondary_ks` and `secondary_policies` only. Baseline runs of a prompt are numbered 0, 1, ... in plan order (their ``repeat``).
+    `secondary_ks` and `secondary_policies` only; every prompt also gets its type's `type_ks` (after its grid,
+    a K already in the grid not repeated). Baseline runs of a prompt are numbered 0, 1, ... in plan order (their ``repeat``).
     """
     prim = primary_ids(prompts)
+    types = {p.type for p in prompts}
+    unknown = sorted({e.split(":", 1)[1].rsplit("=", 1)[0] for e in cfg.type_ks} - types)
+    if unknown:
+        raise ValueError(f"type_ks names prompt type(s) not in this sweep: {', '.join(unknown)} "
+                         f"(its types: {', '.join(sorted(types))})")
     plan: list[PlannedRun] = []
     base = reference_method().name
     for label in cfg.configs:
@@ -124,6 +130,7 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
             groups: list[tuple[str, int | None, str | None]] = [(m, None, None) for m in plain]
             for m in drafting:
                 groups.extend((m, k, "fixed") for k in ks)
+                groups.extend((m, k, "fixed") for k in type_ks_for(cfg, m, prompt.type) if k not in ks)
             for m in drafting:
                 groups.extend((m, cfg.policy_k, p) for p in (cfg.policies if is_primary else cfg.secondary_policies))
             if is_primary:
@@ -187,7 +194,7 @@ def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str
 def cost_max_n(cfg: SweepConfig) -> int:
     """Largest forward the cost curve covers: n = 1..17 always (K up to 16), more when a cell uses K > 16
     (its verification forward scores K + 1 tokens)."""
-    ks = list(cfg.ks) + list(cfg.secondary_ks) + list(cfg.peer_ks)
+    ks = list(cfg.ks) + list(cfg.secondary_ks) + list(cfg.peer_ks) + [int(e.rsplit("=", 1)[1]) for e in cfg.type_ks]
     if cfg.policies or cfg.secondary_policies:
         ks.append(cfg.policy_k)
     return max([17] + [k + 1 for k in ks])

@@ -62,6 +62,7 @@ __all__ = [
     "summary",
     "trace_best_k",
     "trace_grid",
+    "type_ks_flags",
 ]
 
 #: The K grid predicted from every trace (free: no timed run needed).
@@ -323,6 +324,15 @@ def trace_best_k(grid: pd.DataFrame) -> pd.DataFrame:
                      "policy_predicted": positive_geomean(pol) if len(pol) else np.nan,
                      "n_prompts": int(g["prompt_id"].nunique())})
     return pd.DataFrame(rows, columns=cols)
+
+
+def type_ks_flags(best: pd.DataFrame) -> dict[str, str]:
+    """Per config_label, the `trace_best_k` table as a ``specdec sweep --type-ks`` value
+    (``method:type=K,...``), so the traces' best K per type can be timed on every prompt of the type."""
+    out: dict[str, str] = {}
+    for label, g in best.groupby("config_label", sort=True):
+        out[str(label)] = ",".join(f"{r.method}:{r.prompt_type}={int(r.best_k)}" for r in g.itertuples())
+    return out
 
 
 def _timed_records(rounds: pd.DataFrame, run_id: int):

@@ -9,7 +9,7 @@ from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.comparisons import exactness
 from specdec.report.document import Bullets, Section, ci, f, i, key_columns, pct, s, table_of, yn
-from specdec.report.predicted import catchup_summary, positive_geomean, summary
+from specdec.report.predicted import catchup_summary, positive_geomean, summary, type_ks_flags
 from specdec.report.vocab import ALL_PROMPTS, SPEC_METHODS
 
 __all__ = ["aa_line", "roofline_section", "traces_section"]
@@ -98,6 +98,8 @@ def traces_section(a: Analysis) -> Section:
                      "decode speedups over the type's prompts), next to the best K among the timed ones "
                      "(end-to-end, paired). '-' where that K was not timed.")
         sec.blocks.append(t)
+        sec.blocks.append(Bullets([f"To time these K on every prompt of each type ({label}): `specdec sweep ... "
+                                   f"--type-ks {flags}`" for label, flags in type_ks_flags(best).items()]))
     if len(grid):
         fx = grid[grid["policy"] == "fixed"]
         piv = fx.groupby(["config_label", "method", "k"])["predicted"].apply(positive_geomean).reset_index()

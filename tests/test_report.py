@@ -819,16 +819,17 @@ def test_time_model_prices_the_drafts_catch_up():
     ng = PromptModel(("c", "p", ""), "code", trace, curve, 0.0, 0.0, 0.01, (3, 1), None)
     assert ng.decode_s("ngram", rounds) == pytest.approx(4 * 2.01)
 
-    # timed rounds of two runs (K = 2 fixed, then K = 1 with plain rounds): draft_s = d(pending) + (k - 1) x step
-    d = {1: 0.25, 2: 0.45, 3: 0.6}
-    seqs = {1: [(2, 2), (2, 2), (2, 1), (2, 0), (2, 2), (2, 1)], 2: [(1, 0), (0, 0), (0, 0), (1, 1), (1, 0),
-                                                                    (0, 0), (1, 0), (1, 1), (1, 1), (1, 0)]}
+    # timed rounds of two runs (K = 2 fixed, then K = 1 with plain rounds): draft_s = d(pending) + (k - 1) x step,
+    # the two runs on prompts with different draft steps (the estimate is in steps, pooled over prompts)
+    ratio = {1: 1.0, 2: 1.8, 3: 2.4}
+    seqs = {1: (0.25, [(2, 2), (2, 2), (2, 1), (2, 0), (2, 2), (2, 1)]),
+            2: (0.5, [(1, 0), (0, 0), (0, 0), (1, 1), (1, 0), (0, 0), (1, 0), (1, 1), (1, 1), (1, 0)])}
     rows = []
-    for run_id, seq in seqs.items():
+    for run_id, (step, seq) in seqs.items():
         recs = [pd.Series({"k": k, "num_accepted": a}) for k, a in seq]
         for i, ((k, a), p) in enumerate(zip(seq, draft_pending(recs))):
-            rows.append({"run_id": run_id, "round_idx": i, "k": k, "num_accepted": a,
-                         "draft_s": 0.0 if k == 0 else d[p] + (k - 1) * 0.25})
-    assert catchup_from_rounds(pd.DataFrame(rows), 0.25) == pytest.approx(d)  # d(3): the one round after 2 plain
-    assert catchup_from_rounds(pd.DataFrame(rows), 0.25, min_rounds=2) == pytest.approx({1: 0.25, 2: 0.45})
-    assert catchup_from_rounds(pd.DataFrame(rows[:1]), 0.25) is None  # no round fed more than one token
+            rows.append({"run_id": run_id, "round_idx": i, "k": k, "num_accepted": a, "step_s": step,
+                         "draft_s": 0.0 if k == 0 else step * (ratio[p] + k - 1)})
+    assert catchup_from_rounds(pd.DataFrame(rows)) == pytest.approx(ratio)  # d(3): the one round after 2 plain
+    assert catchup_from_rounds(pd.DataFrame(rows), min_rounds=2) == pytest.approx({1: 1.0, 2: 1.8})
+    assert catchup_from_rounds(pd.DataFrame(rows[:1])) is None  # no round fed more than one token

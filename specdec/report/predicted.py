@@ -23,8 +23,8 @@ o_base = the median over its baseline rounds of verify_s - forward_s. The **pred
 
 The draft's catch-up curve d(n) comes from the calibration block's draft forwards of n tokens when it has
 them (sweeps since the ninth session); an older block times the draft step alone, and then d(n) is
-estimated from the prompt's own timed draft-model rounds (`catchup_from_rounds`: the median drafting time
-of rounds that fed n tokens, less their K - 1 steps). Without either, every catch-up is priced
+estimated from the timed draft-model rounds of the configuration's prompts (`catchup_from_rounds`: the
+median drafting time of rounds that fed n tokens, less their K - 1 steps, in draft steps). Without either, every catch-up is priced
 at one step (the model before it was measured: 5-10% optimistic in fp32 and on llama.cpp here).
 
 The **measured decode speedup** of a timed run is its decode tokens/s (new tokens / decode_s) over the
@@ -161,39 +161,38 @@ def _curve(cal: pd.DataFrame, stored: CostCurve | None) -> CostCurve | None:
     return stored
 
 
-def catchup_from_rounds(rounds: pd.DataFrame, draft_step_s: float, *, min_rounds: int = 1
-                        ) -> dict[int, float] | None:
-    """The draft's forward time for n pending tokens, estimated from timed draft-model rounds.
+def catchup_from_rounds(rounds: pd.DataFrame, *, min_rounds: int = 1) -> dict[int, float] | None:
+    """The draft's forward time for n pending tokens in draft steps, d(n) / d(1), from timed draft rounds.
 
     For each run (rounds in order) `specdec.traces.draft_pending` gives the tokens each round's catch-up
-    fed; a drafting round's catch-up took ``draft_s - (k - 1) x draft_step_s``. d(n) is the median of that
-    over the rounds that fed n > 1 tokens (n = 1 is `draft_step_s` itself). Rounds feed 2 tokens after every
-    all-accepted round (hundreds per store) and larger counts only after a policy's plain stretches (a few
-    each), so d(2) is well measured and the rest is the curve's interpolation between the counts seen.
-    Measured here (AMD EPYC, 2 threads): fp32 d(2) 1.75-1.8 and d(25-45) 2.0-2.5 steps; llama.cpp 2.0 and
-    8-9; bf16 1.0.
+    fed; a drafting round's catch-up took ``draft_s - (k - 1) x step_s`` (step_s: the draft step of the
+    run's prompt). The ratio for n > 1 is the median of that over ``step_s`` across the rounds that fed n
+    tokens. Rounds feed 2 tokens after every all-accepted round (hundreds per store), larger counts only after
+    a cost policy's plain stretches (a few per prompt), so `prompt_models` pools the rounds of all prompts of
+    one configuration and machine. Measured here (AMD EPYC, 2 threads): fp32 d(2) 1.75-1.8 and d(25-45)
+    2.0-2.5 steps; llama.cpp 2.0 and 8-9; bf16 1.0.
 
     Args:
-        rounds: rows of one prompt's draft-model runs (``run_id``, ``round_idx``, ``k``, ``num_accepted``,
-            ``draft_s`` in seconds). draft_step_s: the draft step (seconds; the calibration block's).
+        rounds: rows of draft-model runs (``run_id``, ``round_idx``, ``k``, ``num_accepted``, ``draft_s`` in
+            seconds, ``step_s``: the prompt's draft step in seconds).
         min_rounds: rounds needed to keep a count n.
 
     Returns:
-        ``{1: draft_step_s, n: seconds, ...}`` with at least one n > 1, or None when no round fed more than
-        one token.
+        ``{1: 1.0, n: d(n) / d(1), ...}`` with at least one n > 1, or None when no round fed more than one
+        token.
     """
-    if rounds is None or rounds.empty or not draft_step_s or draft_step_s <= 0:
+    if rounds is None or rounds.empty:
         return None
     rows = []
     for _, g in rounds.sort_values(["run_id", "round_idx"]).groupby("run_id", sort=False):
-        recs = list(g[["k", "num_accepted", "draft_s"]].itertuples(index=False))
+        recs = list(g[["k", "num_accepted", "draft_s", "step_s"]].itertuples(index=False))
         for r, p in zip(recs, draft_pending(recs)):
-            if p > 1 and r.k > 0 and r.draft_s is not None and np.isfinite(r.draft_s):
-                rows.append((int(p), max(float(r.draft_s) - (int(r.k) - 1) * draft_step_s, 1e-9)))
+            if p > 1 and r.k > 0 and np.isfinite(r.draft_s) and np.isfinite(r.step_s) and r.step_s > 0:
+                rows.append((int(p), max(float(r.draft_s) / r.step_s - (int(r.k) - 1), 1e-6)))
     if not rows:
         return None
-    med = pd.DataFrame(rows, columns=["pending", "s"]).groupby("pending")["s"].agg(["median", "size"])
-    out = {1: float(draft_step_s)}
+    med = pd.DataFrame(rows, columns=["pending", "ratio"]).groupby("pending")["ratio"].agg(["median", "size"])
+    out = {1: 1.0}
     out.update({int(n): float(m) for n, m, size in med.itertuples() if size >= min_rounds})
     return out if len(out) > 1 else None
 
@@ -201,6 +200,10 @@ def catchup_from_rounds(rounds: pd.DataFrame, draft_step_s: float, *, min_rounds
 def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame, calibration: pd.DataFrame,
                   costs: dict[str, CostCurve] | None = None, ngram: tuple[int, int] = (3, 1)) -> list[PromptModel]:
     """A `PromptModel` per stored trace.
+
+    A prompt whose calibration block timed the draft step alone gets its catch-up curve from the timed
+    draft-model rounds of every prompt of its configuration and machine (`catchup_from_rounds`, in draft
+    steps, scaled by the prompt's own step).
 
     Args:
         runs, rounds: the store's (prepared or raw) runs and rounds. traces, calibration: the store's tables.
@@ -215,7 +218,8 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
     for c in ("verify_s", "forward_s", "other_s", "draft_s", "k", "num_accepted", "round_idx"):
         if c in r.columns:
             r[c] = pd.to_numeric(r[c], errors="coerce")
-    out = []
+    timed_rounds = len(r) and {"forward_s", "round_idx", "num_accepted"} <= set(r.columns)
+    staged, pooled = [], {}
     for t in traces.itertuples(index=False):
         mid = t.machine_id or ""
         sel = ok[(ok["config_label"] == t.config_label) & (ok["prompt_id"] == t.prompt_id)]
@@ -228,14 +232,19 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
                           & (calibration["machine_id"].astype(object).fillna("") == mid)] \
             if calibration is not None and len(calibration) else pd.DataFrame()
         curve = _curve(cal, (costs or {}).get(t.config_label))
-        rr = r[r["run_id"].isin(sel["run_id"])] if len(r) and "forward_s" in r.columns else pd.DataFrame()
+        rr = r[r["run_id"].isin(sel["run_id"])] if timed_rounds else pd.DataFrame()
+        if len(rr) and curve is not None and curve.draft_step_s:
+            d = rr[rr["run_id"].isin(set(sel[sel["method"] == "draft"]["run_id"]))]
+            pooled.setdefault((t.config_label, mid), []).append(d.assign(step_s=curve.draft_step_s))
+        staged.append((t, mid, sel, curve, rr))
+    ratios = {key: catchup_from_rounds(pd.concat(parts, ignore_index=True)) for key, parts in pooled.items()}
+    out = []
+    for t, mid, sel, curve, rr in staged:
         catchup = "calibration" if curve is not None and curve.draft_forward_s is not None else None
-        if curve is not None and catchup is None and curve.draft_step_s and len(rr) \
-                and {"round_idx", "num_accepted"} <= set(rr.columns):
-            draft_ids = set(sel[sel["method"] == "draft"]["run_id"])
-            curve = curve.with_draft_forward(catchup_from_rounds(rr[rr["run_id"].isin(draft_ids)],
-                                                                 curve.draft_step_s))
-            catchup = "timed rounds" if curve.draft_forward_s is not None else None
+        ratio = ratios.get((t.config_label, mid))
+        if curve is not None and catchup is None and curve.draft_step_s and ratio:
+            curve = curve.with_draft_forward({n: curve.draft_step_s * x for n, x in ratio.items()})
+            catchup = "timed rounds"
         base_ids = set(sel[sel["method"] == BASELINE]["run_id"])
         o_base = o_spec = ng = 0.0
         if len(rr):

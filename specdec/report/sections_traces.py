@@ -66,7 +66,7 @@ def traces_section(a: Analysis) -> Section:
     cu = catchup_summary(a.prompt_models)
     if cu["calibration"] + cu["timed rounds"] + cu["none"]:
         lines.append(f"Draft catch-up priced from the calibration block on {cu['calibration']} prompts, from the "
-                     f"prompt's timed draft rounds on {cu['timed rounds']} (blocks that timed the draft step "
+                     f"configuration's timed draft rounds on {cu['timed rounds']} (blocks that timed the draft step "
                      f"alone), at one draft step on {cu['none']}; a 2-token catch-up costs "
                      f"{f(cu['d2'], 2)} draft steps (median over prompts).")
     sec.blocks.append(Bullets(lines))

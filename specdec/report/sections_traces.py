@@ -98,8 +98,8 @@ def traces_section(a: Analysis) -> Section:
                      "decode speedups over the type's prompts), next to the best K among the timed ones "
                      "(end-to-end, paired). '-' where that K was not timed.")
         sec.blocks.append(t)
-        sec.blocks.append(Bullets([f"To time these K on every prompt of each type ({label}): `specdec sweep ... "
-                                   f"--type-ks {flags}`" for label, flags in type_ks_flags(best).items()]))
+        sec.blocks.append(Bullets([f"To time these K on every prompt of each type ({label}): specdec sweep ... "
+                                   f"--type-ks {flags}" for label, flags in type_ks_flags(best).items()]))
     if len(grid):
         fx = grid[grid["policy"] == "fixed"]
         piv = fx.groupby(["config_label", "method", "k"])["predicted"].apply(positive_geomean).reset_index()

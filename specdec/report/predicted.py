@@ -24,8 +24,10 @@ o_base = the median over its baseline rounds of verify_s - forward_s. The **pred
 The draft's catch-up curve d(n) comes from the calibration block's draft forwards of n tokens when it has
 them (sweeps since the ninth session); an older block times the draft step alone, and then d(n) is
 estimated from the timed draft-model rounds of the configuration's prompts (`catchup_from_rounds`: the
-median drafting time of rounds that fed n tokens, less their K - 1 steps, in draft steps). Without either, every catch-up is priced
-at one step (the model before it was measured: 5-10% optimistic in fp32 and on llama.cpp here).
+median drafting time of rounds that fed n tokens, less their K - 1 steps, in draft steps). Without
+either, every catch-up is priced
+at one step (the model before it was measured: 3-14% optimistic at fixed K in fp32 and on llama.cpp
+here, `docs/RESULTS.md`).
 
 The **measured decode speedup** of a timed run is its decode tokens/s (new tokens / decode_s) over the
 geometric mean of its adjacent baselines' (`specdec.report.speedup.paired_reference` on the decode rate).
@@ -218,7 +220,8 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
     for c in ("verify_s", "forward_s", "other_s", "draft_s", "k", "num_accepted", "round_idx"):
         if c in r.columns:
             r[c] = pd.to_numeric(r[c], errors="coerce")
-    timed_rounds = len(r) and {"forward_s", "round_idx", "num_accepted"} <= set(r.columns)
+    timed_rounds = len(r) and "forward_s" in r.columns
+    with_order = {"round_idx", "num_accepted"} <= set(r.columns)
     staged, pooled = [], {}
     for t in traces.itertuples(index=False):
         mid = t.machine_id or ""
@@ -233,7 +236,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
             if calibration is not None and len(calibration) else pd.DataFrame()
         curve = _curve(cal, (costs or {}).get(t.config_label))
         rr = r[r["run_id"].isin(sel["run_id"])] if timed_rounds else pd.DataFrame()
-        if len(rr) and curve is not None and curve.draft_step_s:
+        if len(rr) and with_order and curve is not None and curve.draft_step_s:
             d = rr[rr["run_id"].isin(set(sel[sel["method"] == "draft"]["run_id"]))]
             pooled.setdefault((t.config_label, mid), []).append(d.assign(step_s=curve.draft_step_s))
         staged.append((t, mid, sel, curve, rr))

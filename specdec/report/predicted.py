@@ -25,9 +25,8 @@ The draft's catch-up curve d(n) comes from the calibration block's draft forward
 them (sweeps since the ninth session); an older block times the draft step alone, and then d(n) is
 estimated from the timed draft-model rounds of the configuration's prompts (`catchup_from_rounds`: the
 median drafting time of rounds that fed n tokens, less their K - 1 steps, in draft steps). Without
-either, every catch-up is priced
-at one step (the model before it was measured: 3-14% optimistic at fixed K in fp32 and on llama.cpp
-here, `docs/RESULTS.md`).
+either, every catch-up is priced at one step (the model before it was measured: 3-14% optimistic at fixed
+K in fp32 and on llama.cpp here, `docs/RESULTS.md`).
 
 The **measured decode speedup** of a timed run is its decode tokens/s (new tokens / decode_s) over the
 geometric mean of its adjacent baselines' (`specdec.report.speedup.paired_reference` on the decode rate).

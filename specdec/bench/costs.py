@@ -68,6 +68,7 @@ def forward_times(
     repeats: int = 3,
     clock: Callable[[], float] = time.perf_counter,
     warmup: bool = True,
+    last: int | None = None,
 ) -> tuple[dict[int, float], dict[int, float]]:
     """Time ``backend.forward(n tokens)`` on a warm cache holding `context`.
 
@@ -78,6 +79,8 @@ def forward_times(
         repeats: timed forwards per n (after one untimed warm-up pass over all n when `warmup`); the
             passes interleave the n (1, 2, ..., max, 1, 2, ...), so a slow spell spreads over every n.
         clock: seconds. warmup: run the untimed pass first (off when the model has just run).
+        last: score only the last `last` rows (the LM head on those alone), as the draft's catch-up does
+            (`ModelDrafter.propose`: ``last=1``); None = every row, as verification does.
 
     Returns:
         ``(median_s, iqr_s)``: ``{n: median seconds}`` and ``{n: interquartile range, seconds}``.
@@ -101,7 +104,10 @@ def forward_times(
         for n in ns:
             backend.synchronize()
             t0 = clock()
-            backend.forward(probe[:n])
+            if last is None:
+                backend.forward(probe[:n])
+            else:
+                backend.forward(probe[:n], last=last)
             backend.synchronize()
             dt = clock() - t0
             backend.truncate(base)
@@ -179,7 +185,7 @@ def measure_costs(
     }
     if pair.draft is not None:
         draft_repeats = DRAFT_REPEAT_FACTOR * repeats
-        d_fwd, d_iqr = forward_times(pair.draft.backend, context, list(range(1, draft_max_n + 1)),
+        d_fwd, d_iqr = forward_times(pair.draft.backend, context, list(range(1, draft_max_n + 1)), last=1,
                                      repeats=draft_repeats, clock=clock)
         out["draft_repeats"] = draft_repeats
         out["draft_step_s"] = d_fwd[1]
@@ -237,7 +243,8 @@ def calibration_block(
                            "draft_forward_s": None, "draft_forward_spread_s": None, "draft_repeats": None}
     if pair.draft is not None:
         reps = DRAFT_REPEAT_FACTOR * repeats
-        d, d_iqr = forward_times(pair.draft.backend, ctx, draft_ns, repeats=reps, clock=clock, warmup=False)
+        d, d_iqr = forward_times(pair.draft.backend, ctx, draft_ns, repeats=reps, clock=clock, warmup=False,
+                                 last=1)  # the catch-up scores its last row only
         out.update(draft_step_s=d[1], draft_step_spread_s=d_iqr[1], draft_forward_s=d,
                    draft_forward_spread_s=d_iqr, draft_repeats=reps)
     return out

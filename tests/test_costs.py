@@ -111,3 +111,36 @@ def test_published_store_and_json_cache_read_back(tmp_path):
     for n in range(1, 18):
         assert S.REFERENCE_COSTS.forward_s(n) == pytest.approx(curve.forward_s(n), abs=6e-5)
     assert curve_value(curve.relative(), 17) == pytest.approx(curve.v(17))
+
+
+def test_calibration_block_times_the_drafts_catch_up(tiny_pair, near_draft_dir):
+    """The calibration block times the draft's forwards of DRAFT_CALIBRATION_NS tokens scoring the last row only
+    (what ModelDrafter's catch-up runs), the target's of 1..max_n scoring every row (verification), and the
+    store keeps one draft row per n; a costs dict with them prices the catch-up."""
+    from specdec.bench.costs import calibration_block
+    from specdec.costs import DRAFT_CALIBRATION_NS
+    from specdec.loading import load_pair
+
+    pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)
+    calls = {"target": [], "draft": []}
+    for role in ("target", "draft"):
+        backend = getattr(pair, role).backend
+        inner = backend.forward
+
+        def spy(tokens, *, logits=True, last=None, _inner=inner, _log=calls[role]):
+            _log.append((len(tokens), last))
+            return _inner(tokens, logits=logits, last=last)
+
+        backend.forward = spy
+    block = calibration_block(pair, list(range(5, 25)), max_n=5, repeats=1)
+    assert set(block["draft_forward_s"]) == set(DRAFT_CALIBRATION_NS)
+    assert block["draft_step_s"] == block["draft_forward_s"][1]
+    timed_draft = [c for c in calls["draft"] if c[0] <= max(DRAFT_CALIBRATION_NS) and c[0] != 20]
+    assert {n for n, _ in timed_draft} == set(DRAFT_CALIBRATION_NS) and all(last == 1 for _, last in timed_draft)
+    assert {(n, last) for n, last in calls["target"] if n <= 5} == {(n, None) for n in range(1, 6)}
+    curve = CostCurve(block["target_forward_s"], block["draft_step_s"], block["draft_forward_s"])
+    assert curve.draft_round_s(1, 2) == pytest.approx(block["draft_forward_s"][2])
+    with Store(":memory:") as st:
+        st.save_calibration("s", "c", "p", 1, block)
+        rows = [r for r in st.calibration() if r["role"] == "draft"]
+    assert sorted(r["n_tokens"] for r in rows) == sorted(DRAFT_CALIBRATION_NS)

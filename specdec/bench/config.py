@@ -29,6 +29,7 @@ __all__ = [
     "make_config",
     "parse_type_ks",
     "to_json",
+    "type_ks_entries",
     "type_ks_for",
 ]
 
@@ -315,10 +316,19 @@ def parse_type_ks(value: Any, methods: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def type_ks_entries(cfg: SweepConfig) -> list[tuple[str, str, int]]:
+    """`cfg.type_ks` (normalized by `parse_type_ks`) as ``(method, prompt_type, K)`` triples, in order."""
+    out = []
+    for e in cfg.type_ks:
+        head, _, k = e.rpartition("=")
+        method, _, ptype = head.partition(":")
+        out.append((method, ptype, int(k)))
+    return out
+
+
 def type_ks_for(cfg: SweepConfig, method: str, prompt_type: str) -> tuple[int, ...]:
     """The extra fixed K of `cfg.type_ks` for one drafting method and prompt type (tokens, in order)."""
-    prefix = f"{method}:{prompt_type}="
-    return tuple(int(e[len(prefix):]) for e in cfg.type_ks if e.startswith(prefix))
+    return tuple(k for m, t, k in type_ks_entries(cfg) if (m, t) == (method, prompt_type))
 
 
 def _normalize_names(v: dict[str, Any]) -> None:

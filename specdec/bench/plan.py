@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.bench.config import RUNTIME_CONFIGS, SweepConfig, check_available, type_ks_for
+from specdec.bench.config import RUNTIME_CONFIGS, SweepConfig, check_available, type_ks_entries, type_ks_for
 from specdec.bench.methods import our_methods, peer_methods, reference_method
 from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
 from specdec.bench.store import cell_key, sweep_id_for
@@ -113,7 +113,7 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
     """
     prim = primary_ids(prompts)
     types = {p.type for p in prompts}
-    unknown = sorted({e.split(":", 1)[1].rsplit("=", 1)[0] for e in cfg.type_ks} - types)
+    unknown = sorted({t for _, t, _ in type_ks_entries(cfg)} - types)
     if unknown:
         raise ValueError(f"type_ks names prompt type(s) not in this sweep: {', '.join(unknown)} "
                          f"(its types: {', '.join(sorted(types))})")
@@ -194,7 +194,7 @@ def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str
 def cost_max_n(cfg: SweepConfig) -> int:
     """Largest forward the cost curve covers: n = 1..17 always (K up to 16), more when a cell uses K > 16
     (its verification forward scores K + 1 tokens)."""
-    ks = list(cfg.ks) + list(cfg.secondary_ks) + list(cfg.peer_ks) + [int(e.rsplit("=", 1)[1]) for e in cfg.type_ks]
+    ks = list(cfg.ks) + list(cfg.secondary_ks) + list(cfg.peer_ks) + [k for _, _, k in type_ks_entries(cfg)]
     if cfg.policies or cfg.secondary_policies:
         ks.append(cfg.policy_k)
     return max([17] + [k + 1 for k in ks])

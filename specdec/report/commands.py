@@ -1,4 +1,4 @@
-"""CLI: ``specdec report --db DB --out DIR [--sweep ID]``.
+"""CLI: ``specdec report --db DB --out DIR [--sweep ID]`` and ``specdec study --db A --db B ... --out DIR``.
 
 `register` adds the command to the project's Typer app; the heavy imports (pandas, matplotlib) happen
 when the command runs, not when the CLI starts.
@@ -13,9 +13,9 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``report`` command to `app`.
+    """Add the ``report`` and ``study`` commands to `app`.
 
-    The command raises FileNotFoundError (no store at --db) and ValueError (not an SQLite store, unknown
+    The commands raise FileNotFoundError (no store at --db) and ValueError (not an SQLite store, unknown
     or ambiguous --sweep); the CLI's ``main()`` turns those into one line on stderr.
     """
 
@@ -43,3 +43,22 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"wrote {result.html}")
         typer.echo(f"wrote {result.markdown}")
         typer.echo(f"wrote {result.figures_dir}/ ({2 * len(result.drawn)} files)")
+
+    @app.command("study")
+    def study(
+        db: Annotated[list[Path], typer.Option("--db", help="Results store (repeatable): each one's newest "
+                                               "sweep, analysed on its own, then side by side.")],
+        out: Annotated[Path, typer.Option("--out", help="Output directory: report.html, report.md, figures/.")],
+        report: Annotated[list[str] | None, typer.Option(
+            "--report", help="Path of a per-store report to list in the study (repeatable).")] = None,
+        title: Annotated[str, typer.Option("--title", help="Page title.")] = "Speculative decoding study",
+    ) -> None:
+        """Write the study report: several stores side by side (headline per prompt type over every
+        configuration, the fastest way to generate, how long each store took)."""
+        from specdec.report.study import write_study
+
+        result = write_study(db, out, report or (), title=title)
+        typer.echo(f"{len(db)} stores, {len(result.types)} (store, configuration, prompt type) rows"
+                   + (f"; headline figure skipped: {result.figure.skipped}" if result.figure.skipped else ""))
+        typer.echo(f"wrote {result.html}")
+        typer.echo(f"wrote {result.markdown}")

@@ -23,7 +23,7 @@ from specdec.report.load import load_store
 from specdec.report.plots import FigureEntry, make_figures
 from specdec.report.sections import build_sections
 
-__all__ = ["ReportResult", "render_html", "render_markdown", "write_report"]
+__all__ = ["ReportResult", "html_page", "markdown_page", "render_html", "render_markdown", "write_report"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -79,13 +79,16 @@ def _html_figure(e: FigureEntry) -> str:
             f"(Files: figures/{esc(e.name)}.png, figures/{esc(e.name)}.svg)</figcaption></figure>")
 
 
-def render_html(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> str:
-    """The report as one self-contained HTML page (inline CSS, figures as base64 PNG, no script); `extra`
-    sections (e.g. `specdec.report.original.original_pairs_section`) go before the figures."""
-    sections = build_sections(a, figures, extra)
+def _title(a: Analysis) -> str:
     title = "Speculative decoding report"
     if a.store.sweep and a.store.sweep.get("name"):
         title += f": {a.store.sweep['name']}"
+    return title
+
+
+def html_page(title: str, sections: Sequence[Section]) -> str:
+    """`sections` as one self-contained HTML page titled `title` (inline CSS, figures as base64 PNG, no
+    script; every string escaped)."""
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>", f"<h1>{esc(title)}</h1>",
@@ -106,6 +109,12 @@ def render_html(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section
         out.append("</section>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
+
+
+def render_html(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> str:
+    """The report as one self-contained HTML page (inline CSS, figures as base64 PNG, no script); `extra`
+    sections (e.g. `specdec.report.original.original_pairs_section`) go before the figures."""
+    return html_page(_title(a), build_sections(a, figures, extra))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -135,12 +144,9 @@ def _md_table(t: Table) -> str:
     return "\n".join(out)
 
 
-def render_markdown(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> str:
-    """The Markdown summary: the key tables, figure links (``figures/<name>.png``), the gaps, and `extra`."""
-    sections = build_sections(a, figures, extra)
-    title = "Speculative decoding report"
-    if a.store.sweep and a.store.sweep.get("name"):
-        title += f": {a.store.sweep['name']}"
+def markdown_page(title: str, sections: Sequence[Section]) -> str:
+    """`sections` as Markdown titled `title`: tables marked ``md``, figure links (``figures/<name>.png``),
+    every string escaped."""
     out = [f"# {_md(title)}", ""]
     for sec in sections:
         out += [f"## {_md(sec.title)}", ""]
@@ -160,6 +166,11 @@ def render_markdown(a: Analysis, figures: list[FigureEntry], extra: Sequence[Sec
                 out += [f"![{_md(b.title).replace('[', '(').replace(']', ')')}](figures/{b.name}.png)", "",
                         f"*{_md(b.caption)}*", ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def render_markdown(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> str:
+    """The Markdown summary: the key tables, figure links (``figures/<name>.png``), the gaps, and `extra`."""
+    return markdown_page(_title(a), build_sections(a, figures, extra))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -323,6 +323,34 @@ def test_mixed_runtime_pairs(target, same_draft, hf_smol, smol_tokenizer, text):
     assert ll_tgt.token_ids == ll_ref
 
 
+def test_mixed_bf16_target_with_a_llamacpp_draft(smollm2_gguf, same_draft, smol_tokenizer):
+    """The sweep configuration ``mixed:llamacpp-draft-bf16``: a bf16 transformers target drafted on llama.cpp
+    decodes greedily to the bf16 target's own target-only output (the draft's runtime and precision decide
+    only how much is accepted), at K = 1 and 4."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.backends.hf import HFBackend
+    from specdec.bench.config import RUNTIME_CONFIGS
+    from specdec.precision import check_dtype_supported
+
+    rc = RUNTIME_CONFIGS["mixed:llamacpp-draft-bf16"]
+    assert (rc.target_backend, rc.draft_backend, rc.load_kwargs("float32")) == (
+        "transformers", "llamacpp", {"dtype": "bfloat16"})
+    try:
+        check_dtype_supported("bfloat16", "cpu")
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.bfloat16).eval()
+    bf16 = HFBackend(model, max_length=N_CTX)
+    prompt = smol_tokenizer("def fibonacci(n):\n").input_ids
+    ref = autoregressive_generate(bf16, prompt, NEW, vocab_size=V).token_ids
+    for k in (1, 4):
+        out = speculative_generate(bf16, ModelDrafter(same_draft, V), prompt, NEW, k=k, vocab_size=V)
+        assert out.token_ids == ref, k
+        assert out.num_accepted > 0  # the Q4 draft agrees with the bf16 target on some of a code prompt
+
+
 # -- C17: every end-of-generation token stops every runtime ------------------------------------------
 
 

@@ -77,6 +77,15 @@ def test_headline_rows_pick_the_best_configuration_per_type(stores):
     assert list(study.headline_rows(types)["speedup"]) == sorted(head["speedup"], reverse=True)
 
 
+def test_default_pivot_has_one_row_per_type_and_one_column_per_configuration(stores):
+    headers, rows = study.default_pivot(study.type_table(study.load_sources(stores)))
+    assert headers == ["prompt type", "fast (fast)", "slow (slow)", "best timed cell"]
+    assert [r[0] for r in rows] == ["code", XSS]  # the headline's order: 1.8x before 1.2x
+    assert rows[0][1].startswith("1.50x [") and rows[0][1].endswith(" win (6)")
+    assert rows[0][2].startswith("0.90x [") and rows[0][2].endswith(" loss (6)")
+    assert rows[0][3].startswith("fast, draft K=2: 1.80x [")
+
+
 def test_fastest_way_to_generate_counts_tokens_per_second_not_speedup(stores):
     import pandas as pd
 

@@ -43,9 +43,22 @@ from specdec.report.headline import (
 from specdec.report.load import load_store
 from specdec.report.vocab import ALL_PROMPTS, BASELINE, SPEC_METHODS
 
-__all__ = ["StudyResult", "StudySource", "cell_label", "duration_table", "fastest_per_type", "fastest_rows",
-           "fastest_table", "headline_rows", "load_sources", "study_figure", "study_sections", "type_table",
-           "write_study"]
+__all__ = [
+    "StudyResult",
+    "StudySource",
+    "cell_label",
+    "default_pivot",
+    "duration_table",
+    "fastest_per_type",
+    "fastest_rows",
+    "fastest_table",
+    "headline_rows",
+    "load_sources",
+    "study_figure",
+    "study_sections",
+    "type_table",
+    "write_study",
+]
 
 #: A gap between two consecutive runs of a store longer than this (seconds) starts a new sitting: the wall
 #: time of a store sharded over days is the sum of its sittings, not first-to-last.
@@ -386,6 +399,30 @@ def _verdict_lines(sources: Sequence[StudySource], types: pd.DataFrame, fast: pd
     return lines[:5]
 
 
+def default_pivot(types: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the per-type summary of `types` (`type_table`): one row per prompt type (the
+    headline's order), one column per (configuration, store) with the default policy's ``"1.45x [1.17, 1.78]
+    win (5)"``, and the best timed cell over every configuration."""
+    head = headline_rows(types)
+    keys = sorted({(r.config_label, r.store) for r in types.itertuples()})
+    rows = []
+    for h in head.itertuples():
+        row = [h.prompt_type]
+        for label, store in keys:
+            d = types[(types["prompt_type"] == h.prompt_type) & (types["config_label"] == label)
+                      & (types["store"] == store)]
+            if d.empty or not np.isfinite(float(d["default_speedup"].iloc[0])):
+                row.append("-")
+                continue
+            d = d.iloc[0]
+            verdict = str(d["default_verdict"]).replace(" (no interval)", "")
+            row.append(f"{f(d['default_speedup'])}x {ci(d['default_lo'], d['default_hi'])} {verdict} "
+                       f"({i(d['default_n'])})".replace(" - ", " "))
+        row.append(f"{h.best}: {f(h.speedup)}x {ci(h.speedup_lo, h.speedup_hi)}")
+        rows.append(row)
+    return ["prompt type", *[f"{label} ({store})" for label, store in keys], "best timed cell"], rows
+
+
 def _k(x: float, pred: float) -> str:
     return "-" if not np.isfinite(x) else f"K={int(x)}: {f(pred)}"
 
@@ -411,6 +448,10 @@ def study_sections(sources: Sequence[StudySource], types: pd.DataFrame, figure: 
     head.blocks.append(Bullets(_verdict_lines(sources, types, fast)))
 
     per = Section("Per prompt type", "types")
+    per.blocks.append(Table(*default_pivot(types), caption=(
+        "The default policy (draft model, cost policy) per prompt type and configuration: paired speedup, 95 % "
+        "interval over the type's prompts, verdict, and (n) the prompts it ran on; then the best timed cell over "
+        "every configuration (after the fact). Types in the headline's order.")))
     per.blocks.append(Table(
         ["prompt type", "store", "config", "prompts", "default policy", "verdict", "alpha-hat",
          "tokens per target forward", "best timed cell", "draft model: best K, predicted",
@@ -421,7 +462,7 @@ def study_sections(sources: Sequence[StudySource], types: pd.DataFrame, figure: 
           f"{r.best}: {f(r.speedup)}x {ci(r.speedup_lo, r.speedup_hi)} ({r.verdict})",
           _k(r.draft_best_k, r.draft_predicted), _k(r.ngram_best_k, r.ngram_predicted)]
          for r in types.sort_values(["prompt_type", "store", "config_label"]).itertuples()],
-        caption=("Per prompt type and configuration: the default policy's paired speedup with its 95 % interval "
+        collapsed=True, caption=("Per prompt type and configuration: the default policy's paired speedup with its 95 % interval "
                  "over the type's prompts, its alpha-hat and tokens per target forward, the best timed cell "
                  "(among those on the most prompts of the type), and the fixed K per drafter with the highest "
                  "decode speedup predicted from the acceptance traces (every K in 1..16 replayed, priced with "

@@ -10,21 +10,27 @@ import pytest
 from test_report import XSS, Store
 
 from specdec.report import study
+from specdec.report import tables as T
 
-#: default-policy and draft K = 2 speedups per store and prompt type (exact on every prompt but one small wobble)
-SPEEDUPS = {"fast": {"code": (1.5, 1.8), XSS: (1.2, 0.9)}, "slow": {"code": (0.9, 0.6), XSS: (1.1, 0.7)}}
+#: default-policy and draft K = 2 speedups per store and prompt type (exact on every prompt but a small wobble)
+SPEEDUPS = {"fast": {"code": (1.5, 1.8), XSS: (1.2, 0.9)}, "slow": {"code": (0.9, 0.6), XSS: (1.1, 0.7)},
+            "again": {"code": (1.3, 1.0), XSS: (1.0, 1.0)}}
 #: target-only tokens/s of each store's configuration
-BASE = {"fast": 10.0, "slow": 40.0}
+BASE = {"fast": 10.0, "slow": 40.0, "again": 10.0}
+#: each store's configuration: "again" times the same configuration as "fast", in another sweep
+CONFIG = {"fast": "bf16", "slow": "fp32", "again": "bf16"}
 
 
 def _store(path: Path, label: str, *, start_hour: int = 0, gap_after: int | None = None) -> Path:
-    """Six prompts of two types; per prompt B, A/A, B, default policy, B, draft K = 2, B; one run per minute
+    """Six prompts of two types; per prompt B, A/A, B, default policy, B, draft K = 2, B, and on the first
+    code prompt only a draft K = 4 run at 5x (the fastest cell, but timed on one prompt); one run per minute
     from `start_hour`, with a two-hour pause after run `gap_after`."""
-    st = Store(path).sweep(name=label).costs(config_label=label)
+    config = CONFIG[label]
+    st = Store(path).sweep(name=label).costs(config_label=config)
     base = BASE[label]
     for ptype, (default, k2) in SPEEDUPS[label].items():
         for p in range(6):
-            common = {"prompt_id": f"{ptype}-{p}", "prompt_type": ptype, "config_label": label}
+            common = {"prompt_id": f"{ptype}-{p}", "prompt_type": ptype, "config_label": config}
             wobble = 1 + 0.01 * (p - 2.5)  # an interval of non-zero width
             st.run(method="baseline", tokens_per_s=base, repeat=0, **common)
             st.run(method="aa", tokens_per_s=base * wobble, **common)
@@ -35,6 +41,10 @@ def _store(path: Path, label: str, *, start_hour: int = 0, gap_after: int | None
             st.run(method="draft", policy="fixed", k=2, tokens_per_s=base * k2 * wobble, rounds=[(2, "10")],
                    num_drafted=2, num_accepted=1, num_rejections=1, matches_baseline=int(p > 0), **common)
             st.run(method="baseline", tokens_per_s=base, repeat=3, **common)
+            if ptype == "code" and p == 0:
+                st.run(method="draft", policy="fixed", k=4, tokens_per_s=base * 5.0, rounds=[(4, "1111")],
+                       num_drafted=4, num_accepted=4, num_rejections=0, matches_baseline=1, **common)
+                st.run(method="baseline", tokens_per_s=base, repeat=4, **common)
     path = st.close()
     con = sqlite3.connect(path)
     ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id")]
@@ -48,67 +58,91 @@ def _store(path: Path, label: str, *, start_hour: int = 0, gap_after: int | None
     return path
 
 
+RUNS = 2 * 6 * 7 + 2  # per store
+
+
 @pytest.fixture
 def stores(tmp_path) -> list[Path]:
-    return [_store(tmp_path / "fast.db", "fast"), _store(tmp_path / "slow.db", "slow", start_hour=5, gap_after=40)]
+    return [_store(tmp_path / "fast.db", "fast"), _store(tmp_path / "slow.db", "slow", start_hour=5, gap_after=40),
+            _store(tmp_path / "again.db", "again", start_hour=10)]
 
 
-def test_type_table_reads_each_store_on_its_own(stores):
-    types = study.type_table(study.load_sources(stores)).set_index(["store", "prompt_type"])
-    assert len(types) == 4
+@pytest.fixture
+def sources(stores):
+    return study.load_sources(stores)
+
+
+def test_a_configuration_in_two_stores_is_two_configurations(sources):
+    names = study.config_names(sources)
+    assert names == {("fast", "bf16"): "bf16 (fast)", ("again", "bf16"): "bf16 (again)", ("slow", "fp32"): "fp32"}
+    cells = study.combined(sources, T.CELLS)
+    assert set(cells["config_label"]) == {"bf16 (fast)", "bf16 (again)", "fp32"}
+    assert set(cells.groupby("config_label")["store"].nunique()) == {1}  # one name, one store
+
+
+def test_type_table_reads_each_store_on_its_own(sources):
+    types = study.type_table(study.study_analysis(sources)).set_index(["store", "prompt_type"])
+    assert len(types) == 6
     for label, per in SPEEDUPS.items():
         for ptype, (default, k2) in per.items():
             r = types.loc[(label, ptype)]
-            # the 4x faster baseline of the other store never enters: each speedup is over its own target-only
+            # the 4x faster baseline of the slow store never enters another: each speedup is over its own
             assert r["default_speedup"] == pytest.approx(default, rel=1e-3)
             assert r["default_lo"] < r["default_speedup"] < r["default_hi"]
-            assert r["speedup"] == pytest.approx(max(default, k2), rel=1e-3)
+            # the best cell is among those on all 6 prompts: the one-prompt K = 4 run at 5x is not it
+            assert r["speedup"] == pytest.approx(max(default, k2), rel=1e-3) and r["n_aligned"] == 6
             assert r["baseline_tok_s"] == pytest.approx(BASE[label])
-            assert r["config_label"] == label and r["default_n"] == 6
-    assert types.loc[("fast", "code"), "best"] == "fast, draft K=2"
+            assert r["default_n"] == 6
+    assert types.loc[("fast", "code"), "best"] == "bf16 (fast), draft K=2"
     assert types.loc[("slow", "code"), "default_verdict"] == "loss"
 
 
-def test_headline_rows_pick_the_best_configuration_per_type(stores):
-    types = study.type_table(study.load_sources(stores))
-    head = study.headline_rows(types).set_index("prompt_type")
-    assert head.loc["code", "best"] == "fast, draft K=2" and head.loc["code", "speedup"] == pytest.approx(1.8, rel=1e-3)
-    assert head.loc[XSS, "best"] == "fast, draft cost"  # 1.2x beats the slow store's 1.1x default
-    assert list(study.headline_rows(types)["speedup"]) == sorted(head["speedup"], reverse=True)
+def test_headline_rows_pick_the_best_configuration_per_type(sources):
+    a = study.study_analysis(sources)
+    head = study.headline_rows(a).set_index("prompt_type")
+    assert head.loc["code", "best"] == "bf16 (fast), draft K=2" and head.loc["code", "speedup"] == pytest.approx(1.8, rel=1e-3)
+    assert head.loc[XSS, "best"] == "bf16 (fast), draft cost"  # 1.2x beats the slow store's 1.1x default
+    assert list(study.headline_rows(a)["speedup"]) == sorted(head["speedup"], reverse=True)
 
 
-def test_default_pivot_has_one_row_per_type_and_one_column_per_configuration(stores):
-    headers, rows = study.default_pivot(study.type_table(study.load_sources(stores)))
-    assert headers == ["prompt type", "fast (fast)", "slow (slow)", "best timed cell"]
+def test_default_pivot_has_one_row_per_type_and_one_column_per_configuration(sources):
+    a = study.study_analysis(sources)
+    headers, rows = study.default_pivot(study.type_table(a), study.headline_rows(a))
+    assert headers == ["prompt type", "bf16 (again)", "bf16 (fast)", "fp32", "best timed cell"]
     assert [r[0] for r in rows] == ["code", XSS]  # the headline's order: 1.8x before 1.2x
-    assert rows[0][1].startswith("1.50x [") and rows[0][1].endswith(" win (6)")
-    assert rows[0][2].startswith("0.90x [") and rows[0][2].endswith(" loss (6)")
-    assert rows[0][3].startswith("fast, draft K=2: 1.80x [")
+    assert rows[0][1].startswith("1.30x [") and rows[0][1].endswith(" win (6)")
+    assert rows[0][2].startswith("1.50x [") and rows[0][2].endswith(" win (6)")
+    assert rows[0][3].startswith("0.90x [") and rows[0][3].endswith(" loss (6)")
+    assert rows[0][4].startswith("bf16 (fast), draft K=2: 1.80x [")
 
 
-def test_fastest_way_to_generate_counts_tokens_per_second_not_speedup(stores):
+def test_fastest_way_to_generate_counts_tokens_per_second_not_speedup(sources):
+    fast = study.fastest_table(study.study_analysis(sources)[T.CELLS])
+    assert set(fast["config"]) == {"bf16 (fast)", "bf16 (again)", "fp32"}
+    row = fast[(fast["config"] == "bf16 (fast)") & (fast["prompt_type"] == "code")].iloc[0]
+    # 50 tok/s on one prompt is not set beside medians over six: the fastest six-prompt cell is draft K = 2
+    assert (row["best_spec"], row["n_prompts"]) == ("draft K=2", 6) and row["spec_tok_s"] == pytest.approx(18.0, rel=0.01)
+    per = study.fastest_per_type(fast).set_index("prompt_type")
+    # the slow store's target-only (40 tok/s) beats every speculative cell of the bf16 stores (<= 18 tok/s), and
+    # its own default policy on the XSS type (44 tok/s) beats its target-only
+    assert per.loc["code", "fastest"] == "fp32 target-only" and per.loc["code", "tok_s"] == pytest.approx(40.0)
+    assert per.loc[XSS, "fastest"] == "fp32 draft cost" and per.loc[XSS, "speculative"]
+    # benchmarks/fastest.py builds the same table from cells stacked with a store column
     import pandas as pd
 
-    from specdec.report import tables as T
-
-    sources = study.load_sources(stores)
-    fast = study.fastest_table(pd.concat([s.analysis[T.CELLS] for s in sources], ignore_index=True))
-    per = study.fastest_per_type(fast).set_index("prompt_type")
-    # the slow store's target-only (40 tok/s) beats the fast store's best speculative cell (18 tok/s), and its
-    # own default policy on the XSS type (44 tok/s) beats its target-only
-    assert per.loc["code", "fastest"] == "slow target-only" and per.loc["code", "tok_s"] == pytest.approx(40.0)
-    assert per.loc[XSS, "fastest"] == "slow draft cost" and per.loc[XSS, "speculative"]
+    raw = pd.concat([s.analysis[T.CELLS].assign(store=s.label) for s in sources], ignore_index=True)
+    assert set(study.fastest_table(raw)["config"]) == set(fast["config"])
 
 
-def test_duration_counts_sittings(stores):
-    dur = study.duration_table(study.load_sources(stores)).set_index("store")
-    runs = 2 * 6 * 7
-    assert (dur.loc["fast", "runs"], dur.loc["fast", "sittings"]) == (runs, 1)
+def test_duration_counts_sittings(sources):
+    dur = study.duration_table(sources).set_index("store")
+    assert (dur.loc["fast", "runs"], dur.loc["fast", "sittings"]) == (RUNS, 1)
     # one run a minute, each 30 s long: first run's 30 s, then 60 s per following run
-    assert dur.loc["fast", "wall_s"] == pytest.approx(30.0 + 60.0 * (runs - 1))
+    assert dur.loc["fast", "wall_s"] == pytest.approx(30.0 + 60.0 * (RUNS - 1))
     assert dur.loc["slow", "sittings"] == 2  # a two-hour pause starts a second sitting; it is not counted
-    assert dur.loc["slow", "wall_s"] == pytest.approx(2 * 30.0 + 60.0 * (runs - 2))
-    assert dur.loc["slow", "generation_s"] == pytest.approx(30.0 * runs)
+    assert dur.loc["slow", "wall_s"] == pytest.approx(2 * 30.0 + 60.0 * (RUNS - 2))
+    assert dur.loc["slow", "generation_s"] == pytest.approx(30.0 * RUNS)
+    assert dur.loc["slow", "first"] == "2026-12-01T05:01:00+00:00"
 
 
 def test_write_study_escapes_store_text_and_draws_the_headline(stores, tmp_path):
@@ -121,9 +155,10 @@ def test_write_study_escapes_store_text_and_draws_the_headline(stores, tmp_path)
         assert title in html
     assert html.index('id="how"') < html.index('id="study_headline"') < html.index('id="types"')  # reading order
     md = res.markdown.read_text()
-    assert "wins on 2 of 2 types" in md  # the fast store's default policy on both types
-    assert "slow 0.99x" in md  # pooled over its 12 prompts: sqrt(0.9 x 1.1)
-    assert "fast 22 of 24 (92%)" in md  # one draft K = 2 run per type left the target-only output
+    # the headline's verdict over every configuration: pooled default policy per configuration, exactness
+    assert "fp32 0.99x" in md  # pooled over its 12 prompts: sqrt(0.9 x 1.1)
+    assert "bf16 (fast) 23 of 25 (92%)" in md  # one draft K = 2 run per type left the target-only output
+    assert "fp32 target-only on 1 of 2" in md
     assert np.isfinite(res.types["default_speedup"].astype(float)).all()
 
 

@@ -21,7 +21,7 @@ from specdec.report.document import Bullets, Section, ci, f, pct
 from specdec.report.figure_kit import FigureEntry, Namer, new_figure, save_figure, tex_safe
 from specdec.report.vocab import ALL_PROMPTS, SPEC_METHODS
 
-__all__ = ["DEFAULT_CELL", "HOW_TO_READ_FIRST", "aa_floor", "headline_figure", "headline_section",
+__all__ = ["DEFAULT_CELL", "HOW_TO_READ_FIRST", "aa_floor", "cell_label", "cell_what", "headline_figure", "headline_section",
            "headline_table", "padded_reference", "verdict_lines"]
 
 #: The default policy's cell: method and policy (K is its cap, `SweepConfig.policy_k`).
@@ -113,9 +113,14 @@ def padded_reference(a: Analysis) -> tuple[float, float, float, str] | None:
     return float(r["speedup"]), float(r["speedup_lo"]), float(r["speedup_hi"]), str(r["config_label"])
 
 
-def _label(r) -> str:
-    what = r["method"] + (f" K={int(r['k'])}" if r["policy"] in ("fixed", "-") else f" {r['policy']}")
-    return f"{r['config_label']}, {what}"
+def cell_what(r) -> str:
+    """``"draft K=3"`` / ``"ngram cost"``: a cell's drafter and K or policy."""
+    return r["method"] + (f" K={int(r['k'])}" if r["policy"] in ("fixed", "-") else f" {r['policy']}")
+
+
+def cell_label(r) -> str:
+    """``"<config>, draft K=3"`` / ``"<config>, ngram cost"``: a cell's configuration, drafter and K or policy."""
+    return f"{r['config_label']}, {cell_what(r)}"
 
 
 def headline_figure(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
@@ -158,7 +163,7 @@ def headline_figure(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
     ax.axvline(1.0, color="black", lw=1)
     for yi, (_, r) in zip(y, t.iterrows()):
         ax.text(max(float(r["speedup"]), float(r["speedup_hi"]) if np.isfinite(r["speedup_hi"]) else 0) + 0.02,
-                yi, tex_safe(f"{float(r['speedup']):.2f}x  {_label(r)}"), va="center", fontsize=7)
+                yi, tex_safe(f"{float(r['speedup']):.2f}x  {cell_label(r)}"), va="center", fontsize=7)
     ax.set_yticks(y, [tex_safe(p) for p in t["prompt_type"]])
     right = np.nanmax(np.concatenate([sp, hi[has], dsp[dd]])) if len(sp) else 1.0
     left = np.nanmin(np.concatenate([sp, lo[has], dsp[dd], [1.0]]))
@@ -191,8 +196,8 @@ def verdict_lines(a: Analysis) -> list[str]:
                  f"for a verdict on {n - v.get('win', 0) - v.get('loss', 0)}.")
     top, low = t.iloc[0], t.iloc[-1]
     lines.append(f"Highest: {top['prompt_type']} {f(top['speedup'])}x {ci(top['speedup_lo'], top['speedup_hi'])} "
-                 f"({_label(top)}); lowest best cell: {low['prompt_type']} {f(low['speedup'])}x "
-                 f"{ci(low['speedup_lo'], low['speedup_hi'])} ({_label(low)}).")
+                 f"({cell_label(top)}); lowest best cell: {low['prompt_type']} {f(low['speedup'])}x "
+                 f"{ci(low['speedup_lo'], low['speedup_hi'])} ({cell_label(low)}).")
     ov = a[T.OVERALL]
     d = ov[(ov["method"] == DEFAULT_CELL[0]) & (ov["policy"] == DEFAULT_CELL[1])] if len(ov) else ov
     if len(d):

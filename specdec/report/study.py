@@ -7,9 +7,12 @@ analyses each store on its own (`specdec.report.analyze`: every speedup stays a 
 time on one machine, inside its own store) and only then puts the results next to each other; no ratio
 divides runs of two stores. What it adds:
 
-* `type_table`: per prompt type and (store, configuration) the default policy's paired speedup with its
-  interval, the best timed cell (`specdec.report.headline.headline_table`'s rule), alpha-hat, tokens per
-  target forward, target-only tokens/s and the best fixed K per drafter predicted from the traces.
+* `study_analysis`: the stores' cell, pooled, equality and trace tables stacked, a configuration held by two
+  stores renamed ``"<config> (<store>)"`` (`config_names`), so that the single-store headline functions
+  (`headline_table`, `verdict_lines`, `aa_floor`, `padded_reference`) read every configuration at once.
+* `type_table`: per prompt type and configuration the default policy's paired speedup with its interval,
+  the best timed cell (`specdec.report.headline.headline_table`'s rule), alpha-hat, tokens per target
+  forward, target-only tokens/s and the best fixed K per drafter predicted from the traces.
 * `headline_rows`: per prompt type the best of those cells over every configuration (chosen after the fact:
   optimistic), drawn by `study_figure` with every configuration's default policy and the A/A noise floor.
 * `fastest_table`: per prompt type and configuration target-only and the fastest speculative cell in
@@ -30,15 +33,17 @@ import pandas as pd
 
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis, analyze
-from specdec.report.comparisons import exactness
-from specdec.report.document import Bullets, Section, Table, ci, f, i, pct
+from specdec.report.document import Bullets, Section, Table, ci, f, i
 from specdec.report.figure_kit import FigureEntry, colour_cycle, new_figure, save_figure, tex_safe
 from specdec.report.headline import (
     DEFAULT_CELL,
     HOW_TO_READ_FIRST,
     aa_floor,
+    cell_label,
+    cell_what,
     headline_table,
     padded_reference,
+    verdict_lines,
 )
 from specdec.report.load import load_store
 from specdec.report.vocab import ALL_PROMPTS, BASELINE, SPEC_METHODS
@@ -46,14 +51,17 @@ from specdec.report.vocab import ALL_PROMPTS, BASELINE, SPEC_METHODS
 __all__ = [
     "StudyResult",
     "StudySource",
-    "cell_label",
+    "combined",
+    "config_names",
     "default_pivot",
     "duration_table",
+    "fastest_line",
     "fastest_per_type",
     "fastest_rows",
     "fastest_table",
     "headline_rows",
     "load_sources",
+    "study_analysis",
     "study_figure",
     "study_sections",
     "type_table",
@@ -86,10 +94,41 @@ def load_sources(dbs: Sequence[str | Path]) -> list[StudySource]:
     return [StudySource(label, analyze(load_store(db))) for label, db in zip(labels, dbs, strict=True)]
 
 
-def cell_label(r) -> str:
-    """``"<config>, draft K=3"`` / ``"<config>, ngram cost"``: a cell's configuration, drafter and K or policy."""
-    what = r["method"] + (f" K={int(r['k'])}" if r["policy"] in ("fixed", "-") else f" {r['policy']}")
-    return f"{r['config_label']}, {what}"
+def config_names(sources: Sequence[StudySource]) -> dict[tuple[str, str], str]:
+    """(store, config_label) -> the configuration's name in the study: the label itself, or
+    ``"<label> (<store>)"`` where two stores hold the same configuration (timed in different sweeps, they are
+    two columns, never one)."""
+    stores: dict[str, list[str]] = {}
+    for s in sources:
+        for label in sorted(set(s.analysis.store.runs["config_label"].dropna().astype(str))):
+            stores.setdefault(label, []).append(s.label)
+    return {(st, label): f"{label} ({st})" if len(held) > 1 else label
+            for label, held in stores.items() for st in held}
+
+
+def combined(sources: Sequence[StudySource], table: T.ReportTable) -> pd.DataFrame:
+    """`table` of every store stacked, with a ``store`` column and ``config_label`` renamed by `config_names`
+    (so that one name means one store's configuration in every table)."""
+    names = config_names(sources)
+    frames = []
+    for s in sources:
+        d = s.analysis[table]
+        if d.empty:
+            continue
+        d = d.assign(store=s.label)
+        if "config_label" in d.columns:
+            d["config_label"] = [names.get((s.label, str(c)), c) for c in d["config_label"]]
+        frames.append(d)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def study_analysis(sources: Sequence[StudySource]) -> Analysis:
+    """The stores' cell, pooled, equality and trace best-K tables stacked (`combined`) as one `Analysis`, so
+    that the single-store headline functions (`headline_table`, `verdict_lines`, `aa_floor`,
+    `padded_reference`) read every configuration at once. Each row was computed inside its own store; its
+    ``store`` attribute is the first store's (provenance lives in the sources, not here)."""
+    tables = {t.name: combined(sources, t) for t in (T.CELLS, T.OVERALL, T.EQUALITY, T.TRACE_BEST_K)}
+    return Analysis(sources[0].analysis.store, tables, {}, [])
 
 
 _TYPE_COLUMNS = ["store", "config_label", "prompt_type", "n_prompts", "default_speedup", "default_lo", "default_hi",
@@ -98,8 +137,11 @@ _TYPE_COLUMNS = ["store", "config_label", "prompt_type", "n_prompts", "default_s
                  "ngram_best_k", "ngram_predicted"]
 
 
-def type_table(sources: Sequence[StudySource]) -> pd.DataFrame:
-    """Per prompt type, store and configuration: the default policy, the best timed cell and the traces' best K.
+def type_table(a: Analysis) -> pd.DataFrame:
+    """Per prompt type and configuration: the default policy, the best timed cell and the traces' best K.
+
+    Args:
+        a: `study_analysis` of the sources (or one store's `Analysis`).
 
     Returns:
         One row per (store, config_label, prompt_type) with speculative cells, columns `_TYPE_COLUMNS`:
@@ -110,73 +152,60 @@ def type_table(sources: Sequence[StudySource]) -> pd.DataFrame:
         target-only cell's tokens/s, and ``<drafter>_best_k`` / ``<drafter>_predicted`` the fixed K with the
         highest decode speedup predicted from the acceptance traces (NaN without traces).
     """
+    cells, best_k = a[T.CELLS], a[T.TRACE_BEST_K]
+    if cells.empty:
+        return pd.DataFrame(columns=_TYPE_COLUMNS)
+    if "store" not in cells.columns:
+        cells = cells.assign(store="")
+    cells = cells[cells["prompt_type"] != ALL_PROMPTS]
     rows = []
-    for src in sources:
-        cells, best_k = src.analysis[T.CELLS], src.analysis[T.TRACE_BEST_K]
-        if cells.empty:
-            continue
-        cells = cells[cells["prompt_type"] != ALL_PROMPTS]
-        for label, c in cells.groupby("config_label", sort=True):
-            head = headline_table(c)
-            for _, h in head.iterrows():
-                ptype = h["prompt_type"]
-                mine = c[c["prompt_type"] == ptype]
-                d = mine[(mine["method"] == DEFAULT_CELL[0]) & (mine["policy"] == DEFAULT_CELL[1])]
-                b = mine[mine["method"] == BASELINE]
-                rec = {"store": src.label, "config_label": label, "prompt_type": ptype,
-                       "n_prompts": int(mine["n_prompts_expected"].max()),
-                       "default_speedup": h["default_speedup"], "default_lo": h["default_lo"],
-                       "default_hi": h["default_hi"], "default_verdict": h["default_verdict"],
-                       "default_n": h["default_n"],
-                       "alpha_hat": float(d["alpha_hat"].iloc[0]) if len(d) else np.nan,
-                       "block_efficiency": float(d["block_efficiency"].iloc[0]) if len(d) else np.nan,
-                       "best": cell_label(h), "speedup": h["speedup"], "speedup_lo": h["speedup_lo"],
-                       "speedup_hi": h["speedup_hi"], "verdict": h["verdict"], "n_aligned": h["n_aligned"],
-                       "baseline_tok_s": float(b["tok_s"].iloc[0]) if len(b) else np.nan}
-                for m in ("draft", "ngram"):
-                    t = best_k[(best_k["config_label"] == label) & (best_k["prompt_type"] == ptype)
-                               & (best_k["method"] == m)] if len(best_k) else best_k
-                    rec[f"{m}_best_k"] = float(t["best_k"].iloc[0]) if len(t) else np.nan
-                    rec[f"{m}_predicted"] = float(t["predicted"].iloc[0]) if len(t) else np.nan
-                rows.append(rec)
+    for (store, label), c in cells.groupby(["store", "config_label"], sort=True):
+        for _, h in headline_table(c).iterrows():
+            ptype = h["prompt_type"]
+            mine = c[c["prompt_type"] == ptype]
+            d = mine[(mine["method"] == DEFAULT_CELL[0]) & (mine["policy"] == DEFAULT_CELL[1])]
+            b = mine[mine["method"] == BASELINE]
+            rec = {"store": store, "config_label": label, "prompt_type": ptype,
+                   "n_prompts": int(mine["n_prompts_expected"].max()),
+                   "default_speedup": h["default_speedup"], "default_lo": h["default_lo"],
+                   "default_hi": h["default_hi"], "default_verdict": h["default_verdict"],
+                   "default_n": h["default_n"],
+                   "alpha_hat": float(d["alpha_hat"].iloc[0]) if len(d) else np.nan,
+                   "block_efficiency": float(d["block_efficiency"].iloc[0]) if len(d) else np.nan,
+                   "best": cell_label(h), "speedup": h["speedup"], "speedup_lo": h["speedup_lo"],
+                   "speedup_hi": h["speedup_hi"], "verdict": h["verdict"], "n_aligned": h["n_aligned"],
+                   "baseline_tok_s": float(b["tok_s"].iloc[0]) if len(b) else np.nan}
+            for m in ("draft", "ngram"):
+                t = best_k[(best_k["config_label"] == label) & (best_k["prompt_type"] == ptype)
+                           & (best_k["method"] == m)] if len(best_k) else best_k
+                rec[f"{m}_best_k"] = float(t["best_k"].iloc[0]) if len(t) else np.nan
+                rec[f"{m}_predicted"] = float(t["predicted"].iloc[0]) if len(t) else np.nan
+            rows.append(rec)
     return pd.DataFrame(rows, columns=_TYPE_COLUMNS)
 
 
-def headline_rows(types: pd.DataFrame) -> pd.DataFrame:
-    """Per prompt type the best timed cell over every store and configuration of `types` (`type_table`),
-    among the cells measured on the most prompts of the type (a cell of one prompt cannot win the pick by
-    chance over cells of five). Sorted by that speedup, highest first."""
-    if types.empty:
-        return types
-    rows = []
-    for _, g in types.groupby("prompt_type", sort=True):
-        g = g[np.isfinite(g["speedup"].astype(float))]
-        if g.empty:
-            continue
-        wide = g[g["n_aligned"] == g["n_aligned"].max()]
-        rows.append(wide.sort_values("speedup", ascending=False).iloc[0])
-    return pd.DataFrame(rows).sort_values("speedup", ascending=False).reset_index(drop=True)
+def headline_rows(a: Analysis) -> pd.DataFrame:
+    """Per prompt type the best timed cell over every configuration of `a` (`study_analysis`):
+    `headline_table` of the stacked cells (among the cells on the most prompts of the type, ties to the
+    smaller K), with ``best`` = its `cell_label`. Sorted by speedup, highest first."""
+    head = headline_table(a[T.CELLS])
+    return head.assign(best=[cell_label(r) for _, r in head.iterrows()]) if len(head) else head.assign(best=[])
 
 
-def _floors(sources: Sequence[StudySource]) -> list[tuple[float, float, str]]:
-    return [fl for s in sources if (fl := aa_floor(s.analysis)) is not None]
-
-
-def _padded(sources: Sequence[StudySource]) -> list[tuple[float, float, float, str]]:
-    return [p for s in sources if (p := padded_reference(s.analysis)) is not None]
-
-
-def study_figure(sources: Sequence[StudySource], types: pd.DataFrame, out: Path) -> FigureEntry:
+def study_figure(a: Analysis, types: pd.DataFrame, out: Path) -> FigureEntry:
     """The study's headline figure (``study_headline``): per prompt type, the best cell over every
     configuration (bar from 1 with its 95 % interval; green win, red loss, grey neither) and each
     configuration's default policy (a marker with its interval), the widest pooled A/A interval shaded and
-    each configuration's padded target-only decoder dashed. Skipped without speculative cells."""
-    head = headline_rows(types)
+    the largest padded target-only speedup dashed. Skipped without speculative cells.
+
+    Args:
+        a: `study_analysis` of the sources. types: `type_table` of `a`. out: the figures directory.
+    """
+    head = headline_rows(a)
     if head.empty:
         return FigureEntry("study_headline", "headline", "Headline", "", skipped="no speculative cell")
     head = head.iloc[::-1].reset_index(drop=True)
-    configs = sorted({(r.store, r.config_label) for r in types.itertuples()
-                      if np.isfinite(float(r.default_speedup))})
+    configs = sorted({r.config_label for r in types.itertuples() if np.isfinite(float(r.default_speedup))})
     fig = new_figure(10, 2.2 + 0.5 * len(head))
     ax = fig.subplots()
     y = np.arange(len(head))
@@ -189,9 +218,8 @@ def study_figure(sources: Sequence[StudySource], types: pd.DataFrame, out: Path)
                 ecolor="black", capsize=3, lw=1)
     step = 0.6 / max(len(configs), 1)
     xs = [sp, lo[has], hi[has], [1.0]]  # every plotted value: the axis limits cover them all
-    for j, ((store, label), colour) in enumerate(zip(configs, colour_cycle(len(configs)), strict=True)):
-        d = types[(types["store"] == store) & (types["config_label"] == label)].set_index("prompt_type")
-        d = d.reindex(head["prompt_type"])
+    for j, (label, colour) in enumerate(zip(configs, colour_cycle(len(configs)), strict=True)):
+        d = types[types["config_label"] == label].set_index("prompt_type").reindex(head["prompt_type"])
         v, vlo, vhi = (d[c].astype(float).to_numpy() for c in ("default_speedup", "default_lo", "default_hi"))
         yy = y - 0.3 + step * (j + 0.5)
         ok = np.isfinite(v)
@@ -199,14 +227,17 @@ def study_figure(sources: Sequence[StudySource], types: pd.DataFrame, out: Path)
         ax.errorbar(v[okh], yy[okh], xerr=np.vstack([v[okh] - vlo[okh], vhi[okh] - v[okh]]), fmt="none",
                     ecolor=colour, capsize=2, lw=0.8)
         ax.plot(v[ok], yy[ok], "D", mfc="white", mec=colour, ms=5, ls="none",
-                label=tex_safe(f"default policy, {label} ({store})"))
+                label=tex_safe(f"default policy, {label}"))
         xs += [v[ok], vlo[okh], vhi[okh]]
-    for p, colour in zip(_padded(sources), ("#6a1b9a", "#4a148c", "#311b92"), strict=False):
-        ax.axvline(p[0], color=colour, lw=1.1, ls="--", label=tex_safe(f"target-only padded ({p[3]}): {p[0]:.2f}x"))
-    floors = _floors(sources)
-    if floors:
-        lo_f, hi_f, lab = max(floors, key=lambda t: t[1] - t[0])
-        ax.axvspan(lo_f, hi_f, color="#ffb300", alpha=0.3, label=tex_safe(f"A/A noise floor (widest: {lab})"))
+    padded = padded_reference(a)
+    if padded is not None:
+        ax.axvline(padded[0], color="#6a1b9a", lw=1.1, ls="--",
+                   label=tex_safe(f"target-only padded ({padded[3]}): {padded[0]:.2f}x"))
+        xs.append([padded[0]])
+    floor = aa_floor(a)
+    if floor is not None:
+        ax.axvspan(floor[0], floor[1], color="#ffb300", alpha=0.3, label=tex_safe(f"A/A noise floor (widest: {floor[2]})"))
+        xs.append([floor[0], floor[1]])
     ax.axvline(1.0, color="black", lw=1)
     every = np.concatenate([np.asarray(x, dtype=float) for x in xs])
     left, right = float(np.nanmin(every)), float(np.nanmax(every))
@@ -235,7 +266,8 @@ def study_figure(sources: Sequence[StudySource], types: pd.DataFrame, out: Path)
 def fastest_table(cells: pd.DataFrame) -> pd.DataFrame:
     """Per prompt type and configuration: target-only tokens/s, the padded target-only decoder's (where
     measured), and the speculative cell (draft model or prompt lookup, fixed K or a policy) with the highest
-    tokens/s, with its paired speedup.
+    tokens/s among the cells on the most prompts of the type (a cell timed on one prompt is not set beside a
+    median over five), with its paired speedup.
 
     Args:
         cells: report cell tables (`specdec.report.tables.CELLS`), several stores concatenated; with a
@@ -244,10 +276,11 @@ def fastest_table(cells: pd.DataFrame) -> pd.DataFrame:
 
     Returns:
         Columns ``prompt_type``, ``config``, ``target_only``, ``padded``, ``best_spec`` (``"draft K=2"``,
-        ``"ngram cost"``; ``"-"`` without one), ``spec_tok_s``, ``speedup`` (tokens/s; NaN where absent).
-        Tokens/s of different configurations were timed at different times: only ``speedup`` is paired.
+        ``"ngram cost"``; ``"-"`` without one), ``spec_tok_s``, ``speedup`` (tokens/s; NaN where absent),
+        ``n_prompts`` (prompts of the speculative cell). Tokens/s of different configurations were timed at
+        different times: only ``speedup`` is paired.
     """
-    cols = ["prompt_type", "config", "target_only", "padded", "best_spec", "spec_tok_s", "speedup"]
+    cols = ["prompt_type", "config", "target_only", "padded", "best_spec", "spec_tok_s", "speedup", "n_prompts"]
     if cells.empty:
         return pd.DataFrame(columns=cols)
     cells = cells[cells["prompt_type"] != ALL_PROMPTS]
@@ -259,31 +292,32 @@ def fastest_table(cells: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (label, ptype), b in cells[cells["method"] == BASELINE].groupby(["config_label", "prompt_type"]):
         s = spec[(spec["config_label"] == label) & (spec["prompt_type"] == ptype)]
-        best = s.sort_values("tok_s", ascending=False).iloc[0] if len(s) else None
+        s = s[s["n_aligned"] == s["n_aligned"].max()] if len(s) else s
+        best = s.sort_values(["tok_s", "k"], ascending=[False, True]).iloc[0] if len(s) else None
         pad = cells[(cells["method"] == "baseline_padded") & (cells["config_label"] == label)
                     & (cells["prompt_type"] == ptype)]
         rows.append({"prompt_type": ptype, "config": label, "target_only": float(b["tok_s"].iloc[0]),
                      "padded": float(pad["tok_s"].iloc[0]) if len(pad) else np.nan,
-                     "best_spec": "-" if best is None else cell_label(best).split(", ", 1)[1],
+                     "best_spec": "-" if best is None else cell_what(best),
                      "spec_tok_s": np.nan if best is None else float(best["tok_s"]),
-                     "speedup": np.nan if best is None else float(best["speedup"])})
+                     "speedup": np.nan if best is None else float(best["speedup"]),
+                     "n_prompts": 0 if best is None else int(best["n_aligned"])})
     return pd.DataFrame(rows, columns=cols)
 
 
 def fastest_per_type(fast: pd.DataFrame) -> pd.DataFrame:
     """Per prompt type of `fast` (`fastest_table`): the fastest way to generate over every configuration and
     decoder (target-only, padded target-only, the best speculative cell): ``prompt_type``, ``fastest``,
-    ``tok_s``, ``speculative`` (whether it speculates)."""
+    ``tok_s``, ``speculative`` (whether it speculates). Types with no finite tokens/s are left out."""
     rows = []
     for ptype, g in fast.groupby("prompt_type", sort=True):
-        best = (0.0, "", False)
-        for r in g.itertuples():
-            for val, name, spec in ((r.target_only, f"{r.config} target-only", False),
-                                    (r.padded, f"{r.config} target-only padded", False),
-                                    (r.spec_tok_s, f"{r.config} {r.best_spec}", True)):
-                if np.isfinite(val) and val > best[0]:
-                    best = (float(val), name, spec)
-        rows.append({"prompt_type": ptype, "fastest": best[1], "tok_s": best[0], "speculative": best[2]})
+        cand = [(float(val), name, spec) for r in g.itertuples()
+                for val, name, spec in ((r.target_only, f"{r.config} target-only", False),
+                                        (r.padded, f"{r.config} target-only padded", False),
+                                        (r.spec_tok_s, f"{r.config} {r.best_spec}", True)) if np.isfinite(val)]
+        if cand:
+            val, name, spec = max(cand, key=lambda t: t[0])
+            rows.append({"prompt_type": ptype, "fastest": name, "tok_s": val, "speculative": spec})
     return pd.DataFrame(rows, columns=["prompt_type", "fastest", "tok_s", "speculative"])
 
 
@@ -303,20 +337,19 @@ def fastest_rows(fast: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 continue
             r = r.iloc[0]
             pad = f" (padded {f(r.padded, 1)})" if np.isfinite(r.padded) else ""
-            parts.append(f"{f(r.target_only, 1)}{pad} / {f(r.spec_tok_s, 1)} ({r.best_spec}, {f(r.speedup)}x)")
-        b = best.loc[ptype]
-        rows.append([ptype, *parts, f"{b['fastest']} ({f(b['tok_s'], 1)} tok/s)"])
+            spec = (f"{f(r.spec_tok_s, 1)} ({r.best_spec}, {f(r.speedup)}x)" if np.isfinite(r.spec_tok_s)
+                    else "no speculative run")
+            parts.append(f"{f(r.target_only, 1)}{pad} / {spec}")
+        top = f"{best.loc[ptype, 'fastest']} ({f(best.loc[ptype, 'tok_s'], 1)} tok/s)" if ptype in best.index else "-"
+        rows.append([ptype, *parts, top])
     return ["prompt type", *[f"{c}: target-only / best speculative (x paired)" for c in configs], "fastest"], rows
 
 
-def _sittings(created: pd.Series, total_s: pd.Series) -> tuple[float, int]:
-    """Wall seconds and number of sittings of runs finished at `created` (ISO times) lasting `total_s`: a run
-    starts a new sitting after a gap over `SITTING_GAP_S`; each sitting counts from its first run's start."""
-    t = pd.to_datetime(created, utc=True, errors="coerce")
-    order = t.sort_values().index
-    t, d = t[order], total_s[order].astype(float).fillna(0.0)
-    if t.isna().all():
-        return float("nan"), 0
+def _sittings(finished: pd.Series, total_s: pd.Series) -> tuple[float, int]:
+    """Wall seconds and number of sittings of runs finished at `finished` (parsed times) lasting `total_s`: a
+    run starts a new sitting after a gap over `SITTING_GAP_S`; each sitting counts from its first run's start."""
+    order = finished.sort_values().index
+    t, d = finished[order], total_s[order].astype(float).fillna(0.0)
     wall, n, prev = 0.0, 0, None
     for ti, di in zip(t, d, strict=True):
         if pd.isna(ti):
@@ -327,27 +360,29 @@ def _sittings(created: pd.Series, total_s: pd.Series) -> tuple[float, int]:
         else:
             wall += (ti - prev).total_seconds()
         prev = ti
-    return wall, n
+    return (wall if n else float("nan")), n
 
 
 def duration_table(sources: Sequence[StudySource]) -> pd.DataFrame:
     """How long each store took: ``store``, ``sweep_id``, ``configs``, ``runs``, ``failed``, ``machines``
     (distinct machine ids), ``generation_s`` (sum of the runs' end-to-end seconds), ``wall_s`` and
     ``sittings`` (the runs' clock, gaps over `SITTING_GAP_S` starting a sitting; model loading, traces and
-    calibration between runs included), ``first`` and ``last`` (ISO times of the first and last run)."""
+    calibration between runs included), ``first`` and ``last`` (when the first and the last run finished,
+    ISO, UTC)."""
     rows = []
     for s in sources:
         st = s.analysis.store
         r = st.runs
-        wall, n = _sittings(r["created_at"], r["total_s"]) if len(r) else (float("nan"), 0)
+        done = pd.to_datetime(r["created_at"], utc=True, errors="coerce") if len(r) else pd.Series(dtype="datetime64[ns, UTC]")
+        wall, n = _sittings(done, r["total_s"]) if len(r) else (float("nan"), 0)
         rows.append({"store": s.label, "sweep_id": st.sweep_id or "-",
                      "configs": ", ".join(sorted(set(r["config_label"].dropna().astype(str)))) or "-",
                      "runs": len(r), "failed": int(r["error"].notna().sum()) if len(r) else 0,
                      "machines": int(r["machine_id"].dropna().nunique()) if len(r) else 0,
                      "generation_s": float(r["total_s"].astype(float).sum()) if len(r) else 0.0,
                      "wall_s": wall, "sittings": n,
-                     "first": str(r["created_at"].min()) if len(r) else "-",
-                     "last": str(r["created_at"].max()) if len(r) else "-"})
+                     "first": done.min().isoformat() if done.notna().any() else "-",
+                     "last": done.max().isoformat() if done.notna().any() else "-"})
     return pd.DataFrame(rows)
 
 
@@ -357,60 +392,26 @@ def _hours(seconds: float) -> str:
     return format_duration(seconds) if np.isfinite(seconds) else "-"
 
 
-def _verdict_lines(sources: Sequence[StudySource], types: pd.DataFrame, fast: pd.DataFrame) -> list[str]:
-    lines = []
-    pooled = []
-    for s in sources:
-        ov = s.analysis[T.OVERALL]
-        if ov.empty:
-            continue
-        d = ov[(ov["method"] == DEFAULT_CELL[0]) & (ov["policy"] == DEFAULT_CELL[1])]
-        for r in d.itertuples():
-            g = types[(types["store"] == s.label) & (types["config_label"] == r.config_label)]
-            v = g["default_verdict"].value_counts()
-            pooled.append(f"{r.config_label} {f(r.speedup)}x {ci(r.speedup_lo, r.speedup_hi)} over "
-                          f"{i(r.n_aligned)} prompts, wins on {v.get('win', 0)} of {len(g)} types and loses on "
-                          f"{v.get('loss', 0)}")
-    if pooled:
-        lines.append("The default policy (draft model, cost policy), fixed before the run: " + "; ".join(pooled) + ".")
-    head = headline_rows(types)
-    if len(head):
-        v = head["verdict"].value_counts()
-        top, low = head.iloc[0], head.iloc[-1]
-        lines.append(f"At the best configuration and K per type (chosen after the fact) speculation wins on "
-                     f"{v.get('win', 0)} of {len(head)} types and loses on {v.get('loss', 0)}; highest "
-                     f"{top['prompt_type']} {f(top['speedup'])}x {ci(top['speedup_lo'], top['speedup_hi'])} "
-                     f"({top['best']}), lowest {low['prompt_type']} {f(low['speedup'])}x "
-                     f"{ci(low['speedup_lo'], low['speedup_hi'])} ({low['best']}).")
-    if len(fast):
-        per = fastest_per_type(fast)
-        counts = per["fastest"].value_counts()
-        lines.append("Fastest way to generate per type (tokens/s; configurations timed at different times): "
-                     + "; ".join(f"{name} on {n} of {len(per)}" for name, n in counts.items()) + ".")
-    floors = _floors(sources)
-    if floors:
-        lines.append("A/A noise floors (target-only timed as a method): " + "; ".join(
-            f"{lab} [{lo:.3f}, {hi:.3f}]" for lo, hi, lab in floors) + "; a speedup inside them is noise.")
-    ex = [r for s in sources for r in exactness(s.analysis[T.EQUALITY]).itertuples()]
-    if ex:
-        lines.append("Greedy speculative runs token-identical to their configuration's target-only output: " + "; ".join(
-            f"{r.config_label} {r.n_equal} of {r.n_checked} ({pct(r.n_equal / r.n_checked)})" for r in ex
-            if r.n_checked) + ".")
-    return lines[:5]
+def fastest_line(fast: pd.DataFrame) -> str | None:
+    """One sentence: which decoder is the fastest way to generate on how many prompt types (None when none)."""
+    per = fastest_per_type(fast) if len(fast) else pd.DataFrame()
+    if per.empty:
+        return None
+    counts = per["fastest"].value_counts()
+    return ("The fastest way to generate per type (tokens/s; configurations timed in different sweeps, so not "
+            "paired): " + "; ".join(f"{name} on {n} of {len(per)}" for name, n in counts.items()) + ".")
 
 
-def default_pivot(types: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Headers and rows of the per-type summary of `types` (`type_table`): one row per prompt type (the
-    headline's order), one column per (configuration, store) with the default policy's ``"1.45x [1.17, 1.78]
-    win (5)"``, and the best timed cell over every configuration."""
-    head = headline_rows(types)
-    keys = sorted({(r.config_label, r.store) for r in types.itertuples()})
+def default_pivot(types: pd.DataFrame, head: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the per-type summary: one row per prompt type of `head` (`headline_rows`, in its
+    order), one column per configuration of `types` (`type_table`) with the default policy's ``"1.45x [1.17,
+    1.78] win (5)"`` (speedup, interval, verdict, prompts), and the best timed cell over every configuration."""
+    keys = sorted(set(types["config_label"]))
     rows = []
     for h in head.itertuples():
         row = [h.prompt_type]
-        for label, store in keys:
-            d = types[(types["prompt_type"] == h.prompt_type) & (types["config_label"] == label)
-                      & (types["store"] == store)]
+        for label in keys:
+            d = types[(types["prompt_type"] == h.prompt_type) & (types["config_label"] == label)]
             if d.empty or not np.isfinite(float(d["default_speedup"].iloc[0])):
                 row.append("-")
                 continue
@@ -420,67 +421,70 @@ def default_pivot(types: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                        f"({i(d['default_n'])})".replace(" - ", " "))
         row.append(f"{h.best}: {f(h.speedup)}x {ci(h.speedup_lo, h.speedup_hi)}")
         rows.append(row)
-    return ["prompt type", *[f"{label} ({store})" for label, store in keys], "best timed cell"], rows
+    return ["prompt type", *keys, "best timed cell"], rows
 
 
 def _k(x: float, pred: float) -> str:
     return "-" if not np.isfinite(x) else f"K={int(x)}: {f(pred)}"
 
 
-def study_sections(sources: Sequence[StudySource], types: pd.DataFrame, figure: FigureEntry,
+def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFrame, figure: FigureEntry,
                    reports: Sequence[str] = ()) -> list[Section]:
-    """The study report's sections: how to read it, the headline (`figure`, five-line verdict), per prompt
-    type (`types`: `type_table` of `sources`), the fastest way to generate, how long it took, the per-store
-    reports (`reports`: their paths, as text) and the definitions."""
+    """The study report's sections: how to read it, the headline (`figure`, the five-line verdict of
+    `specdec.report.headline.verdict_lines` over every configuration, the fastest decoder), per prompt type
+    (`types`: `type_table` of `a`, the `study_analysis` of `sources`), the fastest way to generate, how long
+    it took, the per-store reports (`reports`: their paths, as text) and the definitions."""
     from specdec.report.sections import HOW_TO_READ
 
-    cells = pd.concat([s.analysis[T.CELLS].assign(store=s.label) for s in sources if len(s.analysis[T.CELLS])],
-                      ignore_index=True) if any(len(s.analysis[T.CELLS]) for s in sources) else pd.DataFrame()
-    fast = fastest_table(cells)
+    fast = fastest_table(a[T.CELLS])
     how = Section("How to read this", "how")
     how.blocks.append(Bullets([
         (f"This report puts {len(sources)} results stores side by side ({', '.join(s.label for s in sources)}). "
          "Each store is its own sweep, analysed on its own: every speedup below is paired inside one store on "
-         "one machine; nothing divides runs of two stores."), *HOW_TO_READ_FIRST[:4]]))
+         "one machine; nothing divides runs of two stores. A configuration held by two stores is named "
+         "'<configuration> (<store>)'."), *HOW_TO_READ_FIRST[:4]]))
     head = Section("Headline", "headline")
     if not figure.skipped:
         head.blocks.append(figure)
-    head.blocks.append(Bullets(_verdict_lines(sources, types, fast)))
+    head.blocks.append(Bullets(verdict_lines(a)))
+    if (line := fastest_line(fast)) is not None:
+        head.blocks.append(line)
 
     per = Section("Per prompt type", "types")
-    per.blocks.append(Table(*default_pivot(types), caption=(
+    per.blocks.append(Table(*default_pivot(types, headline_rows(a)), caption=(
         "The default policy (draft model, cost policy) per prompt type and configuration: paired speedup, 95 % "
         "interval over the type's prompts, verdict, and (n) the prompts it ran on; then the best timed cell over "
         "every configuration (after the fact). Types in the headline's order.")))
     per.blocks.append(Table(
-        ["prompt type", "store", "config", "prompts", "default policy", "verdict", "alpha-hat",
+        ["prompt type", "config", "prompts", "default policy", "verdict", "alpha-hat",
          "tokens per target forward", "best timed cell", "draft model: best K, predicted",
          "prompt lookup: best K, predicted"],
-        [[r.prompt_type, r.store, r.config_label, i(r.n_prompts),
+        [[r.prompt_type, r.config_label, i(r.n_prompts),
           f"{f(r.default_speedup)}x {ci(r.default_lo, r.default_hi)}" if np.isfinite(float(r.default_speedup)) else "-",
           r.default_verdict or "-", f(r.alpha_hat), f(r.block_efficiency),
           f"{r.best}: {f(r.speedup)}x {ci(r.speedup_lo, r.speedup_hi)} ({r.verdict})",
           _k(r.draft_best_k, r.draft_predicted), _k(r.ngram_best_k, r.ngram_predicted)]
-         for r in types.sort_values(["prompt_type", "store", "config_label"]).itertuples()],
-        collapsed=True, caption=("Per prompt type and configuration: the default policy's paired speedup with its 95 % interval "
-                 "over the type's prompts, its alpha-hat and tokens per target forward, the best timed cell "
-                 "(among those on the most prompts of the type), and the fixed K per drafter with the highest "
-                 "decode speedup predicted from the acceptance traces (every K in 1..16 replayed, priced with "
-                 "the prompt's calibration block; geometric mean over the type's prompts).")))
+         for r in types.sort_values(["prompt_type", "config_label"]).itertuples()],
+        collapsed=True, caption=(
+            "Per prompt type and configuration: the default policy's paired speedup with its 95 % interval over "
+            "the type's prompts, its alpha-hat and tokens per target forward, the best timed cell (among those "
+            "on the most prompts of the type), and the fixed K per drafter with the highest decode speedup "
+            "predicted from the acceptance traces (every K in 1..16 replayed, priced with the prompt's "
+            "calibration block; geometric mean over the type's prompts).")))
 
     fastest = Section("The fastest way to generate", "fastest")
-    fastest.blocks.append(Table(
-        *fastest_rows(fast),
-        caption=("Tokens/s end to end (median per cell; target-only, in parentheses target-only padded to its "
-                 "cheapest step shape, then the fastest speculative cell with its paired speedup). "
-                 "Configurations were timed in different sweeps, hours or days apart: only the speedups are "
-                 "paired; read tokens/s across columns as single observations.")))
+    fastest.blocks.append(Table(*fastest_rows(fast), caption=(
+        "Tokens/s end to end (median per cell; target-only, in parentheses target-only padded to its cheapest "
+        "step shape, then the fastest speculative cell among those on the most prompts of the type, with its "
+        "paired speedup). Configurations were timed in different sweeps, hours or days apart, some on other "
+        "prompt sets (the per-type table gives the prompts): only the speedups are paired; read tokens/s "
+        "across columns as single observations.")))
 
     took = Section("How long it took", "duration")
     dur = duration_table(sources)
     took.blocks.append(Table(
-        ["store", "sweep", "configs", "runs (failed)", "machines", "generation", "wall (sittings)", "first run",
-         "last run"],
+        ["store", "sweep", "configs", "runs (failed)", "machines", "generation", "wall (sittings)",
+         "first run finished", "last run finished"],
         [[r.store, r.sweep_id, r.configs, f"{r.runs} ({r.failed})", str(r.machines), _hours(r.generation_s),
           f"{_hours(r.wall_s)} ({r.sittings})", r.first, r.last] for r in dur.itertuples()],
         caption=("generation: the runs' end-to-end seconds summed; wall: the runs' clock, a gap of over "
@@ -525,18 +529,21 @@ def write_study(dbs: Sequence[str | Path], out: str | Path, reports: Sequence[st
         title: the page title.
 
     Raises:
-        FileNotFoundError: a store does not exist. ValueError: a path is not a results store, or two stores
-        share a file name. OSError: `out` cannot be written.
+        FileNotFoundError: a store does not exist. ValueError: no store, a path is not a results store, or
+        two stores share a file name. OSError: `out` cannot be written.
     """
     from specdec.report.render import html_page, markdown_page
 
+    if not dbs:
+        raise ValueError("the study needs at least one store (--db)")
     sources = load_sources(dbs)
     out_dir = Path(out)
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
-    types = type_table(sources)
-    figure = study_figure(sources, types, fig_dir)
-    sections = study_sections(sources, types, figure, reports)
+    a = study_analysis(sources)
+    types = type_table(a)
+    figure = study_figure(a, types, fig_dir)
+    sections = study_sections(sources, a, types, figure, reports)
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
     html_path.write_text(html_page(title, sections), encoding="utf-8")
     md_path.write_text(markdown_page(title, sections), encoding="utf-8")

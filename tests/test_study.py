@@ -136,6 +136,7 @@ def test_fastest_way_to_generate_counts_tokens_per_second_not_speedup(sources):
 
 def test_duration_counts_sittings(sources):
     dur = study.duration_table(sources).set_index("store")
+    assert dur.loc["fast", "settings"] == "dtype not recorded, 64 new tokens, greedy"  # the synthetic runs' own
     assert (dur.loc["fast", "runs"], dur.loc["fast", "sittings"]) == (RUNS, 1)
     # one run a minute, each 30 s long: first run's 30 s, then 60 s per following run
     assert dur.loc["fast", "wall_s"] == pytest.approx(30.0 + 60.0 * (RUNS - 1))
@@ -151,7 +152,7 @@ def test_write_study_escapes_store_text_and_draws_the_headline(stores, tmp_path)
     assert XSS not in html and "&lt;script&gt;" in html
     assert not res.figure.skipped and Path(res.figure.png).stat().st_size > 0
     for title in ("How to read this", "Headline", "Per prompt type", "The fastest way to generate",
-                  "How long it took", "Per-store reports", "Appendix: definitions"):
+                  "The stores and how long they took", "Per-store reports", "Appendix: definitions"):
         assert title in html
     assert html.index('id="how"') < html.index('id="study_headline"') < html.index('id="types"')  # reading order
     md = res.markdown.read_text()
@@ -162,6 +163,21 @@ def test_write_study_escapes_store_text_and_draws_the_headline(stores, tmp_path)
     assert np.isfinite(res.types["default_speedup"].astype(float)).all()
 
 
+def test_markdown_never_links_or_loads_what_a_store_says(tmp_path):
+    """A prompt type holding Markdown link or image syntax reaches report.md with that syntax broken (a viewer
+    would otherwise load an outside image); the HTML escapes it as text."""
+    evil = "![t](https://evil.example/t.png) [x](https://evil.example)"
+    path = _store(tmp_path / "fast.db", "fast")
+    con = sqlite3.connect(path)
+    con.execute("UPDATE runs SET prompt_type = ? WHERE prompt_type = 'code'", (evil,))
+    con.commit()
+    con.close()
+    res = study.write_study([path], tmp_path / "out")
+    md = res.markdown.read_text()
+    assert "](https" not in md and "![t]" not in md and "!\\[t]\\(https" in md
+    assert "evil.example" in res.html.read_text() and "src=\"https" not in res.html.read_text()
+
+
 def test_cli_study_and_its_errors(stores, tmp_path, capsys):
     from specdec.cli import main
 
@@ -169,11 +185,20 @@ def test_cli_study_and_its_errors(stores, tmp_path, capsys):
     with pytest.raises(SystemExit) as ok:
         main(["study", "--db", str(stores[0]), "--db", str(stores[1]), "--out", str(out)])
     assert ok.value.code == 0 and (out / "report.html").exists() and "2 stores" in capsys.readouterr().out
-    twin = tmp_path / "again"
+    twin = tmp_path / "twin"
     twin.mkdir()
     (twin / "fast.db").write_bytes(Path(stores[0]).read_bytes())
-    with pytest.raises(ValueError, match="share a file name"):
-        study.load_sources([stores[0], twin / "fast.db"])
+    # two stores of one file name in two folders are labelled by folder; the same path twice is refused
+    assert study.store_labels([stores[0], twin / "fast.db"]) == [f"{tmp_path.name}/fast", "twin/fast"]
+    with pytest.raises(ValueError, match="share the label '.*fast'"):
+        study.load_sources([stores[0], stores[0]])
+    # every path is checked before any store is analysed; an empty store is refused in one line
+    with pytest.raises(FileNotFoundError, match="nowhere.db"):
+        study.load_sources([stores[0], tmp_path / "nowhere.db"])
+    empty = tmp_path / "empty.db"
+    Store(empty).sweep().close()
+    with pytest.raises(ValueError, match="no runs"):
+        study.load_sources([empty])
     with pytest.raises(SystemExit) as exc:
         main(["study", "--db", str(tmp_path / "missing.db"), "--out", str(out)])
     assert exc.value.code == 2 and "missing.db" in capsys.readouterr().err

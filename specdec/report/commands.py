@@ -60,5 +60,7 @@ def register(app: typer.Typer) -> None:
         result = write_study(db, out, report or (), title=title)
         typer.echo(f"{len(db)} stores, {len(result.types)} (store, configuration, prompt type) rows"
                    + (f"; headline figure skipped: {result.figure.skipped}" if result.figure.skipped else ""))
+        for line in result.missing:
+            typer.echo(f"  missing: {line}")
         typer.echo(f"wrote {result.html}")
         typer.echo(f"wrote {result.markdown}")

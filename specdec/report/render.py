@@ -124,8 +124,10 @@ def render_html(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section
 
 def _md(text: Any) -> str:
     """Text for Markdown (outside code fences): '&' and '<' escaped so a viewer that renders raw HTML
-    shows store text verbatim instead of running it; pipes and newlines neutralised for tables."""
+    shows store text verbatim instead of running it; link and image syntax ('](', '][', '![') broken so
+    store text cannot make a viewer follow or load a URL; pipes and newlines neutralised for tables."""
     text = str(text).replace("&", "&amp;").replace("<", "&lt;")
+    text = text.replace("](", "]\\(").replace("][", "]\\[").replace("![", "!\\[")
     return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 

@@ -61,8 +61,10 @@ __all__ = [
     "fastest_table",
     "headline_rows",
     "load_sources",
+    "store_labels",
     "study_analysis",
     "study_figure",
+    "study_gaps",
     "study_sections",
     "type_table",
     "write_study",
@@ -81,29 +83,58 @@ class StudySource:
     analysis: Analysis
 
 
-def load_sources(dbs: Sequence[str | Path]) -> list[StudySource]:
-    """Analyse every store of `dbs` (the newest sweep of each).
+def store_labels(dbs: Sequence[str | Path]) -> list[str]:
+    """The label of each store: its file stem, or ``"<folder>/<stem>"`` where two stores share a stem.
 
     Raises:
-        FileNotFoundError: a store does not exist. ValueError: a path is not a results store, or two stores
-            have the same file stem (their rows would carry the same label).
+        ValueError: two paths still share a label (the same store given twice, say), naming them.
     """
-    labels = [Path(db).stem for db in dbs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"two stores share a file name: {', '.join(labels)}; the study labels rows by it")
-    return [StudySource(label, analyze(load_store(db))) for label, db in zip(labels, dbs, strict=True)]
+    stems = [Path(db).stem for db in dbs]
+    labels = [f"{Path(db).parent.name}/{st}" if stems.count(st) > 1 else st for db, st in zip(dbs, stems, strict=True)]
+    twice = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if twice:
+        raise ValueError(f"two stores share the label {twice[0]!r} ({', '.join(str(d) for d, lab in zip(dbs, labels, strict=True) if lab == twice[0])}); "
+                         "give each store once, from folders or files of different names")
+    return labels
+
+
+def load_sources(dbs: Sequence[str | Path]) -> list[StudySource]:
+    """Analyse every store of `dbs` (the newest sweep of each), after checking every path first.
+
+    Raises:
+        FileNotFoundError: a store does not exist. ValueError: no store, a path is not a results store, a
+            store holds no runs, or two stores would carry the same label (`store_labels`).
+    """
+    if not dbs:
+        raise ValueError("the study needs at least one store (--db)")
+    labels = store_labels(dbs)
+    for db in dbs:
+        if not Path(db).is_file():
+            raise FileNotFoundError(f"results store not found: {db}")
+    sources = []
+    for label, db in zip(labels, dbs, strict=True):
+        a = analyze(load_store(db))
+        if a.store.runs.empty:
+            raise ValueError(f"{db}: no runs in its newest sweep ({'; '.join(a.missing) or 'empty store'}); "
+                             "nothing to put beside the other stores")
+        sources.append(StudySource(label, a))
+    return sources
 
 
 def config_names(sources: Sequence[StudySource]) -> dict[tuple[str, str], str]:
     """(store, config_label) -> the configuration's name in the study: the label itself, or
     ``"<label> (<store>)"`` where two stores hold the same configuration (timed in different sweeps, they are
-    two columns, never one)."""
+    two columns, never one). Names are unique: if a plain label collides with a qualified one, every
+    configuration is qualified by its store."""
     stores: dict[str, list[str]] = {}
     for s in sources:
         for label in sorted(set(s.analysis.store.runs["config_label"].dropna().astype(str))):
             stores.setdefault(label, []).append(s.label)
-    return {(st, label): f"{label} ({st})" if len(held) > 1 else label
-            for label, held in stores.items() for st in held}
+    names = {(st, label): f"{label} ({st})" if len(held) > 1 else label
+             for label, held in stores.items() for st in held}
+    if len(set(names.values())) < len(names):
+        names = {(st, label): f"{label} ({st})" for st, label in names}
+    return names
 
 
 def combined(sources: Sequence[StudySource], table: T.ReportTable) -> pd.DataFrame:
@@ -245,7 +276,8 @@ def study_figure(a: Analysis, types: pd.DataFrame, out: Path) -> FigureEntry:
         top = r.speedup_hi if np.isfinite(float(r.speedup_hi)) else r.speedup
         ax.text(float(top) + 0.03, yi + 0.18, tex_safe(f"{float(r.speedup):.2f}x {r.best}"), fontsize=7)
     ax.set_yticks(y, [tex_safe(p) for p in head["prompt_type"]])
-    ax.set_xlim(left - 0.05, right + 0.3 * (right - left) + 0.1)
+    longest = max((len(str(b)) for b in head["best"]), default=20)  # room for the bar labels
+    ax.set_xlim(left - 0.05, right + (0.3 + 0.01 * longest) * (right - left) + 0.1)
     ax.set_xlabel("speedup over target-only decoding on the same configuration (paired; 1 = parity)")
     ax.set_title("Per prompt type: the best configuration and K, and every configuration's default policy",
                  fontsize=10)
@@ -363,27 +395,51 @@ def _sittings(finished: pd.Series, total_s: pd.Series) -> tuple[float, int]:
     return (wall if n else float("nan")), n
 
 
+def _settings(runs: pd.DataFrame) -> str:
+    """``"float32, 128 new tokens, greedy"``: the dtypes, token budgets and sampling of a store's runs."""
+    def values(col: str) -> list:
+        return sorted(set(runs[col].dropna())) if col in runs.columns else []
+
+    dtypes = ", ".join(str(d) for d in values("dtype")) or "dtype not recorded"
+    tokens = "/".join(str(int(n)) for n in values("max_new_tokens")) or "?"
+    temps = values("temperature")
+    sampling = "greedy" if temps == [0.0] else ("temperature " + "/".join(f"{t:g}" for t in temps) if temps else "?")
+    return f"{dtypes}, {tokens} new tokens, {sampling}"
+
+
 def duration_table(sources: Sequence[StudySource]) -> pd.DataFrame:
-    """How long each store took: ``store``, ``sweep_id``, ``configs``, ``runs``, ``failed``, ``machines``
-    (distinct machine ids), ``generation_s`` (sum of the runs' end-to-end seconds), ``wall_s`` and
-    ``sittings`` (the runs' clock, gaps over `SITTING_GAP_S` starting a sitting; model loading, traces and
+    """The stores and how long each took: ``store``, ``sweep_id``, ``configs``, ``settings`` (dtypes, token
+    budget, sampling: `_settings`), ``machine`` (the machines that timed its runs), ``runs``, ``failed``,
+    ``machines`` (distinct machine ids), ``generation_s`` (sum of the runs' end-to-end seconds), ``wall_s``
+    and ``sittings`` (the runs' clock, gaps over `SITTING_GAP_S` starting a sitting; model loading, traces and
     calibration between runs included), ``first`` and ``last`` (when the first and the last run finished,
     ISO, UTC)."""
+    from specdec.bench.machines import machine_label
+
     rows = []
     for s in sources:
         st = s.analysis.store
         r = st.runs
-        done = pd.to_datetime(r["created_at"], utc=True, errors="coerce") if len(r) else pd.Series(dtype="datetime64[ns, UTC]")
-        wall, n = _sittings(done, r["total_s"]) if len(r) else (float("nan"), 0)
+        done = pd.to_datetime(r["created_at"], utc=True, errors="coerce")
+        wall, n = _sittings(done, r["total_s"])
+        by_id = dict(zip(st.machines["machine_id"].astype(str), st.machines["machine_json"], strict=False))
+        ids = sorted(set(r["machine_id"].dropna().astype(str)))
+        machines = sorted({machine_label(by_id.get(m)) for m in ids if m in by_id}) or [
+            machine_label((st.sweep or {}).get("machine_json"))]
         rows.append({"store": s.label, "sweep_id": st.sweep_id or "-",
                      "configs": ", ".join(sorted(set(r["config_label"].dropna().astype(str)))) or "-",
-                     "runs": len(r), "failed": int(r["error"].notna().sum()) if len(r) else 0,
-                     "machines": int(r["machine_id"].dropna().nunique()) if len(r) else 0,
-                     "generation_s": float(r["total_s"].astype(float).sum()) if len(r) else 0.0,
+                     "settings": _settings(r), "machine": "; ".join(machines),
+                     "runs": len(r), "failed": int(r["error"].notna().sum()), "machines": len(ids),
+                     "generation_s": float(r["total_s"].astype(float).sum()),
                      "wall_s": wall, "sittings": n,
                      "first": done.min().isoformat() if done.notna().any() else "-",
                      "last": done.max().isoformat() if done.notna().any() else "-"})
     return pd.DataFrame(rows)
+
+
+def study_gaps(sources: Sequence[StudySource]) -> list[str]:
+    """``"<store>: <what it lacks>"`` for every note of every store's analysis (missing shards, no peers, ...)."""
+    return [f"{src.label}: {note}" for src in sources for note in src.analysis.missing]
 
 
 def _hours(seconds: float) -> str:
@@ -439,7 +495,7 @@ def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFr
     fast = fastest_table(a[T.CELLS])
     how = Section("How to read this", "how")
     how.blocks.append(Bullets([
-        (f"This report puts {len(sources)} results stores side by side ({', '.join(s.label for s in sources)}). "
+        (f"This report puts {len(sources)} results store(s) side by side ({', '.join(s.label for s in sources)}). "
          "Each store is its own sweep, analysed on its own: every speedup below is paired inside one store on "
          "one machine; nothing divides runs of two stores. A configuration held by two stores is named "
          "'<configuration> (<store>)'."), *HOW_TO_READ_FIRST[:4]]))
@@ -480,12 +536,12 @@ def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFr
         "prompt sets (the per-type table gives the prompts): only the speedups are paired; read tokens/s "
         "across columns as single observations.")))
 
-    took = Section("How long it took", "duration")
+    took = Section("The stores and how long they took", "duration")
     dur = duration_table(sources)
     took.blocks.append(Table(
-        ["store", "sweep", "configs", "runs (failed)", "machines", "generation", "wall (sittings)",
+        ["store", "sweep", "configs", "settings", "machine", "runs (failed)", "generation", "wall (sittings)",
          "first run finished", "last run finished"],
-        [[r.store, r.sweep_id, r.configs, f"{r.runs} ({r.failed})", str(r.machines), _hours(r.generation_s),
+        [[r.store, r.sweep_id, r.configs, r.settings, r.machine, f"{r.runs} ({r.failed})", _hours(r.generation_s),
           f"{_hours(r.wall_s)} ({r.sittings})", r.first, r.last] for r in dur.itertuples()],
         caption=("generation: the runs' end-to-end seconds summed; wall: the runs' clock, a gap of over "
                  f"{int(SITTING_GAP_S / 60)} minutes starting a new sitting (model loading, traces and calibration "
@@ -493,8 +549,14 @@ def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFr
     if len(dur):
         took.blocks.append(f"In all: {int(dur['runs'].sum())} timed generations, {_hours(dur['generation_s'].sum())} "
                            f"of generation, {_hours(dur['wall_s'].sum())} of wall time in "
-                           f"{int(dur['sittings'].sum())} sittings.")
+                           f"{int(dur['sittings'].sum())} sitting(s).")
     sections = [how, head, per, fastest, took]
+    lacks = study_gaps(sources)
+    if lacks:
+        gaps = Section("What the stores lack", "gaps")
+        gaps.blocks.append("Each store's own gaps, as its single-store report (`specdec report`) lists them:")
+        gaps.blocks.append(Bullets(lacks))
+        sections.append(gaps)
     if reports:
         more = Section("Per-store reports", "reports")
         more.blocks.append("Every table behind these figures, per store (acceptance traces, the K grid, "
@@ -509,12 +571,14 @@ def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFr
 
 @dataclass
 class StudyResult:
-    """What `write_study` wrote: the paths, the figure and the per-type table."""
+    """What `write_study` wrote: the paths, the figure, the per-type table and each store's gaps
+    (``"<store>: <what it lacks>"``)."""
 
     html: Path
     markdown: Path
     figure: FigureEntry
     types: pd.DataFrame
+    missing: list[str]
 
 
 def write_study(dbs: Sequence[str | Path], out: str | Path, reports: Sequence[str] = (),
@@ -534,8 +598,6 @@ def write_study(dbs: Sequence[str | Path], out: str | Path, reports: Sequence[st
     """
     from specdec.report.render import html_page, markdown_page
 
-    if not dbs:
-        raise ValueError("the study needs at least one store (--db)")
     sources = load_sources(dbs)
     out_dir = Path(out)
     fig_dir = out_dir / "figures"
@@ -547,4 +609,4 @@ def write_study(dbs: Sequence[str | Path], out: str | Path, reports: Sequence[st
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
     html_path.write_text(html_page(title, sections), encoding="utf-8")
     md_path.write_text(markdown_page(title, sections), encoding="utf-8")
-    return StudyResult(html_path, md_path, figure, types)
+    return StudyResult(html_path, md_path, figure, types, study_gaps(sources))

@@ -136,7 +136,7 @@ def test_fastest_way_to_generate_counts_tokens_per_second_not_speedup(sources):
 
 def test_duration_counts_sittings(sources):
     dur = study.duration_table(sources).set_index("store")
-    assert dur.loc["fast", "settings"] == "dtype not recorded, 64 new tokens, greedy"  # the synthetic runs' own
+    assert dur.loc["fast", "settings"] == "precision not recorded, 64 new tokens, greedy"  # the synthetic runs
     assert (dur.loc["fast", "runs"], dur.loc["fast", "sittings"]) == (RUNS, 1)
     # one run a minute, each 30 s long: first run's 30 s, then 60 s per following run
     assert dur.loc["fast", "wall_s"] == pytest.approx(30.0 + 60.0 * (RUNS - 1))

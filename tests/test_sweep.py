@@ -815,6 +815,10 @@ def test_fast_cpu_configurations_run_and_record_exactness(tmp_path, tiny_pair, n
         runs = st.runs(res.sweep_id)
     labels = {r["config_label"] for r in runs}
     assert labels == set(configs.split(","))
+    # each run records its target's precision, not the sweep's --dtype (every bf16 run had read float32)
+    assert {r["config_label"]: r["dtype"] for r in runs} == {
+        "transformers-eager": "float32", "transformers-bf16": "bfloat16", "transformers-int8": "float32+int8",
+        "self-draft:bf16-int8": "bfloat16"}
     drafted = [r for r in runs if r["method"] == "draft"]
     assert drafted and all(r["matches_baseline"] is not None for r in drafted)
     base = {(r["config_label"], r["prompt_id"]): r["token_ids"] for r in runs if r["method"] == "baseline"}

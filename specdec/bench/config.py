@@ -77,6 +77,15 @@ class RuntimeConfig:
             kw["draft_quant"] = self.self_draft_quant
         return kw
 
+    def target_precision(self, sweep_dtype: str) -> str:
+        """What the target's weights run in, as stored in ``runs.dtype``: the transformers dtype
+        (``"bfloat16"``; ``"float32+int8"`` with int8 weight-only quantization) or ``"gguf"`` on llama.cpp
+        (the GGUF's own quantization, e.g. Q4_K_M). `sweep_dtype` is the sweep's ``--dtype``."""
+        if self.target_backend == "llamacpp":
+            return "gguf"
+        dtype = self.dtype or sweep_dtype
+        return f"{dtype}+{self.quant}" if self.quant else dtype
+
     def peers(self) -> tuple[str, ...]:
         """The peer methods that apply to this configuration (`Method.applies`)."""
         return peers_for(self)

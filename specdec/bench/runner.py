@@ -135,7 +135,7 @@ def _row(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> dict[str
         "sweep_id": sid, "cell_key": cell.key(sid), "config_label": cell.config_label,
         "pair": prepared.pair_name, "target": prepared.target, "draft": prepared.draft,
         "target_backend": rc.target_backend, "draft_backend": rc.draft_backend, "compiled": int(rc.compile),
-        "device": cfg.device, "dtype": cfg.dtype, "threads": loaded.threads,
+        "device": cfg.device, "dtype": rc.target_precision(cfg.dtype), "threads": loaded.threads,
         "prompt_id": cell.prompt.id, "prompt_type": cell.prompt.type, "chat_template": int(cfg.chat_template),
         "prompt_tokens": None, "method": cell.method, "policy": cell.policy, "k": cell.k,
         "repeat": cell.repeat, "seed": cfg.seed + cell.repeat, "temperature": cfg.temperature,

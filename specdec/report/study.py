@@ -396,15 +396,21 @@ def _sittings(finished: pd.Series, total_s: pd.Series) -> tuple[float, int]:
 
 
 def _settings(runs: pd.DataFrame) -> str:
-    """``"float32, 128 new tokens, greedy"``: the dtypes, token budgets and sampling of a store's runs."""
+    """``"bfloat16, 64 new tokens, greedy"``: the target precision, token budgets and sampling of a store's
+    runs. The precision comes from each run's configuration (`RuntimeConfig.target_precision`), since older
+    stores record the sweep's ``--dtype`` for every configuration; unknown configurations keep the stored one."""
+    from specdec.bench.config import RUNTIME_CONFIGS
+
     def values(col: str) -> list:
         return sorted(set(runs[col].dropna())) if col in runs.columns else []
 
-    dtypes = ", ".join(str(d) for d in values("dtype")) or "dtype not recorded"
+    pairs = runs[["config_label", "dtype"]].dropna().drop_duplicates().itertuples(index=False)
+    precisions = sorted({RUNTIME_CONFIGS[c].target_precision(str(d)) if c in RUNTIME_CONFIGS else str(d)
+                         for c, d in pairs})
     tokens = "/".join(str(int(n)) for n in values("max_new_tokens")) or "?"
     temps = values("temperature")
     sampling = "greedy" if temps == [0.0] else ("temperature " + "/".join(f"{t:g}" for t in temps) if temps else "?")
-    return f"{dtypes}, {tokens} new tokens, {sampling}"
+    return f"{', '.join(precisions) or 'precision not recorded'}, {tokens} new tokens, {sampling}"
 
 
 def duration_table(sources: Sequence[StudySource]) -> pd.DataFrame:

@@ -517,3 +517,15 @@ def test_ray_shard_killed_mid_way_resumes_without_loss_or_duplicates(ray_cluster
     # shard 1 had nothing left; shard 2 ran only what its node-local store did not hold
     assert {s.shard: s.ran for s in again.shards} == {"1/2": 0, "2/2": local.planned - by["1/2"].ran - len(on_node)}
     assert _runs_by_cell(db) == _runs_by_cell(tmp_path / "local.db")
+
+
+def test_host_id_tells_apart_two_boots_of_one_host_name(tmp_path):
+    """Two VMs of this workplace share the host name 'vm' (and one ran fp32 steps 1.5x slower than the other):
+    the host id hashes the boot id too, so their runs are two machines; one boot keeps one id."""
+    from specdec.bench.machines import host_id
+
+    a, b = tmp_path / "boot_a", tmp_path / "boot_b"
+    a.write_text("1111-aaaa\n")
+    b.write_text("2222-bbbb\n")
+    assert host_id(str(a)) == host_id(str(a)) != host_id(str(b))
+    assert len(host_id(str(a))) == 12 and host_id(str(tmp_path / "none")) != host_id(str(a))

@@ -67,7 +67,7 @@ def machine_info(device: str = "cpu", threads: int | None = None) -> dict[str, A
     except (AttributeError, OSError):
         usable = os.cpu_count()
     info: dict[str, Any] = {
-        "host": host_id(),  # a hash of the host name: tells cluster nodes apart (specdec.bench.machines)
+        "host": host_id(),  # a hash of host name and boot id: tells nodes and VMs apart (specdec.bench.machines)
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": usable,

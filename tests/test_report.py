@@ -537,6 +537,7 @@ def test_headline_shows_the_default_policy_and_the_aa_floor(tmp_path):
     assert "The default policy" in text and "A/A noise floor" in text
     assert "11 of 12 (92%)" in text  # one fixed-K run left the target-only output
     assert padded_reference(a)[0] == pytest.approx(1.16) and "runs at 1.16x" in text
+    assert "noise on this machine; target-only padded to its cheapest" in text  # one sentence, lower case after ';'
     res = write_report(tmp_path / "h.db", tmp_path / "out")
     assert "headline" in {e.kind for e in res.drawn}
 

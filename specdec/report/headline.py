@@ -213,11 +213,12 @@ def verdict_lines(a: Analysis) -> list[str]:
         refs.append(f"A/A noise floor ({floor[2]}): target-only against itself lies in [{floor[0]:.3f}, "
                     f"{floor[1]:.3f}]; a speedup inside that band is noise on this machine")
     if padded is not None:
-        refs.append(f"Target-only padded to its cheapest measured step shape ({padded[3]}) runs at "
+        refs.append(f"target-only padded to its cheapest measured step shape ({padded[3]}) runs at "
                     f"{f(padded[0])}x {ci(padded[1], padded[2])} of plain target-only: a speedup below that is "
                     "beaten without speculating")
     if refs:
-        lines.append("; ".join(refs) + ".")
+        text = "; ".join(refs)
+        lines.append(text[0].upper() + text[1:] + ".")
     ex = exactness(a[T.EQUALITY])
     if len(ex):
         parts = [f"{r.config_label} {r.n_equal} of {r.n_checked} ({pct(r.n_equal / r.n_checked)})"

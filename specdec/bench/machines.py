@@ -32,7 +32,7 @@ from typing import Any
 __all__ = [
     "BOOT_ID_PATH",
     "FINGERPRINT_KEYS",
-        "host_id",
+    "host_id",
     "machine_cost_rows",
     "machine_id",
     "machine_label",

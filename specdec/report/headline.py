@@ -21,8 +21,8 @@ from specdec.report.document import Bullets, Section, ci, f, pct
 from specdec.report.figure_kit import FigureEntry, Namer, new_figure, save_figure, tex_safe
 from specdec.report.vocab import ALL_PROMPTS, SPEC_METHODS
 
-__all__ = ["DEFAULT_CELL", "HOW_TO_READ_FIRST", "aa_floor", "cell_label", "cell_what", "headline_figure", "headline_section",
-           "headline_table", "padded_reference", "verdict_lines"]
+__all__ = ["DEFAULT_CELL", "HOW_TO_READ_FIRST", "aa_floor", "cell_label", "cell_what", "headline_figure",
+           "headline_section", "headline_table", "padded_reference", "verdict_lines"]
 
 #: The default policy's cell: method and policy (K is its cap, `SweepConfig.policy_k`).
 DEFAULT_CELL = ("draft", "cost")

@@ -178,7 +178,7 @@ def test_markdown_never_links_or_loads_what_a_store_says(tmp_path):
     assert "evil.example" in res.html.read_text() and "src=\"https" not in res.html.read_text()
 
 
-def test_cli_study_and_its_errors(stores, tmp_path, capsys):
+def test_cli_study_and_its_errors(stores, tmp_path, capsys, monkeypatch):
     from specdec.cli import main
 
     out = tmp_path / "cli"
@@ -202,3 +202,11 @@ def test_cli_study_and_its_errors(stores, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["study", "--db", str(tmp_path / "missing.db"), "--out", str(out)])
     assert exc.value.code == 2 and "missing.db" in capsys.readouterr().err
+    # an empty --out is refused (Path("") would write into the current directory)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    for command in ("study", "report"):
+        with pytest.raises(SystemExit) as exc:
+            main([command, "--db", str(stores[0]), "--out", " "])
+        assert exc.value.code == 2 and "--out is empty" in capsys.readouterr().err
+    assert not any((tmp_path / "cwd").iterdir())

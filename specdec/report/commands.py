@@ -11,6 +11,19 @@ from typing import Annotated
 
 import typer
 
+OutOpt = Annotated[str, typer.Option("--out", help="Output directory: report.html, report.md, figures/.")]
+
+
+def out_dir(value: str) -> Path:
+    """The output directory named by ``--out``.
+
+    Raises:
+        ValueError: `value` is empty or blank (``Path("")`` would silently mean the current directory).
+    """
+    if not value.strip():
+        raise ValueError("--out is empty: name an output directory (e.g. --out results/report)")
+    return Path(value)
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``report`` and ``study`` commands to `app`.
@@ -22,7 +35,7 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
         db: Annotated[Path, typer.Option("--db", help="Results store (SQLite) written by `specdec bench`.")],
-        out: Annotated[Path, typer.Option("--out", help="Output directory: report.html, report.md, figures/.")],
+        out: OutOpt,
         sweep: Annotated[
             str | None, typer.Option("--sweep", help="Sweep id (or unique prefix); default: the newest.")
         ] = None,
@@ -34,7 +47,7 @@ def register(app: typer.Typer) -> None:
         """Write a self-contained HTML report, a Markdown summary and the figures (PNG + SVG)."""
         from specdec.report.render import write_report
 
-        result = write_report(db, out, sweep, arch_costs=arch_costs)
+        result = write_report(db, out_dir(out), sweep, arch_costs=arch_costs)
         a = result.analysis
         typer.echo(f"sweep {a.store.sweep_id or '(none)'}: {len(a.store.runs)} runs, "
                    f"{len(result.drawn)} figures drawn, {len(result.skipped)} skipped")
@@ -48,7 +61,7 @@ def register(app: typer.Typer) -> None:
     def study(
         db: Annotated[list[Path], typer.Option("--db", help="Results store (repeatable): each one's newest "
                                                "sweep, analysed on its own, then side by side.")],
-        out: Annotated[Path, typer.Option("--out", help="Output directory: report.html, report.md, figures/.")],
+        out: OutOpt,
         report: Annotated[list[str] | None, typer.Option(
             "--report", help="Path of a per-store report to list in the study (repeatable).")] = None,
         title: Annotated[str, typer.Option("--title", help="Page title.")] = "Speculative decoding study",
@@ -57,7 +70,7 @@ def register(app: typer.Typer) -> None:
         configuration, the fastest way to generate, how long each store took)."""
         from specdec.report.study import write_study
 
-        result = write_study(db, out, report or (), title=title)
+        result = write_study(db, out_dir(out), report or (), title=title)
         typer.echo(f"{len(db)} stores, {len(result.types)} (store, configuration, prompt type) rows"
                    + (f"; headline figure skipped: {result.figure.skipped}" if result.figure.skipped else ""))
         for line in result.missing:

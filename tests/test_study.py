@@ -158,6 +158,7 @@ def test_write_study_escapes_store_text_and_draws_the_headline(stores, tmp_path)
     md = res.markdown.read_text()
     # the headline's verdict over every configuration: pooled default policy per configuration, exactness
     assert "fp32 0.99x" in md  # pooled over its 12 prompts: sqrt(0.9 x 1.1)
+    assert "per type on the configuration of the type's best cell it wins on" in md  # not one configuration's count
     assert "bf16 (fast) 23 of 25 (92%)" in md  # one draft K = 2 run per type left the target-only output
     assert "fp32 target-only on 1 of 2" in md
     assert np.isfinite(res.types["default_speedup"].astype(float)).all()

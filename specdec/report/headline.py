@@ -204,8 +204,10 @@ def verdict_lines(a: Analysis) -> list[str]:
         parts = [f"{r.config_label} {f(r.speedup)}x {ci(r.speedup_lo, r.speedup_hi)} over {int(r.n_aligned)} "
                  f"prompts ({r.verdict})" for r in d.itertuples()]
         dv = t["default_verdict"].value_counts()
+        # default_verdict is the default policy on each type's best-cell configuration: say so when there are several
+        where = " on the configuration of the type's best cell" if d["config_label"].nunique() > 1 else ""
         lines.append("The default policy (draft model, cost policy), fixed before the run, pooled over all prompts: "
-                     + "; ".join(parts) + f"; per type it wins on {dv.get('win', 0)} and loses on "
+                     + "; ".join(parts) + f"; per type{where} it wins on {dv.get('win', 0)} and loses on "
                      f"{dv.get('loss', 0)} of {int((t['default_verdict'] != '').sum())}.")
     floor, padded = aa_floor(a), padded_reference(a)
     refs = []

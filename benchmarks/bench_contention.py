@@ -38,6 +38,7 @@ def main() -> None:
 
     from specdec import models
     from specdec.bench.environment import machine_info
+    from specdec.bench.machines import machine_label
     from specdec.decoding import autoregressive_generate
     from specdec.loading import load_model, set_threads
 
@@ -46,14 +47,14 @@ def main() -> None:
     target = load_model(t_spec, runtime="transformers", dtype=args.dtype, threads=args.threads)
     ids = target.tokenizer(args.prompt)["input_ids"]
     m = machine_info(threads=args.threads)
-    print(f"machine {m['host']}: {m['cpu_model']}, {m['cpus_usable']} CPUs usable, torch {m['torch']}, "
-          f"llama-cpp-python {m['llama_cpp_python']}, load average {m['loadavg_1m']}")
+    print(f"machine {machine_label(m)}; torch {m['torch']}, llama-cpp-python {m['llama_cpp_python']}, "
+          f"load average {m['loadavg_1m']}")
     print(f"target {t_spec} ({args.dtype}, transformers), draft {d_spec} (llama.cpp), {args.threads} threads, "
           f"{args.tokens} new tokens")
 
     def timed() -> float:
         t0 = time.perf_counter()
-        r = autoregressive_generate(target.backend, ids, args.tokens, eos_ids=frozenset())
+        r = autoregressive_generate(target.backend, ids, args.tokens)
         return len(r.token_ids) / (time.perf_counter() - t0)
 
     timed()  # warm-up

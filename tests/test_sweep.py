@@ -589,6 +589,10 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
     ("bf16_all.db", {"threads": 2, "configs": "transformers-bf16", "prompts_per_type": 6, "ks": "2",
                      "secondary_ks": "", "methods": "baseline,aa,draft", "policies": "cost",
                      "secondary_policies": "cost", "peers": False, "max_new_tokens": 64, "name": "bf16-all"}),
+    ("fp32_peers.db", {"threads": 2, "configs": "transformers-eager",
+                       "prompt_types": "code,natural,dialogue,repetitive,technical,list_items", "ks": "4",
+                       "secondary_ks": "", "methods": "baseline,draft,ngram_hf", "peers": True, "peer_ks": "4",
+                       "policies": "none", "max_new_tokens": 128, "name": "fp32-peers"}),
 ])
 def test_published_sweeps_keep_their_identity(db, flags):
     """The README's rerun commands must --resume the published stores: the same settings give the same sweep
@@ -674,6 +678,37 @@ def app() -> typer.Typer:
     app = typer.Typer()
     register(app)
     return app
+
+
+def test_dry_run_can_price_the_plan_with_costs_measured_here(app, tmp_path, tiny_pair, near_draft_dir,
+                                                           prompt_file):
+    """--dry-run --measure-costs loads the models, times them on this machine and prices the plan with
+    those costs (a reference curve of another machine mispriced a shard by 2x); it stores nothing, and
+    --measure-costs without --dry-run is refused in one line."""
+    import re
+
+    runner = CliRunner()
+    db = tmp_path / "m.db"
+    args = ["sweep", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--prompts",
+            str(prompt_file), "--prompt-types", "code", "--ks", "1,2", "--max-new-tokens", "4", "--no-peers",
+            "--policies", "none", "--db", str(db), "--threads", "1", "--dry-run"]
+    ref = runner.invoke(app, args)
+    here = runner.invoke(app, args + ["--measure-costs"])
+    assert ref.exit_code == 0 and here.exit_code == 0, (ref.output, here.output)
+    assert "reference costs" in ref.output and "costs measured now on this machine" in here.output
+    assert "reference costs" not in here.output and "target step" in here.output
+    unit = {"h": 3600, "m": 60, "s": 1}
+
+    def total(out: str) -> int:
+        (t,) = re.findall(r"= ((?:\d+[hms] ?)+) \(model loading", out)
+        return sum(int(v) * unit[u] for v, u in re.findall(r"(\d+)([hms])", t))
+
+    # the tiny random model's forwards take milliseconds, the reference 1.5B model's ~0.3 s
+    assert total(here.output) < 0.1 * total(ref.output), (here.output, ref.output)
+    assert not db.exists()  # priced, not run
+    bad = runner.invoke(app, args[:-1] + ["--measure-costs"])
+    assert bad.exit_code == 2 and "--measure-costs" in bad.output and not db.exists()
+    assert len([ln for ln in bad.output.splitlines() if ln.startswith("specdec: error:")]) == 1
 
 
 def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, prompt_file):

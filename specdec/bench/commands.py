@@ -167,6 +167,12 @@ def sweep(
         bool, typer.Option("--dry-run", help="Print the plan and a rough duration; load no model.",
                            rich_help_panel=_PANEL_PLAN)
     ] = False,
+    measure_costs: Annotated[
+        bool, typer.Option("--measure-costs", help="With --dry-run: load each configuration and time its "
+                           "target forwards and draft step on this machine first (about a minute each), and "
+                           "price the plan with them instead of reference costs of another machine.",
+                           rich_help_panel=_PANEL_PLAN)
+    ] = False,
     max_runs: Annotated[
         int | None, typer.Option(help="Stop after this many runs (resume later).", rich_help_panel=_PANEL_PLAN)
     ] = None,
@@ -232,8 +238,10 @@ def sweep(
         cfg = S.make_config(flags, file=file_values, quick=quick)
         executor = check_executor(executor, shard, address)  # [shards] one-line errors for bad combinations
         db_path = db if db is not None else Path(file_values.get("db") or S.DEFAULT_DB)
+        if measure_costs and not dry_run:
+            raise ValueError("--measure-costs prices a --dry-run; add --dry-run (a sweep measures its own costs)")
         if dry_run:
-            _dry_run(cfg, db_path, shard)
+            _dry_run(cfg, db_path, shard, measure=measure_costs)
             return
         try:
             if executor == "ray":
@@ -256,7 +264,11 @@ def sweep(
                          f"(specdec report names them)")
 
 
-def _dry_run(cfg, db_path: Path, shard: str | None = None) -> None:
+def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False, loader=None) -> None:
+    """Print the plan of `cfg` and its rough duration, priced with (in this order of preference) costs
+    measured here now (`measure`: `specdec.bench.runner.measure_here`, models loaded and freed one
+    configuration at a time; `loader` as `run_sweep`'s), the costs this sweep stored in `db_path`, or the
+    reference costs of the configuration's runtime (`specdec.bench.estimate.reference_costs`)."""
     from specdec.bench import sweep as S
     from specdec.bench.store import Store
     from specdec.costs import CostCurve
@@ -265,13 +277,23 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None) -> None:
     sid = prepared.sweep_id
     plan = shard_plan(prepared.plan, prepared.prompts, shard)  # the shard's part of the plan (all when None)
     costs_by = {}
-    if db_path.is_file():
+    if measure:
+        from specdec.bench.environment import machine_info
+        from specdec.bench.runner import measure_here
+
+        for rc in cfg.runtime_configs():
+            costs_by[rc.label] = CostCurve.from_costs(measure_here(cfg, rc, prepared, loader=loader, echo=_echo))
+        m = machine_info(cfg.device, cfg.threads)
+        threads = cfg.threads or "default"
+        sources = [f"costs measured now on this machine ({m.get('cpu_model', '?')}, {threads} threads)"]
+    elif db_path.is_file():
         with Store(db_path) as store:
             for label in cfg.configs:
                 c = store.load_costs(sid, label)
                 if c is not None:
                     costs_by[label] = CostCurve.from_costs(c)
-    sources = [f"costs stored in {db_path}"] if costs_by else []
+    if not measure:
+        sources = [f"costs stored in {db_path}"] if costs_by else []
     references = []
     for rc in cfg.runtime_configs():
         if rc.label not in costs_by:

@@ -38,7 +38,7 @@ from specdec.bench.store import Store, writer_lock
 from specdec.costs import CostCurve
 from specdec.traces import first_divergence, record_trace, target_margins
 
-__all__ = ["LoadedConfig", "SweepResult", "execute", "run_sweep"]
+__all__ = ["LoadedConfig", "SweepResult", "execute", "measure_here", "run_sweep"]
 
 _ERR_LEN = 300  # characters kept of an error message
 
@@ -242,6 +242,40 @@ def _measure(loaded: LoadedConfig, s: _Session) -> None:
     d_txt = f"{curve.draft_step_s * 1e3:.1f} ms" if curve.draft_step_s is not None else "n/a"
     s.log(f"[{rc.label}] target step {curve.target_step_s * 1e3:.1f} ms, draft step {d_txt}, c = {c_txt}, "
           f"v({max_n}) = {curve.v(max_n):.2f} target steps")
+
+
+def measure_here(cfg: SweepConfig, rc: RuntimeConfig, prepared: Prepared, *, loader=None,
+                 echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Load one configuration's models as the sweep would, time its costs on this machine with the sweep's
+    own settings (`measure_costs`: target forwards of 1 .. `cost_max_n` tokens, the draft step; seconds),
+    free the models and return the costs (nothing is stored). Used by ``specdec sweep --dry-run
+    --measure-costs`` to price a plan on the machine that will run it.
+
+    Args:
+        cfg: the sweep. rc: one of its runtime configurations. prepared: `specdec.bench.sweep.prepare` of
+            `cfg` (model specs). loader: `specdec.loading.load_pair`-compatible (tests). echo: progress lines.
+
+    Raises:
+        Whatever loading raises for an unknown or unavailable model (one line at the CLI).
+    """
+    if loader is None:
+        from specdec.loading import load_pair as loader
+    target, draft_spec = prepared.target, prepared.draft
+    draft = target if rc.self_draft_quant is not None else draft_spec
+    echo(f"[{rc.label}] loading {target} and {draft} to time this machine's costs ...")
+    t0 = time.perf_counter()
+    pair = loader(target, draft, backend=rc.target_backend, draft_backend=rc.draft_backend, device=cfg.device,
+                  threads=cfg.threads, compile=rc.compile, **rc.load_kwargs(cfg.dtype))
+    try:
+        costs = measure_costs(pair, max_n=cost_max_n(cfg), repeats=cfg.cost_repeats,
+                              context_tokens=cfg.cost_context_tokens)
+    finally:
+        _free(pair)
+    d = costs["draft_step_s"]
+    echo(f"[{rc.label}] target step {costs['target_step_s'] * 1e3:.1f} ms"
+         + (f", draft step {d * 1e3:.1f} ms" if d is not None else "")
+         + f" (load and measure {time.perf_counter() - t0:.0f} s)")
+    return costs
 
 
 def _roofline(loaded: LoadedConfig, s: _Session) -> None:

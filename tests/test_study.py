@@ -211,3 +211,24 @@ def test_cli_study_and_its_errors(stores, tmp_path, capsys, monkeypatch):
             main([command, "--db", str(stores[0]), "--out", " "])
         assert exc.value.code == 2 and "--out is empty" in capsys.readouterr().err
     assert not any((tmp_path / "cwd").iterdir())
+
+
+@pytest.mark.parametrize("right", [2.0, 8.0])
+def test_bar_labels_end_inside_the_axes_without_a_wide_margin(right):
+    """The headline's labels are fitted on the renderer: the longest ends inside the axes and the axis stops
+    just after it (the old padding in data units left the axis at 8.6 with its last label ending at 6.5)."""
+    from specdec.report.figure_kit import fit_texts_right, new_figure
+
+    fig = new_figure(10, 4)
+    ax = fig.subplots()
+    ax.barh([0, 1], [right - 1, 0.5], left=1.0)
+    texts = [ax.text(right + 0.03, 0, "3.41x mixed:llamacpp-draft-bf16, draft cost", fontsize=7),
+             ax.text(1.53, 1, "short", fontsize=7)]
+    fit_texts_right(ax, texts, 0.9, right + 0.05)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    axes_right = ax.get_window_extent(r).x1
+    ends = [t.get_window_extent(r).x1 for t in texts]
+    assert max(ends) <= axes_right  # nothing drawn past the axes
+    assert axes_right - max(ends) < 15  # and no empty band beyond the 6 px margin (a few px of rounding)
+    assert ax.get_xlim()[0] == pytest.approx(0.9) and ax.get_xlim()[1] > right + 0.05

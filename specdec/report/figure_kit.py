@@ -17,6 +17,7 @@ __all__ = [
     "FigureEntry",
     "Namer",
     "colour_cycle",
+    "fit_texts_right",
     "k_axis",
     "new_figure",
     "prompt_types",
@@ -115,3 +116,38 @@ def k_axis(ax, ks: list[int]) -> None:
     ax.set_xticks(ks)
     ax.set_xticklabels([str(k) for k in ks])
     ax.minorticks_off()
+
+
+def fit_texts_right(ax, texts, left: float, right: float, margin_px: float = 6.0, passes: int = 3) -> None:
+    """Set the x limits of `ax` (linear scale) to ``[left, R]`` with the smallest ``R >= right`` at which
+    every text of `texts` (placed in data coordinates, left-aligned) ends inside the axes.
+
+    A label's width is fixed in pixels while its position scales with the axis range, so a padding in data
+    units either clips long labels or leaves a wide empty margin; this measures each label on the figure's
+    renderer and solves ``x_px + width_px <= axes width`` for R. Constrained layout may resize the axes
+    after a change, hence a few passes.
+
+    Args:
+        ax: a matplotlib Axes. texts: `matplotlib.text.Text` objects drawn on it. left, right: the data range
+            the axis must cover at least. margin_px: room kept right of the longest label, in pixels.
+    """
+    ax.set_xlim(left, right)
+    fig = ax.get_figure()
+    if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure: measure on the Agg canvas the PNG uses
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    for _ in range(passes):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        width_px = ax.get_window_extent(renderer).width
+        lo, hi = ax.get_xlim()
+        need = right  # solved afresh each pass: the layout of the previous pass may have moved the axes
+        for t in texts:
+            w = t.get_window_extent(renderer).width + margin_px
+            x = float(t.get_position()[0])
+            if w < width_px:
+                need = max(need, lo + (x - lo) / (1.0 - w / width_px))
+        if abs(need - hi) <= 1e-6 * abs(hi):
+            return
+        ax.set_xlim(lo, need)

@@ -34,7 +34,14 @@ import pandas as pd
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis, analyze
 from specdec.report.document import Bullets, Section, Table, ci, f, i
-from specdec.report.figure_kit import FigureEntry, colour_cycle, new_figure, save_figure, tex_safe
+from specdec.report.figure_kit import (
+    FigureEntry,
+    colour_cycle,
+    fit_texts_right,
+    new_figure,
+    save_figure,
+    tex_safe,
+)
 from specdec.report.headline import (
     DEFAULT_CELL,
     HOW_TO_READ_FIRST,
@@ -272,17 +279,18 @@ def study_figure(a: Analysis, types: pd.DataFrame, out: Path) -> FigureEntry:
     ax.axvline(1.0, color="black", lw=1)
     every = np.concatenate([np.asarray(x, dtype=float) for x in xs])
     left, right = float(np.nanmin(every)), float(np.nanmax(every))
+    labels = []
     for yi, r in zip(y, head.itertuples()):
         top = r.speedup_hi if np.isfinite(float(r.speedup_hi)) else r.speedup
-        ax.text(float(top) + 0.03, yi + 0.18, tex_safe(f"{float(r.speedup):.2f}x {r.best}"), fontsize=7)
+        labels.append(ax.text(float(top) + 0.03, yi + 0.18, tex_safe(f"{float(r.speedup):.2f}x {r.best}"),
+                              fontsize=7))
     ax.set_yticks(y, [tex_safe(p) for p in head["prompt_type"]])
-    longest = max((len(str(b)) for b in head["best"]), default=20)  # room for the bar labels
-    ax.set_xlim(left - 0.05, right + (0.3 + 0.01 * longest) * (right - left) + 0.1)
     ax.set_xlabel("speedup over target-only decoding on the same configuration (paired; 1 = parity)")
     ax.set_title("Per prompt type: the best configuration and K, and every configuration's default policy",
                  fontsize=10)
-    handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=7)
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=2, fontsize=7)
+    fit_texts_right(ax, labels, left - 0.05, right + 0.05)  # the bar labels end inside the axes, no wider
     return save_figure(fig, out, FigureEntry(
         "study_headline", "headline", "Headline: speedup per prompt type, every configuration",
         "Per prompt type, the timed cell with the highest paired speedup over every configuration, drafter, K "

@@ -725,6 +725,8 @@ def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, promp
     assert res.exit_code == 0, res.output
     # (a cell's summary line comes after its last run: the baseline's after its last run, at the end)
     assert "interrupted" in res.output and "[transformers-eager] code-01 draft K=1" in res.output
+    left = runner.invoke(app, args + ["--dry-run"])  # a dry run on the store prices the 7 runs left
+    assert left.exit_code == 0 and "7 timed generations (4 of 11 already done" in left.output, left.output
     again = runner.invoke(app, args)
     assert again.exit_code == 2 and "--resume" in again.output
     assert len([ln for ln in again.output.splitlines() if ln.startswith("specdec: error:")]) == 1

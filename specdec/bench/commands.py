@@ -276,6 +276,12 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     prepared = S.prepare(cfg)
     sid = prepared.sweep_id
     plan = shard_plan(prepared.plan, prepared.prompts, shard)  # the shard's part of the plan (all when None)
+    done: set[str] = set()
+    if db_path.is_file():  # a --resume prices only the runs left (what the sweep would skip is not run again)
+        with Store(db_path) as store:
+            done = store.done_cells(sid)
+    n_planned = len(plan)
+    plan = [c for c in plan if c.key(sid) not in done]
     costs_by = {}
     if measure:
         from specdec.bench.environment import machine_info
@@ -304,8 +310,8 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     source = " and ".join(sources)
     timed, warm = S.estimate_plan_s(plan, costs_by, max_new_tokens=cfg.max_new_tokens,
                                     warmup_tokens=cfg.warmup_tokens)
-    measure = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats)
-                  for label in cfg.configs)
+    measure_s = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats)
+                    for label in cfg.configs)
     n_prompts = len({c.prompt.id for c in plan})
     instr = n_prompts * sum(
         S.instrumentation_s(costs_by[label], max_n=S.cost_max_n(cfg), calibration_repeats=cfg.calibration_repeats,
@@ -313,12 +319,14 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
         for label in cfg.configs)
     _echo(f"sweep {sid}: target {prepared.target}, draft {prepared.draft}; {len(prepared.prompts)} prompts, configs "
           f"{', '.join(cfg.configs)}; {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)")
-    _echo(f"{len(plan)} timed generations:")
+    left = f" ({n_planned - len(plan)} of {n_planned} already done in {db_path}: the runs left)" \
+        if len(plan) < n_planned else ""
+    _echo(f"{len(plan)} timed generations{left}:")
     for key, n in S.plan_summary(plan).items():
         _echo(f"  {key:<34} {n}")
     _echo(f"rough estimate: {S.format_duration(timed)} timed + {S.format_duration(warm)} warm-ups + "
-          f"{S.format_duration(measure)} cost measurement + {S.format_duration(instr)} traces and calibration = "
-          f"{S.format_duration(timed + warm + measure + instr)} "
+          f"{S.format_duration(measure_s)} cost measurement + {S.format_duration(instr)} traces and calibration = "
+          f"{S.format_duration(timed + warm + measure_s + instr)} "
           f"(model loading excluded), from {source}, ~100-token prompts and an ASSUMED acceptance alpha = 0.5")
 
 

@@ -277,12 +277,16 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     sid = prepared.sweep_id
     plan = shard_plan(prepared.plan, prepared.prompts, shard)  # the shard's part of the plan (all when None)
     done: set[str] = set()
+    costs_by = {}
     if db_path.is_file():  # a --resume prices only the runs left (what the sweep would skip is not run again)
         with Store(db_path) as store:
             done = store.done_cells(sid)
+            stored = {label: store.load_costs(sid, label) for label in cfg.configs}
+        if not measure:
+            costs_by = {label: CostCurve.from_costs(c) for label, c in stored.items() if c is not None}
     n_planned = len(plan)
     plan = [c for c in plan if c.key(sid) not in done]
-    costs_by = {}
+    sources = [f"costs stored in {db_path}"] if costs_by else []
     if measure:
         from specdec.bench.environment import machine_info
         from specdec.bench.runner import measure_here
@@ -292,14 +296,6 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
         m = machine_info(cfg.device, cfg.threads)
         threads = cfg.threads or "default"
         sources = [f"costs measured now on this machine ({m.get('cpu_model', '?')}, {threads} threads)"]
-    elif db_path.is_file():
-        with Store(db_path) as store:
-            for label in cfg.configs:
-                c = store.load_costs(sid, label)
-                if c is not None:
-                    costs_by[label] = CostCurve.from_costs(c)
-    if not measure:
-        sources = [f"costs stored in {db_path}"] if costs_by else []
     references = []
     for rc in cfg.runtime_configs():
         if rc.label not in costs_by:

@@ -206,6 +206,19 @@ def _baseline_tps(store: Store, sid: str) -> dict[tuple[str, str], list[float]]:
     return out
 
 
+def _load_pair(cfg: SweepConfig, rc: RuntimeConfig, p: Prepared, loader):
+    """The configuration's models, loaded as every timed run sees them (a self-draft loads the target twice)."""
+    draft = p.target if rc.self_draft_quant is not None else p.draft
+    return loader(p.target, draft, backend=rc.target_backend, draft_backend=rc.draft_backend,
+                  device=cfg.device, threads=cfg.threads, compile=rc.compile, **rc.load_kwargs(cfg.dtype))
+
+
+def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:
+    """`measure_costs` with the sweep's settings (target forwards of 1 .. `cost_max_n` tokens, seconds)."""
+    return measure_costs(pair, max_n=cost_max_n(cfg), repeats=cfg.cost_repeats,
+                         context_tokens=cfg.cost_context_tokens)
+
+
 def _load(cfg: SweepConfig, rc: RuntimeConfig, loader, s: _Session) -> LoadedConfig:
     """Load a configuration's models once."""
     p = s.prepared
@@ -213,9 +226,7 @@ def _load(cfg: SweepConfig, rc: RuntimeConfig, loader, s: _Session) -> LoadedCon
           f"{p.target + ' quantized ' + rc.self_draft_quant if rc.self_draft_quant else p.draft} "
           f"({rc.draft_backend}){' compiled' if rc.compile else ''} ...")
     t0 = time.perf_counter()
-    draft = p.target if rc.self_draft_quant is not None else p.draft
-    pair = loader(p.target, draft, backend=rc.target_backend, draft_backend=rc.draft_backend,
-                  device=cfg.device, threads=cfg.threads, compile=rc.compile, **rc.load_kwargs(cfg.dtype))
+    pair = _load_pair(cfg, rc, p, loader)
     loaded = LoadedConfig(cfg, rc, pair, threads=int(cfg.threads or torch.get_num_threads()))
     compile_s = sum(m.compile_s for m in (pair.target, pair.draft) if m is not None)
     s.log(f"[{rc.label}] loaded in {time.perf_counter() - t0:.1f} s"
@@ -230,8 +241,7 @@ def _measure(loaded: LoadedConfig, s: _Session) -> None:
     max_n = cost_max_n(cfg)
     if costs is None or max(costs["target_forward_s"]) < max_n:
         t0 = time.perf_counter()
-        measured = measure_costs(pair, max_n=max_n, repeats=cfg.cost_repeats,
-                                 context_tokens=cfg.cost_context_tokens)
+        measured = _sweep_costs(cfg, pair)
         s.store.save_costs(p.sweep_id, rc.label, measured)
         costs = s.store.load_costs(p.sweep_id, rc.label)
         s.log(f"[{rc.label}] costs measured in {time.perf_counter() - t0:.1f} s")
@@ -260,15 +270,11 @@ def measure_here(cfg: SweepConfig, rc: RuntimeConfig, prepared: Prepared, *, loa
     """
     if loader is None:
         from specdec.loading import load_pair as loader
-    target, draft_spec = prepared.target, prepared.draft
-    draft = target if rc.self_draft_quant is not None else draft_spec
-    echo(f"[{rc.label}] loading {target} and {draft} to time this machine's costs ...")
+    echo(f"[{rc.label}] loading {prepared.target} and its draft to time this machine's costs ...")
     t0 = time.perf_counter()
-    pair = loader(target, draft, backend=rc.target_backend, draft_backend=rc.draft_backend, device=cfg.device,
-                  threads=cfg.threads, compile=rc.compile, **rc.load_kwargs(cfg.dtype))
+    pair = _load_pair(cfg, rc, prepared, loader)
     try:
-        costs = measure_costs(pair, max_n=cost_max_n(cfg), repeats=cfg.cost_repeats,
-                              context_tokens=cfg.cost_context_tokens)
+        costs = _sweep_costs(cfg, pair)
     finally:
         _free(pair)
     d = costs["draft_step_s"]

@@ -797,6 +797,22 @@ def test_aa_noise_floor_by_hand(tmp_path):
     assert len(aa_table(a.store.runs[a.store.runs["method"] != "baseline"])) == 0
 
 
+def test_aa_noise_floor_stays_within_one_machine(tmp_path):
+    """A prompt resumed on a faster machine: its A/A ratio is taken on each machine's own baselines, never
+    the new machine's last baseline over the old machine's first (that would read the machines' speed
+    difference, 1.5x here, as noise)."""
+    st = Store(tmp_path / "aa2.db").sweep().costs()
+    for p in range(3):
+        st.run(prompt_id=f"p{p}", tokens_per_s=10.0)  # machine A: 10.0 then 10.0 + p / 10
+        st.run(prompt_id=f"p{p}", tokens_per_s=10.0 + p / 10, repeat=1)
+        st.run(prompt_id=f"p{p}", tokens_per_s=15.0, repeat=2)  # machine B, one baseline: no ratio
+    st.con.execute("UPDATE runs SET machine_id = CASE WHEN repeat = 2 THEN 'B' ELSE 'A' END")
+    a = analyze(load_store(st.close()))
+    (row,) = a.table("aa").itertuples()
+    want = stats.ratio_interval([1.0, 1.01, 1.02])
+    assert row.n_prompts == 3 and row.aa_ratio == pytest.approx(want.center)
+
+
 def test_time_model_prices_the_drafts_catch_up():
     """The predicted decode time of a draft-model replay prices each round's catch-up on the draft curve:
     an always-agreeing draft at K = 2 accepts everything, so every round after the first feeds 2 tokens.

@@ -120,9 +120,11 @@ def baseline_stability_table(runs: pd.DataFrame) -> pd.DataFrame:
 def aa_table(runs: pd.DataFrame) -> pd.DataFrame:
     """The A/A noise floor: target-only against target-only, per runtime configuration.
 
-    Per prompt with at least two successful baseline runs, the A/A ratio is the tokens/s of its last
-    baseline run over its first (they bracket the prompt's other runs, so the ratio is the drift the
-    prompt's speedups are exposed to). Pooled per config_label over prompts like any speedup
+    Per prompt and machine (``machine_id``, where the store has one) with at least two successful baseline
+    runs, the A/A ratio is the tokens/s of its last baseline run over its first (they bracket the prompt's
+    other runs, so the ratio is the drift the prompt's speedups are exposed to). A prompt resumed on another
+    machine gives one ratio per machine and none across them: dividing two machines' timings measures the
+    machines, not the noise. Pooled per config_label over prompts like any speedup
     (`specdec.stats.ratio_interval`: geometric mean, t-interval, no verdict below 5 prompts), with the
     median |ratio - 1|: a speedup within that of 1 is not a measurable difference on this machine.
 
@@ -133,10 +135,11 @@ def aa_table(runs: pd.DataFrame) -> pd.DataFrame:
     cols = ["config_label", "n_prompts", "aa_ratio", "aa_lo", "aa_hi", "verdict", "median_abs_dev"]
     df = ensure_prepared(runs)
     base = df[df["ok"] & (df["method"] == BASELINE)].sort_values("run_id")
+    keys = ["target", "prompt_id", *(["machine_id"] if "machine_id" in base.columns else [])]
     rows = []
     for label, g in base.groupby("config_label", sort=True):
         ratios = [float(p["tokens_per_s"].iloc[-1]) / float(p["tokens_per_s"].iloc[0])
-                  for _, p in g.groupby(["target", "prompt_id"]) if len(p) >= 2 and p["tokens_per_s"].iloc[0] > 0]
+                  for _, p in g.groupby(keys, dropna=False) if len(p) >= 2 and p["tokens_per_s"].iloc[0] > 0]
         if not ratios:
             continue
         ci = stats.ratio_interval(ratios)

@@ -813,6 +813,34 @@ def test_aa_noise_floor_stays_within_one_machine(tmp_path):
     assert row.n_prompts == 3 and row.aa_ratio == pytest.approx(want.center)
 
 
+def test_policy_against_best_fixed_k_stays_within_one_machine(tmp_path):
+    """A store resumed on a faster machine for the fixed-K runs: 'adaptive / best fixed' divides tokens/s,
+    so it is taken per prompt on one machine only; prompts whose two sides ran on different machines drop
+    out (here the machines' 2x speed difference would have read as a 0.6x loss for the policy)."""
+    from specdec.report.comparisons import adaptive_table
+
+    st = Store(tmp_path / "ad.db").sweep().costs()
+    for p in range(3):
+        st.run(prompt_id=f"p{p}", tokens_per_s=10.0)
+        st.run(prompt_id=f"p{p}", method="draft", policy="cost", k=16, tokens_per_s=25.0, num_drafted=4,
+               num_accepted=2, num_rejections=1, rounds=[(2, "10")])
+        st.run(prompt_id=f"p{p}", tokens_per_s=20.0, repeat=1)  # machine B from here on (2x faster)
+        st.run(prompt_id=f"p{p}", method="draft", policy="fixed", k=4, tokens_per_s=40.0 + p, num_drafted=4,
+               num_accepted=2, num_rejections=1, rounds=[(4, "1100")])
+    st.run(prompt_id="p3", tokens_per_s=10.0)  # p3: both sides on machine A
+    st.run(prompt_id="p3", method="draft", policy="cost", k=16, tokens_per_s=22.0, num_drafted=4,
+           num_accepted=2, num_rejections=1, rounds=[(2, "10")])
+    st.run(prompt_id="p3", method="draft", policy="fixed", k=4, tokens_per_s=20.0, num_drafted=4,
+           num_accepted=2, num_rejections=1, rounds=[(4, "1100")])
+    st.con.execute("UPDATE runs SET machine_id = CASE WHEN prompt_id != 'p3' AND "
+                   "(repeat = 1 OR policy = 'fixed') THEN 'B' ELSE 'A' END")
+    a = analyze(load_store(st.close()))
+    ad = adaptive_table(a.store.runs, a.table("cells"))
+    (row,) = ad.itertuples()
+    assert row.best_fixed_k == 4 and row.vs_best_fixed == pytest.approx(22.0 / 20.0)
+    assert row.vs_best_verdict == "single run (no interval)"
+
+
 def test_time_model_prices_the_drafts_catch_up():
     """The predicted decode time of a draft-model replay prices each round's catch-up on the draft curve:
     an always-agreeing draft at K = 2 accepts everything, so every round after the first feeds 2 tokens.

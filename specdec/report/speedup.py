@@ -61,17 +61,32 @@ def nearest_baseline(ok: pd.DataFrame) -> dict[int, int]:
     return out
 
 
+def _units(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """`runs` and the key of the unit `ratio_ci` divides within: `PROMPT_KEY`, plus ``machine_id`` where
+    `runs` has it (missing ids read as "", so older stores keep one unit per prompt)."""
+    if "machine_id" not in runs.columns:
+        return runs, list(PROMPT_KEY)
+    return runs.assign(machine_id=runs["machine_id"].astype(object).fillna("")), [*PROMPT_KEY, "machine_id"]
+
+
 def per_prompt_median(runs: pd.DataFrame) -> pd.Series:
-    """Median tokens/s of `runs` per `PROMPT_KEY` (the reference side of `ratio_ci`)."""
-    return runs.groupby(PROMPT_KEY)["tokens_per_s"].median()
+    """Median tokens/s of `runs` per prompt and machine (`PROMPT_KEY` + ``machine_id`` where present): the
+    reference side of `ratio_ci`."""
+    runs, unit = _units(runs)
+    return runs.groupby(unit)["tokens_per_s"].median()
 
 
 def ratio_ci(runs: pd.DataFrame, ref: pd.Series | dict) -> dict:
     """Speedup of `runs` over per-prompt reference medians `ref` (see the module docstring).
 
+    Runs and references are matched per prompt *and machine* (``machine_id``, where the frame has it; a
+    merged or resumed store holds several): a prompt whose two sides were timed on different machines
+    has no ratio, since dividing them would measure the machines.
+
     Args:
-        runs: prepared runs (``tokens_per_s`` and the `PROMPT_KEY` columns).
-        ref: reference tokens/s keyed by `PROMPT_KEY` tuples (a Series or a dict).
+        runs: prepared runs (``tokens_per_s``, the `PROMPT_KEY` columns, ``machine_id`` optional).
+        ref: reference tokens/s keyed like `per_prompt_median` of the same kind of frame (a Series or a
+            dict).
 
     Returns:
         dict with ``speedup``, ``speedup_lo``, ``speedup_hi``, ``verdict``, ``n_aligned`` (prompts with
@@ -81,7 +96,8 @@ def ratio_ci(runs: pd.DataFrame, ref: pd.Series | dict) -> dict:
            "n_aligned": 0, "ci_over": ""}
     if runs.empty or len(ref) == 0:
         return out
-    per_prompt = runs.groupby(PROMPT_KEY)["tokens_per_s"].median().to_dict()
+    runs, unit = _units(runs)
+    per_prompt = runs.groupby(unit)["tokens_per_s"].median().to_dict()
     ref_d = ref.to_dict() if isinstance(ref, pd.Series) else ref
     common = [key for key in per_prompt if key in ref_d]
     if not common:
@@ -94,7 +110,7 @@ def ratio_ci(runs: pd.DataFrame, ref: pd.Series | dict) -> dict:
     else:
         key = common[0]
         mask = np.ones(len(runs), dtype=bool)
-        for col, val in zip(PROMPT_KEY, key):
+        for col, val in zip(unit, key, strict=True):
             mask &= (runs[col] == val).to_numpy()
         sel = runs["tokens_per_s"].to_numpy(float)[mask]
         if len(sel) < 2:

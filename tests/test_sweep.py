@@ -612,6 +612,21 @@ def test_published_sweeps_keep_their_identity(db, flags):
     assert [(prepared.sweep_id, prepared.meaning)] == [(sid, json.loads(cfg)) for sid, cfg in stored]
 
 
+def test_console_baseline_is_this_machines_own(tmp_path):
+    """Resumed on another machine, the console's "x vs baseline" divides by this machine's target-only runs
+    only: the other machine's stored baselines (here 2x faster) are not this run's reference."""
+    from specdec.bench.runner import _baseline_tps
+
+    with Store(tmp_path / "c.db") as st:
+        st.begin_sweep("s1", {"x": 1}, resume=False, machine={"cpu_model": "A", "hostname": "a"})
+        st.record_run({"sweep_id": "s1", "cell_key": "b0", "config_label": "eager", "prompt_id": "p0",
+                       "method": "baseline", "tokens_per_s": 20.0, "machine_id": st.machine_id})
+        st.begin_sweep("s1", {"x": 1}, resume=True, machine={"cpu_model": "B", "hostname": "b"})
+        st.record_run({"sweep_id": "s1", "cell_key": "b1", "config_label": "eager", "prompt_id": "p0",
+                       "method": "baseline", "tokens_per_s": 10.0, "machine_id": st.machine_id})
+        assert _baseline_tps(st, "s1") == {("eager", "p0"): [10.0]}
+
+
 def test_make_config_merging_and_validation(tmp_path):
     toml = tmp_path / "s.toml"
     toml.write_text('[sweep]\nks = [2, 8]\nmax-new-tokens = 64\nmethods = "baseline,draft"\ndb = "x.db"\n')

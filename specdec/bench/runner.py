@@ -199,9 +199,13 @@ def _free(pair) -> None:
 
 
 def _baseline_tps(store: Store, sid: str) -> dict[tuple[str, str], list[float]]:
+    """Tokens/s of the sweep's stored target-only runs per (config_label, prompt_id), for the console's
+    "x vs baseline": only those timed on this machine (`store.machine_id`), since a sweep resumed on another
+    machine would otherwise print a ratio of two machines' timings."""
     out: dict[tuple[str, str], list[float]] = {}
+    here = store.machine_id or ""
     for r in store.runs(sid, method=reference_method().name):
-        if r["error"] is None and r["tokens_per_s"]:
+        if r["error"] is None and r["tokens_per_s"] and (r.get("machine_id") or "") == here:
             out.setdefault((r["config_label"], r["prompt_id"]), []).append(r["tokens_per_s"])
     return out
 

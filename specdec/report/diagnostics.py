@@ -13,7 +13,7 @@ import pandas as pd
 
 from specdec.report.load import ensure_prepared, is_missing
 from specdec.report.model import CostInfo
-from specdec.report.speedup import PROMPT_KEY, nearest_baseline
+from specdec.report.speedup import PROMPT_KEY, by_machine, nearest_baseline
 from specdec.report.vocab import BASELINE, CELL_KEY, FIXED_POLICIES, SPEC_METHODS
 
 __all__ = [
@@ -134,12 +134,11 @@ def aa_table(runs: pd.DataFrame) -> pd.DataFrame:
 
     cols = ["config_label", "n_prompts", "aa_ratio", "aa_lo", "aa_hi", "verdict", "median_abs_dev"]
     df = ensure_prepared(runs)
-    base = df[df["ok"] & (df["method"] == BASELINE)].sort_values("run_id")
-    keys = ["target", "prompt_id", *(["machine_id"] if "machine_id" in base.columns else [])]
+    base, keys = by_machine(df[df["ok"] & (df["method"] == BASELINE)].sort_values("run_id"))
     rows = []
     for label, g in base.groupby("config_label", sort=True):
         ratios = [float(p["tokens_per_s"].iloc[-1]) / float(p["tokens_per_s"].iloc[0])
-                  for _, p in g.groupby(keys, dropna=False) if len(p) >= 2 and p["tokens_per_s"].iloc[0] > 0]
+                  for _, p in g.groupby(keys) if len(p) >= 2 and p["tokens_per_s"].iloc[0] > 0]
         if not ratios:
             continue
         ci = stats.ratio_interval(ratios)

@@ -27,11 +27,20 @@ import pandas as pd
 from specdec import stats
 from specdec.report.vocab import BASELINE, SINGLE_RUN
 
-__all__ = ["PROMPT_KEY", "nearest_baseline", "paired_ratio_ci", "paired_reference", "per_prompt_median",
-           "ratio_ci"]
+__all__ = ["PROMPT_KEY", "by_machine", "nearest_baseline", "paired_ratio_ci", "paired_reference",
+           "per_prompt_median", "ratio_ci"]
 
 #: The columns that name one prompt on one runtime and target: the unit speedups are aligned on.
 PROMPT_KEY = ["config_label", "target", "prompt_id"]
+
+
+def by_machine(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """`runs` and the key every ratio of timings is taken within: `PROMPT_KEY`, plus ``machine_id`` where
+    `runs` has it (a merged or resumed store holds several machines; missing ids read as "", so older
+    stores keep one unit per prompt)."""
+    if "machine_id" not in runs.columns:
+        return runs, list(PROMPT_KEY)
+    return runs.assign(machine_id=runs["machine_id"].astype(object).fillna("")), [*PROMPT_KEY, "machine_id"]
 
 
 def nearest_baseline(ok: pd.DataFrame) -> dict[int, int]:
@@ -45,9 +54,7 @@ def nearest_baseline(ok: pd.DataFrame) -> dict[int, int]:
     if "run_id" not in ok.columns:
         return {}
     # runs of a merged (sharded) store carry their machine: only a baseline of the same machine counts
-    keys = [*PROMPT_KEY, *(["machine_id"] if "machine_id" in ok.columns else [])]
-    if "machine_id" in ok.columns:
-        ok = ok.assign(machine_id=ok["machine_id"].astype(object).fillna(""))
+    ok, keys = by_machine(ok)
     base = ok[ok["method"] == BASELINE]
     if base.empty:
         return {}
@@ -61,18 +68,10 @@ def nearest_baseline(ok: pd.DataFrame) -> dict[int, int]:
     return out
 
 
-def _units(runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """`runs` and the key of the unit `ratio_ci` divides within: `PROMPT_KEY`, plus ``machine_id`` where
-    `runs` has it (missing ids read as "", so older stores keep one unit per prompt)."""
-    if "machine_id" not in runs.columns:
-        return runs, list(PROMPT_KEY)
-    return runs.assign(machine_id=runs["machine_id"].astype(object).fillna("")), [*PROMPT_KEY, "machine_id"]
-
-
 def per_prompt_median(runs: pd.DataFrame) -> pd.Series:
     """Median tokens/s of `runs` per prompt and machine (`PROMPT_KEY` + ``machine_id`` where present): the
     reference side of `ratio_ci`."""
-    runs, unit = _units(runs)
+    runs, unit = by_machine(runs)
     return runs.groupby(unit)["tokens_per_s"].median()
 
 
@@ -96,7 +95,7 @@ def ratio_ci(runs: pd.DataFrame, ref: pd.Series | dict) -> dict:
            "n_aligned": 0, "ci_over": ""}
     if runs.empty or len(ref) == 0:
         return out
-    runs, unit = _units(runs)
+    runs, unit = by_machine(runs)
     per_prompt = runs.groupby(unit)["tokens_per_s"].median().to_dict()
     ref_d = ref.to_dict() if isinstance(ref, pd.Series) else ref
     common = [key for key in per_prompt if key in ref_d]
@@ -140,8 +139,7 @@ def paired_reference(ok: pd.DataFrame, col: str = "tokens_per_s") -> tuple[dict[
     """
     if ok.empty or "run_id" not in ok.columns:
         return {}, {}
-    keys = [*PROMPT_KEY, *(["machine_id"] if "machine_id" in ok.columns else [])]
-    df = ok.assign(machine_id=ok["machine_id"].astype(object).fillna("")) if "machine_id" in ok.columns else ok
+    df, keys = by_machine(ok)
     val = dict(zip(df["run_id"].astype(int), pd.to_numeric(df[col], errors="coerce"), strict=True))
     base_key = {int(r.run_id): tuple(getattr(r, k) for k in keys)
                 for r in df[df["method"] == BASELINE][["run_id", *keys]].itertuples(index=False)}

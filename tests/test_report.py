@@ -754,6 +754,23 @@ def test_best_fixed_prefers_the_higher_speedup_then_the_smaller_k():
     assert best_fixed(cells[cells["policy"] == "cost"]) is None
 
 
+def test_best_fixed_prefers_a_k_measured_on_every_prompt():
+    """A K timed on the primary prompt only is not chosen over a K timed on all six, even with a higher
+    median: the two medians are over different prompt sets."""
+    from specdec.report.cells import best_fixed, best_k_table
+
+    cells = pd.DataFrame({
+        "config_label": "c", "pair": "p", "prompt_type": "code", "method": "draft", "policy": "fixed",
+        "k": [2, 5, 8], "speedup": [2.27, 2.19, 1.90], "speedup_lo": [np.nan, 2.0, 1.7],
+        "speedup_hi": [np.nan, 2.4, 2.1], "verdict": ["single run", "win", "win"],
+        "n_prompts": [1, 6, 6],
+    })
+    assert best_fixed(cells)["k"] == 5
+    row = best_k_table(cells).iloc[0]
+    assert row["best_k"] == 5 and row["n_prompts"] == 6 and not row["same_prompts"]
+    assert best_fixed(cells.drop(columns="n_prompts"))["k"] == 2  # without prompt counts: the highest median
+
+
 def test_speedups_are_taken_within_one_machine(tmp_path):
     """A merged (sharded) store: a run is divided only by a baseline timed on its own machine; one without
     such a baseline gets no speedup rather than a ratio across machines."""

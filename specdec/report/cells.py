@@ -161,16 +161,24 @@ def spec_fixed_cells(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_fixed(cells: pd.DataFrame) -> pd.Series | None:
-    """The best fixed K among `cells`: the fixed-K row with the highest median speedup, ties to the
-    smaller K; None when `cells` hold no fixed-K row with a speedup. Chosen after the fact (optimistic)."""
+    """The best fixed K among `cells`: among the fixed-K rows measured on the most prompts (column
+    ``n_prompts``, where present), the one with the highest median speedup, ties to the smaller K; None
+    when `cells` hold no fixed-K row with a speedup. Chosen after the fact (optimistic).
+
+    A K timed on one prompt is not preferred to a K timed on every prompt of the type: their medians are
+    over different prompt sets (the study's headline makes the same choice, `study.headline_table`)."""
     fx = fixed_k_cells(cells)
     if fx.empty:
         return None
+    if "n_prompts" in fx.columns:
+        n = fx["n_prompts"].fillna(0)
+        fx = fx[n == n.max()]
     return fx.sort_values(["speedup", "k"], ascending=[False, True]).iloc[0]
 
 
 def best_k_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """Best fixed K per (config_label, pair, prompt_type, method): the K with the highest median speedup.
+    """Best fixed K per (config_label, pair, prompt_type, method): the K with the highest median speedup
+    among those measured on the most prompts (`best_fixed`).
 
     Columns: the group key, ``best_k``, ``speedup``, ``speedup_lo``, ``speedup_hi``, ``verdict``,
     ``alpha_hat``, ``ks_tried`` (comma-separated K values), ``n_prompts``, ``same_prompts`` (every K

@@ -263,7 +263,8 @@ def _speedup_section(a: Analysis) -> Section:
             ("prompts", lambda r: i(r["n_prompts"])),
             ("same prompts for every K", lambda r: yn(r["same_prompts"])),
         ])
-        t.caption = f"{sub} (highest median speedup; chosen after the fact)."
+        t.caption = (f"{sub} (highest median speedup among the K values measured on the most prompts of the "
+                     "type; chosen after the fact).")
         sec.blocks.append(t)
     return sec
 

@@ -94,22 +94,34 @@ def test_sweep_id_is_canonical_and_cell_key_format():
 def test_begin_sweep_refuses_silent_mixing(db):
     sid = S.sweep_id_for(CONFIG)
     with Store(db) as st:
-        with pytest.raises(SweepNotFoundError, match="holds no sweep"):
-            st.begin_sweep(sid, CONFIG, resume=True)
+        other = {**CONFIG, "max_new_tokens": 9}
         row = st.begin_sweep(sid, CONFIG, resume=False, name="first", machine={"cpu": "x"}, git_commit="abc")
         assert row["status"] == "running" and json.loads(row["config_json"]) == CONFIG
+        with pytest.raises(SweepNotFoundError, match="holds no sweep"):
+            st.begin_sweep(S.sweep_id_for(other), other, resume=True)
         st.begin_sweep(sid, CONFIG, resume=False)  # no runs yet: starting again is harmless
         st.record_run(_run(sid, "p1"))
         with pytest.raises(SweepExistsError, match="--resume"):
             st.begin_sweep(sid, CONFIG, resume=False)
         st.set_status(sid, "interrupted")
         assert st.begin_sweep(sid, CONFIG, resume=True)["status"] == "running"
-        other = {**CONFIG, "max_new_tokens": 9}
         with pytest.raises(SweepNotFoundError) as exc:
             st.begin_sweep(S.sweep_id_for(other), other, resume=True)
         assert sid in str(exc.value) and "first" in str(exc.value) and "\n" not in str(exc.value)
         with pytest.raises(ValueError):
             st.set_status(sid, "finished")
+
+
+def test_resume_in_an_empty_store_starts_the_sweep(db):
+    """The documented shard command carries --resume; its first run, on a new store, starts the sweep
+    instead of failing (it had failed with 'holds no sweep with this configuration')."""
+    sid = S.sweep_id_for(CONFIG)
+    with Store(db) as st:
+        row = st.begin_sweep(sid, CONFIG, resume=True, name="shard")
+        assert row["sweep_id"] == sid and row["status"] == "running" and row["name"] == "shard"
+        st.record_run(_run(sid, "p1"))
+        assert st.begin_sweep(sid, CONFIG, resume=True)["status"] == "running"
+        assert st.count_runs(sid) == 1
 
 
 def test_record_run_one_transaction_and_retry_replaces(db):

@@ -161,7 +161,7 @@ def sweep(
     ] = 10.0,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the sweep with these settings: skip finished runs, "
-                           "retry failed ones.", rich_help_panel=_PANEL_STORE)
+                           "retry failed ones (in a store with no sweep yet, start it).", rich_help_panel=_PANEL_STORE)
     ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan and a rough duration; load no model.",

@@ -415,7 +415,9 @@ class Store:
         Args:
             sweep_id: `sweep_id_for(config)`.
             config: the meaning-giving configuration (stored as canonical JSON).
-            resume: continue an existing sweep; without it, a sweep that already has runs is refused.
+            resume: continue an existing sweep; without it, a sweep that already has runs is refused. In a
+                store that holds no sweep yet, `resume` starts this one (so the one command that resumes a
+                killed sweep also starts it, e.g. a shard's first run).
             name, machine, git_commit: recorded when the sweep is created (kept as they were on resume).
 
         Returns:
@@ -423,12 +425,14 @@ class Store:
 
         Raises:
             SweepExistsError: not `resume` and the sweep already has runs (use --resume or a new --db).
-            SweepNotFoundError: `resume` and no sweep with this configuration exists (lists the sweeps that do).
+            SweepNotFoundError: `resume`, the store holds other sweeps and none with this configuration
+                (lists the sweeps that do).
         """
         with self.transaction():
             self.machine_id = _machines.register_machine(self.conn, machine)
             row = self.get_sweep(sweep_id)
-            if resume and row is None:
+            others = self.conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0]
+            if resume and row is None and others:
                 raise SweepNotFoundError(
                     f"--resume: {self.path} holds no sweep with this configuration (id {sweep_id}); "
                     f"sweeps there: {self.describe_sweeps()}. Rerun with the same settings as the sweep "

@@ -254,6 +254,31 @@ def test_killed_mid_run_loses_only_the_run_in_flight(tmp_path, tiny_pair, near_d
     assert len(keys) == planned == len(set(keys))
 
 
+def test_sigterm_marks_the_sweep_interrupted(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    """`kill` (SIGTERM; a SLURM time limit sends it too) stops a sweep like Ctrl-C: the sweep is marked
+    interrupted, finished runs are kept, and the previous SIGTERM handler is back afterwards."""
+    import os
+    import signal
+
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)
+    db = tmp_path / "t.db"
+    stored: list[dict] = []
+
+    def on_run(rec):
+        stored.append(rec)
+        if len(stored) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None, on_run=on_run)
+    assert signal.getsignal(signal.SIGTERM) is before
+    with Store(db) as st:
+        sid = st.sweeps()[0]["sweep_id"]
+        assert st.get_sweep(sid)["status"] == "interrupted"
+        assert st.count_runs(sid) == len(stored) == 2
+
+
 def test_failed_run_recorded_sweep_continues_and_resume_retries(tmp_path, tiny_pair, near_draft_dir,
                                                                 prompt_file, monkeypatch):
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -539,15 +541,36 @@ def run_sweep(
             ``SweepExistsError`` / ``SweepNotFoundError`` (see `Store.begin_sweep`), ``StoreBusyError``
             (another sweep holds the store for longer than `lock_wait_s`), or every configuration failed to
             load (the first load error).
-        KeyboardInterrupt: re-raised after marking the sweep ``interrupted`` (finished runs are kept).
+        KeyboardInterrupt: re-raised after marking the sweep ``interrupted`` (finished runs are kept); a
+            SIGTERM received while the sweep runs (in the main thread) is raised as one.
     """
     if loader is None:
         from specdec.loading import load_pair as loader
     prepared = prepare(cfg)
     if shard is not None:  # only this shard's prompts; the identity (and so the sweep id) is unchanged
         prepared = dataclasses.replace(prepared, plan=shard_plan(prepared.plan, prepared.prompts, shard))
-    with writer_lock(db, wait_s=lock_wait_s):  # one sweep at a time per store (case C23)
+    with writer_lock(db, wait_s=lock_wait_s), _sigterm_as_interrupt():  # one sweep per store (case C23)
         return _run_locked(cfg, prepared, db, resume, progress, echo, max_runs, on_run, loader, shard)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While a sweep runs in the main thread, SIGTERM raises KeyboardInterrupt, so a sweep stopped by
+    `kill`, a SLURM time limit or a job scheduler is marked ``interrupted`` like one stopped by Ctrl-C
+    (finished runs are kept either way; a background job of a non-interactive shell ignores SIGINT, so
+    SIGTERM is how it is stopped). The previous handler is restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(_signum, _frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    old = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _run_locked(cfg, prepared: Prepared, db, resume, progress, echo, max_runs, on_run, loader,

@@ -431,8 +431,7 @@ class Store:
         with self.transaction():
             self.machine_id = _machines.register_machine(self.conn, machine)
             row = self.get_sweep(sweep_id)
-            others = self.conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0]
-            if resume and row is None and others:
+            if resume and row is None and self.conn.execute("SELECT 1 FROM sweeps LIMIT 1").fetchone():
                 raise SweepNotFoundError(
                     f"--resume: {self.path} holds no sweep with this configuration (id {sweep_id}); "
                     f"sweeps there: {self.describe_sweeps()}. Rerun with the same settings as the sweep "

@@ -21,6 +21,7 @@ __all__ = [
     "best_k_table",
     "cell_table",
     "fixed_k_cells",
+    "on_most_prompts",
     "spec_fixed_cells",
 ]
 
@@ -160,19 +161,29 @@ def spec_fixed_cells(cells: pd.DataFrame) -> pd.DataFrame:
     return fx[fx["method"].isin(SPEC_METHODS)] if len(fx) else fx
 
 
+def on_most_prompts(cells: pd.DataFrame, col: str = "n_aligned") -> pd.DataFrame:
+    """The rows of `cells` measured on the most prompts by `col` (``n_aligned``, the prompts a speedup is
+    paired over, or ``n_prompts``); `cells` unchanged when it lacks `col` or is empty.
+
+    Every after-the-fact pick of a best cell goes through here: among cells of different prompt counts, a
+    cell of one prompt (a K timed on the primary only) would win by chance over cells of five, whose
+    medians are over other prompts."""
+    if cells.empty or col not in cells.columns:
+        return cells
+    n = cells[col].fillna(0)
+    return cells[n == n.max()]
+
+
 def best_fixed(cells: pd.DataFrame) -> pd.Series | None:
     """The best fixed K among `cells`: among the fixed-K rows measured on the most prompts (column
     ``n_prompts``, where present), the one with the highest median speedup, ties to the smaller K; None
     when `cells` hold no fixed-K row with a speedup. Chosen after the fact (optimistic).
 
-    A K timed on one prompt is not preferred to a K timed on every prompt of the type: their medians are
-    over different prompt sets (the study's headline makes the same choice, `study.headline_table`)."""
-    fx = fixed_k_cells(cells)
+    A K timed on one prompt is not preferred to a K timed on every prompt of the type (`on_most_prompts`,
+    the rule of the headline's best cell too)."""
+    fx = on_most_prompts(fixed_k_cells(cells), "n_prompts")
     if fx.empty:
         return None
-    if "n_prompts" in fx.columns:
-        n = fx["n_prompts"].fillna(0)
-        fx = fx[n == n.max()]
     return fx.sort_values(["speedup", "k"], ascending=[False, True]).iloc[0]
 
 

@@ -33,6 +33,7 @@ import pandas as pd
 
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis, analyze
+from specdec.report.cells import on_most_prompts
 from specdec.report.document import Bullets, Section, Table, ci, f, i
 from specdec.report.figure_kit import (
     FigureEntry,
@@ -332,7 +333,7 @@ def fastest_table(cells: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (label, ptype), b in cells[cells["method"] == BASELINE].groupby(["config_label", "prompt_type"]):
         s = spec[(spec["config_label"] == label) & (spec["prompt_type"] == ptype)]
-        s = s[s["n_aligned"] == s["n_aligned"].max()] if len(s) else s
+        s = on_most_prompts(s)
         best = s.sort_values(["tok_s", "k"], ascending=[False, True]).iloc[0] if len(s) else None
         pad = cells[(cells["method"] == "baseline_padded") & (cells["config_label"] == label)
                     & (cells["prompt_type"] == ptype)]

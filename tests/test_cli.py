@@ -268,3 +268,42 @@ def test_c23_a_second_sweep_on_a_busy_store_is_told_so(tiny_pair, tmp_path):
     assert keys and len(keys) == len(set(keys))  # nothing duplicated
     again = run(*args[3:], "--resume")
     assert again.returncode == 0 and "0 to run" in again.stdout, again.stdout + again.stderr
+
+
+def test_sigterm_stops_a_sweep_with_status_143_and_keeps_its_runs(tiny_pair, tmp_path):
+    """`kill PID` (SIGTERM; a SLURM time limit sends it too) on a running `specdec sweep`: the sweep is
+    marked interrupted, its finished runs stay in the store, the resume hint is printed, and the exit status
+    is the shell's 128 + SIGTERM (143), not Ctrl-C's 130."""
+    import signal
+    import sqlite3
+    import time
+
+    db = tmp_path / "term.db"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p-{i:02d}", "type": "natural", "prompt": f"the fox {i} runs"})
+                               + "\n" for i in range(8)))
+    args = [sys.executable, "-m", "specdec", "sweep", "--target", str(tiny_pair.target_dir), "--draft",
+            str(tiny_pair.draft_dir), "--prompts", str(prompts), "--ks", "1,2,4,8,16", "--max-new-tokens", "100",
+            "--db", str(db), "--no-peers", "--policies", "none", "--no-progress", "--threads", "1"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+    def stored() -> int:
+        try:
+            with sqlite3.connect(db) as c:
+                return c.execute("select count(*) from runs").fetchone()[0]
+        except sqlite3.Error:  # not created yet
+            return 0
+
+    deadline = time.monotonic() + 120
+    while stored() < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, "the sweep finished before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out + err
+    assert "rerun the same command with --resume to continue" in err
+    with sqlite3.connect(db) as c:
+        (status,) = c.execute("select status from sweeps").fetchone()
+        kept = c.execute("select count(*) from runs").fetchone()[0]
+    assert status == "interrupted" and kept >= 2

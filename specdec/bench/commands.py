@@ -249,10 +249,10 @@ def sweep(
                                     max_runs=max_runs)
             result = S.run_sweep(cfg, db=db_path, resume=resume, progress=progress, max_runs=max_runs,
                                  lock_wait_s=wait_for_store, shard=shard)  # shard=None: the whole plan
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             typer.echo(f"\ninterrupted: finished runs are saved in {db_path}; rerun the same command with "
                        f"--resume to continue", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(S.interrupt_exit_status(exc)) from None
     if result.status == "interrupted":  # stopped by --max-runs, or a configuration could not load
         typer.echo(f"sweep {result.sweep_id}: interrupted; rerun the same command with --resume to continue")
     else:

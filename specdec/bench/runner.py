@@ -553,6 +553,15 @@ def run_sweep(
         return _run_locked(cfg, prepared, db, resume, progress, echo, max_runs, on_run, loader, shard)
 
 
+SIGTERM_REASON = "SIGTERM"  # the KeyboardInterrupt's argument when a SIGTERM raised it (exit status 143)
+
+
+def interrupt_exit_status(exc: KeyboardInterrupt) -> int:
+    """The shell's exit status for a sweep stopped by `exc`: 143 (128 + 15) when SIGTERM raised it (see
+    `_sigterm_as_interrupt`), 130 (128 + 2) for Ctrl-C."""
+    return 128 + signal.SIGTERM if exc.args == (SIGTERM_REASON,) else 128 + signal.SIGINT
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """While a sweep runs in the main thread, SIGTERM raises KeyboardInterrupt, so a sweep stopped by
@@ -564,7 +573,7 @@ def _sigterm_as_interrupt():
         return
 
     def _raise(_signum, _frame):
-        raise KeyboardInterrupt("SIGTERM")
+        raise KeyboardInterrupt(SIGTERM_REASON)
 
     old = signal.signal(signal.SIGTERM, _raise)
     try:

@@ -68,7 +68,7 @@ from specdec.bench.plan import (
     select_prompts,
 )
 from specdec.bench.prompts import encode_prompt
-from specdec.bench.runner import LoadedConfig, SweepResult, execute, run_sweep
+from specdec.bench.runner import LoadedConfig, SweepResult, execute, interrupt_exit_status, run_sweep
 from specdec.sampling import SamplingParams
 
 __all__ = [
@@ -103,6 +103,7 @@ __all__ = [
     "git_commit",
     "hf_peer_generate",
     "instrumentation_s",
+    "interrupt_exit_status",
     "load_config_file",
     "machine_info",
     "make_config",

@@ -33,7 +33,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from specdec.report import analyze, load_store
-    from specdec.report.vocab import ALL_PROMPTS
+    from specdec.report.vocab import ALL_PROMPTS, EACH_TYPE_BEST_K
+
+    pooled = (ALL_PROMPTS, EACH_TYPE_BEST_K)  # the pooled rows; the others are one prompt type each
 
     an = analyze(load_store(args.db, args.sweep))
     ad = an.table("adaptive")
@@ -42,7 +44,7 @@ def main() -> None:
         return
     ad = ad[ad["policy"] == args.policy]
     print(f"sweep {an.store.sweep_id} ({args.db}); policy '{args.policy}'")
-    header = (f"{'config':<22} {'method':<6} {'prompt type':<20} {'K cap':>5} {'mean K':>6} {'speedup':>8} "
+    header = (f"{'config':<22} {'method':<6} {'prompt type':<34} {'K cap':>5} {'mean K':>6} {'speedup':>8} "
               f"{'best K':>6} {'best':>6} {'vs best':>8}  targets")
     print(header)
     print("-" * len(header))
@@ -51,7 +53,7 @@ def main() -> None:
         marks = []
         within_ok = not math.isnan(r.vs_best_fixed) and r.vs_best_fixed >= 1 - args.within
         floor_ok = not math.isnan(r.speedup) and r.speedup >= args.floor
-        if r.prompt_type != ALL_PROMPTS:
+        if r.prompt_type not in pooled:
             if not within_ok:
                 fails["within"].append(f"{r.method}/{r.prompt_type}")
             if not floor_ok:
@@ -59,10 +61,10 @@ def main() -> None:
         marks.append("ok" if within_ok else "BELOW-BEST")
         marks.append("ok" if floor_ok else "SLOWER")
         best_k = "-" if math.isnan(r.best_fixed_k) else str(int(r.best_fixed_k))
-        print(f"{r.config_label:<22} {r.method:<6} {r.prompt_type:<20} {r.k_cap:>5} {r.mean_k:>6.2f} "
+        print(f"{r.config_label:<22} {r.method:<6} {r.prompt_type:<34} {r.k_cap:>5} {r.mean_k:>6.2f} "
               f"{r.speedup:>7.2f}x {best_k:>6} {r.best_fixed_speedup:>5.2f}x {r.vs_best_fixed:>7.2f}x  "
               f"{' '.join(marks)}")
-    n_types = int((ad["prompt_type"] != ALL_PROMPTS).sum())
+    n_types = int((~ad["prompt_type"].isin(pooled)).sum())
     print()
     _print_targets("raw tokens/s", fails, n_types, args)
     _from_traces(an, args)
@@ -86,7 +88,7 @@ def _from_traces(an, args) -> None:
         print("\n(no acceptance traces with cost-policy predictions: no trace-based comparison)")
         return
     print("\nfrom the acceptance traces (decode-only, predicted; best fixed K over 1..16):")
-    print(f"{'config':<22} {'method':<6} {'prompt type':<20} {'policy':>7} {'best K':>6} {'best':>6} {'vs best':>8}  targets")
+    print(f"{'config':<22} {'method':<6} {'prompt type':<34} {'policy':>7} {'best K':>6} {'best':>6} {'vs best':>8}  targets")
     fails: dict[str, list[str]] = {"within": [], "floor": []}
     for r in best.itertuples():
         ratio = r.policy_predicted / r.predicted
@@ -95,7 +97,7 @@ def _from_traces(an, args) -> None:
             fails["within"].append(f"{r.method}/{r.prompt_type}")
         if not floor_ok:
             fails["floor"].append(f"{r.method}/{r.prompt_type}")
-        print(f"{r.config_label:<22} {r.method:<6} {r.prompt_type:<20} {r.policy_predicted:>6.2f}x {r.best_k:>6} "
+        print(f"{r.config_label:<22} {r.method:<6} {r.prompt_type:<34} {r.policy_predicted:>6.2f}x {r.best_k:>6} "
               f"{r.predicted:>5.2f}x {ratio:>7.2f}x  {'ok' if within_ok else 'BELOW-BEST'} "
               f"{'ok' if floor_ok else 'SLOWER'}")
     print()

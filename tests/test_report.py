@@ -858,6 +858,47 @@ def test_policy_against_best_fixed_k_stays_within_one_machine(tmp_path):
     assert row.vs_best_verdict == "single run (no interval)"
 
 
+def test_policy_against_each_types_own_best_fixed_k_pooled(tmp_path):
+    """A sweep that timed each type's own K (``--type-ks``): the pooled row against each type's best fixed K
+    divides, per prompt, the policy's tokens/s by its own type's best K (K = 4 on code, K = 2 on natural),
+    not by one K for all types; its fixed-K speedup pools those runs over their bracketing baselines."""
+    import numpy as np
+
+    from specdec.report.vocab import ALL_PROMPTS, EACH_TYPE_BEST_K
+
+    st = Store(tmp_path / "each.db").sweep().costs()
+    ratios, fixed_speedups = [], []
+    for ptype, best_k, other_k in (("code", 4, 2), ("natural", 2, 4)):
+        for p in range(5):
+            pid, base = f"{ptype}-{p}", 10.0 + p
+            best_tps, policy_tps = 2.0 * base + p, 1.8 * base + (p % 3)
+            st.run(prompt_id=pid, prompt_type=ptype, tokens_per_s=base)
+            st.run(prompt_id=pid, prompt_type=ptype, method="draft", policy="cost", k=16, tokens_per_s=policy_tps,
+                   num_drafted=4, num_accepted=2, num_rejections=1, rounds=[(2, "10")])
+            st.run(prompt_id=pid, prompt_type=ptype, tokens_per_s=base, repeat=1)
+            st.run(prompt_id=pid, prompt_type=ptype, method="draft", policy="fixed", k=best_k, tokens_per_s=best_tps,
+                   num_drafted=4, num_accepted=2, num_rejections=1, rounds=[(best_k, "1" * best_k)])
+            st.run(prompt_id=pid, prompt_type=ptype, tokens_per_s=base, repeat=2)
+            st.run(prompt_id=pid, prompt_type=ptype, method="draft", policy="fixed", k=other_k,
+                   tokens_per_s=0.9 * base, num_drafted=4, num_accepted=2, num_rejections=1,
+                   rounds=[(other_k, "0" * other_k)])
+            st.run(prompt_id=pid, prompt_type=ptype, tokens_per_s=base, repeat=3)
+            ratios.append(policy_tps / best_tps)
+            fixed_speedups.append(best_tps / base)
+    a = analyze(load_store(st.close()))
+    ad = a.table("adaptive").set_index("prompt_type")
+    assert list(ad.index[-2:]) == [ALL_PROMPTS, EACH_TYPE_BEST_K]
+    each = ad.loc[EACH_TYPE_BEST_K]
+    assert np.isnan(each["best_fixed_k"])
+    assert each["vs_best_fixed"] == pytest.approx(float(np.exp(np.mean(np.log(ratios)))))
+    assert each["vs_best_lo"] < each["vs_best_fixed"] < each["vs_best_hi"] < 1
+    assert each["vs_best_verdict"] == "loss"
+    assert each["best_fixed_speedup"] == pytest.approx(float(np.exp(np.mean(np.log(fixed_speedups)))))
+    # per type, the same K as the pooled row uses; pooled over all prompts one K can only be best on one type
+    assert ad.loc["code", "best_fixed_k"] == 4 and ad.loc["natural", "best_fixed_k"] == 2
+    assert ad.loc[ALL_PROMPTS, "vs_best_fixed"] != pytest.approx(each["vs_best_fixed"])
+
+
 def test_time_model_prices_the_drafts_catch_up():
     """The predicted decode time of a draft-model replay prices each round's catch-up on the draft curve:
     an always-agreeing draft at K = 2 accepts everything, so every round after the first feeds 2 tokens.

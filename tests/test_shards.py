@@ -267,6 +267,20 @@ MACHINE_B = {**MACHINE_A, "host": "bbbb", "cpu_model": "EPYC", "device_name": "E
 CONFIG = {"target": "t", "draft": "d", "max_new_tokens": 8, "temperature": 0.0}
 
 
+def test_shard_resumed_into_a_store_with_other_shards_counts_its_own_runs(sharded, tmp_path):
+    """A shard run into the merged store (how a shard is finished on another machine) reports its own plan
+    stored, not the whole store's runs over the shard's plan (it had printed '489/117')."""
+    import shutil
+
+    db = tmp_path / "s1-then-2.db"
+    shutil.copy(sharded.root / "s1.db", db)  # shard 1 done; shard 2 goes into the same store
+    lines: list[str] = []
+    res = S.run_sweep(sharded.cfg, db=db, resume=True, progress=False, echo=lines.append, shard="2/2")
+    assert res.status == "done" and res.ran == sharded.two.planned
+    n = sharded.two.planned
+    assert sharded.one.planned > 0 and lines[-1].endswith(f"{n}/{n} planned runs stored successfully"), lines[-1]
+
+
 def test_machine_id_is_the_hardware_not_the_load_or_versions():
     assert machine_id(MACHINE_A) == machine_id({**MACHINE_A, "loadavg_1m": 3.0, "torch": "9"})
     assert machine_id(MACHINE_A) != machine_id(MACHINE_B) and machine_id(json.dumps(MACHINE_A)) == machine_id(MACHINE_A)

@@ -617,8 +617,10 @@ def _run_locked(cfg, prepared: Prepared, db, resume, progress, echo, max_runs, o
             raise ValueError(f"no configuration could be loaded: {next(iter(result.failed_configs.values()))}")
         result.status = "interrupted" if (stopped or result.failed_configs) else "done"
         store.set_status(sid, result.status)
+        done = store.done_cells(sid)  # of the whole sweep: a shard's plan is part of it
+        stored = sum(c.key(sid) in done for c in plan)
         log(f"sweep {sid} {result.status}: {result.ran} runs now ({result.failed} failed, {result.skipped} "
-            f"skipped), {store.count_runs(sid, errors=False)}/{len(plan)} planned runs stored successfully")
+            f"skipped), {stored}/{len(plan)} planned runs stored successfully")
         return result
     except PlanDoesNotFitError:
         with contextlib.suppress(Exception):  # refused before anything ran: leave no trace of a new sweep

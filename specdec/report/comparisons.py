@@ -15,11 +15,12 @@ import pandas as pd
 from specdec.report.cells import best_fixed, fixed_k_cells
 from specdec.report.load import ensure_prepared
 from specdec.report.model import CostInfo
-from specdec.report.speedup import per_prompt_median, ratio_ci
+from specdec.report.speedup import paired_ratio_ci, paired_reference, per_prompt_median, ratio_ci
 from specdec.report.vocab import (
     ADAPTIVE_POLICIES,
     ALL_PROMPTS,
     BASELINE,
+    EACH_TYPE_BEST_K,
     FIXED_POLICIES,
     PEER_PAIRS,
     SPEC_METHODS,
@@ -118,27 +119,60 @@ def exactness(equality: pd.DataFrame) -> pd.DataFrame:
     return g.assign(n_diverged=g["n_checked"] - g["n_equal"])[cols]
 
 
+def _adaptive_rec(r: Any, prompt_type: str) -> dict:
+    """The adaptive cell `r`'s part of an `adaptive_table` row; the best-fixed columns empty."""
+    return {"config_label": r.config_label, "pair": r.pair, "prompt_type": prompt_type,
+            "method": r.method, "policy": r.policy, "k_cap": int(r.k), "mean_k": r.mean_k,
+            "alpha_hat": r.alpha_hat, "speedup": r.speedup, "speedup_lo": r.speedup_lo,
+            "speedup_hi": r.speedup_hi, "verdict": r.verdict, "best_fixed_k": np.nan,
+            "best_fixed_speedup": np.nan, "vs_best_fixed": np.nan, "vs_best_lo": np.nan,
+            "vs_best_hi": np.nan, "vs_best_verdict": ""}
+
+
+def _vs_fixed(rec: dict, ad_runs: pd.DataFrame, fx_runs: pd.DataFrame) -> dict:
+    """`rec` with the adaptive runs' tokens/s over the fixed-K runs' (per prompt and machine, `ratio_ci`)."""
+    res = ratio_ci(ad_runs, per_prompt_median(fx_runs))
+    rec.update(vs_best_fixed=res["speedup"], vs_best_lo=res["speedup_lo"], vs_best_hi=res["speedup_hi"],
+               vs_best_verdict=res["verdict"])
+    return rec
+
+
 def _adaptive_row(r: Any, ok: pd.DataFrame, fixed: pd.DataFrame, pooled: bool) -> dict:
     """One row of `adaptive_table`: the adaptive cell `r` against the best fixed K among `fixed`."""
     sel = (ok["config_label"] == r.config_label) & (ok["pair"] == r.pair) & (ok["method"] == r.method)
     if not pooled:
         sel &= ok["prompt_type"] == r.prompt_type
-    ad_runs = ok[sel & (ok["policy"] == r.policy) & (ok["k"] == r.k)]
-    rec = {"config_label": r.config_label, "pair": r.pair, "prompt_type": r.prompt_type,
-           "method": r.method, "policy": r.policy, "k_cap": int(r.k), "mean_k": r.mean_k,
-           "alpha_hat": r.alpha_hat, "speedup": r.speedup, "speedup_lo": r.speedup_lo,
-           "speedup_hi": r.speedup_hi, "verdict": r.verdict, "best_fixed_k": np.nan,
-           "best_fixed_speedup": np.nan, "vs_best_fixed": np.nan, "vs_best_lo": np.nan,
-           "vs_best_hi": np.nan, "vs_best_verdict": ""}
+    rec = _adaptive_rec(r, r.prompt_type)
     b = best_fixed(fixed[(fixed["config_label"] == r.config_label) & (fixed["pair"] == r.pair)
                          & (fixed["method"] == r.method) & (fixed["prompt_type"] == r.prompt_type)])
-    if b is not None:
-        fx_runs = ok[sel & ok["policy"].isin(FIXED_POLICIES) & (ok["k"] == b["k"])]
-        res = ratio_ci(ad_runs, per_prompt_median(fx_runs))
-        rec.update(best_fixed_k=int(b["k"]), best_fixed_speedup=b["speedup"],
-                   vs_best_fixed=res["speedup"], vs_best_lo=res["speedup_lo"],
-                   vs_best_hi=res["speedup_hi"], vs_best_verdict=res["verdict"])
-    return rec
+    if b is None:
+        return rec
+    rec.update(best_fixed_k=int(b["k"]), best_fixed_speedup=b["speedup"])
+    ad_runs = ok[sel & (ok["policy"] == r.policy) & (ok["k"] == r.k)]
+    return _vs_fixed(rec, ad_runs, ok[sel & ok["policy"].isin(FIXED_POLICIES) & (ok["k"] == b["k"])])
+
+
+def _each_type_best_row(r: Any, ok: pd.DataFrame, fixed: pd.DataFrame) -> dict | None:
+    """The pooled adaptive cell `r` against each prompt type's own best fixed K (`best_fixed` of the type's
+    cells in `fixed`), pooled over every prompt that has both: per prompt, tokens/s over the tokens/s of
+    its type's best K, so a sweep that timed each type's K from the traces (``--type-ks``) compares the
+    policy with per-type tuning, not with one K for all types. ``best_fixed_speedup`` is those fixed-K runs'
+    paired speedup over target-only, pooled the same way; ``best_fixed_k`` stays empty (one K per type).
+    None when no prompt type has a fixed-K cell."""
+    sel = (ok["config_label"] == r.config_label) & (ok["pair"] == r.pair) & (ok["method"] == r.method)
+    fx = fixed[(fixed["config_label"] == r.config_label) & (fixed["pair"] == r.pair)
+               & (fixed["method"] == r.method)]
+    parts = []
+    for ptype, g in fx.groupby("prompt_type"):
+        if (b := best_fixed(g)) is not None:
+            parts.append(ok[sel & (ok["prompt_type"] == ptype) & ok["policy"].isin(FIXED_POLICIES)
+                            & (ok["k"] == b["k"])])
+    if not parts:
+        return None
+    fx_runs = pd.concat(parts)
+    rec = _adaptive_rec(r, EACH_TYPE_BEST_K)
+    rec["best_fixed_speedup"] = paired_ratio_ci(fx_runs, paired_reference(ok)[0])["speedup"]
+    return _vs_fixed(rec, ok[sel & (ok["policy"] == r.policy) & (ok["k"] == r.k)], fx_runs)
 
 
 def adaptive_table(runs: pd.DataFrame, cells: pd.DataFrame, overall: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -146,8 +180,9 @@ def adaptive_table(runs: pd.DataFrame, cells: pd.DataFrame, overall: pd.DataFram
 
     One row per (config_label, pair, prompt_type, method, policy) with an adaptive policy, plus pooled
     rows (prompt_type ``"(all prompts)"``, where the best fixed K is the single K best over all prompts)
-    when `overall` (the pooled rows) is given. Columns: ``k_cap`` (the cell's K), ``mean_k``
-    (drafted per speculative round), ``speedup`` (vs baseline, with CI and verdict), ``best_fixed_k``,
+    when `overall` (the pooled rows) is given, each followed by a row against each prompt type's own best
+    fixed K (prompt_type `EACH_TYPE_BEST_K`, `_each_type_best_row`; ``best_fixed_k`` empty). Columns:
+    ``k_cap`` (the cell's K), ``mean_k`` (drafted per speculative round), ``speedup`` (vs baseline, with CI and verdict), ``best_fixed_k``,
     ``best_fixed_speedup``, ``vs_best_fixed`` = adaptive tokens/s / best-fixed tokens/s per prompt (median,
     paired CI) with its verdict.
     """
@@ -157,12 +192,15 @@ def adaptive_table(runs: pd.DataFrame, cells: pd.DataFrame, overall: pd.DataFram
     df = ensure_prepared(runs)
     ok = df[df["ok"]]
     rows = []
+    per_type_fixed = fixed_k_cells(cells)
     for frame, pooled in ((cells, False), (overall, True)):
         if frame is None or frame.empty:
             continue
         fixed = fixed_k_cells(frame)
-        rows += [_adaptive_row(r, ok, fixed, pooled)
-                 for r in frame[frame["policy"].isin(ADAPTIVE_POLICIES)].itertuples()]
+        for r in frame[frame["policy"].isin(ADAPTIVE_POLICIES)].itertuples():
+            rows.append(_adaptive_row(r, ok, fixed, pooled))
+            if pooled and (each := _each_type_best_row(r, ok, per_type_fixed)) is not None:
+                rows.append(each)
     return pd.DataFrame(rows, columns=cols)
 
 

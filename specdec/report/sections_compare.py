@@ -8,7 +8,7 @@ from __future__ import annotations
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.document import Section, Table, ci, f, i, key_columns, num, pct, s, table_of, yn
-from specdec.report.vocab import ADAPTIVE_POLICIES, ALL_PROMPTS, PEER_METHODS
+from specdec.report.vocab import ADAPTIVE_POLICIES, ALL_PROMPTS, EACH_TYPE_BEST_K, PEER_METHODS
 
 __all__ = ["adaptive_section", "condition_section", "model_section", "peer_section", "runtime_section"]
 
@@ -143,7 +143,10 @@ def adaptive_section(a: Analysis) -> Section:
         ("vs best fixed", lambda r: s(r["vs_best_verdict"])),
     ])
     t.caption = ("Adaptive policies vs the baseline (speedup) and vs the best fixed K chosen after the fact "
-                 "(ratio of tokens/s per prompt; > 1: the policy beats the best fixed K).")
+                 "(ratio of tokens/s per prompt; > 1: the policy beats the best fixed K). Pooled rows: "
+                 f"'{ALL_PROMPTS}' against the one K best over all prompts; '{EACH_TYPE_BEST_K}' against each "
+                 "prompt type's own best fixed K (the per-type rows' K), prompt by prompt, with those runs' pooled "
+                 "speedup as the best fixed speedup.")
     sec.blocks.append(t)
     return sec
 

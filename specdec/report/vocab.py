@@ -23,6 +23,7 @@ __all__ = [
     "ALL_PROMPTS",
     "BASELINE",
     "CELL_KEY",
+    "EACH_TYPE_BEST_K",
     "FIXED_POLICIES",
     "PEER_METHODS",
     "PEER_PAIRS",
@@ -32,6 +33,8 @@ __all__ = [
 
 #: Label of the pooled rows (every prompt type pooled).
 ALL_PROMPTS = "(all prompts)"
+#: Label of the pooled row that sets an adaptive policy against each prompt type's own best fixed K.
+EACH_TYPE_BEST_K = "(all prompts, each type's best K)"
 #: Verdict of a cell holding a single run of a single prompt: a point estimate without an interval.
 SINGLE_RUN = "single run (no interval)"
 

@@ -234,6 +234,17 @@ def test_c3_divergence_is_reported_with_margin(tiny_pair, near_draft_dir, monkey
     assert "first difference at new token 5" in captured.err
 
 
+def _long_sweep_args(tiny_pair, tmp_path, db) -> list[str]:
+    """A `specdec sweep` command line on the tiny pair into `db`, long enough (~100 runs of 100 tokens, one
+    thread) that a test can act on it while it runs."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p-{i:02d}", "type": "natural", "prompt": f"the fox {i} runs"})
+                               + "\n" for i in range(8)))
+    return [sys.executable, "-m", "specdec", "sweep", "--target", str(tiny_pair.target_dir), "--draft",
+            str(tiny_pair.draft_dir), "--prompts", str(prompts), "--ks", "1,2,4,8,16", "--max-new-tokens", "100",
+            "--db", str(db), "--no-peers", "--policies", "none", "--no-progress", "--threads", "1"]
+
+
 def test_c23_a_second_sweep_on_a_busy_store_is_told_so(tiny_pair, tmp_path):
     """Case C23: two identical sweeps on one --db, the second (with --resume) started while the first runs.
     The second waits (bounded by --wait-for-store) and stops with a message naming the other process;
@@ -242,13 +253,7 @@ def test_c23_a_second_sweep_on_a_busy_store_is_told_so(tiny_pair, tmp_path):
     import time
 
     db = tmp_path / "busy.db"
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p-{i:02d}", "type": "natural", "prompt": f"the fox {i} runs"})
-                               + "\n" for i in range(8)))
-    # long enough (~100 runs of 100 tokens) that the first sweep is still running when the second starts
-    args = [sys.executable, "-m", "specdec", "sweep", "--target", str(tiny_pair.target_dir), "--draft",
-            str(tiny_pair.draft_dir), "--prompts", str(prompts), "--ks", "1,2,4,8,16", "--max-new-tokens", "100",
-            "--db", str(db), "--no-peers", "--policies", "none", "--no-progress", "--threads", "1"]
+    args = _long_sweep_args(tiny_pair, tmp_path, db)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lock = tmp_path / "busy.db.lock"
@@ -279,12 +284,7 @@ def test_sigterm_stops_a_sweep_with_status_143_and_keeps_its_runs(tiny_pair, tmp
     import time
 
     db = tmp_path / "term.db"
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p-{i:02d}", "type": "natural", "prompt": f"the fox {i} runs"})
-                               + "\n" for i in range(8)))
-    args = [sys.executable, "-m", "specdec", "sweep", "--target", str(tiny_pair.target_dir), "--draft",
-            str(tiny_pair.draft_dir), "--prompts", str(prompts), "--ks", "1,2,4,8,16", "--max-new-tokens", "100",
-            "--db", str(db), "--no-peers", "--policies", "none", "--no-progress", "--threads", "1"]
+    args = _long_sweep_args(tiny_pair, tmp_path, db)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
 

@@ -336,8 +336,14 @@ def main(argv: list[str] | None = None) -> int:
         measure_steps(args.measure, args.threads, args.passes)
     analyses = _load(args.db)
     for db, an in analyses:
-        machine = (an.store.sweep or {}).get("machine_json") or "?"
-        print(f"store {db}, sweep {an.store.sweep_id}; machine {machine}")
+        machines = an.store.machine_runs()
+        if len(machines) > 1:
+            print(f"store {db}, sweep {an.store.sweep_id}; {len(machines)} machines (each ratio within one):")
+            for mid, label, n, _ in machines:
+                print(f"   machine {mid}: {label}, {n} runs")
+        else:
+            machine = (an.store.sweep or {}).get("machine_json") or "?"
+            print(f"store {db}, sweep {an.store.sweep_id}; machine {machine}")
     print()
     target_steps(analyses)
     target_policy(analyses)

@@ -5,6 +5,7 @@ TINY (as in shared/cases): 2 layers, width 64, vocab 1000, 128 positions; target
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,17 @@ import torch
 
 # Tiny models gain nothing from intra-op threads, and oversubscribed threads slow every test badly.
 torch.set_num_threads(1)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """Import ``benchmarks/<name>.py`` (not a package) as a module, to call its functions in-process."""
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @dataclass(frozen=True)

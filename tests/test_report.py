@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import load_benchmark
 
 from specdec import stats, theory
 from specdec.report import analyze, load_store
@@ -771,7 +772,7 @@ def test_best_fixed_prefers_a_k_measured_on_every_prompt():
     assert best_fixed(cells.drop(columns="n_prompts"))["k"] == 2  # without prompt counts: the highest median
 
 
-def test_speedups_are_taken_within_one_machine(tmp_path):
+def test_speedups_are_taken_within_one_machine(tmp_path, capsys):
     """A merged (sharded) store: a run is divided only by a baseline timed on its own machine; one without
     such a baseline gets no speedup rather than a ratio across machines."""
     st = Store(tmp_path / "m.db").sweep().costs()
@@ -790,6 +791,14 @@ def test_speedups_are_taken_within_one_machine(tmp_path):
     assert math.isnan(_cell(cells, "code", k=4)["speedup"])  # machine B has no baseline of p0
     md = res.markdown.read_text()  # the machines are a dimension of the report
     assert "2 machines timed this sweep's runs" in md and "AMD EPYC, 2 CPUs" in md and "| B | Xeon | 1 | 0 |" in md
+    assert res.analysis.store.machine_runs() == [("A", "AMD EPYC, 2 CPUs", 2, 1), ("B", "Xeon", 1, 0)]
+
+    # benchmarks/bench_fast.py names every machine of the store, not only the sweep's first
+    mod = load_benchmark("bench_fast")
+    assert mod.main(["--db", str(tmp_path / "m.db")]) == 0
+    out = capsys.readouterr().out
+    assert "2 machines (each ratio within one):" in out
+    assert "machine A: AMD EPYC, 2 CPUs, 2 runs" in out and "machine B: Xeon, 1 runs" in out
 
 
 def test_aa_noise_floor_by_hand(tmp_path):

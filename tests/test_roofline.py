@@ -6,7 +6,6 @@ hold. Bandwidth figures are only checked for being positive and finite (they are
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import struct
@@ -14,11 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_tiny_model, load_backend
+from conftest import build_tiny_model, load_backend, load_benchmark
 
 from specdec.roofline import achieved_gbps, bandwidth_share, measure_bandwidth, roofline, weight_bytes
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def file_tensor_bytes(checkpoint: Path) -> int:
@@ -157,9 +154,7 @@ def test_costs_command_reports_the_roofline(tiny_pair, near_draft_dir):
 
 
 def test_benchmark_script_prints_consistent_figures(tiny_pair, bf16_dir, capsys):
-    spec = importlib.util.spec_from_file_location("roofline_bench", ROOT / "benchmarks" / "roofline.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("roofline")
     from specdec.precision import cpu_flags, missing_bf16_support
 
     dtypes = "float32" if missing_bf16_support(cpu_flags()) else "float32,bfloat16"

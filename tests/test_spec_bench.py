@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from specdec.bench.prompts import load_prompt_file
-
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "spec_bench.py"
 
 
 @pytest.fixture(scope="module")
 def sb():
-    spec = importlib.util.spec_from_file_location("spec_bench", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("spec_bench")
 
 
 def _questions(sb) -> list[dict]:

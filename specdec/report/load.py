@@ -82,6 +82,24 @@ class StoreData:
     calibration: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("calibration"))))
     roofline: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("roofline"))))
 
+    def machine_runs(self) -> list[tuple[str, str, int, int]]:
+        """The machines that timed this sweep's runs, by machine id: ``(machine_id, label, runs, baseline runs)``.
+
+        ``runs`` counts every run of the machine (failed ones included), ``baseline runs`` its successful
+        target-only runs; ``label`` is `specdec.bench.machines.machine_label` of the ``machines`` row. Empty
+        for stores without ``runs.machine_id`` (older single-machine stores)."""
+        from specdec.bench.machines import machine_label
+        from specdec.report.vocab import BASELINE
+
+        if "machine_id" not in self.runs.columns:
+            return []
+        ids = self.runs["machine_id"].dropna().astype(str)
+        labels = dict(zip(self.machines["machine_id"].astype(str), self.machines["machine_json"], strict=False))
+        ok = self.runs[self.runs["error"].isna()] if "error" in self.runs.columns else self.runs
+        return [(mid, machine_label(labels.get(mid)), int(n),
+                 int(((ok["machine_id"].astype(str) == mid) & (ok["method"] == BASELINE)).sum()))
+                for mid, n in ids.value_counts().sort_index().items()]
+
 
 def empty_frame(columns: list[str]) -> pd.DataFrame:
     """An empty frame with object columns `columns` (what a table the store lacks reads as)."""

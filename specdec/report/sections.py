@@ -25,7 +25,7 @@ from specdec.report.sections_compare import (
     runtime_section,
 )
 from specdec.report.sections_traces import aa_line, roofline_section, traces_section
-from specdec.report.vocab import ALL_PROMPTS, BASELINE, SINGLE_RUN, SPEC_METHODS
+from specdec.report.vocab import ALL_PROMPTS, SINGLE_RUN, SPEC_METHODS
 
 __all__ = ["HOW_TO_READ", "build_sections"]
 
@@ -84,17 +84,9 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, str]]:
 def _machine_blocks(st) -> list:
     """The machines that timed this sweep's runs (sharded or merged stores): one row each, with its runs.
     Speedups divide only runs of one machine (`specdec.report.speedup.nearest_baseline`)."""
-    from specdec.bench.machines import machine_label
-
-    ids = st.runs["machine_id"].dropna().astype(str)
-    if ids.empty:
+    rows = [[mid, label, str(n), str(nb)] for mid, label, n, nb in st.machine_runs()]
+    if not rows:
         return []
-    labels = dict(zip(st.machines["machine_id"].astype(str), st.machines["machine_json"], strict=False))
-    ok = st.runs[st.runs["error"].isna()]
-    rows = []
-    for mid, n in ids.value_counts().sort_index().items():
-        mine = ok[ok["machine_id"].astype(str) == mid]
-        rows.append([mid, machine_label(labels.get(mid)), str(n), str(int((mine["method"] == BASELINE).sum()))])
     text = (f"{len(rows)} machines timed this sweep's runs: every speedup divides runs of one machine only."
             if len(rows) > 1 else "One machine timed this sweep's runs.")
     return [text, Table(["machine id", "machine", "runs", "baseline runs"], rows)]

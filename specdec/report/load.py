@@ -87,15 +87,13 @@ class StoreData:
 
         ``runs`` counts every run of the machine (failed ones included), ``baseline runs`` its successful
         target-only runs; ``label`` is `specdec.bench.machines.machine_label` of the ``machines`` row. Empty
-        for stores without ``runs.machine_id`` (older single-machine stores)."""
+        when no run records its machine (older single-machine stores)."""
         from specdec.bench.machines import machine_label
         from specdec.report.vocab import BASELINE
 
-        if "machine_id" not in self.runs.columns:
-            return []
         ids = self.runs["machine_id"].dropna().astype(str)
         labels = dict(zip(self.machines["machine_id"].astype(str), self.machines["machine_json"], strict=False))
-        ok = self.runs[self.runs["error"].isna()] if "error" in self.runs.columns else self.runs
+        ok = self.runs[self.runs["error"].isna()]
         return [(mid, machine_label(labels.get(mid)), int(n),
                  int(((ok["machine_id"].astype(str) == mid) & (ok["method"] == BASELINE)).sum()))
                 for mid, n in ids.value_counts().sort_index().items()]

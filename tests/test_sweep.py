@@ -614,6 +614,14 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
     ("bf16_all.db", {"threads": 2, "configs": "transformers-bf16", "prompts_per_type": 6, "ks": "2",
                      "secondary_ks": "", "methods": "baseline,aa,draft", "policies": "cost",
                      "secondary_policies": "cost", "peers": False, "max_new_tokens": 64, "name": "bf16-all"}),
+    ("bf16_128.db", {"threads": 2, "configs": "transformers-bf16", "prompts_per_type": 6, "ks": "1,2,4",
+                     "secondary_ks": "1,2,4",
+                     "type_ks": "draft:code=3,draft:code_json=2,draft:code_python=3,draft:creative_fiction=2,"
+                                "draft:dialogue=2,draft:list_items=3,draft:natural=1,draft:repetitive=6,"
+                                "draft:repetitive_pattern=3,draft:technical=2,draft:technical_ml=2,"
+                                "draft:wikipedia_style=2",
+                     "methods": "baseline,aa,draft", "policies": "cost", "secondary_policies": "cost",
+                     "peers": False, "max_new_tokens": 128, "name": "bf16-128"}),
     ("fp32_peers.db", {"threads": 2, "configs": "transformers-eager",
                        "prompt_types": "code,natural,dialogue,repetitive,technical,list_items", "ks": "4",
                        "secondary_ks": "", "methods": "baseline,draft,ngram_hf", "peers": True, "peer_ks": "4",

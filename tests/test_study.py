@@ -232,3 +232,64 @@ def test_bar_labels_end_inside_the_axes_without_a_wide_margin(right):
     assert max(ends) <= axes_right  # nothing drawn past the axes
     assert axes_right - max(ends) < 15  # and no empty band beyond the 6 px margin (a few px of rounding)
     assert ax.get_xlim()[0] == pytest.approx(0.9) and ax.get_xlim()[1] > right + 0.05
+
+
+def _peer_store(path: Path, ours_over_peer: float, *, base: float, new_tokens: int = 128) -> Path:
+    """Three code prompts (ids p-0..p-2, the same in every such store) of one configuration: per prompt B,
+    draft K = 4, B, hf_generate, B, hf_assisted K = 4, B; our target-only and draft runs are
+    `ours_over_peer` x (1 +- 2 %) as fast as transformers' (target-only at `base` tokens/s)."""
+    st = Store(path).sweep(name=path.stem).costs(config_label="fp32")
+    for p in range(3):
+        common = {"prompt_id": f"p-{p}", "prompt_type": "code", "config_label": "fp32", "new_tokens": new_tokens}
+        r = ours_over_peer * (1 + 0.02 * (p - 1))
+        st.run(method="baseline", tokens_per_s=base, repeat=0, **common)
+        st.run(method="draft", policy="fixed", k=4, tokens_per_s=2 * base, rounds=[(4, "1111")], num_drafted=4,
+               num_accepted=4, num_rejections=0, matches_baseline=1, **common)
+        st.run(method="baseline", tokens_per_s=base, repeat=1, **common)
+        st.run(method="hf_generate", tokens_per_s=base / r, matches_baseline=1, **common)
+        st.run(method="baseline", tokens_per_s=base, repeat=2, **common)
+        st.run(method="hf_assisted", k=4, tokens_per_s=2 * base / r, matches_baseline=int(p > 0), **common)
+        st.run(method="baseline", tokens_per_s=base, repeat=3, **common)
+    return st.close()
+
+
+def test_peer_comparisons_pool_prompts_of_several_stores_without_dividing_across_them(stores, tmp_path):
+    """Two stores time the same prompt ids at very different speeds (two machines): the pooled ratio is the
+    geometric mean of the six in-store ratios (1.2 on three prompts, 0.8 on three), never a ratio of one
+    store's runs to the other's; a store of other settings (64 new tokens) is its own row; stores with no
+    peer add nothing."""
+    a = _peer_store(tmp_path / "peers_a.db", 1.2, base=10.0)
+    b = _peer_store(tmp_path / "peers_b.db", 0.8, base=40.0)
+    c = _peer_store(tmp_path / "peers_c.db", 1.5, base=10.0, new_tokens=64)
+    peers = study.study_peers(study.load_sources([stores[0], a, b, c])).set_index(["config_label", "prompt_type", "peer"])
+    pooled = peers.loc[("fp32, precision not recorded, 128 new tokens, greedy", "code", "hf_generate")]
+    assert pooled["n_prompts"] == 6 and pooled["stores"] == "peers_a, peers_b"
+    assert pooled["ratio"] == pytest.approx(np.sqrt(1.2 * 0.8), rel=1e-3)
+    assert pooled["ratio_lo"] < pooled["ratio"] < pooled["ratio_hi"] and pooled["verdict"] != "win"
+    assisted = peers.loc[("fp32, precision not recorded, 128 new tokens, greedy", "code", "hf_assisted K=4")]
+    assert assisted["ratio"] == pytest.approx(pooled["ratio"], rel=1e-9)
+    assert (assisted["ours_match"], assisted["peer_match"]) == (1.0, pytest.approx(4 / 6))
+    other = peers.loc[("fp32, precision not recorded, 64 new tokens, greedy", "code", "hf_generate")]
+    assert other["n_prompts"] == 3 and other["ratio"] == pytest.approx(1.5, rel=1e-3) and other["stores"] == "peers_c"
+    assert "fast" not in ", ".join(peers["stores"])  # the fixture's stores time no peer
+    assert study.study_peers(study.load_sources(stores)).empty
+
+
+def test_peer_stores_enter_only_the_peer_section_and_the_durations(stores, tmp_path, capsys):
+    from specdec.cli import main
+
+    a = _peer_store(tmp_path / "peers_a.db", 1.2, base=10.0)
+    b = _peer_store(tmp_path / "peers_b.db", 0.8, base=40.0)
+    res = study.write_study(stores[:2], tmp_path / "out", peer_dbs=[a, b])
+    assert set(res.types["store"]) == {"fast", "slow"}  # no column or row of the peer stores' cells
+    md = res.markdown.read_text()
+    assert "Against transformers' own decoders" in md and "peers_a, peers_b" in md
+    dur = md[md.index("The stores and how long they took"):]
+    assert "peers_a" in dur and "peers_b" in dur
+    without = study.write_study(stores[:2], tmp_path / "plain")
+    assert "Against transformers' own decoders" not in without.markdown.read_text()
+    with pytest.raises(SystemExit) as ok:
+        main(["study", "--db", str(stores[0]), "--peers-db", str(a), "--out", str(tmp_path / "cli")])
+    assert ok.value.code == 0 and "2 stores" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="at least one store"):
+        study.write_study([], tmp_path / "none", peer_dbs=[a])

@@ -65,13 +65,17 @@ def register(app: typer.Typer) -> None:
         report: Annotated[list[str] | None, typer.Option(
             "--report", help="Path of a per-store report to list in the study (repeatable).")] = None,
         title: Annotated[str, typer.Option("--title", help="Page title.")] = "Speculative decoding study",
+        peers_db: Annotated[list[Path] | None, typer.Option(
+            "--peers-db", help="Store read only for 'Against transformers' own decoders' and the duration "
+            "table (repeatable): its peer comparisons pool with the other stores', its cells stay out of the "
+            "per-type tables.")] = None,
     ) -> None:
         """Write the study report: several stores side by side (headline per prompt type over every
         configuration, the fastest way to generate, how long each store took)."""
         from specdec.report.study import write_study
 
-        result = write_study(db, out_dir(out), report or (), title=title)
-        typer.echo(f"{len(db)} stores, {len(result.types)} (store, configuration, prompt type) rows"
+        result = write_study(db, out_dir(out), report or (), title=title, peer_dbs=peers_db or ())
+        typer.echo(f"{len(db) + len(peers_db or ())} stores, {len(result.types)} (store, configuration, prompt type) rows"
                    + (f"; headline figure skipped: {result.figure.skipped}" if result.figure.skipped else ""))
         for line in result.missing:
             typer.echo(f"  missing: {line}")

@@ -5,12 +5,14 @@ the runtimes side by side.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.document import Section, Table, ci, f, i, key_columns, num, pct, s, table_of, yn
 from specdec.report.vocab import ADAPTIVE_POLICIES, ALL_PROMPTS, EACH_TYPE_BEST_K, PEER_METHODS
 
-__all__ = ["adaptive_section", "condition_section", "model_section", "peer_section", "runtime_section"]
+__all__ = ["adaptive_section", "condition_section", "model_section", "peer_section", "peer_tables", "runtime_section"]
 
 
 def condition_section(a: Analysis) -> Section:
@@ -95,27 +97,32 @@ def model_section(a: Analysis) -> Section:
     return sec
 
 
+def peer_tables(p: pd.DataFrame) -> list[Table]:
+    """The pooled and the per-type tables of a `specdec.report.comparisons.peer_table` frame `p` (ratio of our
+    tokens/s to the peer's, its interval, verdict, prompts, tokens/s and output-equality rates)."""
+    spec = [("config", lambda r: s(r["config_label"])), ("target", lambda r: s(r["target"])),
+            ("prompt type", lambda r: s(r["prompt_type"])), ("ours", lambda r: s(r["ours"])),
+            ("peer", lambda r: s(r["peer"])), ("ours / peer tok/s", lambda r: f(r["ratio"])),
+            ("95% CI", lambda r: ci(r["ratio_lo"], r["ratio_hi"])), ("verdict (ours)", lambda r: s(r["verdict"])),
+            ("prompts", lambda r: i(r["n_prompts"])), ("ours tok/s", lambda r: f(r["ours_tok_s"], 1)),
+            ("peer tok/s", lambda r: f(r["peer_tok_s"], 1)), ("ours equal", lambda r: pct(r["ours_match"])),
+            ("peer equal", lambda r: pct(r["peer_match"]))]
+    pooled = table_of(p[p["prompt_type"] == ALL_PROMPTS], spec)
+    pooled.caption = ("Pooled over prompt types. Ratio > 1: ours is faster ('win'). 'equal': share of runs whose "
+                      "tokens equal our baseline's (greedy).")
+    by_type = table_of(p[p["prompt_type"] != ALL_PROMPTS], spec)
+    by_type.caption = "By prompt type."
+    by_type.md, by_type.collapsed = False, True
+    return [pooled, by_type]
+
+
 def peer_section(a: Analysis) -> Section:
     sec = Section("Our implementation against the peers", "peers")
     p = a[T.PEERS]
     if p.empty:
         sec.blocks.append(f"No peer measured alongside ours in this sweep ({', '.join(PEER_METHODS)}).")
     else:
-        spec = [("config", lambda r: s(r["config_label"])), ("target", lambda r: s(r["target"])),
-                ("prompt type", lambda r: s(r["prompt_type"])), ("ours", lambda r: s(r["ours"])),
-                ("peer", lambda r: s(r["peer"])), ("ours / peer tok/s", lambda r: f(r["ratio"])),
-                ("95% CI", lambda r: ci(r["ratio_lo"], r["ratio_hi"])), ("verdict (ours)", lambda r: s(r["verdict"])),
-                ("prompts", lambda r: i(r["n_prompts"])), ("ours tok/s", lambda r: f(r["ours_tok_s"], 1)),
-                ("peer tok/s", lambda r: f(r["peer_tok_s"], 1)), ("ours equal", lambda r: pct(r["ours_match"])),
-                ("peer equal", lambda r: pct(r["peer_match"]))]
-        t = table_of(p[p["prompt_type"] == ALL_PROMPTS], spec)
-        t.caption = ("Pooled over prompt types. Ratio > 1: ours is faster ('win'). 'equal': share of runs whose "
-                     "tokens equal our baseline's (greedy).")
-        sec.blocks.append(t)
-        t = table_of(p[p["prompt_type"] != ALL_PROMPTS], spec)
-        t.caption = "By prompt type."
-        t.md, t.collapsed = False, True
-        sec.blocks.append(t)
+        sec.blocks.extend(peer_tables(p))
     eq = a[T.EQUALITY]
     if len(eq):
         t = table_of(eq, [*key_columns("config", "method", "policy", "K"),

@@ -18,6 +18,10 @@ divides runs of two stores. What it adds:
 * `fastest_table`: per prompt type and configuration target-only and the fastest speculative cell in
   tokens/s (timed in different sweeps, so only the speedups are paired), and the fastest overall.
 * `duration_table`: how long each store took (generation seconds, and wall time from the runs' clock).
+* `study_peers`: ours against transformers' own decoders (`specdec.report.comparisons.peer_table`) over every
+  store that timed them, pooled per configuration and settings: each prompt's ratio stays inside its store,
+  and the geometric mean runs over the prompts of all of them. Stores given as ``--peers-db`` enter only
+  this section and the duration table (their one-prompt-per-type cells stay out of the per-type tables).
 
 Units: tokens/s, seconds. The stores are read, never written.
 """
@@ -34,6 +38,7 @@ import pandas as pd
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis, analyze
 from specdec.report.cells import on_most_prompts
+from specdec.report.comparisons import peer_table
 from specdec.report.document import Bullets, Section, Table, ci, f, i
 from specdec.report.figure_kit import (
     FigureEntry,
@@ -53,8 +58,9 @@ from specdec.report.headline import (
     padded_reference,
     verdict_lines,
 )
-from specdec.report.load import load_store
-from specdec.report.vocab import ALL_PROMPTS, BASELINE, SPEC_METHODS
+from specdec.report.load import load_store, prepare_runs
+from specdec.report.sections_compare import peer_tables
+from specdec.report.vocab import ALL_PROMPTS, BASELINE, PEER_METHODS, SPEC_METHODS
 
 __all__ = [
     "StudyResult",
@@ -73,6 +79,7 @@ __all__ = [
     "study_analysis",
     "study_figure",
     "study_gaps",
+    "study_peers",
     "study_sections",
     "type_table",
     "write_study",
@@ -452,6 +459,37 @@ def duration_table(sources: Sequence[StudySource]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def study_peers(sources: Sequence[StudySource]) -> pd.DataFrame:
+    """Ours against the library peers over every store of `sources` that timed one (`PEER_METHODS`).
+
+    Each store's runs are keyed apart (``prompt_id`` becomes ``"<store>/<prompt_id>"``), so that every
+    per-prompt ratio divides two runs of one store (and one machine: `ratio_ci` also matches machines), and
+    ``config_label`` becomes ``"<config>, <settings>"`` (`_settings`: precision, token budget, sampling), so
+    that only stores of one configuration and settings pool. Then `peer_table` of the stacked runs: per
+    prompt type and pooled, the geometric mean of the per-prompt ratios with a t-interval.
+
+    Returns:
+        `peer_table`'s columns plus ``stores`` (the stores whose peer runs a row pools, comma-separated);
+        empty when no store timed a peer.
+    """
+    frames, held = [], {}
+    for src in sources:
+        runs = src.analysis.store.runs
+        if runs.empty or not runs["method"].isin(PEER_METHODS).any():
+            continue
+        r = prepare_runs(runs)
+        names = {label: f"{label}, {_settings(r[r['config_label'] == label])}" for label in set(r["config_label"])}
+        r["config_label"] = r["config_label"].map(names)
+        r["prompt_id"] = src.label + "/" + r["prompt_id"]
+        for name in set(r.loc[r["method"].isin(PEER_METHODS), "config_label"]):
+            held.setdefault(name, []).append(src.label)
+        frames.append(r)
+    if not frames:
+        return pd.DataFrame(columns=[*peer_table(pd.DataFrame()).columns, "stores"])
+    peers = peer_table(pd.concat(frames, ignore_index=True))
+    return peers.assign(stores=[", ".join(held.get(c, [])) for c in peers["config_label"]])
+
+
 def study_gaps(sources: Sequence[StudySource]) -> list[str]:
     """``"<store>: <what it lacks>"`` for every note of every store's analysis (missing shards, no peers, ...)."""
     return [f"{src.label}: {note}" for src in sources for note in src.analysis.missing]
@@ -500,19 +538,24 @@ def _k(x: float, pred: float) -> str:
 
 
 def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFrame, figure: FigureEntry,
-                   reports: Sequence[str] = ()) -> list[Section]:
+                   reports: Sequence[str] = (), peer_sources: Sequence[StudySource] = ()) -> list[Section]:
     """The study report's sections: how to read it, the headline (`figure`, the five-line verdict of
     `specdec.report.headline.verdict_lines` over every configuration, the fastest decoder), per prompt type
-    (`types`: `type_table` of `a`, the `study_analysis` of `sources`), the fastest way to generate, how long
-    it took, the per-store reports (`reports`: their paths, as text) and the definitions."""
+    (`types`: `type_table` of `a`, the `study_analysis` of `sources`), the fastest way to generate, ours
+    against transformers' own decoders (`study_peers` of `sources` and `peer_sources`; left out when no store
+    timed a peer), how long it took (every store), the per-store reports (`reports`: their paths, as text) and
+    the definitions."""
     from specdec.report.sections import HOW_TO_READ
 
+    every = [*sources, *peer_sources]
     fast = fastest_table(a[T.CELLS])
     how = Section("How to read this", "how")
+    also = (f"; {', '.join(s.label for s in peer_sources)} only in 'Against transformers' own decoders'"
+            if peer_sources else "")
     how.blocks.append(Bullets([
-        (f"This report puts {len(sources)} results store(s) side by side ({', '.join(s.label for s in sources)}). "
-         "Each store is its own sweep, analysed on its own: every speedup below is paired inside one store on "
-         "one machine; nothing divides runs of two stores. A configuration held by two stores is named "
+        (f"This report puts {len(every)} results store(s) side by side ({', '.join(s.label for s in sources)}"
+         f"{also}). Each store is its own sweep, analysed on its own: every speedup below is paired inside one "
+         "store on one machine; nothing divides runs of two stores. A configuration held by two stores is named "
          "'<configuration> (<store>)'."), *HOW_TO_READ_FIRST[:4]]))
     head = Section("Headline", "headline")
     if not figure.skipped:
@@ -551,8 +594,22 @@ def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFr
         "prompt sets (the per-type table gives the prompts): only the speedups are paired; read tokens/s "
         "across columns as single observations.")))
 
+    sections = [how, head, per, fastest]
+    peers = study_peers(every)
+    if len(peers):
+        vs = Section("Against transformers' own decoders", "peers")
+        vs.blocks.append(
+            "Our decoders against transformers' on the same configuration, in the same store, prompt by prompt "
+            "(target-only against generate(), the draft model against assisted generation, our prompt lookup "
+            "against prompt_lookup_num_tokens at the same K): each ratio divides two runs of one store, and a "
+            "pooled row is the geometric mean over the prompts of every store that timed the pair "
+            f"({', '.join(sorted(set(', '.join(peers['stores']).split(', '))))}), with its 95 % t-interval. "
+            "A ratio within its interval of 1 is 'no measurable difference'.")
+        vs.blocks.extend(peer_tables(peers))
+        sections.append(vs)
+
     took = Section("The stores and how long they took", "duration")
-    dur = duration_table(sources)
+    dur = duration_table(every)
     took.blocks.append(Table(
         ["store", "sweep", "configs", "settings", "machine", "runs (failed)", "generation", "wall (sittings)",
          "first run finished", "last run finished"],
@@ -565,8 +622,8 @@ def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFr
         took.blocks.append(f"In all: {int(dur['runs'].sum())} timed generations, {_hours(dur['generation_s'].sum())} "
                            f"of generation, {_hours(dur['wall_s'].sum())} of wall time in "
                            f"{int(dur['sittings'].sum())} sitting(s).")
-    sections = [how, head, per, fastest, took]
-    lacks = study_gaps(sources)
+    sections.append(took)
+    lacks = study_gaps(every)
     if lacks:
         gaps = Section("What the stores lack", "gaps")
         gaps.blocks.append("Each store's own gaps, as its single-store report (`specdec report`) lists them:")
@@ -597,7 +654,7 @@ class StudyResult:
 
 
 def write_study(dbs: Sequence[str | Path], out: str | Path, reports: Sequence[str] = (),
-                title: str = "Speculative decoding study") -> StudyResult:
+                title: str = "Speculative decoding study", peer_dbs: Sequence[str | Path] = ()) -> StudyResult:
     """Analyse the stores `dbs` and write ``out/report.html`` (self-contained), ``out/report.md`` and
     ``out/figures/study_headline.{png,svg}``.
 
@@ -606,22 +663,28 @@ def write_study(dbs: Sequence[str | Path], out: str | Path, reports: Sequence[st
         out: output directory (created if needed; existing files overwritten).
         reports: paths of the per-store reports, listed (as text) in the section "Per-store reports".
         title: the page title.
+        peer_dbs: stores read only for the section "Against transformers' own decoders" (`study_peers`) and
+            the duration table: comparisons with transformers' decoders on a few prompts per type, kept out
+            of the per-type tables.
 
     Raises:
-        FileNotFoundError: a store does not exist. ValueError: no store, a path is not a results store, or
-        two stores share a file name. OSError: `out` cannot be written.
+        FileNotFoundError: a store does not exist. ValueError: no store in `dbs`, a path is not a results
+            store, or two stores share a file name. OSError: `out` cannot be written.
     """
     from specdec.report.render import html_page, markdown_page
 
-    sources = load_sources(dbs)
+    if not dbs:
+        raise ValueError("the study needs at least one store (--db)")
+    every = load_sources([*dbs, *peer_dbs])
+    sources, peer_sources = every[:len(dbs)], every[len(dbs):]
     out_dir = Path(out)
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     a = study_analysis(sources)
     types = type_table(a)
     figure = study_figure(a, types, fig_dir)
-    sections = study_sections(sources, a, types, figure, reports)
+    sections = study_sections(sources, a, types, figure, reports, peer_sources)
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
     html_path.write_text(html_page(title, sections), encoding="utf-8")
     md_path.write_text(markdown_page(title, sections), encoding="utf-8")
-    return StudyResult(html_path, md_path, figure, types, study_gaps(sources))
+    return StudyResult(html_path, md_path, figure, types, study_gaps(every))

@@ -323,6 +323,42 @@ def test_mixing_configurations_refused(tmp_path, tiny_pair, near_draft_dir, prom
     assert more.already_done == first.planned and more.ran == more.planned - first.planned > 0
 
 
+def test_resume_with_a_larger_grid_keeps_the_bracket(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    """K = 1 and 4 added between the stored K = 2 and 8 (the new baselines are numbered after the stored
+    ones, so in plan order the new cells come back to back): each new cell is timed right after a new
+    target-only run of its prompt, as in a fresh sweep."""
+    db = tmp_path / "g.db"
+    first = S.run_sweep(_cfg(tiny_pair, near_draft_dir, prompt_file, ks="2,8", methods="baseline,ngram",
+                             secondary_ks=""), db=db, progress=False, echo=lambda _: None)
+    grown = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="1,2,4,8", methods="baseline,ngram", secondary_ks="")
+    more = S.run_sweep(grown, db=db, resume=True, progress=False, echo=lambda _: None)
+    assert more.sweep_id == first.sweep_id and more.ran == 2 * 4  # two primaries: K = 1, 4 and two baselines
+    with Store(db) as st:
+        runs = sorted(st.runs(first.sweep_id), key=lambda r: r["run_id"])
+    old_ids = {r["run_id"] for r in runs[: first.planned]}
+    added = [r for r in runs if r["run_id"] not in old_ids]
+    assert [(r["method"], r["k"]) for r in added] == [("baseline", None), ("ngram", 1), ("baseline", None),
+                                                      ("ngram", 4)] * 2
+    assert len({r["prompt_id"] for r in added[:4]}) == len({r["prompt_id"] for r in added[4:]}) == 1
+
+
+def test_rebracket_keeps_alternating_plans_and_brackets_the_rest(tiny_pair, near_draft_dir, prompt_file):
+    """A fresh plan and one resumed after an interruption alternate already and stay as they are; a prompt
+    whose runs left are back to back (a larger grid resumed) gets a baseline before each of them."""
+    from specdec.bench.runner import rebracket
+
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="1,2,4", methods="baseline,ngram", secondary_ks="2")
+    plan = S.prepare(cfg).plan
+    assert rebracket(plan) == plan and [c.method for c in plan[:3]] == ["baseline", "ngram", "baseline"]
+    interrupted = plan[3:]  # B0 X1 B1 ran: X2 B2 X3 B3 ... left
+    assert rebracket(interrupted) == interrupted
+    first = [c for c in plan if c.prompt.id == plan[0].prompt.id]
+    b, x = [c for c in first if c.method == "baseline"], [c for c in first if c.method != "baseline"]
+    grown = [x[0], x[2], b[2], b[3]]  # K = 1 and K = 4 new, the baselines numbered after the stored ones
+    assert rebracket(grown + plan[len(first):]) == [b[2], x[0], b[3], x[2], *plan[len(first):]]
+    assert rebracket([x[0], x[1]]) == [x[0], x[1]]  # no baseline left: nothing to put between them
+
+
 def test_a_new_drafting_method_is_one_registry_entry(tmp_path, tiny_pair, near_draft_dir, prompt_file,
                                                      monkeypatch):
     """Register a method (a drafter that repeats the last token) and nothing else: the plan runs it over the
@@ -626,6 +662,11 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
                        "prompt_types": "code,natural,dialogue,repetitive,technical,list_items", "ks": "4",
                        "secondary_ks": "", "methods": "baseline,draft,ngram_hf", "peers": True, "peer_ks": "4",
                        "policies": "none", "max_new_tokens": 128, "name": "fp32-peers"}),
+    ("fp32_peers_b.db", {"threads": 2, "configs": "transformers-eager",
+                         "prompt_types": "code_python,code_json,technical_ml,creative_fiction,wikipedia_style,"
+                                         "repetitive_pattern", "ks": "4", "secondary_ks": "",
+                         "methods": "baseline,draft,ngram_hf", "peers": True, "peer_ks": "4", "policies": "none",
+                         "max_new_tokens": 128, "name": "fp32-peers-b"}),
 ])
 def test_published_sweeps_keep_their_identity(db, flags):
     """The README's rerun commands must --resume the published stores: the same settings give the same sweep

@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import itertools
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -472,7 +473,49 @@ def _begin(cfg: SweepConfig, prepared: Prepared, store: Store, resume: bool, log
         log(f"warning: this sweep was started with another {', '.join(changed)}; the runs added now are "
             f"timed on this machine, so compare them with care")
     done = store.done_cells(sid)
-    return [c for c in plan if c.key(sid) not in done]
+    todo = [c for c in plan if c.key(sid) not in done]
+    return rebracket(todo) if cfg.pairing == "bracket" else todo
+
+
+def rebracket(todo: Sequence[PlannedRun]) -> list[PlannedRun]:
+    """The runs left to do, with no two non-baseline runs of a prompt back to back where baselines are left
+    to go between them (MEASUREMENT.md, "Pair what you compare").
+
+    A fresh plan (B X1 B X2 ... Xn B) and a plan resumed after an interruption (X2 B2 X3 B3) already
+    alternate and come back unchanged. `--resume` with a larger grid does not: the new cells keep their plan
+    positions and the new baselines are numbered after the stored ones, so the new cells would run back to
+    back with the baselines after them (draft K = 1, K = 4, B, B: K = 1 with no target-only run beside it on
+    this machine). Such a prompt's runs are put in bracket order again: a target-only run, then alternately
+    another run and a target-only run, the rest after (B K = 1 B K = 4). Prompts keep their order; within a
+    prompt, baselines and other runs each keep theirs.
+
+    Args:
+        todo: planned runs (`build_plan` order, finished ones removed).
+
+    Returns:
+        The same runs, reordered within each (configuration, prompt) block of consecutive runs.
+    """
+    out: list[PlannedRun] = []
+    i = 0
+    while i < len(todo):
+        j = i
+        key = (todo[i].config_label, todo[i].prompt.id)
+        while j < len(todo) and (todo[j].config_label, todo[j].prompt.id) == key:
+            j += 1
+        block = todo[i:j]
+        ref = [METHODS[c.method].reference for c in block]
+        bases = [c for c, r in zip(block, ref, strict=True) if r]
+        others = [c for c, r in zip(block, ref, strict=True) if not r]
+        if not bases or not any(not a and not b for a, b in itertools.pairwise(ref)):  # already alternates
+            out.extend(block)
+            bases = others = []
+        while bases or others:
+            if bases:
+                out.append(bases.pop(0))
+            if others:
+                out.append(others.pop(0))
+        i = j
+    return out
 
 
 def _run_configs(cfg: SweepConfig, todo: list[PlannedRun], loader, s: _Session) -> bool:

@@ -496,25 +496,15 @@ def rebracket(todo: Sequence[PlannedRun]) -> list[PlannedRun]:
         The same runs, reordered within each (configuration, prompt) block of consecutive runs.
     """
     out: list[PlannedRun] = []
-    i = 0
-    while i < len(todo):
-        j = i
-        key = (todo[i].config_label, todo[i].prompt.id)
-        while j < len(todo) and (todo[j].config_label, todo[j].prompt.id) == key:
-            j += 1
-        block = todo[i:j]
+    for _, group in itertools.groupby(todo, key=lambda c: (c.config_label, c.prompt.id)):
+        block = list(group)
         ref = [METHODS[c.method].reference for c in block]
+        if not any(ref) or not any(not a and not b for a, b in itertools.pairwise(ref)):  # already alternates
+            out.extend(block)
+            continue
         bases = [c for c, r in zip(block, ref, strict=True) if r]
         others = [c for c, r in zip(block, ref, strict=True) if not r]
-        if not bases or not any(not a and not b for a, b in itertools.pairwise(ref)):  # already alternates
-            out.extend(block)
-            bases = others = []
-        while bases or others:
-            if bases:
-                out.append(bases.pop(0))
-            if others:
-                out.append(others.pop(0))
-        i = j
+        out.extend(c for pair in itertools.zip_longest(bases, others) for c in pair if c is not None)
     return out
 
 

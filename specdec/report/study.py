@@ -603,7 +603,8 @@ def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFr
             "(target-only against generate(), the draft model against assisted generation, our prompt lookup "
             "against prompt_lookup_num_tokens at the same K): each ratio divides two runs of one store, and a "
             "pooled row is the geometric mean over the prompts of every store that timed the pair "
-            f"({', '.join(sorted(set(', '.join(peers['stores']).split(', '))))}), with its 95 % t-interval. "
+            f"({', '.join(sorted({st for row in peers['stores'] for st in row.split(', ')}))}), with its 95 % "
+            "t-interval. "
             "A ratio within its interval of 1 is 'no measurable difference'.")
         vs.blocks.extend(peer_tables(peers))
         sections.append(vs)

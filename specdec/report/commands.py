@@ -71,7 +71,8 @@ def register(app: typer.Typer) -> None:
             "per-type tables.")] = None,
     ) -> None:
         """Write the study report: several stores side by side (headline per prompt type over every
-        configuration, the fastest way to generate, how long each store took)."""
+        configuration, the fastest way to generate, ours against transformers' own decoders, how long each
+        store took)."""
         from specdec.report.study import write_study
 
         result = write_study(db, out_dir(out), report or (), title=title, peer_dbs=peers_db or ())

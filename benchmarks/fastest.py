@@ -1,8 +1,8 @@
 """Benchmark: the fastest way to generate on this CPU, per prompt type (issue 19). Reads stores; runs nothing.
 
 For every store given, every runtime configuration and prompt type: the target-only tokens/s (median of its
-baseline runs), the fastest speculative cell (draft model or prompt lookup, fixed K or the cost policy) with
-its end-to-end tokens/s and its paired speedup over that configuration's own target-only runs, and then the
+baseline runs), the speculative cell (draft model or prompt lookup, fixed K or the cost policy) with the
+highest paired speedup, its end-to-end tokens/s and that speedup over that configuration's own target-only runs, and then the
 fastest configuration overall per type. Prints a Markdown table (the README's) and a line per type saying
 whether speculation is the fastest overall. Where a store holds ``baseline_padded`` (target-only with each
 step padded to the cheapest measured shape), its tokens/s is shown in parentheses and competes for fastest.

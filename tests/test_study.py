@@ -134,6 +134,23 @@ def test_fastest_way_to_generate_counts_tokens_per_second_not_speedup(sources):
     assert set(study.fastest_table(raw)["config"]) == set(fast["config"])
 
 
+def test_fastest_table_picks_a_configurations_speculative_cell_by_paired_speedup():
+    """Within one configuration the best speculative cell is the one with the highest paired speedup: in a
+    store resumed on a faster machine, K = 4 timed there has the higher median tokens/s (2.5 against 2.0)
+    yet runs 0.84x its own adjacent target-only runs, while the policy, timed on the slower machine, runs
+    1.05x of its own."""
+    import pandas as pd
+
+    base = {"prompt_type": "natural", "config_label": "fp32", "n_aligned": 5}
+    cells = pd.DataFrame([
+        {**base, "method": "baseline", "policy": "-", "k": 0, "tok_s": 2.2, "speedup": 1.0},
+        {**base, "method": "draft", "policy": "fixed", "k": 4, "tok_s": 2.5, "speedup": 0.84},
+        {**base, "method": "draft", "policy": "cost", "k": 16, "tok_s": 2.0, "speedup": 1.05},
+    ])
+    row = study.fastest_table(cells).iloc[0]
+    assert (row["best_spec"], row["speedup"], row["spec_tok_s"]) == ("draft cost", 1.05, 2.0)
+
+
 def test_duration_counts_sittings(sources):
     dur = study.duration_table(sources).set_index("store")
     assert dur.loc["fast", "settings"] == "precision not recorded, 64 new tokens, greedy"  # the synthetic runs

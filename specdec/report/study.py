@@ -15,8 +15,9 @@ divides runs of two stores. What it adds:
   forward, target-only tokens/s and the best fixed K per drafter predicted from the traces.
 * `headline_rows`: per prompt type the best of those cells over every configuration (chosen after the fact:
   optimistic), drawn by `study_figure` with every configuration's default policy and the A/A noise floor.
-* `fastest_table`: per prompt type and configuration target-only and the fastest speculative cell in
-  tokens/s (timed in different sweeps, so only the speedups are paired), and the fastest overall.
+* `fastest_table`: per prompt type and configuration target-only and the speculative cell of the highest
+  paired speedup in tokens/s (timed in different sweeps, so only the speedups are paired), and the fastest
+  overall.
 * `duration_table`: how long each store took (generation seconds, and wall time from the runs' clock).
 * `study_peers`: ours against transformers' own decoders (`specdec.report.comparisons.peer_table`) over every
   store that timed them, pooled per configuration and settings: each prompt's ratio stays inside its store,
@@ -592,8 +593,8 @@ def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFr
     fastest = Section("The fastest way to generate", "fastest")
     fastest.blocks.append(Table(*fastest_rows(fast), caption=(
         "Tokens/s end to end (median per cell; target-only, in parentheses target-only padded to its cheapest "
-        "step shape, then the fastest speculative cell among those on the most prompts of the type, with its "
-        "paired speedup). Configurations were timed in different sweeps, hours or days apart, some on other "
+        "step shape, then the speculative cell of the highest paired speedup among those on the most prompts of "
+        "the type, with that speedup). Configurations were timed in different sweeps, hours or days apart, some on other "
         "prompt sets (the per-type table gives the prompts): only the speedups are paired; read tokens/s "
         "across columns as single observations.")))
 

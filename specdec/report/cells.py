@@ -17,6 +17,7 @@ from specdec.report.speedup import paired_ratio_ci, paired_reference
 from specdec.report.vocab import ALL_PROMPTS, BASELINE, CELL_KEY, FIXED_POLICIES, SPEC_METHODS
 
 __all__ = [
+    "best_cell",
     "best_fixed",
     "best_k_table",
     "cell_table",
@@ -174,6 +175,17 @@ def on_most_prompts(cells: pd.DataFrame, col: str = "n_aligned") -> pd.DataFrame
     return cells[n == n.max()]
 
 
+def best_cell(cells: pd.DataFrame, col: str = "n_aligned") -> pd.Series | None:
+    """The after-the-fact pick every "best" in the reports makes: among the rows of `cells` measured on the most
+    prompts (`on_most_prompts` by `col`), the one with the highest paired speedup, ties to the smaller K; None
+    when `cells` is empty. The speedup, not tokens/s, decides: one store's cells may have been timed on
+    machines of different speed (resumed shards), and only the speedup is paired within prompt and machine."""
+    wide = on_most_prompts(cells, col)
+    if wide.empty:
+        return None
+    return wide.sort_values(["speedup", "k"], ascending=[False, True]).iloc[0]
+
+
 def best_fixed(cells: pd.DataFrame) -> pd.Series | None:
     """The best fixed K among `cells`: among the fixed-K rows measured on the most prompts (column
     ``n_prompts``, where present), the one with the highest median speedup, ties to the smaller K; None
@@ -181,10 +193,7 @@ def best_fixed(cells: pd.DataFrame) -> pd.Series | None:
 
     A K timed on one prompt is not preferred to a K timed on every prompt of the type (`on_most_prompts`,
     the rule of the headline's best cell too)."""
-    fx = on_most_prompts(fixed_k_cells(cells), "n_prompts")
-    if fx.empty:
-        return None
-    return fx.sort_values(["speedup", "k"], ascending=[False, True]).iloc[0]
+    return best_cell(fixed_k_cells(cells), "n_prompts")
 
 
 def best_k_table(cells: pd.DataFrame) -> pd.DataFrame:

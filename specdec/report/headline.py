@@ -16,7 +16,7 @@ import pandas as pd
 
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
-from specdec.report.cells import on_most_prompts
+from specdec.report.cells import best_cell
 from specdec.report.comparisons import exactness
 from specdec.report.document import Bullets, Section, ci, f, pct
 from specdec.report.figure_kit import FigureEntry, Namer, new_figure, save_figure, tex_safe
@@ -67,8 +67,7 @@ def headline_table(cells: pd.DataFrame) -> pd.DataFrame:
                  & np.isfinite(cells["speedup"].astype(float))]
     rows = []
     for ptype, g in spec.groupby("prompt_type", sort=True):
-        wide = on_most_prompts(g)  # a cell of one prompt would otherwise win by chance over cells of five
-        best = wide.sort_values(["speedup", "k"], ascending=[False, True]).iloc[0]
+        best = best_cell(g)  # a cell of one prompt would otherwise win by chance over cells of five
         rec = {c: best[c] for c in cols[:11]}
         d = g[(g["config_label"] == best["config_label"]) & (g["method"] == DEFAULT_CELL[0])
               & (g["policy"] == DEFAULT_CELL[1])]

@@ -38,7 +38,7 @@ import pandas as pd
 
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis, analyze
-from specdec.report.cells import on_most_prompts
+from specdec.report.cells import best_cell
 from specdec.report.comparisons import peer_table
 from specdec.report.document import Bullets, Section, Table, ci, f, i
 from specdec.report.figure_kit import (
@@ -342,10 +342,7 @@ def fastest_table(cells: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (label, ptype), b in cells[cells["method"] == BASELINE].groupby(["config_label", "prompt_type"]):
         s = spec[(spec["config_label"] == label) & (spec["prompt_type"] == ptype)]
-        s = on_most_prompts(s)
-        # by paired speedup, not median tokens/s: one store's cells may have run on machines of different
-        # speeds (resumed shards), and only the speedup is paired within prompt and machine
-        best = s.sort_values(["speedup", "tok_s", "k"], ascending=[False, False, True]).iloc[0] if len(s) else None
+        best = best_cell(s)
         pad = cells[(cells["method"] == "baseline_padded") & (cells["config_label"] == label)
                     & (cells["prompt_type"] == ptype)]
         rows.append({"prompt_type": ptype, "config": label, "target_only": float(b["tok_s"].iloc[0]),

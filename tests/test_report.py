@@ -945,3 +945,30 @@ def test_time_model_prices_the_drafts_catch_up():
     assert catchup_from_rounds(pd.DataFrame(rows)) == pytest.approx(ratio)  # d(3): the one round after 2 plain
     assert catchup_from_rounds(pd.DataFrame(rows), min_rounds=2) == pytest.approx({1: 1.0, 2: 1.8})
     assert catchup_from_rounds(pd.DataFrame(rows[:1])) is None  # no round fed more than one token
+
+
+def test_a_prompt_without_a_calibration_block_is_priced_with_its_own_machines_costs():
+    """Two machines timed one sweep (a resumed shard): a traced prompt without a calibration block falls back
+    to the start-up curve of the machine that timed it, never to the sweep-level ``costs`` (which a resumed
+    sweep overwrites with its newest machine's), and to those only for a store without per-machine curves."""
+    from specdec.costs import CostCurve
+    from specdec.report.predicted import machine_curves, prompt_models
+
+    runs = pd.DataFrame([{"run_id": 1, "ok": True, "config_label": "c", "prompt_id": "p", "prompt_type": "code",
+                          "machine_id": "A", "method": "baseline"}])
+    out = [10, 11, 12, 13]
+    traces = pd.DataFrame([{"config_label": "c", "prompt_id": "p", "machine_id": "A", "prompt_ids": "[1, 2]",
+                            "target_ids": json.dumps(out), "draft_ids": json.dumps(out), "draft_top_prob": None,
+                            "max_new_tokens": 4, "draft_context": None}])
+    calibration = pd.DataFrame(columns=["config_label", "prompt_id", "machine_id", "role", "n_tokens", "seconds"])
+    mc = pd.DataFrame([("c", "A", "target", 1, 0.5), ("c", "A", "target", 2, 1.0), ("c", "A", "draft", 1, 0.2),
+                       ("c", "B", "target", 1, 0.3), ("c", "B", "draft", 1, 0.1), ("c", "C", "draft", 1, 0.1)],
+                      columns=["config_label", "machine_id", "role", "n_tokens", "seconds"])
+    curves = machine_curves(mc)
+    assert set(curves) == {("c", "A"), ("c", "B")}  # C has no target step: no curve
+    newest = {"c": CostCurve({1: 0.3}, 0.1)}  # the sweep-level costs: machine B's, written last
+    (m,) = prompt_models(runs, pd.DataFrame(), traces, calibration, newest, machine_costs=curves)
+    assert m.curve.target_forward_s == {1: 0.5, 2: 1.0} and m.curve.draft_step_s == pytest.approx(0.2)
+    (old,) = prompt_models(runs, pd.DataFrame(), traces, calibration, newest)  # a store before per-machine costs
+    assert old.curve.target_forward_s == {1: 0.3}
+    assert machine_curves(mc.iloc[:0]) == {}

@@ -66,6 +66,8 @@ class StoreData:
             and merges (empty for older stores, whose one machine is the sweep's ``machine_json``).
         traces, calibration: the sweep's acceptance traces (JSON columns as text) and calibration blocks
             (empty for stores written before them). roofline: weight bytes and bandwidth per configuration.
+        machine_costs: each machine's own start-up cost curve (``costs`` columns plus ``machine_id``; empty
+            for stores written before them, where ``costs`` is the only curve).
     """
 
     db_path: str
@@ -81,6 +83,7 @@ class StoreData:
     traces: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("traces"))))
     calibration: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("calibration"))))
     roofline: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("roofline"))))
+    machine_costs: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("machine_costs"))))
 
     def machine_runs(self) -> list[tuple[str, str, int, int]]:
         """The machines that timed this sweep's runs, by machine id: ``(machine_id, label, runs, baseline runs)``.
@@ -215,6 +218,9 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
                            ccols)
     rcols = list(store.columns("roofline"))
     roofline = _conform(read("SELECT * FROM roofline WHERE sweep_id = ?", params, "roofline", rcols), rcols)
+    mcols = list(store.columns("machine_costs"))
+    machine_costs = _conform(read("SELECT * FROM machine_costs WHERE sweep_id = ?", params, "machine_costs", mcols),
+                             mcols)
     shards = read("SELECT shard FROM shards WHERE sweep_id = ?", params, "shards", ["shard"])
     held = sorted(set(shards["shard"].dropna().astype(str)))
     absent = missing_shards(held)
@@ -223,7 +229,7 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
                      "table and pooled figure covers the held shards' prompts only (`specdec merge` adds the "
                      "others)")
     return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes, machines,
-                     traces, calibration, roofline)
+                     traces, calibration, roofline, machine_costs)
 
 
 def _select_sweep(sweeps: pd.DataFrame, run_sweeps: pd.DataFrame, sweep: str | None, path: Path,

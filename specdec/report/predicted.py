@@ -46,6 +46,7 @@ from specdec.costs import CostCurve
 from specdec.drafters import PromptLookupDrafter
 from specdec.policies import make_policy
 from specdec.report.load import ensure_prepared, is_missing
+from specdec.report.model import cost_infos
 from specdec.report.speedup import paired_reference
 from specdec.report.vocab import BASELINE
 from specdec.traces import AcceptanceTrace, ReplayRound, compare_rounds, draft_pending, replay
@@ -56,6 +57,7 @@ __all__ = [
     "catchup_from_rounds",
     "catchup_summary",
     "divergence_table",
+    "machine_curves",
     "positive_geomean",
     "predicted_vs_measured",
     "prompt_models",
@@ -198,18 +200,38 @@ def catchup_from_rounds(rounds: pd.DataFrame, *, min_rounds: int = 1) -> dict[in
     return out if len(out) > 1 else None
 
 
+def machine_curves(machine_costs: pd.DataFrame | None) -> dict[tuple[str, str], CostCurve]:
+    """Each machine's own start-up cost curve: ``(config_label, machine_id) -> CostCurve`` from the store's
+    ``machine_costs`` rows (role, n_tokens, seconds in s). Curves without a target single step are left out;
+    empty for stores written before per-machine costs."""
+    if machine_costs is None or machine_costs.empty:
+        return {}
+    out = {}
+    for (label, mid), g in machine_costs.groupby(["config_label", "machine_id"], sort=True):
+        info = cost_infos(g).get(str(label))
+        if info is not None and 1 in info.target_s:
+            out[(str(label), str(mid))] = CostCurve(info.target_s, info.draft_step_s)
+    return out
+
+
 def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame, calibration: pd.DataFrame,
-                  costs: dict[str, CostCurve] | None = None, ngram: tuple[int, int] = (3, 1)) -> list[PromptModel]:
+                  costs: dict[str, CostCurve] | None = None, ngram: tuple[int, int] = (3, 1), *,
+                  machine_costs: dict[tuple[str, str], CostCurve] | None = None) -> list[PromptModel]:
     """A `PromptModel` per stored trace.
 
+    A prompt is priced with its own calibration blocks; without one, with the start-up curve of the machine
+    that timed it (`machine_costs`), and only where the store has no per-machine curves, with the
+    configuration's stored one (`costs`, which a resumed sweep overwrites with its newest machine's): a
+    prediction never prices one machine's runs with another machine's costs when the store can avoid it.
     A prompt whose calibration block timed the draft step alone gets its catch-up curve from the timed
     draft-model rounds of every prompt of its configuration and machine (`catchup_from_rounds`, in draft
     steps, scaled by the prompt's own step).
 
     Args:
         runs, rounds: the store's (prepared or raw) runs and rounds. traces, calibration: the store's tables.
-        costs: config_label -> the configuration's stored cost curve (fallback when a prompt has no block).
+        costs: config_label -> the configuration's stored cost curve (last fallback when a prompt has no block).
         ngram: the sweep's (ngram_max, ngram_min).
+        machine_costs: (config_label, machine_id) -> that machine's own curve (`machine_curves`).
     """
     if traces is None or traces.empty:
         return []
@@ -233,7 +255,8 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
                           & (calibration["prompt_id"] == t.prompt_id)
                           & (calibration["machine_id"].astype(object).fillna("") == mid)] \
             if calibration is not None and len(calibration) else pd.DataFrame()
-        curve = _curve(cal, (costs or {}).get(t.config_label))
+        own = (machine_costs or {}).get((t.config_label, mid))
+        curve = _curve(cal, own if own is not None else (costs or {}).get(t.config_label))
         rr = r[r["run_id"].isin(sel["run_id"])] if timed_rounds else pd.DataFrame()
         if len(rr) and with_order and curve is not None and curve.draft_step_s:
             d = rr[rr["run_id"].isin(set(sel[sel["method"] == "draft"]["run_id"]))]

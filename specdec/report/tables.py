@@ -45,6 +45,7 @@ from specdec.report.model import (
 )
 from specdec.report.predicted import (
     divergence_table,
+    machine_curves,
     predicted_vs_measured,
     prompt_models,
     roofline_table,
@@ -78,7 +79,8 @@ class Inputs:
                 ngram = (int(self.sweep_setting("ngram_max", 3)), int(self.sweep_setting("ngram_min", 1)))
                 stored = {label: CostCurve(info.target_s, info.draft_step_s)
                           for label, info in self.infos.items() if 1 in info.target_s}
-                self._models = prompt_models(self.runs, self.rounds, st.traces, st.calibration, stored, ngram)
+                self._models = prompt_models(self.runs, self.rounds, st.traces, st.calibration, stored, ngram,
+                                             machine_costs=machine_curves(st.machine_costs))
         return self._models
 
     def sweep_setting(self, name: str, default: Any) -> Any:

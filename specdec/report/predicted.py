@@ -220,9 +220,10 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
     """A `PromptModel` per stored trace.
 
     A prompt is priced with its own calibration blocks; without one, with the start-up curve of the machine
-    that timed it (`machine_costs`), and only where the store has no per-machine curves, with the
-    configuration's stored one (`costs`, which a resumed sweep overwrites with its newest machine's): a
-    prediction never prices one machine's runs with another machine's costs when the store can avoid it.
+    that timed it (`machine_costs`), and only where that machine has none (stores from before per-machine
+    curves), with the configuration's stored one (`costs`, which a resumed sweep overwrites with its newest
+    machine's): a prediction never prices one machine's runs with another machine's costs when the store can
+    avoid it.
     A prompt whose calibration block timed the draft step alone gets its catch-up curve from the timed
     draft-model rounds of every prompt of its configuration and machine (`catchup_from_rounds`, in draft
     steps, scaled by the prompt's own step).

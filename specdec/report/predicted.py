@@ -46,7 +46,7 @@ from specdec.costs import CostCurve
 from specdec.drafters import PromptLookupDrafter
 from specdec.policies import make_policy
 from specdec.report.load import ensure_prepared, is_missing
-from specdec.report.model import cost_infos
+from specdec.report.model import CostInfo, cost_infos
 from specdec.report.speedup import paired_reference
 from specdec.report.vocab import BASELINE
 from specdec.traces import AcceptanceTrace, ReplayRound, compare_rounds, draft_pending, replay
@@ -62,6 +62,7 @@ __all__ = [
     "predicted_vs_measured",
     "prompt_models",
     "roofline_table",
+    "stored_curves",
     "summary",
     "trace_best_k",
     "trace_grid",
@@ -200,18 +201,21 @@ def catchup_from_rounds(rounds: pd.DataFrame, *, min_rounds: int = 1) -> dict[in
     return out if len(out) > 1 else None
 
 
+def stored_curves(infos: dict[str, CostInfo]) -> dict[str, CostCurve]:
+    """``config_label -> CostCurve`` (target forwards and draft step, seconds) from `cost_infos` output; a
+    configuration without a target single step has no curve."""
+    return {label: CostCurve(info.target_s, info.draft_step_s) for label, info in infos.items()
+            if 1 in info.target_s}
+
+
 def machine_curves(machine_costs: pd.DataFrame | None) -> dict[tuple[str, str], CostCurve]:
     """Each machine's own start-up cost curve: ``(config_label, machine_id) -> CostCurve`` from the store's
-    ``machine_costs`` rows (role, n_tokens, seconds in s). Curves without a target single step are left out;
-    empty for stores written before per-machine costs."""
+    ``machine_costs`` rows (role, n_tokens, seconds in s), by `stored_curves` per machine. Empty for stores
+    written before per-machine costs."""
     if machine_costs is None or machine_costs.empty:
         return {}
-    out = {}
-    for (label, mid), g in machine_costs.groupby(["config_label", "machine_id"], sort=True):
-        info = cost_infos(g).get(str(label))
-        if info is not None and 1 in info.target_s:
-            out[(str(label), str(mid))] = CostCurve(info.target_s, info.draft_step_s)
-    return out
+    return {(label, str(mid)): curve for mid, g in machine_costs.groupby("machine_id", sort=True)
+            for label, curve in stored_curves(cost_infos(g)).items()}
 
 
 def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame, calibration: pd.DataFrame,

@@ -16,7 +16,6 @@ from typing import Any
 
 import pandas as pd
 
-from specdec.costs import CostCurve
 from specdec.report.cells import best_k_table, cell_table
 from specdec.report.comparisons import (
     adaptive_table,
@@ -49,6 +48,7 @@ from specdec.report.predicted import (
     predicted_vs_measured,
     prompt_models,
     roofline_table,
+    stored_curves,
     trace_best_k,
     trace_grid,
 )
@@ -77,9 +77,8 @@ class Inputs:
                 self._models = []
             else:
                 ngram = (int(self.sweep_setting("ngram_max", 3)), int(self.sweep_setting("ngram_min", 1)))
-                stored = {label: CostCurve(info.target_s, info.draft_step_s)
-                          for label, info in self.infos.items() if 1 in info.target_s}
-                self._models = prompt_models(self.runs, self.rounds, st.traces, st.calibration, stored, ngram,
+                self._models = prompt_models(self.runs, self.rounds, st.traces, st.calibration,
+                                             stored_curves(self.infos), ngram,
                                              machine_costs=machine_curves(st.machine_costs))
         return self._models
 

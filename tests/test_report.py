@@ -785,13 +785,29 @@ def test_speedups_are_taken_within_one_machine(tmp_path, capsys):
     st.con.execute("CREATE TABLE machines (machine_id TEXT PRIMARY KEY, machine_json TEXT)")
     st.con.execute("INSERT INTO machines VALUES ('A', ?), ('B', ?)",
                    (json.dumps({"cpu_model": "AMD EPYC", "cpu_count": 2}), json.dumps({"cpu_model": "Xeon"})))
+    # each machine's own start-up costs; the sweep-level ``costs`` (0.010 s / 0.002 s) are machine B's,
+    # written when the sweep resumed there
+    st.con.execute("CREATE TABLE machine_costs (sweep_id TEXT, machine_id TEXT, config_label TEXT, role TEXT, "
+                   "n_tokens INTEGER, seconds REAL, repeats INTEGER, spread_s REAL)")
+    for mid, t1, d1 in (("A", 0.020, 0.004), ("B", 0.010, 0.002)):
+        st.con.executemany("INSERT INTO machine_costs SELECT sweep_id, ?, config_label, role, n_tokens, "
+                           "seconds * ? / ?, repeats, spread_s FROM costs WHERE role = ?",
+                           [(mid, t1, 0.010, "target"), (mid, d1, 0.002, "draft")])
     res = write_report(st.close(), tmp_path / "out")
     cells = res.analysis.table("cells")
     assert _cell(cells, "code", k=2)["speedup"] == pytest.approx(1.5)
     assert math.isnan(_cell(cells, "code", k=4)["speedup"])  # machine B has no baseline of p0
     md = res.markdown.read_text()  # the machines are a dimension of the report
-    assert "2 machines timed this sweep's runs" in md and "AMD EPYC, 2 CPUs" in md and "| B | Xeon | 1 | 0 |" in md
+    assert "2 machines timed this sweep's runs" in md and "AMD EPYC, 2 CPUs" in md
+    assert "| A | AMD EPYC, 2 CPUs | 2 | 1 | 20.0 / 4.0 |" in md and "| B | Xeon | 1 | 0 | 10.0 / 2.0 |" in md
     assert res.analysis.store.machine_runs() == [("A", "AMD EPYC, 2 CPUs", 2, 1), ("B", "Xeon", 1, 0)]
+    # the sections priced with the sweep-level costs name the machine that measured them
+    assert res.analysis.store.costs_machine() == "B"
+    runtimes = md.split("## Runtimes side by side")[1].split("\n## ")[0]
+    assert "the sweep-level start-up costs: those of machine B (Xeon)" in runtimes
+    data = res.analysis.store
+    data.machine_costs = data.machine_costs[data.machine_costs["machine_id"] == "A"]  # no machine matches
+    assert data.costs_machine() is None and "which machine measured them is not recorded" in data.costs_note()
 
     # benchmarks/bench_fast.py names every machine of the store, not only the sweep's first
     mod = load_benchmark("bench_fast")

@@ -101,6 +101,40 @@ class StoreData:
                  int(((ok["machine_id"].astype(str) == mid) & (ok["method"] == BASELINE)).sum()))
                 for mid, n in ids.value_counts().sort_index().items()]
 
+    def costs_machine(self) -> str | None:
+        """The machine id whose own start-up costs (``machine_costs``) equal the sweep-level ``costs`` rows (the
+        last curve measured in that file; in a merged store the first shard's), or None: no per-machine costs (older
+        stores), or no machine's rows match every sweep-level row (config_label, role, n_tokens, seconds)."""
+        if self.costs.empty or self.machine_costs.empty:
+            return None
+
+        def rows(df: pd.DataFrame) -> dict[tuple[str, str, int], float]:
+            return {(str(r.config_label), str(r.role), int(r.n_tokens)): float(r.seconds)
+                    for r in df.itertuples() if not is_missing(r.n_tokens) and not is_missing(r.seconds)}
+
+        want = rows(self.costs)
+        for mid, g in self.machine_costs.groupby("machine_id", sort=True):
+            have = rows(g)
+            if want and have.keys() == want.keys() and all(math.isclose(have[k], v, rel_tol=1e-9)
+                                                           for k, v in want.items()):
+                return str(mid)
+        return None
+
+    def costs_note(self) -> str | None:
+        """One sentence for the sections priced with the sweep-level ``costs`` (speedup condition, analytical
+        model, runtimes) when several machines timed the store: which machine measured those costs
+        (`costs_machine`) and where each machine's own are. None for a one-machine store."""
+        machines = self.machine_runs()
+        if len(machines) < 2:
+            return None
+        mid = self.costs_machine()
+        label = {m: lab for m, lab, _, _ in machines}.get(mid or "", "")
+        who = (f"those of machine {mid}{f' ({label})' if label else ''}" if mid else
+               "which machine measured them is not recorded in this store")
+        return (f"Costs here are the sweep-level start-up costs: {who}. {len(machines)} machines timed this "
+                "store's runs; each machine's own step times are in 'Appendix: where the data came from', and "
+                "acceptance-trace predictions price each prompt with its own machine's costs.")
+
 
 def empty_frame(columns: list[str]) -> pd.DataFrame:
     """An empty frame with object columns `columns` (what a table the store lacks reads as)."""

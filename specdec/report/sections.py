@@ -10,6 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.cells import best_fixed, spec_fixed_cells
@@ -84,12 +86,39 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, str]]:
 def _machine_blocks(st) -> list:
     """The machines that timed this sweep's runs (sharded or merged stores): one row each, with its runs.
     Speedups divide only runs of one machine (`specdec.report.speedup.nearest_baseline`)."""
-    rows = [[mid, label, str(n), str(nb)] for mid, label, n, nb in st.machine_runs()]
+    steps = _machine_steps(st.machine_costs)
+    rows = [[mid, label, str(n), str(nb), steps.get(mid, "-")] for mid, label, n, nb in st.machine_runs()]
     if not rows:
         return []
     text = (f"{len(rows)} machines timed this sweep's runs: every speedup divides runs of one machine only."
             if len(rows) > 1 else "One machine timed this sweep's runs.")
-    return [text, Table(["machine id", "machine", "runs", "baseline runs"], rows)]
+    blocks: list = [text, Table(["machine id", "machine", "runs", "baseline runs",
+                                 "start-up target / draft step ms"], rows)]
+    if (mid := st.costs_machine()) and len(rows) > 1:
+        blocks.append(f"The sweep-level costs (the speedup condition, the analytical model, the runtimes) are "
+                      f"machine {mid}'s.")
+    return blocks
+
+
+def _machine_steps(machine_costs: pd.DataFrame) -> dict[str, str]:
+    """``machine_id -> "target / draft"`` single-step times in ms from the store's ``machine_costs`` (seconds),
+    one entry per configuration (prefixed with its label when there are several); '-' for a missing step."""
+    if machine_costs is None or machine_costs.empty:
+        return {}
+    one = machine_costs[pd.to_numeric(machine_costs["n_tokens"], errors="coerce") == 1]
+    labels = sorted(one["config_label"].astype(str).unique())
+    out = {}
+    for mid, g in one.groupby("machine_id", sort=True):
+        parts = []
+        for label in labels:
+            h = g[g["config_label"].astype(str) == label]
+            if h.empty:
+                continue
+            step = {str(r.role): f(1000 * float(r.seconds), 1) for r in h.itertuples()}
+            text = f"{step.get('target', '-')} / {step.get('draft', '-')}"
+            parts.append(f"{label}: {text}" if len(labels) > 1 else text)
+        out[str(mid)] = "; ".join(parts) or "-"
+    return out
 
 
 def _source_section(a: Analysis) -> Section:

@@ -15,6 +15,14 @@ from specdec.report.vocab import ADAPTIVE_POLICIES, ALL_PROMPTS, EACH_TYPE_BEST_
 __all__ = ["adaptive_section", "condition_section", "model_section", "peer_section", "peer_tables", "runtime_section"]
 
 
+def _costs_note(sec: Section, a: Analysis) -> None:
+    """Name the machine behind the sweep-level costs where several machines timed the store
+    (`specdec.report.load.StoreData.costs_note`)."""
+    note = a.store.costs_note() if a.store is not None else None
+    if note:
+        sec.blocks.append(note)
+
+
 def condition_section(a: Analysis) -> Section:
     sec = Section("The speedup condition", "condition")
     sec.blocks.append(
@@ -22,6 +30,7 @@ def condition_section(a: Analysis) -> Section:
         "its K, computed from the measured c and verification cost v(K+1). 'yes' marks a prompt type whose "
         "alpha-hat clears it.")
     be = a[T.BREAK_EVEN]
+    _costs_note(sec, a)
     if be.empty:
         sec.blocks.append("Not available: needs the costs table (draft and target step times) and fixed-K "
                           "speculative cells.")
@@ -67,6 +76,7 @@ def model_section(a: Analysis) -> Section:
     if m.empty:
         sec.blocks.append("Not available: needs costs (c, v) and fixed-K speculative cells with acceptance counts.")
     else:
+        _costs_note(sec, a)
         eff = m["efficiency"].dropna()
         if len(eff):
             sec.blocks.append(
@@ -166,6 +176,7 @@ def runtime_section(a: Analysis) -> Section:
         return sec
     if len(rt) == 1:
         sec.blocks.append("This sweep measured one runtime configuration.")
+    _costs_note(sec, a)
     t = table_of(rt, [
         ("config", lambda r: s(r["config_label"])), ("target step ms", lambda r: f(r["target_step_ms"], 2)),
         ("draft step ms", lambda r: f(r["draft_step_ms"], 2)), ("c", lambda r: f(r["c"], 3)),

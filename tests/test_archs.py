@@ -135,7 +135,8 @@ def test_gpu_script_runs_on_cpu(tmp_path):
     """The prepared GPU script, on CPU with one small architecture: exactness checks pass, costs written."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_costs.py"
     p = subprocess.run([sys.executable, str(script), "--device", "cpu", "--archs", "gpt2", "--max-n", "3",
-                        "--repeats", "1", "--context-tokens", "8", "--out", str(tmp_path)],
+                        "--repeats", "1", "--context-tokens", "8", "--e2e-target", "gpt2", "--e2e-draft", "gpt2",
+                        "--e2e-tokens", "8", "--e2e-ks", "1,2", "--e2e-passes", "1", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads((tmp_path / "gpu_costs.json").read_text())
@@ -143,3 +144,10 @@ def test_gpu_script_runs_on_cpu(tmp_path):
     assert out["sampling_exactness"]["tv_negative_control"] > 0.1
     assert out["costs"]["float32"]["archs"]["gpt2"]["verify_steps"]["3"] > 0
     assert "PASS" in p.stdout and "FAIL" not in p.stdout
+    runs = {r["name"]: r for r in out["end_to_end"]["runs"]}
+    assert set(runs) == {"target-only", "draft K=1", "draft K=2", "twin K=4", "ngram K=4"}
+    # fp32: an identical copy of the target drafts what the target picks, and every output is the target's
+    assert runs["twin K=4"]["accepted"] == runs["twin K=4"]["drafted"] > 0
+    assert all(r["identical_to_target_only"] for r in out["end_to_end"]["runs"])
+    assert all(r["predicted_decode_s"] > 0 and r["speedup"] > 0 for r in out["end_to_end"]["runs"])
+    assert "A/A" in p.stdout

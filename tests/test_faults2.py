@@ -324,6 +324,18 @@ def test_c16_layer_kinds_come_from_the_cache_not_one_config_field():
         rollback_cache(nxt)
 
 
+def test_rollback_cache_works_on_transformers_without_dummy_layer(monkeypatch):
+    """transformers 5.17 (the H200 image's) has no ``DummyLayer``: layer kinds are still read, rollback works."""
+    from transformers import Qwen2Config, cache_utils
+
+    from specdec.backends.hf import cache_layer_kinds, rollback_cache
+
+    monkeypatch.delattr(cache_utils, "DummyLayer", raising=False)
+    qwen = Qwen2Config(num_hidden_layers=4, sliding_window=8, use_sliding_window=True, max_window_layers=2)
+    assert cache_layer_kinds(qwen) == ["full", "full", "sliding", "sliding"]
+    assert not any(rollback_cache(qwen).is_sliding)
+
+
 # -- C22: the draft computes only what it uses -----------------------------------------------------------
 
 

@@ -29,9 +29,11 @@ def cache_layer_kinds(config) -> list[str]:
 
 
 def _layer_kinds(layers) -> list[str]:
-    from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+    from transformers import cache_utils
 
-    names = {DynamicLayer: "full", DynamicSlidingWindowLayer: "sliding", DummyLayer: "none"}
+    names = {cache_utils.DynamicLayer: "full", cache_utils.DynamicSlidingWindowLayer: "sliding"}
+    if hasattr(cache_utils, "DummyLayer"):  # transformers >= 5.2x; earlier 5.x releases have no such layer
+        names[cache_utils.DummyLayer] = "none"
     return [names.get(type(layer), type(layer).__name__) for layer in layers]
 
 

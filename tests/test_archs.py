@@ -151,6 +151,11 @@ def test_gpu_script_runs_on_cpu(tmp_path):
     assert all(r["identical_to_target_only"] for r in out["end_to_end"]["runs"])
     assert all(r["predicted_decode_s"] > 0 and r["speedup"] > 0 for r in out["end_to_end"]["runs"])
     assert "A/A" in p.stdout
+    # benchmarks/replay_curve.py reads the same file as a cost curve for the traces
+    from conftest import load_benchmark
+
+    curve = load_benchmark("replay_curve").curve_from_costs(tmp_path / "gpu_costs.json", "float32", "gpt2", "gpt2")
+    assert curve.target_step_s > 0 and curve.draft_step_s > 0 and curve.v(3) > 0
 
 
 def test_replay_curve_prices_traces_with_another_machines_curve(tmp_path):

@@ -3,7 +3,7 @@ check - one prepared script for a lent GPU machine (issue 21). Runs on CPU too (
 the test suite checks it.
 
     python benchmarks/gpu_costs.py --device cuda --e2e-dtype none --out results/gpu   # checks + cost tables
-    python benchmarks/gpu_costs.py --device cuda --only-e2e --out results/gpu_e2e      # ~4 minutes on an H200
+    python benchmarks/gpu_costs.py --device cuda --only-e2e --out results/gpu_e2e      # ~4 min on an H200 (estimate)
     python benchmarks/gpu_costs.py --device cpu --archs gpt2 --dtypes float32 --max-n 3 --repeats 1 --out /tmp/x
 
 Every model is built on the device from its published configuration with RANDOM weights (`specdec.archs`;

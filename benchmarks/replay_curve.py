@@ -51,7 +51,13 @@ def curve_from_costs(path: Path, dtype: str, target: str, draft: str) -> CostCur
     Raises:
         KeyError: the dtype or an architecture is not in the file.
     """
-    archs = json.loads(path.read_text())["costs"][dtype]["archs"]
+    costs = json.loads(path.read_text()).get("costs", {})
+    if dtype not in costs:
+        raise KeyError(f"{path} has no {dtype} costs (it has: {', '.join(costs) or 'none'})")
+    archs = costs[dtype]["archs"]
+    for name in (target, draft):
+        if name not in archs:
+            raise KeyError(f"{path} has no {dtype} costs for {name} (it has: {', '.join(archs)})")
     t, d = archs[target], archs[draft]
     return CostCurve(t["forward_s"], d["step_s"], {n: s for n, s in d["forward_s"].items() if int(n) <= 3})
 
@@ -95,12 +101,19 @@ def main(argv: list[str] | None = None) -> int:
             curve = CostCurve(parse_ms(args.target_ms), args.draft_ms / 1e3 if args.draft_ms is not None else None)
         else:
             ap.error("give --costs or --target-ms")
-    except (ValueError, KeyError, OSError) as err:
+    except (ValueError, OSError) as err:
         print(f"replay_curve: error: {err}", file=sys.stderr)
+        return 2
+    except KeyError as err:
+        print(f"replay_curve: error: {err.args[0]}", file=sys.stderr)
         return 2
     from specdec.report import analyze, load_store
 
-    an = analyze(load_store(args.db))
+    try:
+        an = analyze(load_store(args.db))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"replay_curve: error: {err}", file=sys.stderr)
+        return 2
     labels = sorted({m.key[0] for m in an.prompt_models})
     if not labels:
         print(f"replay_curve: error: {args.db} holds no acceptance traces", file=sys.stderr)

@@ -154,8 +154,12 @@ def test_gpu_script_runs_on_cpu(tmp_path):
     # benchmarks/replay_curve.py reads the same file as a cost curve for the traces
     from conftest import load_benchmark
 
-    curve = load_benchmark("replay_curve").curve_from_costs(tmp_path / "gpu_costs.json", "float32", "gpt2", "gpt2")
+    replay = load_benchmark("replay_curve")
+    curve = replay.curve_from_costs(tmp_path / "gpu_costs.json", "float32", "gpt2", "gpt2")
     assert curve.target_step_s > 0 and curve.draft_step_s > 0 and curve.v(3) > 0
+    # a dtype the file lacks, or a missing store: one line, exit 2
+    assert replay.main(["--db", str(tmp_path / "none.db"), "--costs", str(tmp_path / "gpu_costs.json")]) == 2
+    assert replay.main(["--db", str(tmp_path / "none.db"), "--target-ms", "1:10"]) == 2
 
 
 def test_replay_curve_prices_traces_with_another_machines_curve(tmp_path):

@@ -45,7 +45,7 @@ from specdec.bench.sweep import machine_info
 from specdec.costs import CostCurve
 from specdec.decoding import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.traces import draft_pending
+from specdec.report.predicted import PromptModel
 from specdec.verification import stochastic_verify
 
 TINY = {"n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 1000, "n_positions": 128, "bos_token_id": 0,
@@ -91,11 +91,11 @@ def sampling_exactness(device: str, draws: int = 20_000, seed: int = 0) -> dict:
 
 
 def _predicted_decode_s(rounds, curve: CostCurve, drafter: str) -> float:
-    """Forward seconds a run's own rounds predict: per round the draft model's catch-up and k - 1 steps
-    (`CostCurve.draft_round_s`; prompt lookup: 0) plus one target forward of k + 1 tokens."""
-    pending = draft_pending(rounds) if drafter == "draft" else [1] * len(rounds)
-    return sum((curve.draft_round_s(r.k, p) if drafter == "draft" else 0.0) + curve.forward_s(r.k + 1)
-               for r, p in zip(rounds, pending))
+    """Forward seconds a run's own rounds predict, by the report's time model (`PromptModel.decode_s`) with
+    the per-round overheads at 0: the draft model's catch-up and k - 1 steps (prompt lookup: 0) plus one
+    target forward of k + 1 tokens per round."""
+    model = PromptModel(("", "", ""), "", None, curve, 0.0, 0.0, 0.0, (3, 1), None)
+    return model.decode_s(drafter, rounds)
 
 
 def end_to_end(device: str, dtype: str, *, target_arch: str = "qwen2.5-coder-1.5b",

@@ -10,9 +10,12 @@ Loading goes through llama-cpp-python's ``_internals.LlamaModel`` / ``LlamaConte
 ``Llama`` class wraps) rather than ``Llama`` itself, because two parameters that exactness and safety need
 are not reachable through ``Llama.__init__`` in 0.3.36:
 
-* ``llama_model_params.use_extra_bufts`` (weight repacking / AMX buffers): off by default here. With the
-  AMX path on, ``ggml_backend_amx_mul_mat`` segfaults inside ``llama_decode`` on some VMs (seen on a
-  Firecracker guest whose CPU reports ``amx_int8``), killing the process; a segfault cannot be caught.
+* ``llama_model_params.use_extra_bufts`` (weight repacking into ggml's extra CPU buffer types): on by
+  default (`repack_default`) except on a CPU that reports AMX. Repacking lets Q4_0/Q4_K/IQ4_NL weights run
+  through GEMM kernels that process several rows per weight read, which makes the single step faster and a
+  verification forward cheaper per token. On a CPU with AMX the same switch enables the AMX buffer type, and
+  ``ggml_backend_amx_mul_mat`` segfaults inside ``llama_decode`` on some VMs (a Firecracker guest that
+  reports ``amx_int8``), killing the process - a segfault cannot be caught - so there it stays off.
 * ``llama_context_params.n_outputs_max_per_seq`` ("max outputs per sequence", default 1 in this llama.cpp):
   set to 0 (= n_outputs_max = n_batch) so that a batch may return logits for every position. (With 1, all
   positions still came back in 0.3.36; the explicit 0 guards against the cap being enforced later.)
@@ -24,8 +27,8 @@ two are equal; this backend always sets both to the same ``n_threads``.
 Cost of a verification forward: without extra buffers, ggml's CPU matmul for quantized weights (Q4_1, Q4_K)
 runs one vec_dot per (row, token), so a forward over n tokens costs nearly n single-token forwards
 (SmolLM2-135M Q4_1, 2 shared cores: t(17)/t(1) ~ 7-13). Speculation pays off on CPU only when the draft is
-much cheaper than the target and acceptance is high; `extra_buffers=True` (repacked GEMM kernels) may
-flatten the curve where it does not crash.
+much cheaper than the target and acceptance is high. Repacked GEMM kernels (the default where safe) make
+the single step cheaper and flatten the curve for the tensor types that have a repack (Q6_K has none on x86).
 """
 
 from __future__ import annotations
@@ -84,6 +87,30 @@ def _init_backend(lib, verbose: bool) -> None:
         _BACKEND_READY = True
 
 
+#: CPU flags (/proc/cpuinfo names) of the AMX units whose ggml buffer type crashes on some VMs.
+AMX_FLAGS = frozenset({"amx_int8", "amx_bf16", "amx_tile"})
+
+
+def repack_default(flags=None) -> tuple[bool, str]:
+    """Whether llama.cpp may repack weights on this CPU (``use_extra_bufts``), and why, in one line.
+
+    Args:
+        flags: CPU flag names (default: this machine's, `specdec.precision.cpu_flags`).
+
+    Returns:
+        ``(True, "...")`` unless the CPU reports an AMX unit (`AMX_FLAGS`), where the AMX buffer type that the
+        same switch enables has crashed the process; then ``(False, "...")``.
+    """
+    if flags is None:
+        from specdec.precision import cpu_flags
+
+        flags = cpu_flags()
+    amx = sorted(AMX_FLAGS & set(flags))
+    if amx:
+        return False, f"weight repacking off: this CPU reports {', '.join(amx)} and ggml's AMX path can crash"
+    return True, "weight repacking on (no AMX on this CPU)"
+
+
 def default_threads() -> int:
     """CPUs this process may run on (``sched_getaffinity``), at least 1."""
     try:
@@ -102,8 +129,9 @@ class LlamaCppBackend:
             use). Both llama.cpp thread counts get this value (see the module docstring).
         n_batch: tokens per ``llama_decode`` call (logical = physical batch). Longer inputs (a long prompt's
             prefill) are fed in chunks of `n_batch`; logits, if asked for, are concatenated.
-        extra_buffers: let llama.cpp repack weights into its extra CPU buffer types (AMX, AVX repack).
-            Faster on some CPUs, but the AMX kernels crash on some VMs; off by default.
+        extra_buffers: let llama.cpp repack weights into its extra CPU buffer types (AVX/AMX repack).
+            None (default): `repack_default` - on unless the CPU reports AMX. `extra_buffers` then holds
+            what ran and `extra_buffers_note` why.
         verbose: let llama.cpp print its load log.
 
     Attributes:
@@ -112,6 +140,7 @@ class LlamaCppBackend:
         max_length: ``n_ctx``.
         device: ``cpu`` (logits are always returned on the CPU).
         n_threads, n_batch: as constructed.
+        extra_buffers: whether weight repacking ran (``use_extra_bufts``); extra_buffers_note: why, one line.
 
     Raises:
         GGUFNotFoundError: `model_path` does not exist.
@@ -129,7 +158,7 @@ class LlamaCppBackend:
         n_ctx: int | None = None,
         n_threads: int | None = None,
         n_batch: int = DEFAULT_N_BATCH,
-        extra_buffers: bool = False,
+        extra_buffers: bool | None = None,
         verbose: bool = False,
     ) -> None:
         path = _require_file(model_path)
@@ -140,7 +169,12 @@ class LlamaCppBackend:
 
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        mparams.use_extra_bufts = bool(extra_buffers)
+        if extra_buffers is None:
+            extra_buffers, self.extra_buffers_note = repack_default()
+        else:
+            self.extra_buffers_note = f"weight repacking {'on' if extra_buffers else 'off'} (asked for)"
+        self.extra_buffers = bool(extra_buffers)
+        mparams.use_extra_bufts = self.extra_buffers
         try:
             self._model = internals.LlamaModel(path_model=self.model_path, params=mparams, verbose=verbose)
         except ValueError as exc:
@@ -331,6 +365,72 @@ class LlamaCppBackend:
 def _eog_ids(lib, model) -> frozenset[int]:
     vocab = lib.llama_model_get_vocab(model)
     return frozenset(i for i in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_is_eog(vocab, i))
+
+
+def gguf_weight_types(path: str | os.PathLike) -> dict[str, int]:
+    """Bytes of tensor data per ggml type in a GGUF file (e.g. ``{"Q4_K": 9.1e8, "Q6_K": 2.1e8, "F32": ...}``),
+    read from the header and tensor infos through the ``gguf`` package (memory-mapped, no weights copied).
+    Which kernels a forward runs depends on these types (a type without an x86 repack keeps per-row dot
+    products), so a cost curve is recorded with them.
+
+    Raises:
+        GGUFNotFoundError: `path` does not exist. ValueError: the file is not a readable GGUF.
+    """
+    from gguf import GGUFReader
+
+    p = _require_file(path)
+    try:
+        reader = GGUFReader(p)
+    except Exception as exc:  # gguf raises ValueError/struct errors on a damaged file
+        raise ValueError(f"{p}: not a readable GGUF file ({exc})") from exc
+    out: dict[str, int] = {}
+    for t in reader.tensors:
+        name = t.tensor_type.name
+        out[name] = out.get(name, 0) + int(t.n_bytes)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+#: Target weight types a GGUF can be requantized to (`requantize_gguf`), by llama.cpp's ftype names.
+REQUANT_TYPES = {"Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "IQ4_NL": "LLAMA_FTYPE_MOSTLY_IQ4_NL",
+                 "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+
+
+def requantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, weight_type: str, *, pure: bool = True,
+                    threads: int | None = None) -> Path:
+    """Write `src` requantized to `weight_type` at `dst` with llama.cpp's own quantizer
+    (``llama_model_quantize`` with ``allow_requantize``; `pure`: every 2-d tensor gets `weight_type`, the
+    output layer and embeddings included, so no tensor keeps a type without a repacked kernel).
+
+    Requantizing an already quantized file stacks two rounding errors: the result is a different model, so
+    its greedy output is compared with the source's before it is used as a target (`benchmarks/
+    llamacpp_candidates.py` prints that agreement). The file is written to ``dst + ".part"`` and renamed, so
+    an interrupted call never leaves a truncated `dst`.
+
+    Raises:
+        GGUFNotFoundError: `src` is missing. ValueError: unknown `weight_type` (one line, the known ones),
+        or `dst` exists. BackendError: llama.cpp's quantizer failed.
+    """
+    if weight_type not in REQUANT_TYPES:
+        raise ValueError(f"unknown weight type {weight_type!r}; known: {', '.join(REQUANT_TYPES)}")
+    source = _require_file(src)
+    out = Path(dst)
+    if out.exists():
+        raise ValueError(f"{out} exists; remove it or choose another path")
+    lib, _ = _llama_cpp()
+    _init_backend(lib, False)
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = getattr(lib, REQUANT_TYPES[weight_type])
+    params.allow_requantize = True
+    params.pure = bool(pure)
+    params.nthread = int(threads or default_threads())
+    part = out.with_name(out.name + ".part")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rc = lib.llama_model_quantize(str(source).encode(), str(part).encode(), ctypes.byref(params))
+    if rc != 0 or not part.is_file():
+        part.unlink(missing_ok=True)
+        raise BackendError(f"llama.cpp could not requantize {source.name} to {weight_type} (status {rc})")
+    part.replace(out)
+    return out
 
 
 def gguf_eog_ids(path: str | os.PathLike) -> frozenset[int]:

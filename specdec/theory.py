@@ -1,4 +1,4 @@
-"""Analytical model of speculative decoding and the statistics the report needs.
+"""Analytical model of speculative decoding: expected tokens per round, speedup, break-even and optimal K.
 
 The model follows Leviathan, Kalman & Matias (2023), "Fast Inference from Transformers via
 Speculative Decoding", Sec. 3 (Theorem 3.8 and the walltime analysis of Sec. 3.4), which is the same
@@ -39,8 +39,6 @@ from specdec.costs import curve_value
 __all__ = [
     "CostModel",
     "alpha_from_acceptance",
-    "bootstrap_ci",
-    "bootstrap_ratio_ci",
     "break_even_alpha",
     "cost_at",
     "expected_accepted_per_round",
@@ -49,7 +47,6 @@ __all__ = [
     "optimal_k",
     "refined_speedup",
     "relative_costs",
-    "verdict",
 ]
 
 #: A relative target cost model: a callable ``n -> v(n)`` or a mapping ``{n: v(n)}``.
@@ -377,156 +374,3 @@ def relative_costs(forward_s: Mapping[int, float]) -> dict[int, float]:
         out[int(n)] = t / t1
     out[1] = 1.0
     return out
-
-
-# --------------------------------------------------------------------------------------------------
-# bootstrap statistics
-# --------------------------------------------------------------------------------------------------
-
-
-def _as_sample(values, name: str) -> np.ndarray:
-    arr = np.asarray(values, dtype=float).ravel()
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or inf")
-    return arr
-
-
-def _check_bootstrap_args(n_resamples: int, confidence: float) -> None:
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, Integral) or n_resamples < 1:
-        raise ValueError(f"n_resamples must be an int >= 1, got {n_resamples!r}")
-    if not (0.0 < float(confidence) < 1.0):
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-
-
-def _resampled_stat(
-    arr: np.ndarray, stat: Callable, rng: np.random.Generator, n_resamples: int
-) -> np.ndarray:
-    """``stat`` of ``n_resamples`` resamples with replacement of ``arr``; uses ``stat(x, axis=1)`` when
-    the statistic supports it, else one call per resample."""
-    idx = rng.integers(0, arr.size, size=(n_resamples, arr.size))
-    samples = arr[idx]
-    try:
-        out = np.asarray(stat(samples, axis=1), dtype=float)
-        if out.shape == (n_resamples,):
-            return out
-    except TypeError:
-        pass
-    return np.array([float(stat(row)) for row in samples], dtype=float)
-
-
-def _interval(boots: np.ndarray, confidence: float) -> tuple[float, float]:
-    tail = (1.0 - float(confidence)) / 2.0
-    lo, hi = np.quantile(boots, [tail, 1.0 - tail])
-    return float(lo), float(hi)
-
-
-def bootstrap_ci(
-    values,
-    *,
-    stat: Callable = np.median,
-    n_resamples: int = 2000,
-    confidence: float = 0.95,
-    seed: int | None = 0,
-) -> tuple[float, float, float]:
-    """Percentile-bootstrap confidence interval of ``stat(values)`` (Efron & Tibshirani 1993).
-
-    Draws ``n_resamples`` resamples of ``values`` with replacement (``numpy.random.default_rng(seed)``,
-    so the result is reproducible for a fixed seed), computes ``stat`` on each and returns
-    ``(point, lo, hi)`` where ``point = stat(values)`` and ``lo`` / ``hi`` are the
-    ``(1 - confidence)/2`` and ``(1 + confidence)/2`` quantiles of the resampled statistics.
-    ``stat`` is called as ``stat(x, axis=1)`` on a 2-D array when it accepts that, else per resample.
-    A single value gives ``(v, v, v)``; constant data gives a zero-width interval.
-
-    Units: those of ``stat(values)``.
-
-    Raises:
-        ValueError: empty ``values``, NaN / inf in ``values``, ``n_resamples < 1`` or
-            ``confidence`` outside ``(0, 1)``.
-    """
-    _check_bootstrap_args(n_resamples, confidence)
-    arr = _as_sample(values, "values")
-    point = float(stat(arr))
-    if arr.size == 1:
-        return point, point, point
-    rng = np.random.default_rng(seed)
-    boots = _resampled_stat(arr, stat, rng, n_resamples)
-    lo, hi = _interval(boots, confidence)
-    return point, lo, hi
-
-
-def bootstrap_ratio_ci(
-    numer,
-    denom,
-    *,
-    stat: Callable = np.median,
-    paired: bool = False,
-    n_resamples: int = 2000,
-    confidence: float = 0.95,
-    seed: int | None = 0,
-) -> tuple[float, float, float]:
-    """Percentile-bootstrap confidence interval of a ratio, e.g. the speedup of a method over the
-    baseline.
-
-    For a speedup pass ``numer`` = method throughput and ``denom`` = baseline throughput (tokens/s),
-    or ``numer`` = baseline latency and ``denom`` = method latency (s); ``> 1`` then means the method
-    is faster.
-
-    * ``paired=False`` (default): the estimate is ``stat(numer) / stat(denom)``; each resample draws
-      ``numer`` and ``denom`` *independently* with replacement and takes the ratio of their
-      statistics.  Use when the two samples are not matched one-to-one.
-    * ``paired=True``: ``numer[i]`` and ``denom[i]`` are measurements of the same unit (same prompt /
-      repeat); the per-unit ratios ``r_i = numer[i] / denom[i]`` are formed first and the estimate is
-      ``stat(r)``, bootstrapped by resampling units (this removes between-prompt variance and is
-      usually tighter).  Requires equal lengths.
-
-    Returns ``(point, lo, hi)`` (dimensionless), reproducible for a fixed ``seed``.  Single-element
-    inputs give a zero-width interval.
-
-    Raises:
-        ValueError: empty inputs, NaN / inf, a ``denom`` value ``<= 0``, a ``numer`` value ``< 0``,
-            unequal lengths with ``paired=True``, ``n_resamples < 1`` or ``confidence`` outside
-            ``(0, 1)``.
-    """
-    _check_bootstrap_args(n_resamples, confidence)
-    num = _as_sample(numer, "numer")
-    den = _as_sample(denom, "denom")
-    if np.any(den <= 0.0):
-        raise ValueError("denom values must be > 0")
-    if np.any(num < 0.0):
-        raise ValueError("numer values must be >= 0")
-    if paired:
-        if num.size != den.size:
-            raise ValueError(f"paired=True needs equal lengths, got {num.size} and {den.size}")
-        return bootstrap_ci(num / den, stat=stat, n_resamples=n_resamples, confidence=confidence, seed=seed)
-    point = float(stat(num)) / float(stat(den))
-    if num.size == 1 and den.size == 1:
-        return point, point, point
-    rng = np.random.default_rng(seed)
-    boot_num = _resampled_stat(num, stat, rng, n_resamples)
-    boot_den = _resampled_stat(den, stat, rng, n_resamples)
-    lo, hi = _interval(boot_num / boot_den, confidence)
-    return point, lo, hi
-
-
-def verdict(lo: float, hi: float) -> str:
-    """Verdict for a speedup confidence interval ``[lo, hi]`` (dimensionless ratio).
-
-    Returns ``"win"`` if ``lo > 1`` (the whole interval is above 1), ``"loss"`` if ``hi < 1``, else
-    ``"no measurable difference"`` (the interval contains 1).
-
-    Raises:
-        ValueError: ``lo`` or ``hi`` is NaN, or ``lo > hi``.
-    """
-    lo = float(lo)
-    hi = float(hi)
-    if math.isnan(lo) or math.isnan(hi):
-        raise ValueError("interval bounds must not be NaN")
-    if lo > hi:
-        raise ValueError(f"lo ({lo}) must be <= hi ({hi})")
-    if lo > 1.0:
-        return "win"
-    if hi < 1.0:
-        return "loss"
-    return "no measurable difference"

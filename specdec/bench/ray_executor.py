@@ -35,20 +35,12 @@ __all__ = [
     "RAY_INSTALL_HINT",
     "RaySweepResult",
     "ShardOutcome",
-    "ray_available",
     "require_ray",
     "run_sweep_ray",
     "shard_store_path",
 ]
 
 RAY_INSTALL_HINT = "--executor ray needs Ray, an optional extra: pip install -e '.[ray]'"
-
-
-def ray_available() -> bool:
-    """True when the ``ray`` package can be imported."""
-    import importlib.util
-
-    return importlib.util.find_spec("ray") is not None
 
 
 def require_ray():

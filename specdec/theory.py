@@ -46,7 +46,6 @@ __all__ = [
     "ideal_speedup",
     "optimal_k",
     "refined_speedup",
-    "relative_costs",
 ]
 
 #: A relative target cost model: a callable ``n -> v(n)`` or a mapping ``{n: v(n)}``.
@@ -188,8 +187,8 @@ def cost_at(v: CostModel, n: int) -> float:
     (:func:`specdec.costs.curve_value`): linear interpolation between measured ``n``, the smallest
     measured value below them, and beyond the largest measured ``n`` the least-squares slope of the whole
     curve (the rule the cost policy and the sweep's estimate use too).  A mapping that contains
-    ``n == 1`` must have ``v[1] == 1`` (to 1e-6): passing raw seconds is an error; use
-    :func:`relative_costs` first.
+    ``n == 1`` must have ``v[1] == 1`` (to 1e-6): passing raw seconds is an error; convert them with
+    :meth:`specdec.costs.CostCurve.relative` first.
 
     Raises:
         ValueError: empty mapping, non-positive keys, ``v[1] != 1``, or a non-finite or
@@ -209,7 +208,7 @@ def cost_at(v: CostModel, n: int) -> float:
         if 1 in v and abs(float(v[1]) - 1.0) > 1e-6:
             raise ValueError(
                 f"cost mapping must be relative (v[1] == 1), got v[1] = {float(v[1])}; "
-                "use relative_costs() to convert seconds"
+                "convert seconds with CostCurve(seconds).relative()"
             )
         value = curve_value(v, n)
     elif callable(v):
@@ -345,32 +344,3 @@ def alpha_from_acceptance(num_accepted, num_rejections) -> float:
     if acc + rej == 0:
         raise ValueError("no acceptance trials observed (accepted + rejections == 0)")
     return acc / (acc + rej)
-
-
-def relative_costs(forward_s: Mapping[int, float]) -> dict[int, float]:
-    """Convert measured target forward times to relative costs ``v(n) = t(n) / t(1)``.
-
-    ``forward_s`` maps ``n`` (tokens in one warm-cache target forward) to seconds (any consistent time
-    unit).  The result is sorted by ``n``, with ``v(1) == 1.0`` exactly, ready for
-    :func:`refined_speedup` / :func:`cost_at`.  (Leviathan et al. 2023, Sec. 3.4, assume
-    ``v(n) == 1``; this measures it.)
-
-    Raises:
-        ValueError: ``n == 1`` missing, a key ``< 1``, or a non-finite or non-positive time.
-        TypeError: a key not an integer.
-    """
-    if 1 not in forward_s:
-        raise ValueError("forward_s must contain the single-token time at n == 1")
-    out: dict[int, float] = {}
-    t1 = float(forward_s[1])
-    for n in sorted(forward_s):
-        if isinstance(n, bool) or not isinstance(n, Integral):
-            raise TypeError(f"keys must be ints (token counts), got {n!r}")
-        if n < 1:
-            raise ValueError(f"keys must be >= 1, got {n}")
-        t = float(forward_s[n])
-        if not math.isfinite(t) or t <= 0.0:
-            raise ValueError(f"forward time for n={n} must be finite and > 0, got {t}")
-        out[int(n)] = t / t1
-    out[1] = 1.0
-    return out

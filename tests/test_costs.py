@@ -76,6 +76,31 @@ def test_draft_catch_up_is_priced_on_the_draft_curve():
         curve.draft_round_s(1, 0)
 
 
+def test_relative_is_the_one_v_rule():
+    """v(n) = t(n) / t(1), sorted by n, v(1) exactly 1: what the analytical model and the report take."""
+    out = CostCurve({4: 0.03, 1: 0.02, 2: 0.021}).relative()
+    assert list(out) == [1, 2, 4]
+    assert out[1] == 1.0 and out[2] == pytest.approx(1.05) and out[4] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="n = 1"):
+        CostCurve({2: 0.02}).relative()
+    with pytest.raises(ValueError, match="finite and > 0"):
+        CostCurve({1: 0.02, 2: 0.0}).relative()
+
+
+def test_from_calibration_takes_the_median_of_each_role_and_n():
+    """Two blocks of one prompt give one curve: per role and n the median; the draft's n = 1 is its step."""
+    rows = [{"role": "target", "n_tokens": n, "seconds": s} for n, s in ((1, 0.10), (2, 0.12), (1, 0.30), (2, 0.14))]
+    rows += [{"role": "draft", "n_tokens": 1, "seconds": 0.02}, {"role": "draft", "n_tokens": 2, "seconds": 0.03},
+             {"role": "other", "n_tokens": 1, "seconds": 9.0}]
+    curve = CostCurve.from_calibration(rows)
+    assert curve.target_forward_s == {1: pytest.approx(0.20), 2: pytest.approx(0.13)}
+    assert curve.draft_step_s == 0.02 and curve.draft_forward_s == {1: 0.02, 2: 0.03}
+    step_only = CostCurve.from_calibration([r for r in rows if not (r["role"] == "draft" and r["n_tokens"] == 2)])
+    assert step_only.draft_step_s == 0.02 and step_only.draft_forward_s is None  # the step alone: no catch-up curve
+    with pytest.raises(ValueError, match="single step"):
+        CostCurve.from_calibration([{"role": "target", "n_tokens": 2, "seconds": 0.1}])
+
+
 def test_theory_policy_and_estimate_agree_past_the_measured_range():
     """The report's model, the policy's K choice and the sweep's estimate read ONE curve: beyond the measured
     n (here 9) they used to clamp, extend the last slope and fit a line respectively."""

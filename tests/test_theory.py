@@ -17,7 +17,6 @@ from specdec.theory import (
     ideal_speedup,
     optimal_k,
     refined_speedup,
-    relative_costs,
 )
 
 # ---------------------------------------------------------------------------- expected tokens
@@ -132,18 +131,6 @@ def test_cost_mapping_validation():
         cost_at({1: 1.0, 2: -1.0}, 2)
     with pytest.raises(TypeError):
         cost_at(3.0, 2)
-
-
-def test_relative_costs():
-    out = relative_costs({4: 0.03, 1: 0.02, 2: 0.021})
-    assert list(out) == [1, 2, 4]
-    assert out[1] == 1.0
-    assert out[2] == pytest.approx(1.05)
-    assert out[4] == pytest.approx(1.5)
-    with pytest.raises(ValueError):
-        relative_costs({2: 0.02})
-    with pytest.raises(ValueError):
-        relative_costs({1: 0.02, 2: 0.0})
 
 
 # ---------------------------------------------------------------------------- break-even

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from specdec import theory
+from specdec.costs import CostCurve
 from specdec.report.cells import spec_fixed_cells
 
 __all__ = [
@@ -90,7 +91,7 @@ def cost_infos(costs: pd.DataFrame) -> dict[str, CostInfo]:
         tgt = {int(r.n_tokens): float(r.seconds) for r in g[g["role"] == "target"].itertuples()}
         dr = {int(r.n_tokens): float(r.seconds) for r in g[g["role"] == "draft"].itertuples()}
         t1, d1 = tgt.get(1), dr.get(1)
-        v = theory.relative_costs(tgt) if t1 else None
+        v = CostCurve(tgt).relative() if t1 else None
         c = d1 / t1 if (t1 and d1) else None
         out[label] = CostInfo(label, t1, d1, c, v, dict(sorted(tgt.items())))
     return out

@@ -153,15 +153,12 @@ def _median(xs) -> float:
 
 
 def _curve(cal: pd.DataFrame, stored: CostCurve | None) -> CostCurve | None:
-    """The calibration blocks' median curve (all blocks of one prompt: target forwards, the draft step and,
-    when timed, the draft's forwards of n > 1 tokens), else the configuration's stored one."""
-    if len(cal):
-        t = cal[cal["role"] == "target"].groupby("n_tokens")["seconds"].median()
-        d = cal[cal["role"] == "draft"].groupby("n_tokens")["seconds"].median()
-        if len(t) and 1 in t.index:
-            step = float(d.loc[1]) if 1 in d.index else None
-            dcurve = {int(n): float(s) for n, s in d.items()} if len(d) > 1 else None
-            return CostCurve({int(n): float(s) for n, s in t.items()}, step, dcurve)
+    """The calibration blocks' median curve (`CostCurve.from_calibration`: all blocks of one prompt, target
+    forwards, the draft step and, when timed, the draft's forwards of n > 1 tokens), else the configuration's
+    stored one."""
+    rows = cal.to_dict("records") if len(cal) else []
+    if any(r["role"] == "target" and r["n_tokens"] == 1 for r in rows):
+        return CostCurve.from_calibration(rows)
     return stored
 
 

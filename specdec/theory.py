@@ -38,7 +38,6 @@ from specdec.costs import curve_value
 
 __all__ = [
     "CostModel",
-    "alpha_from_acceptance",
     "break_even_alpha",
     "cost_at",
     "expected_accepted_per_round",
@@ -312,35 +311,3 @@ def optimal_k(alpha, c, v: CostModel | None = None, ks: Iterable[int] = range(1,
     if best is None:
         raise ValueError("ks is empty")
     return best
-
-
-# --------------------------------------------------------------------------------------------------
-# estimates from measurements
-# --------------------------------------------------------------------------------------------------
-
-
-def alpha_from_acceptance(num_accepted, num_rejections) -> float:
-    """Estimate of the per-token acceptance probability from acceptance counts.
-
-    Formula::
-
-        alpha_hat = accepted / (accepted + rejections)
-
-    where ``accepted`` is the total number of draft tokens accepted and ``rejections`` the number of
-    rejection events (at most one per round; a round whose ``k`` drafts are all accepted has none).
-    Under the i.i.d. Bernoulli(alpha) model of Leviathan et al. 2023 (Sec. 3.1) each accepted draft is
-    a success and each rejection a failure, and this is the maximum-likelihood estimate of alpha.
-    Drafts after a rejection are never tested and do not count.
-
-    Units: counts in, dimensionless probability out.
-
-    Raises:
-        ValueError: a negative or non-finite count, or both counts zero (no trials observed).
-    """
-    acc = float(num_accepted)
-    rej = float(num_rejections)
-    if not (math.isfinite(acc) and math.isfinite(rej)) or acc < 0 or rej < 0:
-        raise ValueError(f"counts must be finite and >= 0, got {num_accepted}, {num_rejections}")
-    if acc + rej == 0:
-        raise ValueError("no acceptance trials observed (accepted + rejections == 0)")
-    return acc / (acc + rej)

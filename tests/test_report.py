@@ -17,6 +17,7 @@ import pytest
 from conftest import load_benchmark
 
 from specdec import stats, theory
+from specdec.metrics import RATES
 from specdec.report import analyze, load_store
 from specdec.report.cells import cell_table
 from specdec.report.diagnostics import baseline_stability_table, position_acceptance
@@ -235,7 +236,7 @@ def test_rates_from_raw_counts(analysis):
     assert row["num_accepted"] == 4 * 13 and row["num_drafted"] == 4 * 16 and row["num_rejections"] == 4 * 2
     assert row["acceptance_rate"] == pytest.approx(13 / 16)
     assert row["alpha_hat"] == pytest.approx(13 / 15)
-    assert row["alpha_hat"] == pytest.approx(theory.alpha_from_acceptance(52, 8))
+    assert row["alpha_hat"] == pytest.approx(RATES["alpha_hat"].of({"num_accepted": 52, "num_rejections": 8}))
     assert row["mean_accepted"] == pytest.approx(13 / 4)
     assert row["block_efficiency"] == pytest.approx(17 / 4)
     assert row["mean_k"] == pytest.approx(4.0)

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from specdec.metrics import RATES
 from specdec.theory import (
-    alpha_from_acceptance,
     break_even_alpha,
     cost_at,
     expected_accepted_per_round,
@@ -85,7 +85,8 @@ def test_expected_accepted_monte_carlo():
     assert accepted.mean() == pytest.approx(expected_accepted_per_round(alpha, k), abs=0.05)
     # and the count estimator recovers alpha
     rejections = int((~ok.all(axis=1)).sum())
-    assert alpha_from_acceptance(int(accepted.sum()), rejections) == pytest.approx(alpha, abs=0.02)
+    alpha_hat = RATES["alpha_hat"].of({"num_accepted": int(accepted.sum()), "num_rejections": rejections})
+    assert alpha_hat == pytest.approx(alpha, abs=0.02)
 
 
 # ---------------------------------------------------------------------------- speedups
@@ -195,16 +196,3 @@ def test_optimal_k_errors():
         optimal_k(0.5, 0.1, ks=[])
     with pytest.raises(ValueError):
         optimal_k(np.array([0.5, 0.6]), 0.1)
-
-
-# ---------------------------------------------------------------------------- alpha estimate
-
-
-def test_alpha_from_acceptance():
-    assert alpha_from_acceptance(8, 2) == 0.8
-    assert alpha_from_acceptance(0, 5) == 0.0
-    assert alpha_from_acceptance(5, 0) == 1.0
-    with pytest.raises(ValueError):
-        alpha_from_acceptance(0, 0)
-    with pytest.raises(ValueError):
-        alpha_from_acceptance(-1, 3)

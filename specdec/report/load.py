@@ -22,6 +22,7 @@ import pandas as pd
 
 from specdec.bench import store
 from specdec.bench.shard import missing_shards
+from specdec.metrics import RATES
 
 __all__ = [
     "COST_COLUMNS",
@@ -35,6 +36,7 @@ __all__ = [
     "load_store",
     "parse_json",
     "prepare_runs",
+    "run_rate",
     "with_round_stats",
 ]
 
@@ -330,6 +332,19 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def ensure_prepared(runs: pd.DataFrame) -> pd.DataFrame:
     """`runs` itself when it is already a `prepare_runs` frame, else `prepare_runs(runs)`."""
     return runs if "ok" in runs.columns else prepare_runs(runs)
+
+
+def run_rate(runs: pd.DataFrame, name: str) -> pd.Series:
+    """`specdec.metrics.RATES` ``[name]`` of each run (row) of `runs`, from its count columns: NaN where a count
+    is missing or the denominator is not > 0.
+
+    Raises:
+        KeyError: an unknown rate, or `runs` lacks one of its counts.
+    """
+    rate = RATES[name]
+    num = sum(pd.to_numeric(runs[c], errors="coerce") for c in rate.numerator)
+    den = sum(pd.to_numeric(runs[c], errors="coerce") for c in rate.denominator)
+    return num / den.where(den > 0)
 
 
 def _round_stats(rounds: pd.DataFrame) -> pd.DataFrame:

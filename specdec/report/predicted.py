@@ -44,8 +44,9 @@ from specdec import stats
 from specdec.bench.config import RUNTIME_CONFIGS
 from specdec.costs import CostCurve
 from specdec.drafters import PromptLookupDrafter
+from specdec.metrics import RATES
 from specdec.policies import make_policy
-from specdec.report.load import ensure_prepared, is_missing
+from specdec.report.load import ensure_prepared, is_missing, run_rate
 from specdec.report.model import CostInfo, cost_infos
 from specdec.report.speedup import paired_reference
 from specdec.report.vocab import BASELINE
@@ -327,11 +328,14 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
                     rounds = m.rounds(method, k, policy)
                 except ValueError:
                     continue
-                spec = [r for r in rounds if r.k > 0]
+                counts = {"num_emitted": sum(r.num_emitted for r in rounds), "num_rounds": len(rounds),
+                          "num_drafted": sum(r.k for r in rounds),
+                          "num_speculative_rounds": sum(1 for r in rounds if r.k > 0)}
                 rows.append({"config_label": m.key[0], "prompt_id": m.key[1], "prompt_type": m.prompt_type,
                              "method": method, "policy": policy, "k": k, "predicted": m.speedup(method, rounds),
-                             "block_efficiency": sum(r.num_emitted for r in rounds) / max(len(rounds), 1),
-                             "mean_k": sum(r.k for r in spec) / len(spec) if spec else 0.0})
+                             # no rounds / no drafting round: 0, as a plot of the grid shows it
+                             "block_efficiency": RATES["block_efficiency"].of(counts) if rounds else 0.0,
+                             "mean_k": RATES["mean_k"].of(counts) if counts["num_speculative_rounds"] else 0.0})
     return pd.DataFrame(rows)
 
 
@@ -394,8 +398,7 @@ def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequ
     ok = df[df["ok"]].copy()
     if ok.empty or not models:
         return pd.DataFrame(columns=cols)
-    dec = pd.to_numeric(ok["decode_s"], errors="coerce")
-    ok["decode_tokens_per_s"] = pd.to_numeric(ok["new_tokens"], errors="coerce") / dec.where(dec > 0)
+    ok["decode_tokens_per_s"] = run_rate(ok, "decode_tokens_per_s")
     ref, adj = paired_reference(ok, "decode_tokens_per_s")
     by_key = {(m.key[0], m.key[1], m.key[2]): m for m in models}
     rows = []

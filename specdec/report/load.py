@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from specdec.bench import store
-from specdec.bench.shard import missing_shards
 from specdec.metrics import RATES
+from specdec.store_info import machine_label, missing_shards
 
 __all__ = [
     "COST_COLUMNS",
@@ -91,9 +91,8 @@ class StoreData:
         """The machines that timed this sweep's runs, by machine id: ``(machine_id, label, runs, baseline runs)``.
 
         ``runs`` counts every run of the machine (failed ones included), ``baseline runs`` its successful
-        target-only runs; ``label`` is `specdec.bench.machines.machine_label` of the ``machines`` row. Empty
+        target-only runs; ``label`` is `specdec.store_info.machine_label` of the ``machines`` row. Empty
         when no run records its machine (older single-machine stores)."""
-        from specdec.bench.machines import machine_label
         from specdec.report.vocab import BASELINE
 
         ids = self.runs["machine_id"].dropna().astype(str)

@@ -403,7 +403,7 @@ def test_machine_drift_from_round_traces(tmp_path):
     assert runs.loc["baseline", "step_s"] == pytest.approx(0.010) and runs.loc["baseline", "drift"] == pytest.approx(0)
     assert runs.loc["draft", "step_s"] == pytest.approx(0.020) and runs.loc["draft", "drift"] == pytest.approx(1.0)
     assert runs.loc["draft", "speedup"] == pytest.approx(1.5)
-    assert "normalized_speedup" not in runs.columns  # drift is a diagnostic, never a correction (issue 16)
+    assert "normalized_speedup" not in runs.columns  # drift is a diagnostic, never a correction
     cells = a.table("drift").set_index("method")
     assert bool(cells.loc["draft", "flagged"]) and not bool(cells.loc["ngram", "flagged"])
     assert cells.loc["ngram", "speedup"] == pytest.approx(1.2)
@@ -424,7 +424,7 @@ def test_position_acceptance():
 
 
 def test_position_acceptance_stops_where_the_output_stops():
-    """Case C14: a K = 4 round whose flags say 4 accepted but whose output stopped at an EOS as its 2nd token
+    """A K = 4 round whose flags say 4 accepted but whose output stopped at an EOS as its 2nd token
     (num_emitted 2; an old store kept the verifier's raw count 4): positions 3 and 4 were never reached."""
     runs = pd.DataFrame([{"run_id": 1, "config_label": "x", "prompt_id": "p", "prompt_type": "t", "method": "draft",
                           "policy": "fixed", "k": 4, "tokens_per_s": 1.0}])

@@ -169,3 +169,28 @@ def test_calibration_block_times_the_drafts_catch_up(tiny_pair, near_draft_dir):
         st.save_calibration("s", "c", "p", 1, block)
         rows = [r for r in st.calibration() if r["role"] == "draft"]
     assert sorted(r["n_tokens"] for r in rows) == sorted(DRAFT_CALIBRATION_NS)
+
+
+def test_a_resumed_prompt_decides_with_the_median_of_its_stored_blocks():
+    """On --resume the runner rebuilds each prompt's costs from its stored calibration blocks of this machine and
+    configuration with the replay's rule (`CostCurve.from_calibration`, median per role and n), so the cost
+    policy of a resumed prompt prices K as its replay does; other machines' and configurations' rows count not."""
+    from types import SimpleNamespace
+
+    from specdec.bench.runner import _stored_prompt_costs
+
+    def row(label, pid, mid, after, role, n, s):
+        return {"config_label": label, "prompt_id": pid, "machine_id": mid, "after_run_id": after, "role": role,
+                "n_tokens": n, "seconds": s}
+
+    rows = [row("c", "p", "m", 1, "target", 1, 0.1), row("c", "p", "m", 1, "target", 2, 0.2),
+            row("c", "p", "m", 9, "target", 1, 0.3), row("c", "p", "m", 9, "target", 2, 0.4),
+            row("c", "p", "m", 1, "draft", 1, 0.05),
+            row("c", "p", "other", 1, "target", 1, 9.0), row("x", "p", "m", 1, "target", 1, 9.0),
+            row("c", "q", "m", 1, "draft", 1, 0.05)]  # q: no target step, no curve
+    store = SimpleNamespace(machine_id="m", calibration=lambda sweep_id: rows)
+    loaded = SimpleNamespace(rc=SimpleNamespace(label="c"), prompt_costs={})
+    _stored_prompt_costs(loaded, SimpleNamespace(store=store, prepared=SimpleNamespace(sweep_id="s")))
+    assert set(loaded.prompt_costs) == {"p"}
+    curve = loaded.prompt_costs["p"]
+    assert curve.target_forward_s == {1: pytest.approx(0.2), 2: pytest.approx(0.3)} and curve.draft_step_s == 0.05

@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from specdec.errors import one_line
+
 app = typer.Typer(
     help="Speculative decoding, implemented exactly and measured against target-only decoding.",
     no_args_is_help=True,
@@ -46,8 +48,7 @@ RemoteOpt = Annotated[
 
 def fail(message: str) -> None:
     """Print one line on stderr and exit with status 2."""
-    first = str(message).strip().splitlines()[0] if str(message).strip() else "error"
-    print(f"specdec: error: {first}", file=sys.stderr)
+    print(f"specdec: error: {one_line(message)}", file=sys.stderr)
     raise SystemExit(2)
 
 

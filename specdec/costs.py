@@ -41,9 +41,10 @@ Serialization: the costs dicts of `specdec.bench.costs.measure_costs`, the JSON 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
+from statistics import median
 from typing import Any
 
 __all__ = ["DRAFT_CALIBRATION_NS", "DRAFT_REPEAT_FACTOR", "CostCurve", "curve_value"]
@@ -188,6 +189,27 @@ class CostCurve:
         if "target_forward_s" not in costs or not costs["target_forward_s"]:
             raise ValueError("costs lack target_forward_s: measure them with `specdec costs`")
         return cls(costs["target_forward_s"], costs.get("draft_step_s"), costs.get("draft_forward_s") or None)
+
+    @classmethod
+    def from_calibration(cls, rows: Iterable[Mapping[str, Any]]) -> CostCurve:
+        """From calibration rows (the store's ``calibration`` table, one row per block, role and token count:
+        ``role`` ``"target"`` or ``"draft"``, ``n_tokens``, ``seconds``; other roles and keys ignored): the
+        median over the rows of each role and n, so several blocks of one prompt give one curve. The target
+        rows are the forward curve; the draft's n = 1 row is its step and its rows of n > 1 its catch-up curve
+        (`draft_forward_s`; not measured when it has the step alone).
+
+        Raises:
+            ValueError: no target row at n = 1, or an invalid time (see `CostCurve`).
+        """
+        samples: dict[str, dict[int, list[float]]] = {"target": {}, "draft": {}}
+        for r in rows:
+            if r["role"] in samples:
+                samples[r["role"]].setdefault(int(r["n_tokens"]), []).append(float(r["seconds"]))
+        target = {n: median(v) for n, v in sorted(samples["target"].items())}
+        draft = {n: median(v) for n, v in sorted(samples["draft"].items())}
+        if 1 not in target:
+            raise ValueError("calibration rows lack the target's single step (role 'target', n_tokens 1)")
+        return cls(target, draft.get(1), draft if len(draft) > 1 else None)
 
     def with_draft_step(self, draft_step_s: float) -> CostCurve:
         """The same target curve with another draft step time (0.0 for prompt lookup) and no draft curve."""

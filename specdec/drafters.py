@@ -229,27 +229,3 @@ def _continue(seq: list[int], start: int, k: int) -> list[int]:
         pos = start + j
         out.append(seq[pos] if pos < n_total else out[pos - n_total])
     return out
-
-
-class ScriptedDrafter:
-    """A test drafter that proposes from a function of the committed sequence: ``fn(committed, k) -> tokens``.
-
-    Used to build always-wrong / always-right drafters in tests (deterministic, no probabilities).
-    """
-
-    name = "scripted"
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def prefill(self, context) -> None:
-        pass
-
-    def max_k(self, committed_len: int) -> int:
-        return 1 << 30
-
-    def propose(self, committed, k, sampling, generator, min_confidence=None) -> Draft:
-        return Draft(list(self.fn(list(committed), k))[:k], None)
-
-    def rollback(self, committed) -> None:
-        pass

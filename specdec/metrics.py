@@ -6,7 +6,7 @@ spec-decode metrics), and declared once in `RATES` as (numerator, denominator) o
 token is the ``+1`` of each round):
 
 - **drafted** = sum of K over rounds (tokens actually proposed; a prompt-lookup round may propose < K).
-- **accepted** = sum of accepted draft tokens that reached the output (not those accepted after an EOS: case C14). Excludes the recovered/bonus token.
+- **accepted** = sum of accepted draft tokens that reached the output (not those the verifier accepted after an EOS). Excludes the recovered/bonus token.
 - **acceptance rate** = accepted / drafted.
 - **alpha-hat** = accepted / (accepted + rejections), where a rejection is a round that stopped at a
   rejected draft token. It estimates the per-token acceptance probability alpha of Leviathan et al. and,

@@ -1,4 +1,4 @@
-"""Intervals for speedups that cover what they claim (MEASUREMENT.md, "Units, not runs").
+"""Intervals for speedups that cover what they claim: the unit of evidence is the prompt, not the run.
 
 A speedup is a ratio of two times, so it is summarized on the log scale: the **unit** of evidence is one
 prompt (its pair ratios combined into one geometric mean), and the interval is Student's t-interval on the
@@ -14,13 +14,13 @@ n = 5, 8 and 12).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as _st
 
-__all__ = ["MIN_UNITS", "RatioInterval", "coverage", "geometric_mean", "ratio_interval", "unit_ratios"]
+__all__ = ["MIN_UNITS", "RatioInterval", "coverage", "geometric_mean", "ratio_interval"]
 
 #: Fewest units (prompts) for a win / loss verdict.
 MIN_UNITS = 5
@@ -68,25 +68,12 @@ def geometric_mean(ratios: Iterable[float]) -> float:
     return float(math.exp(logs.mean())) if logs.size else math.nan
 
 
-def unit_ratios(pair_ratios: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """One ratio per unit: the geometric mean of each unit's (e.g. prompt's) pair ratios.
-
-    Raises:
-        ValueError: a unit with no ratios, or a ratio that is not finite and > 0.
-    """
-    out = {}
-    for unit, ratios in pair_ratios.items():
-        if not len(ratios):
-            raise ValueError(f"unit {unit!r} has no ratios")
-        out[unit] = geometric_mean(ratios)
-    return out
-
-
 def ratio_interval(ratios: Iterable[float], confidence: float = 0.95) -> RatioInterval:
     """Student's t-interval on log ratios, one ratio per independent unit.
 
     Args:
-        ratios: one ratio per unit (> 0), e.g. `unit_ratios` of per-prompt pair ratios.
+        ratios: one ratio per unit (> 0), e.g. each prompt's geometric mean of its pair ratios
+            (`specdec.report.speedup.paired_ratio_ci`).
         confidence: nominal two-sided coverage, in (0, 1).
 
     Returns:

@@ -1,4 +1,4 @@
-"""Analytical model of speculative decoding and the statistics the report needs.
+"""Analytical model of speculative decoding: expected tokens per round, speedup, break-even and optimal K.
 
 The model follows Leviathan, Kalman & Matias (2023), "Fast Inference from Transformers via
 Speculative Decoding", Sec. 3 (Theorem 3.8 and the walltime analysis of Sec. 3.4), which is the same
@@ -38,9 +38,6 @@ from specdec.costs import curve_value
 
 __all__ = [
     "CostModel",
-    "alpha_from_acceptance",
-    "bootstrap_ci",
-    "bootstrap_ratio_ci",
     "break_even_alpha",
     "cost_at",
     "expected_accepted_per_round",
@@ -48,8 +45,6 @@ __all__ = [
     "ideal_speedup",
     "optimal_k",
     "refined_speedup",
-    "relative_costs",
-    "verdict",
 ]
 
 #: A relative target cost model: a callable ``n -> v(n)`` or a mapping ``{n: v(n)}``.
@@ -191,8 +186,8 @@ def cost_at(v: CostModel, n: int) -> float:
     (:func:`specdec.costs.curve_value`): linear interpolation between measured ``n``, the smallest
     measured value below them, and beyond the largest measured ``n`` the least-squares slope of the whole
     curve (the rule the cost policy and the sweep's estimate use too).  A mapping that contains
-    ``n == 1`` must have ``v[1] == 1`` (to 1e-6): passing raw seconds is an error; use
-    :func:`relative_costs` first.
+    ``n == 1`` must have ``v[1] == 1`` (to 1e-6): passing raw seconds is an error; convert them with
+    :meth:`specdec.costs.CostCurve.relative` first.
 
     Raises:
         ValueError: empty mapping, non-positive keys, ``v[1] != 1``, or a non-finite or
@@ -212,7 +207,7 @@ def cost_at(v: CostModel, n: int) -> float:
         if 1 in v and abs(float(v[1]) - 1.0) > 1e-6:
             raise ValueError(
                 f"cost mapping must be relative (v[1] == 1), got v[1] = {float(v[1])}; "
-                "use relative_costs() to convert seconds"
+                "convert seconds with CostCurve(seconds).relative()"
             )
         value = curve_value(v, n)
     elif callable(v):
@@ -316,217 +311,3 @@ def optimal_k(alpha, c, v: CostModel | None = None, ks: Iterable[int] = range(1,
     if best is None:
         raise ValueError("ks is empty")
     return best
-
-
-# --------------------------------------------------------------------------------------------------
-# estimates from measurements
-# --------------------------------------------------------------------------------------------------
-
-
-def alpha_from_acceptance(num_accepted, num_rejections) -> float:
-    """Estimate of the per-token acceptance probability from acceptance counts.
-
-    Formula::
-
-        alpha_hat = accepted / (accepted + rejections)
-
-    where ``accepted`` is the total number of draft tokens accepted and ``rejections`` the number of
-    rejection events (at most one per round; a round whose ``k`` drafts are all accepted has none).
-    Under the i.i.d. Bernoulli(alpha) model of Leviathan et al. 2023 (Sec. 3.1) each accepted draft is
-    a success and each rejection a failure, and this is the maximum-likelihood estimate of alpha.
-    Drafts after a rejection are never tested and do not count.
-
-    Units: counts in, dimensionless probability out.
-
-    Raises:
-        ValueError: a negative or non-finite count, or both counts zero (no trials observed).
-    """
-    acc = float(num_accepted)
-    rej = float(num_rejections)
-    if not (math.isfinite(acc) and math.isfinite(rej)) or acc < 0 or rej < 0:
-        raise ValueError(f"counts must be finite and >= 0, got {num_accepted}, {num_rejections}")
-    if acc + rej == 0:
-        raise ValueError("no acceptance trials observed (accepted + rejections == 0)")
-    return acc / (acc + rej)
-
-
-def relative_costs(forward_s: Mapping[int, float]) -> dict[int, float]:
-    """Convert measured target forward times to relative costs ``v(n) = t(n) / t(1)``.
-
-    ``forward_s`` maps ``n`` (tokens in one warm-cache target forward) to seconds (any consistent time
-    unit).  The result is sorted by ``n``, with ``v(1) == 1.0`` exactly, ready for
-    :func:`refined_speedup` / :func:`cost_at`.  (Leviathan et al. 2023, Sec. 3.4, assume
-    ``v(n) == 1``; this measures it.)
-
-    Raises:
-        ValueError: ``n == 1`` missing, a key ``< 1``, or a non-finite or non-positive time.
-        TypeError: a key not an integer.
-    """
-    if 1 not in forward_s:
-        raise ValueError("forward_s must contain the single-token time at n == 1")
-    out: dict[int, float] = {}
-    t1 = float(forward_s[1])
-    for n in sorted(forward_s):
-        if isinstance(n, bool) or not isinstance(n, Integral):
-            raise TypeError(f"keys must be ints (token counts), got {n!r}")
-        if n < 1:
-            raise ValueError(f"keys must be >= 1, got {n}")
-        t = float(forward_s[n])
-        if not math.isfinite(t) or t <= 0.0:
-            raise ValueError(f"forward time for n={n} must be finite and > 0, got {t}")
-        out[int(n)] = t / t1
-    out[1] = 1.0
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
-# bootstrap statistics
-# --------------------------------------------------------------------------------------------------
-
-
-def _as_sample(values, name: str) -> np.ndarray:
-    arr = np.asarray(values, dtype=float).ravel()
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or inf")
-    return arr
-
-
-def _check_bootstrap_args(n_resamples: int, confidence: float) -> None:
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, Integral) or n_resamples < 1:
-        raise ValueError(f"n_resamples must be an int >= 1, got {n_resamples!r}")
-    if not (0.0 < float(confidence) < 1.0):
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-
-
-def _resampled_stat(
-    arr: np.ndarray, stat: Callable, rng: np.random.Generator, n_resamples: int
-) -> np.ndarray:
-    """``stat`` of ``n_resamples`` resamples with replacement of ``arr``; uses ``stat(x, axis=1)`` when
-    the statistic supports it, else one call per resample."""
-    idx = rng.integers(0, arr.size, size=(n_resamples, arr.size))
-    samples = arr[idx]
-    try:
-        out = np.asarray(stat(samples, axis=1), dtype=float)
-        if out.shape == (n_resamples,):
-            return out
-    except TypeError:
-        pass
-    return np.array([float(stat(row)) for row in samples], dtype=float)
-
-
-def _interval(boots: np.ndarray, confidence: float) -> tuple[float, float]:
-    tail = (1.0 - float(confidence)) / 2.0
-    lo, hi = np.quantile(boots, [tail, 1.0 - tail])
-    return float(lo), float(hi)
-
-
-def bootstrap_ci(
-    values,
-    *,
-    stat: Callable = np.median,
-    n_resamples: int = 2000,
-    confidence: float = 0.95,
-    seed: int | None = 0,
-) -> tuple[float, float, float]:
-    """Percentile-bootstrap confidence interval of ``stat(values)`` (Efron & Tibshirani 1993).
-
-    Draws ``n_resamples`` resamples of ``values`` with replacement (``numpy.random.default_rng(seed)``,
-    so the result is reproducible for a fixed seed), computes ``stat`` on each and returns
-    ``(point, lo, hi)`` where ``point = stat(values)`` and ``lo`` / ``hi`` are the
-    ``(1 - confidence)/2`` and ``(1 + confidence)/2`` quantiles of the resampled statistics.
-    ``stat`` is called as ``stat(x, axis=1)`` on a 2-D array when it accepts that, else per resample.
-    A single value gives ``(v, v, v)``; constant data gives a zero-width interval.
-
-    Units: those of ``stat(values)``.
-
-    Raises:
-        ValueError: empty ``values``, NaN / inf in ``values``, ``n_resamples < 1`` or
-            ``confidence`` outside ``(0, 1)``.
-    """
-    _check_bootstrap_args(n_resamples, confidence)
-    arr = _as_sample(values, "values")
-    point = float(stat(arr))
-    if arr.size == 1:
-        return point, point, point
-    rng = np.random.default_rng(seed)
-    boots = _resampled_stat(arr, stat, rng, n_resamples)
-    lo, hi = _interval(boots, confidence)
-    return point, lo, hi
-
-
-def bootstrap_ratio_ci(
-    numer,
-    denom,
-    *,
-    stat: Callable = np.median,
-    paired: bool = False,
-    n_resamples: int = 2000,
-    confidence: float = 0.95,
-    seed: int | None = 0,
-) -> tuple[float, float, float]:
-    """Percentile-bootstrap confidence interval of a ratio, e.g. the speedup of a method over the
-    baseline.
-
-    For a speedup pass ``numer`` = method throughput and ``denom`` = baseline throughput (tokens/s),
-    or ``numer`` = baseline latency and ``denom`` = method latency (s); ``> 1`` then means the method
-    is faster.
-
-    * ``paired=False`` (default): the estimate is ``stat(numer) / stat(denom)``; each resample draws
-      ``numer`` and ``denom`` *independently* with replacement and takes the ratio of their
-      statistics.  Use when the two samples are not matched one-to-one.
-    * ``paired=True``: ``numer[i]`` and ``denom[i]`` are measurements of the same unit (same prompt /
-      repeat); the per-unit ratios ``r_i = numer[i] / denom[i]`` are formed first and the estimate is
-      ``stat(r)``, bootstrapped by resampling units (this removes between-prompt variance and is
-      usually tighter).  Requires equal lengths.
-
-    Returns ``(point, lo, hi)`` (dimensionless), reproducible for a fixed ``seed``.  Single-element
-    inputs give a zero-width interval.
-
-    Raises:
-        ValueError: empty inputs, NaN / inf, a ``denom`` value ``<= 0``, a ``numer`` value ``< 0``,
-            unequal lengths with ``paired=True``, ``n_resamples < 1`` or ``confidence`` outside
-            ``(0, 1)``.
-    """
-    _check_bootstrap_args(n_resamples, confidence)
-    num = _as_sample(numer, "numer")
-    den = _as_sample(denom, "denom")
-    if np.any(den <= 0.0):
-        raise ValueError("denom values must be > 0")
-    if np.any(num < 0.0):
-        raise ValueError("numer values must be >= 0")
-    if paired:
-        if num.size != den.size:
-            raise ValueError(f"paired=True needs equal lengths, got {num.size} and {den.size}")
-        return bootstrap_ci(num / den, stat=stat, n_resamples=n_resamples, confidence=confidence, seed=seed)
-    point = float(stat(num)) / float(stat(den))
-    if num.size == 1 and den.size == 1:
-        return point, point, point
-    rng = np.random.default_rng(seed)
-    boot_num = _resampled_stat(num, stat, rng, n_resamples)
-    boot_den = _resampled_stat(den, stat, rng, n_resamples)
-    lo, hi = _interval(boot_num / boot_den, confidence)
-    return point, lo, hi
-
-
-def verdict(lo: float, hi: float) -> str:
-    """Verdict for a speedup confidence interval ``[lo, hi]`` (dimensionless ratio).
-
-    Returns ``"win"`` if ``lo > 1`` (the whole interval is above 1), ``"loss"`` if ``hi < 1``, else
-    ``"no measurable difference"`` (the interval contains 1).
-
-    Raises:
-        ValueError: ``lo`` or ``hi`` is NaN, or ``lo > hi``.
-    """
-    lo = float(lo)
-    hi = float(hi)
-    if math.isnan(lo) or math.isnan(hi):
-        raise ValueError("interval bounds must not be NaN")
-    if lo > hi:
-        raise ValueError(f"lo ({lo}) must be <= hi ({hi})")
-    if lo > 1.0:
-        return "win"
-    if hi < 1.0:
-        return "loss"
-    return "no measurable difference"

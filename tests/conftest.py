@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdec.drafters import Draft
+
 # Tiny models gain nothing from intra-op threads, and oversubscribed threads slow every test badly.
 torch.set_num_threads(1)
 
@@ -239,3 +241,27 @@ class CountingBackend:
         self.calls += 1
         self.tokens += len(tokens)
         return self.inner.forward(tokens, logits=logits, **kw)
+
+
+class ScriptedDrafter:
+    """A drafter that proposes from a function of the committed sequence: ``fn(committed, k) -> tokens``.
+
+    Builds always-wrong / always-right drafters (deterministic, no probabilities).
+    """
+
+    name = "scripted"
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def prefill(self, context) -> None:
+        pass
+
+    def max_k(self, committed_len: int) -> int:
+        return 1 << 30
+
+    def propose(self, committed, k, sampling, generator, min_confidence=None) -> Draft:
+        return Draft(list(self.fn(list(committed), k))[:k], None)
+
+    def rollback(self, committed) -> None:
+        pass

@@ -76,6 +76,31 @@ def test_draft_catch_up_is_priced_on_the_draft_curve():
         curve.draft_round_s(1, 0)
 
 
+def test_relative_is_the_one_v_rule():
+    """v(n) = t(n) / t(1), sorted by n, v(1) exactly 1: what the analytical model and the report take."""
+    out = CostCurve({4: 0.03, 1: 0.02, 2: 0.021}).relative()
+    assert list(out) == [1, 2, 4]
+    assert out[1] == 1.0 and out[2] == pytest.approx(1.05) and out[4] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="n = 1"):
+        CostCurve({2: 0.02}).relative()
+    with pytest.raises(ValueError, match="finite and > 0"):
+        CostCurve({1: 0.02, 2: 0.0}).relative()
+
+
+def test_from_calibration_takes_the_median_of_each_role_and_n():
+    """Two blocks of one prompt give one curve: per role and n the median; the draft's n = 1 is its step."""
+    rows = [{"role": "target", "n_tokens": n, "seconds": s} for n, s in ((1, 0.10), (2, 0.12), (1, 0.30), (2, 0.14))]
+    rows += [{"role": "draft", "n_tokens": 1, "seconds": 0.02}, {"role": "draft", "n_tokens": 2, "seconds": 0.03},
+             {"role": "other", "n_tokens": 1, "seconds": 9.0}]
+    curve = CostCurve.from_calibration(rows)
+    assert curve.target_forward_s == {1: pytest.approx(0.20), 2: pytest.approx(0.13)}
+    assert curve.draft_step_s == 0.02 and curve.draft_forward_s == {1: 0.02, 2: 0.03}
+    step_only = CostCurve.from_calibration([r for r in rows if not (r["role"] == "draft" and r["n_tokens"] == 2)])
+    assert step_only.draft_step_s == 0.02 and step_only.draft_forward_s is None  # the step alone: no catch-up curve
+    with pytest.raises(ValueError, match="single step"):
+        CostCurve.from_calibration([{"role": "target", "n_tokens": 2, "seconds": 0.1}])
+
+
 def test_theory_policy_and_estimate_agree_past_the_measured_range():
     """The report's model, the policy's K choice and the sweep's estimate read ONE curve: beyond the measured
     n (here 9) they used to clamp, extend the last slope and fit a line respectively."""
@@ -144,3 +169,28 @@ def test_calibration_block_times_the_drafts_catch_up(tiny_pair, near_draft_dir):
         st.save_calibration("s", "c", "p", 1, block)
         rows = [r for r in st.calibration() if r["role"] == "draft"]
     assert sorted(r["n_tokens"] for r in rows) == sorted(DRAFT_CALIBRATION_NS)
+
+
+def test_a_resumed_prompt_decides_with_the_median_of_its_stored_blocks():
+    """On --resume the runner rebuilds each prompt's costs from its stored calibration blocks of this machine and
+    configuration with the replay's rule (`CostCurve.from_calibration`, median per role and n), so the cost
+    policy of a resumed prompt prices K as its replay does; other machines' and configurations' rows count not."""
+    from types import SimpleNamespace
+
+    from specdec.bench.runner import _stored_prompt_costs
+
+    def row(label, pid, mid, after, role, n, s):
+        return {"config_label": label, "prompt_id": pid, "machine_id": mid, "after_run_id": after, "role": role,
+                "n_tokens": n, "seconds": s}
+
+    rows = [row("c", "p", "m", 1, "target", 1, 0.1), row("c", "p", "m", 1, "target", 2, 0.2),
+            row("c", "p", "m", 9, "target", 1, 0.3), row("c", "p", "m", 9, "target", 2, 0.4),
+            row("c", "p", "m", 1, "draft", 1, 0.05),
+            row("c", "p", "other", 1, "target", 1, 9.0), row("x", "p", "m", 1, "target", 1, 9.0),
+            row("c", "q", "m", 1, "draft", 1, 0.05)]  # q: no target step, no curve
+    store = SimpleNamespace(machine_id="m", calibration=lambda sweep_id: rows)
+    loaded = SimpleNamespace(rc=SimpleNamespace(label="c"), prompt_costs={})
+    _stored_prompt_costs(loaded, SimpleNamespace(store=store, prepared=SimpleNamespace(sweep_id="s")))
+    assert set(loaded.prompt_costs) == {"p"}
+    curve = loaded.prompt_costs["p"]
+    assert curve.target_forward_s == {1: pytest.approx(0.2), 2: pytest.approx(0.3)} and curve.draft_step_s == 0.05

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import load_backend
+from conftest import ScriptedDrafter, load_backend
 
 from specdec.decoding import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
@@ -99,7 +99,6 @@ def test_c14_accepted_counts_stop_at_eos(tiny_tokenizer, target, same_draft):
 def test_c14_rejection_after_eos_is_not_counted(tiny_tokenizer, target):
     """A scripted draft right on g1..g4 and wrong at position 5; EOS = g2: the output is g1 g2, so 2
     accepted and no rejection. With EOS = the recovered token, the rejection did reach the output."""
-    from specdec.drafters import ScriptedDrafter
 
     prompt, ref = _prompt_with_new_third_token(tiny_tokenizer, target)
     full = prompt + ref
@@ -191,7 +190,6 @@ def test_c19_target_rows_warped_only_when_reached(tiny_tokenizer, target, monkey
     plus the bonus row when every draft was accepted (not all K+1)."""
     import specdec.decoding as dec
     import specdec.verification as ver
-    from specdec.drafters import ScriptedDrafter
     from specdec.sampling import warp as real_warp
 
     rows = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CountingBackend
+from conftest import CountingBackend, ScriptedDrafter
 
 from specdec.backends.base import Backend, BackendError, ContextOverflowError
 from specdec.backends.llamacpp import (
@@ -23,7 +23,7 @@ from specdec.backends.llamacpp import (
 )
 from specdec.compat import IncompatibleTokenizersError, check_tokenizers, check_vocab_fits
 from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter, ScriptedDrafter
+from specdec.drafters import ModelDrafter, PromptLookupDrafter
 
 pytest.importorskip("llama_cpp")  # the backend module imports llama_cpp lazily
 

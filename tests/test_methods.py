@@ -9,6 +9,7 @@ import pytest
 from specdec.bench import methods as M
 from specdec.bench.config import RUNTIME_CONFIGS, make_config
 from specdec.metrics import GenerationResult, RoundRecord
+from specdec.peer_pairs import PEER_PAIRS
 
 
 def test_registry_holds_every_timed_method_once():
@@ -17,8 +18,10 @@ def test_registry_holds_every_timed_method_once():
     assert not M.METHODS["baseline_padded"].default and not M.METHODS["baseline_padded"].takes_k
     assert M.reference_method().name == "baseline"
     ours = {m.name for m in M.our_methods()}
-    # every peer is compared with one of ours, at the same K when it takes K
-    for peer, ours_name in M.counterparts().items():
+    # every peer is compared with one of ours (specdec.peer_pairs, which the report reads), at the same K
+    # when it takes K
+    assert {p for _, p in PEER_PAIRS} == {m.name for m in M.peer_methods()}
+    for ours_name, peer in PEER_PAIRS:
         assert ours_name in ours and M.METHODS[peer].takes_k == M.METHODS[ours_name].takes_k, peer
     with pytest.raises(ValueError, match="already registered"):
         M.register(M.Method("draft", M.METHODS["draft"].run))

@@ -58,3 +58,13 @@ def test_rates_pool_summed_counts_and_say_nan_when_undefined():
     assert empty["acceptance_rate"] is None and empty["tokens_per_s"] is None
     with pytest.raises(KeyError):
         rates({}, ["speedup"])
+
+
+def test_alpha_hat_is_the_per_token_acceptance_estimate():
+    """accepted / (accepted + rejections): each accepted draft a success, each rejection a failure (the
+    maximum-likelihood alpha of Leviathan et al.'s i.i.d. model); no trials: NaN, not an error."""
+    def alpha(acc, rej):
+        return RATES["alpha_hat"].of({"num_accepted": acc, "num_rejections": rej})
+
+    assert (alpha(8, 2), alpha(0, 5), alpha(5, 0)) == (0.8, 0.0, 1.0)
+    assert math.isnan(alpha(0, 0))

@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from specdec.costs import CostCurve
 from specdec.decoding import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.metrics import RoundRecord
@@ -22,7 +23,7 @@ from specdec.policies import (
     make_policy,
 )
 from specdec.sampling import SamplingParams, warp
-from specdec.theory import optimal_k, relative_costs
+from specdec.theory import optimal_k
 
 V = 1000
 PROMPTS = [
@@ -208,7 +209,7 @@ def test_cost_k_hand_computed():
 def test_cost_k_matches_theory_optimal_k(costs):
     p = CostPolicy.from_costs(costs)
     t1 = costs["target_forward_s"][1]
-    v = relative_costs(costs["target_forward_s"])
+    v = CostCurve(costs["target_forward_s"]).relative()
     for alpha in (0.0, 0.05, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95, 0.99, 1.0):
         k_theory, speedup = optimal_k(alpha, costs["draft_step_s"] / t1, v, ks=range(17))
         assert p.best_k(alpha) == k_theory, alpha

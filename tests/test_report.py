@@ -17,6 +17,7 @@ import pytest
 from conftest import load_benchmark
 
 from specdec import stats, theory
+from specdec.metrics import RATES
 from specdec.report import analyze, load_store
 from specdec.report.cells import cell_table
 from specdec.report.diagnostics import baseline_stability_table, position_acceptance
@@ -235,7 +236,7 @@ def test_rates_from_raw_counts(analysis):
     assert row["num_accepted"] == 4 * 13 and row["num_drafted"] == 4 * 16 and row["num_rejections"] == 4 * 2
     assert row["acceptance_rate"] == pytest.approx(13 / 16)
     assert row["alpha_hat"] == pytest.approx(13 / 15)
-    assert row["alpha_hat"] == pytest.approx(theory.alpha_from_acceptance(52, 8))
+    assert row["alpha_hat"] == pytest.approx(RATES["alpha_hat"].of({"num_accepted": 52, "num_rejections": 8}))
     assert row["mean_accepted"] == pytest.approx(13 / 4)
     assert row["block_efficiency"] == pytest.approx(17 / 4)
     assert row["mean_k"] == pytest.approx(4.0)
@@ -402,7 +403,7 @@ def test_machine_drift_from_round_traces(tmp_path):
     assert runs.loc["baseline", "step_s"] == pytest.approx(0.010) and runs.loc["baseline", "drift"] == pytest.approx(0)
     assert runs.loc["draft", "step_s"] == pytest.approx(0.020) and runs.loc["draft", "drift"] == pytest.approx(1.0)
     assert runs.loc["draft", "speedup"] == pytest.approx(1.5)
-    assert "normalized_speedup" not in runs.columns  # drift is a diagnostic, never a correction (issue 16)
+    assert "normalized_speedup" not in runs.columns  # drift is a diagnostic, never a correction
     cells = a.table("drift").set_index("method")
     assert bool(cells.loc["draft", "flagged"]) and not bool(cells.loc["ngram", "flagged"])
     assert cells.loc["ngram", "speedup"] == pytest.approx(1.2)
@@ -423,7 +424,7 @@ def test_position_acceptance():
 
 
 def test_position_acceptance_stops_where_the_output_stops():
-    """Case C14: a K = 4 round whose flags say 4 accepted but whose output stopped at an EOS as its 2nd token
+    """A K = 4 round whose flags say 4 accepted but whose output stopped at an EOS as its 2nd token
     (num_emitted 2; an old store kept the verifier's raw count 4): positions 3 and 4 were never reached."""
     runs = pd.DataFrame([{"run_id": 1, "config_label": "x", "prompt_id": "p", "prompt_type": "t", "method": "draft",
                           "policy": "fixed", "k": 4, "tokens_per_s": 1.0}])
@@ -988,3 +989,50 @@ def test_a_prompt_without_a_calibration_block_is_priced_with_its_own_machines_co
     (old,) = prompt_models(runs, pd.DataFrame(), traces, calibration, newest)  # a store before per-machine costs
     assert old.curve.target_forward_s == {1: 0.3}
     assert machine_curves(mc.iloc[:0]) == {}
+
+
+def test_padded_configs_read_from_the_rounds_as_the_runtime_declares_them():
+    """Whether a configuration pads verification comes from the store (rounds.n_forward of our speculative
+    runs), not from the harness's RUNTIME_CONFIGS; on the published stores both give the same answer."""
+    from specdec.bench.config import RUNTIME_CONFIGS
+    from specdec.report.predicted import padded_configs
+
+    runs = pd.DataFrame([{"run_id": 1, "config_label": "p", "method": "draft", "tokens_per_s": 1.0},
+                         {"run_id": 2, "config_label": "u", "method": "ngram", "tokens_per_s": 1.0},
+                         {"run_id": 3, "config_label": "b", "method": "baseline_padded", "tokens_per_s": 1.0}])
+    rounds = pd.DataFrame({"run_id": [1, 1, 2, 3], "n_forward": [3, None, None, 2]})
+    assert padded_configs(runs, rounds) == {"p"}  # a padded target-only method does not make its config pad
+    assert padded_configs(runs, rounds.drop(columns="n_forward")) == set() == padded_configs(runs, None)
+    root = Path(__file__).resolve().parents[1] / "results"
+    for name in ("padded.db", "bf16_padded.db"):
+        if not (root / name).exists():
+            continue
+        st = load_store(root / name)
+        labels = set(st.runs["config_label"].dropna())
+        want = {"padded.db": {"transformers-padded"}, "bf16_padded.db": set()}[name]
+        assert padded_configs(st.runs, st.rounds) == want
+        assert want == {lab for lab in labels if RUNTIME_CONFIGS[lab].pad_verify}
+
+
+def test_importing_the_report_loads_neither_the_engine_nor_the_harness():
+    """The report reads the store: importing it loads no torch/transformers and, from the bench, only the store
+    schema (every `specdec.report` module it loads imports from `specdec.bench` nothing but `store`)."""
+    import subprocess
+    import sys
+
+    code = ("import ast, importlib.util, sys, specdec.report.document\n"
+            "print([m for m in ('torch', 'transformers', 'specdec.bench.runner', 'specdec.bench.config') "
+            "if m in sys.modules])\n"
+            "bench = set()\n"
+            "for name in [m for m in sys.modules if m.startswith('specdec.report')]:\n"
+            "    src = open(importlib.util.find_spec(name).origin).read()\n"
+            "    for node in ast.walk(ast.parse(src)):\n"
+            "        if isinstance(node, ast.ImportFrom):\n"
+            "            mods = [f'{node.module}.{a.name}' for a in node.names]\n"
+            "        else:\n"
+            "            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else []\n"
+            "        bench |= {m for m in mods if m.startswith('specdec.bench')}\n"
+            "print(sorted(bench))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.splitlines()
+    assert out == ["[]", "['specdec.bench.store']"], out

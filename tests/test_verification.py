@@ -166,8 +166,9 @@ def test_c11_metric_definitions():
 
 def test_c12_tokens_per_second_with_fake_clock():
     """100 ms prefill, then 10 rounds of 3 tokens at 30 ms each -> decode 100 tok/s, end-to-end 75 tok/s."""
+    from conftest import ScriptedDrafter
+
     from specdec.decoding import speculative_generate
-    from specdec.drafters import ScriptedDrafter
 
     class FakeBackend:
         name, vocab_size, max_length, device = "fake", 8, 1000, torch.device("cpu")
@@ -212,8 +213,9 @@ def test_c12_tokens_per_second_with_fake_clock():
 
 def test_c13_mock_models_independent_acceptance():
     """Independent acceptance alpha = 0.8, K = 4, 5000 rounds -> mean accepted within 0.05 of 2.3616."""
+    from conftest import ScriptedDrafter
+
     from specdec.decoding import speculative_generate
-    from specdec.drafters import ScriptedDrafter
 
     rng = torch.Generator().manual_seed(0)
     truth = {}

@@ -71,6 +71,7 @@ from torch import nn
 
 from specdec.backends.base import BackendError, ContextOverflowError
 from specdec.backends.hf import _context_length, cache_layer_kinds
+from specdec.errors import one_line
 
 MODES = ("onednn", "hybrid", "inductor", "max-autotune", "eager")
 #: K+1 = 5 (K = 4) has its own bucket: oneDNN costs about the same for 1..5 rows, 8 rows cost ~15% more.
@@ -296,7 +297,7 @@ class CompiledHFBackend:
             try:
                 model.set_attn_implementation(ATTENTION)
             except Exception as exc:  # one line: this model does not dispatch attention through transformers
-                raise BackendError(f"{type(model).__name__} cannot take a custom attention: {_first_line(exc)}") from exc
+                raise BackendError(f"{type(model).__name__} cannot take a custom attention: {one_line(exc, limit=300)}") from exc
         if mode in ("onednn", "hybrid"):
             pack_linears(model, keep_dense=mode == "hybrid")
 
@@ -318,7 +319,7 @@ class CompiledHFBackend:
             with torch.inference_mode():  # allocates the cache tensors (lazy in StaticLayer) outside any graph
                 self._run(self._eager_step, [0], 1)
         except Exception as exc:  # one line: this model's forward does not take a static cache + 4-D mask
-            raise BackendError(f"{type(model).__name__} cannot run on a static cache: {_first_line(exc)}") from exc
+            raise BackendError(f"{type(model).__name__} cannot run on a static cache: {one_line(exc, limit=300)}") from exc
         self.reset()
 
     # ---------------------------------------------------------------------------------------------- graphs
@@ -380,7 +381,7 @@ class CompiledHFBackend:
             except Exception as exc:  # surface one line, chain the cause
                 self.reset()
                 raise BackendError(f"torch.compile ({self.mode}) failed for {type(self.model).__name__}: "
-                                   f"{_first_line(exc)}") from exc
+                                   f"{one_line(exc, limit=300)}") from exc
         self.reset()
         self._warm = True
         self.warmup_s = time.perf_counter() - t0
@@ -475,9 +476,6 @@ class CompiledHFBackend:
         return torch.cat(rows) if logits else None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 # ----------------------------------------------------------------------------------------------- exactness

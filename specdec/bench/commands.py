@@ -17,6 +17,7 @@ import typer
 
 from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  # [shards]
 from specdec.bench.shard import shard_plan  # [shards]
+from specdec.errors import one_line
 
 __all__ = ["costs", "export", "register", "sweep"]
 
@@ -41,8 +42,7 @@ def _cli_errors() -> Iterator[None]:
     try:
         yield
     except _user_errors() as exc:
-        text = str(exc).strip().splitlines()
-        typer.echo(f"specdec: error: {text[0] if text else type(exc).__name__}", err=True)
+        typer.echo(f"specdec: error: {one_line(exc)}", err=True)
         raise typer.Exit(2) from None
 
 

@@ -29,6 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from specdec.store_info import machine_label  # re-exported: the bench's machine API
+
 __all__ = [
     "BOOT_ID_PATH",
     "FINGERPRINT_KEYS",
@@ -77,24 +79,6 @@ def machine_id(machine: Mapping[str, Any] | str | None) -> str | None:
     fp = {k: machine.get(k) for k in FINGERPRINT_KEYS if k in machine}
     text = json.dumps(fp, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def machine_label(machine: Mapping[str, Any] | str | None) -> str:
-    """A short human label: ``"<cpu model>, <n> CPUs, <mem> GiB (host <hash>)"`` (``"unknown machine"``)."""
-    if isinstance(machine, str):
-        try:
-            machine = json.loads(machine)
-        except ValueError:
-            machine = None
-    if not isinstance(machine, Mapping):
-        return "unknown machine"
-    parts = [str(machine.get("device_name") or machine.get("cpu_model") or "?")]
-    if machine.get("cpus_usable") or machine.get("cpu_count"):
-        parts.append(f"{machine.get('cpus_usable') or machine.get('cpu_count')} CPUs")
-    if machine.get("memory_gib"):
-        parts.append(f"{machine['memory_gib']} GiB")
-    host = f" (host {machine['host']})" if machine.get("host") else ""
-    return ", ".join(parts) + host
 
 
 def register_machine(conn, machine: Mapping[str, Any] | str | None) -> str | None:

@@ -3,7 +3,8 @@
 As Spec-Bench gives every method one forward function, every method the sweep times (ours and the library
 peers) is a `Method` in `METHODS`: its name (stored in ``runs.method``), its run function, and the facts the
 planner, the runner and the estimate need (does it take K, does it draft with the draft model, where does it
-apply, is it recorded as skipped). Nothing else in the bench half dispatches on a method's name.
+apply, is it recorded as skipped). Nothing else in the bench half dispatches on a method's name. Which of ours
+each peer is compared with is `specdec.peer_pairs.PEER_PAIRS` (the report reads it without importing the bench).
 
 Adding a drafting method is one entry plus its drafter::
 
@@ -14,7 +15,7 @@ after which ``--methods suffix`` plans it over the K grid and the policies, and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,6 @@ __all__ = [
     "RunRecord",
     "RunRequest",
     "Runtime",
-    "counterparts",
     "our_methods",
     "peer_methods",
     "peers_for",
@@ -62,7 +62,7 @@ class Runtime:
         costs: the configuration's measured costs (the cost policy needs them), or None.
         ngram_max, ngram_min: n-gram sizes of our prompt-lookup drafter.
         ignore_eos: run every generation for its whole budget (EOS is a token like any other): sampled
-            sweeps do, so that every run of a prompt does the same work (case C18: a run that stopped after
+            sweeps do, so that every run of a prompt does the same work (a run that stopped after
             8 tokens is otherwise compared with one that ran 128, prefill included).
         pad_verify: our speculative methods pad verification to the cheapest shape of `costs`
             (`RuntimeConfig.pad_verify`; ``speculative_generate(pad_to=costs.padded_n)``), and the cost
@@ -158,10 +158,9 @@ class Method:
         reference: the target-only baseline every speedup divides by (exactly one method).
         applies: which runtime configurations the method can run on.
         skip: planned but recorded as skipped with this reason (``runs.error``), never run.
-        counterpart: for a peer, our method it is compared with (same K where it takes K).
         default: planned when ``--methods`` is not given.
         aa: a target-only run timed as if it were a method (A/A): its paired ratio to the neighbouring
-            baselines measures the noise floor of every speedup (MEASUREMENT.md, "A/A").
+            baselines measures the noise floor of every speedup.
     """
 
     name: str
@@ -172,7 +171,6 @@ class Method:
     reference: bool = False
     applies: Callable[[RuntimeConfig], bool] = lambda rc: True
     skip: str | None = None
-    counterpart: str | None = None
     default: bool = True
     aa: bool = False
 
@@ -326,16 +324,13 @@ for _m in (
     Method("draft", speculative(_model_drafter, free_drafts=False), takes_k=True, drafts_with_model=True),
     Method("ngram", speculative(_prompt_lookup_drafter), takes_k=True),
     Method("ngram_hf", speculative(_hf_rule_prompt_lookup_drafter), takes_k=True, default=False),
-    Method("hf_generate", _hf_peer("hf_generate"), peer=True, applies=_eager_transformers_target,
-           counterpart="baseline"),
+    Method("hf_generate", _hf_peer("hf_generate"), peer=True, applies=_eager_transformers_target),
     Method("hf_assisted", _hf_peer("hf_assisted"), peer=True, takes_k=True, drafts_with_model=True,
-           applies=lambda rc: _eager_transformers_target(rc) and rc.draft_backend == "transformers",
-           counterpart="draft"),
+           applies=lambda rc: _eager_transformers_target(rc) and rc.draft_backend == "transformers"),
     Method("hf_prompt_lookup", _hf_peer("hf_prompt_lookup"), peer=True, takes_k=True,
-           applies=_eager_transformers_target, counterpart="ngram"),
+           applies=_eager_transformers_target),
     Method("llama_prompt_lookup", _skipped, peer=True, takes_k=True,
-           applies=lambda rc: rc.target_backend == "llamacpp", skip=LLAMA_PROMPT_LOOKUP_SKIP,
-           counterpart="ngram"),
+           applies=lambda rc: rc.target_backend == "llamacpp", skip=LLAMA_PROMPT_LOOKUP_SKIP),
 ):
     register(_m)
 
@@ -343,8 +338,3 @@ for _m in (
 def peers_for(rc: RuntimeConfig) -> tuple[str, ...]:
     """Names of the peers that apply to runtime configuration `rc`, in plan order."""
     return tuple(m.name for m in peer_methods() if m.applies(rc))
-
-
-def counterparts() -> Mapping[str, str]:
-    """``{peer: our method it is compared with}`` (the report's peer pairs)."""
-    return {m.name: m.counterpart for m in peer_methods() if m.counterpart}

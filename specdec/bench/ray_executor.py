@@ -4,7 +4,7 @@ Ray (https://docs.ray.io; the engine Spec-Bench's and vLLM's tooling use) schedu
 The plan is split by prompt (`specdec.bench.shard`) into one shard per node (or ``shards`` shards). Shard i
 is pinned to node i mod #nodes (`NodeAffinitySchedulingStrategy`, hard) and asks for **all the CPUs of that
 node** (``num_cpus`` = the node's CPU count, plus its GPUs when it has any), so no other Ray task runs beside
-a timed run (MEASUREMENT.md: two timed runs never share a machine); shards beyond the node count wait for
+a timed run (two timed runs never share a machine); shards beyond the node count wait for
 their node. Each task runs `specdec.bench.sweep.run_sweep` with ``shard=i/N`` into a SQLite store on the
 node's LOCAL disk (SQLite over a network file system is unsafe), then returns the file's bytes; the driver
 writes them next to the output as ``<db stem>.shard-I-of-N<suffix>`` and merges every shard store into
@@ -35,20 +35,12 @@ __all__ = [
     "RAY_INSTALL_HINT",
     "RaySweepResult",
     "ShardOutcome",
-    "ray_available",
     "require_ray",
     "run_sweep_ray",
     "shard_store_path",
 ]
 
 RAY_INSTALL_HINT = "--executor ray needs Ray, an optional extra: pip install -e '.[ray]'"
-
-
-def ray_available() -> bool:
-    """True when the ``ray`` package can be imported."""
-    import importlib.util
-
-    return importlib.util.find_spec("ray") is not None
 
 
 def require_ray():

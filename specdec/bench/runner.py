@@ -39,6 +39,7 @@ from specdec.bench.prompts import Prompt, encode_prompt
 from specdec.bench.shard import shard_plan
 from specdec.bench.store import Store, writer_lock
 from specdec.costs import CostCurve
+from specdec.errors import one_line
 from specdec.traces import first_divergence, record_trace, target_margins
 
 __all__ = ["LoadedConfig", "SweepResult", "execute", "measure_here", "run_sweep"]
@@ -126,9 +127,7 @@ class _Session:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    msg = f"{type(exc).__name__}: {text[0] if text else ''}".strip().rstrip(":")
-    return msg[:_ERR_LEN]
+    return one_line(exc, with_type=True, limit=_ERR_LEN)
 
 
 def _row(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> dict[str, Any]:
@@ -392,8 +391,7 @@ def _trace_and_calibrate(loaded: LoadedConfig, cell: PlannedRun, row: dict, run_
                                       repeats=cfg.calibration_repeats)
             s.store.save_calibration(sid, label, pid, run_id, block)
             # the cost policy of this prompt's runs decides with the costs measured at its own context
-            loaded.prompt_costs[pid] = CostCurve(block["target_forward_s"], block["draft_step_s"],
-                                                 block.get("draft_forward_s"))
+            loaded.prompt_costs[pid] = CostCurve.from_costs(block)
         except Exception as exc:  # noqa: BLE001
             s.log(f"[{label}] {pid}: calibration block not timed: {_one_line(exc)}")
 
@@ -401,16 +399,13 @@ def _trace_and_calibrate(loaded: LoadedConfig, cell: PlannedRun, row: dict, run_
 def _stored_prompt_costs(loaded: LoadedConfig, s: _Session) -> None:
     """On --resume: the calibration blocks this machine stored earlier for this configuration, so that the
     cost policy of a resumed prompt decides with the same costs as its earlier runs (and as its replay)."""
-    blocks: dict[str, dict] = {}
+    blocks: dict[str, list[dict]] = {}
     for c in s.store.calibration(s.prepared.sweep_id):
-        if c["config_label"] != loaded.rc.label or c["machine_id"] != (s.store.machine_id or ""):
-            continue
-        b = blocks.setdefault(c["prompt_id"], {"target": {}, "draft": {}})
-        if c["role"] in ("target", "draft"):
-            b[c["role"]][int(c["n_tokens"])] = c["seconds"]
-    for pid, b in blocks.items():
-        if 1 in b["target"]:
-            loaded.prompt_costs.setdefault(pid, CostCurve(b["target"], b["draft"].get(1), b["draft"] or None))
+        if c["config_label"] == loaded.rc.label and c["machine_id"] == (s.store.machine_id or ""):
+            blocks.setdefault(c["prompt_id"], []).append(c)
+    for pid, rows in blocks.items():
+        if any(r["role"] == "target" and int(r["n_tokens"]) == 1 for r in rows):
+            loaded.prompt_costs.setdefault(pid, CostCurve.from_calibration(rows))
 
 
 def _record(cell: PlannedRun, row: dict, rounds: list[dict], label: str, s: _Session) -> int:

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.store_info import missing_shards  # re-exported: the bench's shard API
+
 __all__ = ["Shard", "assign_prompts", "missing_shards", "parse_shard", "shard_plan", "split_plan"]
 
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -131,17 +133,3 @@ def split_plan(plan: Sequence[Any], prompts: Sequence[Any], count: int) -> list[
     for c in plan:
         out[owner[c.prompt.id] - 1].append(c)
     return out
-
-
-def missing_shards(recorded: Sequence[str]) -> list[str]:
-    """The shards (``"I/N"``) of a sweep that a store does not hold, from the ``shards`` values it records.
-
-    Empty when the recorded shards disagree on N (or none has the form ``I/N``): nothing can be said then.
-    ``["2/4", "3/4", "4/4"]`` for a store that holds ``["1/4"]``.
-    """
-    counts = {s.split("/")[1] for s in recorded if "/" in s}
-    if len(counts) != 1:
-        return []
-    n = int(next(iter(counts)))
-    have = {int(s.split("/")[0]) for s in recorded}
-    return [f"{i}/{n}" for i in range(1, n + 1) if i not in have]

@@ -1,7 +1,7 @@
 """The cell table: one row per **cell** (defined in :mod:`specdec.report.vocab`), and the best fixed K.
 
-Every rate is derived here from raw counts summed over the cell's runs (definitions in
-:mod:`specdec.metrics`); the speedup statistics come from :mod:`specdec.report.speedup`. Runs whose
+Every rate is evaluated here on raw counts summed over the cell's runs, by its one definition in
+`specdec.metrics.RATES`; the speedup statistics come from :mod:`specdec.report.speedup`. Runs whose
 ``error`` is set are failed runs: they count in ``n_failed`` and in no other column.
 
 Units: tokens/s, seconds (``*_s``), milliseconds (``*_ms``); shares are fractions of ``total_s``.
@@ -12,11 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from specdec.report.load import ROUND_COLUMNS, empty_frame, ensure_prepared, with_round_stats
+from specdec.metrics import rates
+from specdec.report.load import ROUND_COLUMNS, empty_frame, ensure_prepared, run_rate, with_round_stats
 from specdec.report.speedup import paired_ratio_ci, paired_reference
 from specdec.report.vocab import ALL_PROMPTS, BASELINE, CELL_KEY, FIXED_POLICIES, SPEC_METHODS
 
 __all__ = [
+    "CELL_RATES",
     "best_cell",
     "best_fixed",
     "best_k_table",
@@ -30,31 +32,27 @@ _LEAD_COLUMNS = [*CELL_KEY, "n_prompts", "n_prompts_expected", "n_runs", "n_fail
                  "speedup", "speedup_lo", "speedup_hi", "verdict", "n_aligned", "ci_over"]
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if (np.isfinite(a) and np.isfinite(b) and b > 0) else np.nan
+#: The rates of a cell, each by its one definition in `specdec.metrics.RATES`.
+CELL_RATES = ("acceptance_rate", "alpha_hat", "mean_accepted", "block_efficiency", "mean_k")
 
 
 def _counts(g: pd.DataFrame) -> dict:
-    """Rates from raw counts summed over the runs of `g` (definitions in specdec.metrics)."""
+    """Raw counts summed over the runs of `g` and the `CELL_RATES` evaluated on them (`specdec.metrics.RATES`)."""
     def total(col):
         s = g[col].dropna()
         return float(s.sum()) if len(s) else np.nan
 
-    drafted, accepted, rejections = total("num_drafted"), total("num_accepted"), total("num_rejections")
-    rounds, spec_rounds = total("num_rounds"), total("spec_rounds")
     with_rounds = g[g["num_rounds"].fillna(0) > 0]
-    emitted = float(with_rounds["emitted"].sum()) if len(with_rounds) else np.nan
-    return {
-        "num_drafted": drafted,
-        "num_accepted": accepted,
-        "num_rejections": rejections,
-        "num_rounds": rounds,
-        "acceptance_rate": _ratio(accepted, drafted),
-        "alpha_hat": _ratio(accepted, accepted + rejections),
-        "mean_accepted": _ratio(accepted, spec_rounds),
-        "block_efficiency": _ratio(emitted, rounds),
-        "mean_k": _ratio(drafted, spec_rounds),
+    counts = {
+        "num_drafted": total("num_drafted"),
+        "num_accepted": total("num_accepted"),
+        "num_rejections": total("num_rejections"),
+        "num_rounds": total("num_rounds"),
+        "num_speculative_rounds": total("spec_rounds"),
+        "num_emitted": float(with_rounds["emitted"].sum()) if len(with_rounds) else np.nan,
     }
+    shown = ("num_drafted", "num_accepted", "num_rejections", "num_rounds")
+    return {**{c: counts[c] for c in shown}, **rates(counts, CELL_RATES)}
 
 
 def _times(g: pd.DataFrame) -> dict:
@@ -80,7 +78,7 @@ def _latency(g: pd.DataFrame) -> dict:
     """Median end-to-end tokens/s, time to first token (ms) and decode tokens/s over the runs of `g`."""
     ttft = g["ttft_s"].dropna()
     decode_s = g["decode_s"].where(g["decode_s"].notna(), g["total_s"] - g["prefill_s"])
-    dec = (g["new_tokens"] / decode_s.where(decode_s > 0)).dropna()
+    dec = run_rate(g.assign(decode_s=decode_s), "decode_tokens_per_s").dropna()
     return {"tok_s": float(g["tokens_per_s"].median()) if len(g) else np.nan,
             "ttft_ms": 1000 * float(ttft.median()) if len(ttft) else np.nan,
             "decode_tok_s": float(dec.median()) if len(dec) else np.nan}

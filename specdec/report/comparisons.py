@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from specdec.peer_pairs import PEER_PAIRS
 from specdec.report.cells import best_fixed, fixed_k_cells
 from specdec.report.load import ensure_prepared
 from specdec.report.model import CostInfo
@@ -22,7 +23,6 @@ from specdec.report.vocab import (
     BASELINE,
     EACH_TYPE_BEST_K,
     FIXED_POLICIES,
-    PEER_PAIRS,
     SPEC_METHODS,
 )
 
@@ -70,7 +70,7 @@ def _peer_rows(ours_m: str, peer_m: str, ok: pd.DataFrame) -> list[dict]:
 def peer_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Our implementation against the peers measured in the same sweep.
 
-    Pairs compared (ours vs peer, :data:`~specdec.report.vocab.PEER_PAIRS`): baseline vs hf_generate;
+    Pairs compared (ours vs peer, `specdec.peer_pairs.PEER_PAIRS`): baseline vs hf_generate;
     draft-K vs hf_assisted-K; ngram-K vs hf_prompt_lookup-K and llama_prompt_lookup-K (same config_label,
     target, K; ours with a fixed policy). ``ratio`` = our tokens/s / the peer's tokens/s per prompt
     (medians over repeats), geometric mean over prompts with a t-interval (> 1: ours is faster). One row

@@ -39,7 +39,7 @@ def position_acceptance(runs: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFram
     accepted and the output had not stopped before position i (an EOS inside the block ends it); it is
     *accepted* when additionally token i was accepted. The accepted prefix is the run of leading '1's of
     ``rounds.accept_flags`` (``num_accepted`` where the flags are NULL), cut at ``num_accepted`` and
-    ``num_emitted``: drafts the verifier accepted after an EOS never reached the output (case C14).
+    ``num_emitted``: drafts the verifier accepted after an EOS never reached the output.
 
     Columns: config_label, pair, prompt_type, method, position, reached, accepted, p (= accepted/reached).
     """
@@ -181,7 +181,7 @@ def drift_runs(runs: pd.DataFrame, rounds: pd.DataFrame, infos: dict[str, CostIn
     the prompt's baseline run nearest in time, as in the cell table), ``drift`` = step_s / baseline_step_s
     - 1 (> 0: the machine was slower than during the baseline) and ``speedup`` (tokens/s over that
     baseline's). A diagnostic only: no speedup is "normalized" by it any more. The inferred step time rests
-    on a cost curve measured elsewhere (its error was biased per K: issue 16), so dividing it out moved that
+    on a cost curve measured elsewhere (its error was biased per K), so dividing it out moved that
     error into every figure; paired timing (`specdec.report.speedup.paired_reference`) removes the drift
     at its source instead.
     """

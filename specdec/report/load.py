@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 from specdec.bench import store
-from specdec.bench.shard import missing_shards
+from specdec.metrics import RATES
+from specdec.store_info import machine_label, missing_shards
 
 __all__ = [
     "COST_COLUMNS",
@@ -35,6 +36,7 @@ __all__ = [
     "load_store",
     "parse_json",
     "prepare_runs",
+    "run_rate",
     "with_round_stats",
 ]
 
@@ -89,9 +91,8 @@ class StoreData:
         """The machines that timed this sweep's runs, by machine id: ``(machine_id, label, runs, baseline runs)``.
 
         ``runs`` counts every run of the machine (failed ones included), ``baseline runs`` its successful
-        target-only runs; ``label`` is `specdec.bench.machines.machine_label` of the ``machines`` row. Empty
+        target-only runs; ``label`` is `specdec.store_info.machine_label` of the ``machines`` row. Empty
         when no run records its machine (older single-machine stores)."""
-        from specdec.bench.machines import machine_label
         from specdec.report.vocab import BASELINE
 
         ids = self.runs["machine_id"].dropna().astype(str)
@@ -330,6 +331,19 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def ensure_prepared(runs: pd.DataFrame) -> pd.DataFrame:
     """`runs` itself when it is already a `prepare_runs` frame, else `prepare_runs(runs)`."""
     return runs if "ok" in runs.columns else prepare_runs(runs)
+
+
+def run_rate(runs: pd.DataFrame, name: str) -> pd.Series:
+    """`specdec.metrics.RATES` ``[name]`` of each run (row) of `runs`, from its count columns: NaN where a count
+    is missing or the denominator is not > 0.
+
+    Raises:
+        KeyError: an unknown rate, or `runs` lacks one of its counts.
+    """
+    rate = RATES[name]
+    num = sum(pd.to_numeric(runs[c], errors="coerce") for c in rate.numerator)
+    den = sum(pd.to_numeric(runs[c], errors="coerce") for c in rate.denominator)
+    return num / den.where(den > 0)
 
 
 def _round_stats(rounds: pd.DataFrame) -> pd.DataFrame:

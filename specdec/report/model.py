@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 
 from specdec import theory
+from specdec.costs import CostCurve
+from specdec.metrics import RATES
 from specdec.report.cells import spec_fixed_cells
 
 __all__ = [
@@ -90,7 +92,7 @@ def cost_infos(costs: pd.DataFrame) -> dict[str, CostInfo]:
         tgt = {int(r.n_tokens): float(r.seconds) for r in g[g["role"] == "target"].itertuples()}
         dr = {int(r.n_tokens): float(r.seconds) for r in g[g["role"] == "draft"].itertuples()}
         t1, d1 = tgt.get(1), dr.get(1)
-        v = theory.relative_costs(tgt) if t1 else None
+        v = CostCurve(tgt).relative() if t1 else None
         c = d1 / t1 if (t1 and d1) else None
         out[label] = CostInfo(label, t1, d1, c, v, dict(sorted(tgt.items())))
     return out
@@ -212,7 +214,7 @@ def optimal_k_table(cells: pd.DataFrame, infos: dict[str, CostInfo], best: pd.Da
         acc, rej = g["num_accepted"].sum(), g["num_rejections"].sum()
         if c is None or not (np.isfinite(acc) and np.isfinite(rej)) or acc + rej <= 0:
             continue
-        alpha = theory.alpha_from_acceptance(acc, rej)
+        alpha = RATES["alpha_hat"].of({"num_accepted": acc, "num_rejections": rej})
         ks = sorted(set(g["k"].astype(int)))
         pk, ps = theory.optimal_k(alpha, c, info.v if info.v else None, ks=ks)
         rec = {"config_label": key[0], "pair": key[1], "prompt_type": key[2], "method": key[3],

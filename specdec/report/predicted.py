@@ -1,8 +1,8 @@
-"""What the acceptance traces predict, next to what the paired timed runs measured (issue 16).
+"""What the acceptance traces predict, next to what the paired timed runs measured.
 
-Separation (MEASUREMENT.md): the **algorithm** is the acceptance trace of a prompt (`specdec.traces`): the
-rounds of every fixed K in 1..16 and of every policy, for the draft model and for prompt lookup, replayed
-exactly from one target-only run. The **hardware** is the prompt's calibration block (target forwards of
+The algorithm is kept apart from the hardware. The **algorithm** is the acceptance trace of a prompt
+(`specdec.traces`): the rounds of every fixed K in 1..16 and of every policy, for the draft model and for
+prompt lookup, replayed exactly from one target-only run. The **hardware** is the prompt's calibration block (target forwards of
 n = 1..17 tokens and the draft step, timed at the prompt's own context right after its first baseline run;
 `specdec.bench.costs.calibration_block`) plus the per-round overheads measured in the prompt's own runs.
 
@@ -11,9 +11,9 @@ drafted k tokens (the realized k: a prompt-lookup round may draft fewer than K, 
 
     round_s(k) = draft_s(k) + F(k + 1) + o_spec        target-only step = F(1) + o_base
 
-with F the calibration block's median forward time (for a configuration that pads verification,
-`transformers-padded`, the cost of the cheapest measured shape >= k + 1: `CostCurve.padded_value`) (`specdec.costs.CostCurve`, one rule beyond the measured
-range), draft_s(k) for the draft model = its catch-up forward over the round's pending tokens
+with F the calibration block's median forward time (`specdec.costs.CostCurve`, one rule beyond the measured
+range; for a configuration that pads verification, e.g. `transformers-padded`, which `padded_configs` reads
+from the store, the cost of the cheapest measured shape >= k + 1: `CostCurve.padded_value`), draft_s(k) for the draft model = its catch-up forward over the round's pending tokens
 (`specdec.traces.draft_pending`: 1, 2 after an all-accepted round, more after plain rounds) + (k - 1) draft
 steps (`CostCurve.draft_round_s`; 0 when k = 0), and for prompt lookup the median drafting time of the
 prompt's prompt-lookup rounds (0 when there were none), o_spec = the median over the
@@ -22,7 +22,7 @@ o_base = the median over its baseline rounds of verify_s - forward_s. The **pred
 (T x (F(1) + o_base)) / sum(round_s), T = the output's tokens.
 
 The draft's catch-up curve d(n) comes from the calibration block's draft forwards of n tokens when it has
-them (sweeps since the ninth session); an older block times the draft step alone, and then d(n) is
+them (sweeps that time the draft's catch-up); an older block times the draft step alone, and then d(n) is
 estimated from the timed draft-model rounds of the configuration's prompts (`catchup_from_rounds`: the
 median drafting time of rounds that fed n tokens, less their K - 1 steps, in draft steps). Without
 either, every catch-up is priced at one step (the model before it was measured: 3-14% optimistic at fixed
@@ -36,20 +36,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from specdec import stats
-from specdec.bench.config import RUNTIME_CONFIGS
 from specdec.costs import CostCurve
-from specdec.drafters import PromptLookupDrafter
+from specdec.metrics import RATES
 from specdec.policies import make_policy
-from specdec.report.load import ensure_prepared, is_missing
+from specdec.report.load import ensure_prepared, is_missing, run_rate
 from specdec.report.model import CostInfo, cost_infos
 from specdec.report.speedup import paired_reference
-from specdec.report.vocab import BASELINE
-from specdec.traces import AcceptanceTrace, ReplayRound, compare_rounds, draft_pending, replay
+from specdec.report.vocab import BASELINE, SPEC_METHODS
+
+if TYPE_CHECKING:
+    from specdec.traces import ReplayRound
+
+# The replay (specdec.traces, specdec.drafters) imports torch: it is imported where a trace is replayed, so that
+# importing the report does not load the engine.
 
 __all__ = [
     "GRID",
@@ -58,6 +63,7 @@ __all__ = [
     "catchup_summary",
     "divergence_table",
     "machine_curves",
+    "padded_configs",
     "positive_geomean",
     "predicted_vs_measured",
     "prompt_models",
@@ -99,6 +105,8 @@ class PromptModel:
 
     def drafter(self, method: str):
         """None for the draft model (replayed from the trace's draft tokens), a prompt-lookup drafter else."""
+        from specdec.drafters import PromptLookupDrafter
+
         return None if method == "draft" else PromptLookupDrafter(*self.ngram)
 
     def rounds(self, method: str, k: int, policy: str = "fixed") -> list[ReplayRound]:
@@ -107,6 +115,8 @@ class PromptModel:
         Raises:
             ValueError: a draft-model replay on a trace without draft tokens; the cost policy without costs.
         """
+        from specdec.traces import replay
+
         if method == "draft" and self.trace.draft_ids is None:
             raise ValueError("no draft tokens in this trace")
         if policy in (None, "fixed"):
@@ -122,6 +132,8 @@ class PromptModel:
 
     def decode_s(self, method: str, rounds: Sequence[ReplayRound]) -> float:
         """Predicted decode seconds of `rounds` (module docstring); NaN without costs."""
+        from specdec.traces import draft_pending
+
         if self.curve is None:
             return np.nan
         total = 0.0
@@ -153,15 +165,12 @@ def _median(xs) -> float:
 
 
 def _curve(cal: pd.DataFrame, stored: CostCurve | None) -> CostCurve | None:
-    """The calibration blocks' median curve (all blocks of one prompt: target forwards, the draft step and,
-    when timed, the draft's forwards of n > 1 tokens), else the configuration's stored one."""
-    if len(cal):
-        t = cal[cal["role"] == "target"].groupby("n_tokens")["seconds"].median()
-        d = cal[cal["role"] == "draft"].groupby("n_tokens")["seconds"].median()
-        if len(t) and 1 in t.index:
-            step = float(d.loc[1]) if 1 in d.index else None
-            dcurve = {int(n): float(s) for n, s in d.items()} if len(d) > 1 else None
-            return CostCurve({int(n): float(s) for n, s in t.items()}, step, dcurve)
+    """The calibration blocks' median curve (`CostCurve.from_calibration`: all blocks of one prompt, target
+    forwards, the draft step and, when timed, the draft's forwards of n > 1 tokens), else the configuration's
+    stored one."""
+    rows = cal.to_dict("records") if len(cal) else []
+    if any(r["role"] == "target" and r["n_tokens"] == 1 for r in rows):
+        return CostCurve.from_calibration(rows)
     return stored
 
 
@@ -185,6 +194,8 @@ def catchup_from_rounds(rounds: pd.DataFrame, *, min_rounds: int = 1) -> dict[in
         ``{1: 1.0, n: d(n) / d(1), ...}`` with at least one n > 1, or None when no round fed more than one
         token.
     """
+    from specdec.traces import draft_pending
+
     if rounds is None or rounds.empty:
         return None
     rows = []
@@ -238,9 +249,12 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         ngram: the sweep's (ngram_max, ngram_min).
         machine_costs: (config_label, machine_id) -> that machine's own curve (`machine_curves`).
     """
+    from specdec.traces import AcceptanceTrace
+
     if traces is None or traces.empty:
         return []
     df = ensure_prepared(runs)
+    padded = padded_configs(runs, rounds)
     ok = df[df["ok"]]
     r = rounds.copy() if rounds is not None else pd.DataFrame()
     for c in ("verify_s", "forward_s", "other_s", "draft_s", "k", "num_accepted", "round_idx"):
@@ -291,9 +305,27 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         ctx = None if is_missing(t.draft_context) else int(t.draft_context)
         out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]), trace,
                                curve, o_base, o_spec, ng, ngram, ctx,
-                               padded=getattr(RUNTIME_CONFIGS.get(t.config_label), "pad_verify", False),
+                               padded=t.config_label in padded,
                                catchup=catchup))
     return out
+
+
+def padded_configs(runs: pd.DataFrame, rounds: pd.DataFrame | None) -> set[str]:
+    """The config_labels that pad verification (`RuntimeConfig.pad_verify`), as the store records it: a round of
+    one of our speculative methods (`SPEC_METHODS`) with ``rounds.n_forward`` set (the engine records the
+    forward's token count exactly when it pads, `specdec.metrics.RoundRecord.n_forward`). A configuration
+    without such a round (no speculative run timed, or no round trace) reads as unpadded.
+
+    Args:
+        runs: the store's (prepared or raw) runs. rounds: its rounds (``run_id``, ``n_forward``); None or
+            without ``n_forward``: no configuration pads.
+    """
+    if rounds is None or rounds.empty or "n_forward" not in rounds.columns:
+        return set()
+    df = ensure_prepared(runs)
+    spec = df[df["method"].isin(SPEC_METHODS)]
+    ids = rounds.loc[pd.to_numeric(rounds["n_forward"], errors="coerce").notna(), "run_id"]
+    return set(spec.loc[spec["run_id"].isin(set(ids)), "config_label"].astype(str))
 
 
 def catchup_summary(models: Sequence[PromptModel]) -> dict:
@@ -330,11 +362,14 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
                     rounds = m.rounds(method, k, policy)
                 except ValueError:
                     continue
-                spec = [r for r in rounds if r.k > 0]
+                counts = {"num_emitted": sum(r.num_emitted for r in rounds), "num_rounds": len(rounds),
+                          "num_drafted": sum(r.k for r in rounds),
+                          "num_speculative_rounds": sum(1 for r in rounds if r.k > 0)}
                 rows.append({"config_label": m.key[0], "prompt_id": m.key[1], "prompt_type": m.prompt_type,
                              "method": method, "policy": policy, "k": k, "predicted": m.speedup(method, rounds),
-                             "block_efficiency": sum(r.num_emitted for r in rounds) / max(len(rounds), 1),
-                             "mean_k": sum(r.k for r in spec) / len(spec) if spec else 0.0})
+                             # no rounds / no drafting round: 0, as a plot of the grid shows it
+                             "block_efficiency": RATES["block_efficiency"].of(counts) if rounds else 0.0,
+                             "mean_k": RATES["mean_k"].of(counts) if counts["num_speculative_rounds"] else 0.0})
     return pd.DataFrame(rows)
 
 
@@ -391,14 +426,15 @@ def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequ
     rounds equal the timed rounds), mismatch (first differing round, text), predicted, measured, ratio
     (predicted / measured), n_adjacent (baselines adjacent in time to the run).
     """
+    from specdec.traces import compare_rounds
+
     cols = ["run_id", "config_label", "prompt_id", "prompt_type", "method", "policy", "k", "replay_exact",
             "mismatch", "predicted", "measured", "ratio", "n_adjacent"]
     df = ensure_prepared(runs)
     ok = df[df["ok"]].copy()
     if ok.empty or not models:
         return pd.DataFrame(columns=cols)
-    dec = pd.to_numeric(ok["decode_s"], errors="coerce")
-    ok["decode_tokens_per_s"] = pd.to_numeric(ok["new_tokens"], errors="coerce") / dec.where(dec > 0)
+    ok["decode_tokens_per_s"] = run_rate(ok, "decode_tokens_per_s")
     ref, adj = paired_reference(ok, "decode_tokens_per_s")
     by_key = {(m.key[0], m.key[1], m.key[2]): m for m in models}
     rows = []

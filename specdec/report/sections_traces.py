@@ -40,7 +40,7 @@ def traces_section(a: Analysis) -> Section:
     grid, best, pvm, div = a[T.TRACE_GRID], a[T.TRACE_BEST_K], a[T.PREDICTED], a[T.DIVERGENCE]
     lines = aa_line(a)
     if grid.empty and pvm.empty:
-        lines.append("No acceptance traces in this store (sweeps before issue 16, or sampled sweeps): the K "
+        lines.append("No acceptance traces in this store (sweeps recorded without traces, or sampled sweeps): the K "
                      "grid is only what was timed.")
         sec.blocks.append(Bullets(lines))
         return sec
@@ -147,7 +147,7 @@ def roofline_section(a: Analysis) -> Section:
     sec = Section("Roofline: bytes read per second against the memory bandwidth", "roofline")
     rl = a[T.ROOFLINE]
     if rl.empty:
-        sec.blocks.append("No roofline inputs in this store (sweeps before issue 19).")
+        sec.blocks.append("No roofline inputs in this store (sweeps recorded without weight bytes and bandwidth).")
         return sec
     sec.blocks.append(
         "A decoding step reads every weight once, so weight bytes / memory bandwidth bounds its time from below "

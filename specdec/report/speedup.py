@@ -9,7 +9,7 @@ is divided by it; a run with none (older stores, a resumed sweep) by the prompt'
 in time (`nearest_baseline`; a merged sharded store holds runs of several machines, never divided by each
 other). Per prompt, the ratio is the geometric mean of its runs' ratios (repeats).
 
-**Interval** (`specdec.stats`, MEASUREMENT.md "Units, not runs"): the unit is the prompt. A group's ratio is
+**Interval** (`specdec.stats`): the unit is the prompt. A group's ratio is
 the geometric mean of its per-prompt ratios with Student's t-interval on their logs (nominal 95 %; its
 coverage at n = 5, 8, 12 is a test). With a single aligned prompt the units are its runs (each run's ratio
 to the prompt's reference median); with a single run there is no interval (verdict

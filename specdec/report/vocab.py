@@ -11,12 +11,14 @@ Words used by every module of :mod:`specdec.report`:
 * The store's ``runs.cell_key`` is a **run key** (one timed generation: the sweep's per-prompt unit x
   repeat; see ``specdec/bench/store.py``). The report never groups by it.
 
-The method names here are the report's view of the bench's methods (``specdec/bench/sweep.py``
-``OUR_METHODS``/``PEER_METHODS``); they are kept apart so that importing the report never imports the
-sweep.
+The method names here are the report's view of the bench's method registry (`specdec.bench.methods`); the
+peers and which of ours each is compared with come from `specdec.peer_pairs`, which both halves read. They are
+kept apart so that importing the report never imports the bench.
 """
 
 from __future__ import annotations
+
+from specdec.peer_pairs import PEER_PAIRS
 
 __all__ = [
     "ADAPTIVE_POLICIES",
@@ -26,7 +28,6 @@ __all__ = [
     "EACH_TYPE_BEST_K",
     "FIXED_POLICIES",
     "PEER_METHODS",
-    "PEER_PAIRS",
     "SINGLE_RUN",
     "SPEC_METHODS",
 ]
@@ -43,19 +44,10 @@ BASELINE = "baseline"
 #: Our speculative methods (the analytical model applies to them).
 SPEC_METHODS = ("draft", "ngram", "ngram_hf")
 #: Peer implementations measured in the same run.
-PEER_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup")
+PEER_METHODS = tuple(dict.fromkeys(peer for _, peer in PEER_PAIRS))
 #: Policies that choose K per round.
 ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
 #: Policies under which a cell keeps one K throughout (``"-"``: the store had no policy).
 FIXED_POLICIES = ("fixed", "-")
-#: Which of our methods each peer is compared with (ours, peer); K must match except for hf_generate.
-PEER_PAIRS = (
-    (BASELINE, "hf_generate"),
-    ("draft", "hf_assisted"),
-    ("ngram", "hf_prompt_lookup"),
-    ("ngram_hf", "hf_prompt_lookup"),  # like for like: our engine with transformers' lookup rule
-    ("ngram", "llama_prompt_lookup"),
-)
-
 #: The columns that name a cell.
 CELL_KEY = ["config_label", "pair", "prompt_type", "method", "policy", "k"]

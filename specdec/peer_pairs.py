@@ -1,0 +1,19 @@
+"""Which of our methods each library peer is compared with, declared once for both halves of the project.
+
+The bench's method registry (`specdec.bench.methods`) checks every pair names registered methods, and the
+report (`specdec.report.comparisons.peer_table`) compares exactly these pairs, without importing the bench.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PEER_PAIRS"]
+
+#: ``(ours, peer)`` method names (``runs.method``). K must match, except for the target-only pair; a peer may
+#: have several of ours (prompt lookup: our rule and transformers' rule in our engine, like for like).
+PEER_PAIRS = (
+    ("baseline", "hf_generate"),
+    ("draft", "hf_assisted"),
+    ("ngram", "hf_prompt_lookup"),
+    ("ngram_hf", "hf_prompt_lookup"),
+    ("ngram", "llama_prompt_lookup"),
+)

@@ -1,5 +1,5 @@
-"""Published architectures with random weights (timing only), their cost curves, and the original pairs'
-predicted speedups (issue 21)."""
+"""Published architectures with random weights (timing only) and their cost curves (`specdec.archs`,
+``specdec costs --arch``), and the GPU script that times them (`benchmarks/gpu_costs.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec import archs, original_study, theory
+from specdec import archs
 
 TINY = archs.Arch("tiny-gpt2", {**archs.ARCHS["gpt2"].config, "n_embd": 64, "n_layer": 2, "n_head": 2,
                                 "vocab_size": 1000, "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0},
@@ -67,69 +67,6 @@ def test_measure_arch_costs_derives_c_and_v_from_the_curves():
         archs.measure_arch_costs([TINY], max_n=4, repeats=1, context_tokens=126)
 
 
-def _costs(c: float, v17: float) -> dict:
-    v = {n: 1.0 + (v17 - 1.0) * (n - 1) / 16 for n in range(1, 18)}
-    return {"weights": archs.RANDOM_WEIGHTS_LABEL, "dtype": "float32", "device": "cpu",
-            "archs": {"gpt2": {"params": 1, "step_s": c, "verify_steps": v},
-                      "gpt2-large": {"params": 1, "step_s": 1.0, "verify_steps": v}},
-            "pairs": [{"draft": "gpt2", "target": "gpt2-large", "c": c, "verify_steps": v},
-                      {"draft": "qwen2.5-coder-0.5b", "target": "qwen2.5-coder-1.5b", "c": c,
-                       "verify_steps": v}]}
-
-
-def test_original_pairs_prediction_by_hand():
-    """alpha = 1 (repetitive), K = 16, c = 0.1, v(17) = 2: 17 tokens per round for 1.6 + 2 steps = 4.72x;
-    natural (alpha 0.714) at K = 1: (1 + 0.714) / (0.1 + v(2) = 1.0625) = 1.474x."""
-    rows = original_study.predict(_costs(0.1, 2.0))
-    assert {r["pair"] for r in rows} == {"gpt2 -> gpt2-large"}  # the default pair is not an original pair
-    rep16 = next(r for r in rows if r["prompt_type"] == "repetitive" and r["k"] == 16)
-    assert rep16["predicted"] == pytest.approx(17 / 3.6) and rep16["best_k"] == 16
-    assert rep16["original_best_k"] == 16 and rep16["original_speedup"] is None
-    nat1 = next(r for r in rows if r["prompt_type"] == "natural" and r["k"] == 1)
-    assert nat1["predicted"] == pytest.approx(1.714 / (0.1 + 1.0625))
-    assert nat1["original_speedup"] == 0.950
-    assert nat1["ideal"] == pytest.approx(float(theory.ideal_speedup(0.714, 1, 0.1)))
-    with pytest.raises(ValueError, match="need 17"):
-        original_study.predict({"pairs": [{"draft": "gpt2", "target": "gpt2-large", "c": 0.1,
-                                           "verify_steps": {1: 1.0, 2: 1.1}}]})
-
-
-def test_original_pairs_section_labels_what_is_measured_and_what_is_predicted():
-    from specdec.report.document import Bullets, Table
-    from specdec.report.original import original_pairs_section
-
-    sec = original_pairs_section(_costs(0.5, 6.0))
-    intro = sec.blocks[0]
-    assert "random weights: timing only" in intro and "PREDICTS" in intro and "MEASURED" in intro
-    tables = [b for b in sec.blocks if isinstance(b, Table)]
-    pred = tables[-1]
-    row = next(r for r in pred.rows if r[:2] == ["gpt2 -> gpt2-large", "natural"])
-    assert row[2] == "0.714" and row[-1] == "0.950x"  # the original's published acceptance and speedup
-    (bullets,) = [b for b in sec.blocks if isinstance(b, Bullets)]
-    text = "\n".join(bullets.items)
-    assert "the original reports 1.846x" in text
-    # c = 0.5, v(n) rising linearly to v(17) = 6 (a CPU-like curve): natural's best is K = 1 at
-    # 1.714 / (0.5 + 1.3125) = 0.946x, no win, as the original measured on its GPU
-    assert "natural: the original measured 0.950x (no win); predicted best here 0.95x at K = 1 (below 1 here too)" in text
-    assert "repetitive: best K 16 on the GPU, 16 predicted here" in text  # alpha = 1: the longest draft pays
-
-
-def test_report_with_arch_costs_has_the_section(tmp_path):
-    """`specdec report --arch-costs FILE` puts the section in both the HTML and the Markdown report."""
-    from specdec.bench.store import Store
-    from specdec.report.render import write_report
-
-    db = tmp_path / "empty.db"
-    Store(db).close()
-    costs = tmp_path / "arch.json"
-    costs.write_text(json.dumps(_costs(0.3, 3.0)))
-    res = write_report(db, tmp_path / "rep", arch_costs=costs)
-    for path in (res.html, res.markdown):
-        text = path.read_text()
-        assert "The original pairs (predicted from measured costs)" in text
-        assert "gpt2 -&gt; gpt2-large" in text or "gpt2 -> gpt2-large" in text
-
-
 @pytest.mark.slow
 def test_gpu_script_runs_on_cpu(tmp_path):
     """The prepared GPU script, on CPU with one small architecture: exactness checks pass, costs written."""
@@ -151,45 +88,11 @@ def test_gpu_script_runs_on_cpu(tmp_path):
     assert all(r["identical_to_target_only"] for r in out["end_to_end"]["runs"])
     assert all(r["predicted_decode_s"] > 0 and r["speedup"] > 0 for r in out["end_to_end"]["runs"])
     assert "A/A" in p.stdout
-    # benchmarks/replay_curve.py reads the same file as a cost curve for the traces
-    from conftest import load_benchmark
+    # study.replay_curve reads the same file as a cost curve for the traces
+    from study import replay_curve as replay
 
-    replay = load_benchmark("replay_curve")
     curve = replay.curve_from_costs(tmp_path / "gpu_costs.json", "float32", "gpt2", "gpt2")
     assert curve.target_step_s > 0 and curve.draft_step_s > 0 and curve.v(3) > 0
     # a dtype the file lacks, or a missing store: one line, exit 2
     assert replay.main(["--db", str(tmp_path / "none.db"), "--costs", str(tmp_path / "gpu_costs.json")]) == 2
     assert replay.main(["--db", str(tmp_path / "none.db"), "--target-ms", "1:10"]) == 2
-
-
-def test_replay_curve_prices_traces_with_another_machines_curve(tmp_path):
-    """benchmarks/replay_curve.py: the same acceptance traces, priced with a curve where a draft step costs a
-    target step (the H200's launch-bound regime), predict a loss for the draft model at every K even when it
-    always agrees, while prompt lookup still pays on text it can copy; the overheads are zeroed, not the
-    traces changed."""
-    from conftest import load_benchmark
-
-    from specdec.costs import CostCurve
-    from specdec.report.predicted import PromptModel, trace_best_k, trace_grid
-    from specdec.traces import AcceptanceTrace
-
-    mod = load_benchmark("replay_curve")
-    assert mod.parse_ms("1:20,17:24") == {1: 0.020, 17: 0.024}
-    with pytest.raises(ValueError, match="n:ms"):
-        mod.parse_ms("1:20,17")
-    out = tuple([5, 6, 7, 8] * 8)  # 32 tokens the prompt already holds: prompt lookup copies them
-    trace = AcceptanceTrace(tuple([5, 6, 7, 8] * 3), out, out, None, 32)  # the draft agrees everywhere
-    cpu = CostCurve({1: 1.0, 2: 1.1, 17: 1.3}, 0.1)  # c = 0.1: the draft model pays
-    m = PromptModel(("c", "p", ""), "repetitive", trace, cpu, 0.05, 0.05, 0.02, (3, 1), None)
-    gpu = CostCurve({1: 0.020, 2: 0.021, 17: 0.024}, 0.021)  # c = 1.05
-    (g,) = mod.repriced([m], gpu)
-    assert (g.curve, g.o_base, g.o_spec, g.ngram_draft_s) == (gpu, 0.0, 0.0, 0.0) and g.trace is m.trace
-    assert m.curve is cpu and m.o_spec == 0.05  # the original is untouched
-    own, other = trace_grid([m]), trace_grid([g])
-    draft = other[(other["method"] == "draft") & (other["policy"] == "fixed")]
-    assert (draft["predicted"] < 1).all() and len(draft) > 3
-    assert (own[(own["method"] == "draft") & (own["k"] == 4)]["predicted"] > 1.5).all()
-    best = trace_best_k(other).set_index("method")
-    assert best.loc["ngram", "predicted"] > 3 and best.loc["draft", "predicted"] < 1
-    table = mod.best_k_table([g], "gpu")
-    assert set(table["method"]) == {"draft", "ngram"} and (table["curve"] == "gpu").all()

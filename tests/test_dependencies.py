@@ -1,7 +1,7 @@
 """Every package the code needs is declared in pyproject.toml (a green CI once hid a missing `accelerate`).
 
 Three checks: each module of `specdec` imports in a fresh interpreter; every third-party name imported by the
-package, the tests and the benchmarks belongs to a distribution declared directly in pyproject.toml; and the
+package, the tests, the benchmarks and the study belongs to a distribution declared directly in pyproject.toml; and the
 distributions a real GGUF load actually imports (transformers imports `accelerate` only when it is there)
 are all inside the transitive requirements of what pyproject.toml declares.
 """
@@ -78,7 +78,7 @@ def _third_party_imports(root: Path) -> set[str]:
                 names |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-    local = {"specdec", "conftest"} | {p.stem for p in root.glob("*.py")}
+    local = {"specdec", "study", "conftest"} | {p.stem for p in root.glob("*.py")}
     return {n for n in names if n not in sys.stdlib_module_names and n not in local}
 
 
@@ -100,7 +100,7 @@ def test_every_specdec_module_imports_in_a_fresh_interpreter():
 
 @pytest.mark.parametrize(
     ("folder", "groups"),
-    [("specdec", None), ("benchmarks", None), ("tests", ("test",))],
+    [("specdec", None), ("benchmarks", None), ("study", None), ("tests", ("test",))],
 )
 def test_every_imported_package_is_declared_directly(folder, groups):
     """An import of a package that only arrives as someone else's dependency breaks the day they drop it."""
@@ -108,7 +108,7 @@ def test_every_imported_package_is_declared_directly(folder, groups):
     if folder == "tests":
         direct |= set(_declared(()))  # the tests also use the core dependencies
     imported = _third_party_imports(ROOT / folder)
-    assert {"torch", "transformers"} & imported  # the scan sees real imports
+    assert {"torch", "transformers", "pandas"} & imported  # the scan sees real imports
     missing = {m: sorted(_dists_of(m)) for m in imported if not (_dists_of(m) & direct)}
     assert not missing, f"imported in {folder}/ but not declared in pyproject.toml: {missing}"
 

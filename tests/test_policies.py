@@ -182,7 +182,7 @@ STUDY_COSTS = {"draft_step_s": 0.0994, "target_forward_s": {
 def test_cost_forgetting_the_prior_lets_a_long_easy_stretch_reach_a_large_k():
     # On the staircase, K = 16 beats K = 2 only for alpha >= ~0.98. A prior that keeps its weight caps the
     # estimate at K = 2 with full acceptance: (1.2 + 10) / (2 + 10) = 0.93, and the policy never leaves
-    # K = 2 on text where K = 16 is 1.14x faster (repetitive, benchmarks/sim_policy.py). Forgotten, it does.
+    # K = 2 on text where K = 16 is 1.14x faster (repetitive, replayed from its traces). Forgotten, it does.
     assert CostPolicy.from_costs(STUDY_COSTS).best_k(0.93) == 2
     for forget, k_end in ((True, 16), (False, 2)):
         p = CostPolicy.from_costs(STUDY_COSTS, forget_prior=forget)

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import load_benchmark
 
 from specdec import stats, theory
 from specdec.metrics import RATES
@@ -810,8 +809,9 @@ def test_speedups_are_taken_within_one_machine(tmp_path, capsys):
     data.machine_costs = data.machine_costs[data.machine_costs["machine_id"] == "A"]  # no machine matches
     assert data.costs_machine() is None and "which machine measured them is not recorded" in data.costs_note()
 
-    # benchmarks/bench_fast.py names every machine of the store, not only the sweep's first
-    mod = load_benchmark("bench_fast")
+    # study.targets.fast names every machine of the store, not only the sweep's first
+    from study.targets import fast as mod
+
     assert mod.main(["--db", str(tmp_path / "m.db")]) == 0
     out = capsys.readouterr().out
     assert "2 machines (each ratio within one):" in out

@@ -1,18 +1,19 @@
-"""benchmarks/spec_bench.py: Spec-Bench questions chosen per main category, as a prompt file our sweep reads."""
+"""study.spec_bench: Spec-Bench questions chosen per main category, as a prompt file our sweep reads."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import load_benchmark
 
 from specdec.bench.prompts import load_prompt_file
 
 
 @pytest.fixture(scope="module")
 def sb():
-    return load_benchmark("spec_bench")
+    from study import spec_bench
+
+    return spec_bench
 
 
 def _questions(sb) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The study report: several synthetic stores with known answers read side by side (`specdec.report.study`)."""
+"""The study report: several synthetic stores with known answers read side by side (`study.report`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_report import XSS, Store
 
-from specdec.report import study
 from specdec.report import tables as T
+from study import report as study
 
 #: default-policy and draft K = 2 speedups per store and prompt type (exact on every prompt but a small wobble)
 SPEEDUPS = {"fast": {"code": (1.5, 1.8), XSS: (1.2, 0.9)}, "slow": {"code": (0.9, 0.6), XSS: (1.1, 0.7)},
@@ -127,7 +127,7 @@ def test_fastest_way_to_generate_counts_tokens_per_second_not_speedup(sources):
     # its own default policy on the XSS type (44 tok/s) beats its target-only
     assert per.loc["code", "fastest"] == "fp32 target-only" and per.loc["code", "tok_s"] == pytest.approx(40.0)
     assert per.loc[XSS, "fastest"] == "fp32 draft cost" and per.loc[XSS, "speculative"]
-    # benchmarks/fastest.py builds the same table from cells stacked with a store column
+    # study.fastest builds the same table from cells stacked with a store column
     import pandas as pd
 
     raw = pd.concat([s.analysis[T.CELLS].assign(store=s.label) for s in sources], ignore_index=True)
@@ -163,8 +163,30 @@ def test_duration_counts_sittings(sources):
     assert dur.loc["slow", "first"] == "2026-12-01T05:01:00+00:00"
 
 
+def test_settings_read_the_target_precision_each_store_records():
+    """The precision is the configuration's: a store that records it per run keeps it (an int8 configuration's
+    recorded ``float32+int8`` is not quantized twice), an older store's sweep ``--dtype`` is mapped by the
+    configuration's rule, llama.cpp is ``gguf``, and an unknown label keeps what the store says."""
+    import pandas as pd
+
+    def settings(label: str, dtype: str) -> str:
+        runs = pd.DataFrame({"config_label": [label], "dtype": [dtype], "max_new_tokens": [128],
+                             "temperature": [0.0]})
+        return study._settings(runs)
+
+    assert settings("transformers-int8", "float32+int8") == "float32+int8, 128 new tokens, greedy"
+    assert settings("transformers-int8", "float32") == "float32+int8, 128 new tokens, greedy"
+    assert settings("transformers-bf16", "float32").startswith("bfloat16,")  # an older store: the sweep's dtype
+    assert settings("transformers-bf16-int8", "bfloat16+int8").startswith("bfloat16+int8,")
+    assert settings("llamacpp", "gguf").startswith("gguf,")
+    assert settings("my-own-config", "float16+x").startswith("float16+x,")
+
+
 def test_write_study_escapes_store_text_and_draws_the_headline(stores, tmp_path):
-    res = study.write_study(stores, tmp_path / "out", reports=["results/fast_report/report.html"])
+    listed = tmp_path / "fast_report" / "report.html"  # a per-store report is listed by its path, as text
+    listed.parent.mkdir()
+    listed.write_text("<html></html>")
+    res = study.write_study(stores, tmp_path / "out", reports=[str(listed)])
     html = res.html.read_text()
     assert XSS not in html and "&lt;script&gt;" in html
     assert not res.figure.skipped and Path(res.figure.png).stat().st_size > 0
@@ -172,6 +194,7 @@ def test_write_study_escapes_store_text_and_draws_the_headline(stores, tmp_path)
                   "The stores and how long they took", "Per-store reports", "Appendix: definitions"):
         assert title in html
     assert html.index('id="how"') < html.index('id="study_headline"') < html.index('id="types"')  # reading order
+    assert str(listed) in html
     md = res.markdown.read_text()
     # the headline's verdict over every configuration: pooled default policy per configuration, exactness
     assert "fp32 0.99x" in md  # pooled over its 12 prompts: sqrt(0.9 x 1.1)
@@ -197,12 +220,16 @@ def test_markdown_never_links_or_loads_what_a_store_says(tmp_path):
 
 
 def test_cli_study_and_its_errors(stores, tmp_path, capsys, monkeypatch):
-    from specdec.cli import main
+    from specdec.cli import main as specdec_main
+    from study.report import main
 
     out = tmp_path / "cli"
-    with pytest.raises(SystemExit) as ok:
-        main(["study", "--db", str(stores[0]), "--db", str(stores[1]), "--out", str(out)])
-    assert ok.value.code == 0 and (out / "report.html").exists() and "2 stores" in capsys.readouterr().out
+    assert main(["--db", str(stores[0]), "--db", str(stores[1]), "--out", str(out)]) == 0
+    assert (out / "report.html").exists() and "2 stores" in capsys.readouterr().out
+    # the tool has no study command: the study is run from the repository, not installed
+    with pytest.raises(SystemExit) as exc:
+        specdec_main(["study", "--db", str(stores[0]), "--out", str(tmp_path / "tool")])
+    assert exc.value.code == 2 and not (tmp_path / "tool").exists()
     twin = tmp_path / "twin"
     twin.mkdir()
     (twin / "fast.db").write_bytes(Path(stores[0]).read_bytes())
@@ -217,16 +244,18 @@ def test_cli_study_and_its_errors(stores, tmp_path, capsys, monkeypatch):
     Store(empty).sweep().close()
     with pytest.raises(ValueError, match="no runs"):
         study.load_sources([empty])
-    with pytest.raises(SystemExit) as exc:
-        main(["study", "--db", str(tmp_path / "missing.db"), "--out", str(out)])
-    assert exc.value.code == 2 and "missing.db" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["--db", str(tmp_path / "missing.db"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("study.report: error: ") and "missing.db" in err and err.count("\n") == 1
     # an empty --out is refused (Path("") would write into the current directory)
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
-    for command in ("study", "report"):
-        with pytest.raises(SystemExit) as exc:
-            main([command, "--db", str(stores[0]), "--out", " "])
-        assert exc.value.code == 2 and "--out is empty" in capsys.readouterr().err
+    assert main(["--db", str(stores[0]), "--out", " "]) == 2
+    assert "--out is empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        specdec_main(["report", "--db", str(stores[0]), "--out", " "])
+    assert exc.value.code == 2 and "--out is empty" in capsys.readouterr().err
     assert not any((tmp_path / "cwd").iterdir())
 
 
@@ -293,7 +322,7 @@ def test_peer_comparisons_pool_prompts_of_several_stores_without_dividing_across
 
 
 def test_peer_stores_enter_only_the_peer_section_and_the_durations(stores, tmp_path, capsys):
-    from specdec.cli import main
+    from study.report import main
 
     a = _peer_store(tmp_path / "peers_a.db", 1.2, base=10.0)
     b = _peer_store(tmp_path / "peers_b.db", 0.8, base=40.0)
@@ -305,8 +334,7 @@ def test_peer_stores_enter_only_the_peer_section_and_the_durations(stores, tmp_p
     assert "peers_a" in dur and "peers_b" in dur
     without = study.write_study(stores[:2], tmp_path / "plain")
     assert "Against transformers' own decoders" not in without.markdown.read_text()
-    with pytest.raises(SystemExit) as ok:
-        main(["study", "--db", str(stores[0]), "--peers-db", str(a), "--out", str(tmp_path / "cli")])
-    assert ok.value.code == 0 and "2 stores" in capsys.readouterr().out
+    assert main(["--db", str(stores[0]), "--peers-db", str(a), "--out", str(tmp_path / "cli")]) == 0
+    assert "2 stores" in capsys.readouterr().out
     with pytest.raises(ValueError, match="at least one store"):
         study.write_study([], tmp_path / "none", peer_dbs=[a])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import typer
-from conftest import SWEEP_PROMPTS, load_benchmark, tiny_sweep_config
+from conftest import SWEEP_PROMPTS, tiny_sweep_config
 from typer.testing import CliRunner
 
 from specdec.bench import methods as M
@@ -1017,11 +1017,12 @@ def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path)
 
 
 def test_bench_method_prints_the_four_targets(full_sweep, monkeypatch, capsys):
-    """benchmarks/bench_method.py on a traced, paired store: replay exact on fp32 (PASS), every timed run's
+    """study.targets.method on a traced, paired store: replay exact on fp32 (PASS), every timed run's
     predicted / measured ratio printed, the A/A figures, and the simulated coverage."""
+    from study.targets import method as mod
+
     _, db, _, _ = full_sweep
-    mod = load_benchmark("bench_method")
-    monkeypatch.setattr("sys.argv", ["bench_method.py", "--db", str(db)])
+    monkeypatch.setattr("sys.argv", ["method.py", "--db", str(db)])
     mod.main()
     out = capsys.readouterr().out
     assert "exact (100.0%): target >= 99%: PASS" in out
@@ -1032,10 +1033,11 @@ def test_bench_method_prints_the_four_targets(full_sweep, monkeypatch, capsys):
 
 
 def test_fastest_table_names_the_fastest_configuration_per_type(full_sweep, capsys):
-    """benchmarks/fastest.py: one Markdown row per prompt type with target-only and the best speculative
+    """study.fastest: one Markdown row per prompt type with target-only and the best speculative
     cell of each configuration, and the fastest of all by tokens/s."""
+    from study import fastest as mod
+
     _, db, _, _ = full_sweep
-    mod = load_benchmark("fastest")
     t = mod.main(["--db", str(db)])
     out = capsys.readouterr().out
     types = sorted({p["type"] for p in SWEEP_PROMPTS})
@@ -1052,8 +1054,8 @@ def test_baseline_padded_is_timed_paired_exact_and_read_by_bench_fast(tmp_path, 
                                                                          prompt_file, capsys):
     """``baseline_padded`` (target-only, each step padded to the cheapest measured shape; not a default
     method): planned between two baselines on every prompt, token-identical to the baseline, each step's
-    forward shape recorded; benchmarks/bench_fast.py reports it against plain target-only and the default
-    policy against it, and prints every issue-19 target."""
+    forward shape recorded; study.targets.fast reports it against plain target-only and the default
+    policy against it, and prints every fast-configuration target."""
     db = tmp_path / "padded.db"
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, methods="baseline,baseline_padded,draft", ks="1",
                secondary_ks="", policies="cost", secondary_policies="cost", peers=False)
@@ -1074,7 +1076,8 @@ def test_baseline_padded_is_timed_paired_exact_and_read_by_bench_fast(tmp_path, 
     # the cost policy ran on the secondary prompt too (secondary_policies)
     assert {r["prompt_id"] for r in runs if r["policy"] == "cost"} == {p["id"] for p in PROMPTS}
 
-    mod = load_benchmark("bench_fast")
+    from study.targets import fast as mod
+
     assert mod.main(["--db", str(db)]) == 0
     out = capsys.readouterr().out
     for head in ("1. bf16 step", "2./4. default policy", "3. exactness", "5. target-only padded",
@@ -1089,12 +1092,12 @@ def test_baseline_padded_is_timed_paired_exact_and_read_by_bench_fast(tmp_path, 
 
 
 def test_bench_fast_measures_fp32_and_bf16_steps_in_one_process(tiny_pair, capsys):
-    """benchmarks/bench_fast.py --measure: both dtypes loaded, interleaved passes, the two targets printed."""
+    """study.targets.fast --measure: both dtypes loaded, interleaved passes, the two targets printed."""
     from specdec import precision
+    from study.targets import fast as mod
 
     if precision.missing_bf16_support(precision.cpu_flags(), None) is not None:
         pytest.skip("this CPU has no native bf16 kernels (bf16 is refused)")
-    mod = load_benchmark("bench_fast")
     mod.measure_steps(str(tiny_pair.target_dir), threads=1, passes=2)
     out = capsys.readouterr().out
     assert "float32   t(1) = " in out and "bfloat16  t(1) = " in out

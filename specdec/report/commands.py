@@ -1,4 +1,4 @@
-"""CLI: ``specdec report --db DB --out DIR [--sweep ID]`` and ``specdec study --db A --db B ... --out DIR``.
+"""CLI: ``specdec report --db DB --out DIR [--sweep ID]``.
 
 `register` adds the command to the project's Typer app; the heavy imports (pandas, matplotlib) happen
 when the command runs, not when the CLI starts.
@@ -26,9 +26,9 @@ def out_dir(value: str) -> Path:
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``report`` and ``study`` commands to `app`.
+    """Add the ``report`` command to `app`.
 
-    The commands raise FileNotFoundError (no store at --db) and ValueError (not an SQLite store, unknown
+    The command raises FileNotFoundError (no store at --db) and ValueError (not an SQLite store, unknown
     or ambiguous --sweep); the CLI's ``main()`` turns those into one line on stderr.
     """
 
@@ -39,15 +39,11 @@ def register(app: typer.Typer) -> None:
         sweep: Annotated[
             str | None, typer.Option("--sweep", help="Sweep id (or unique prefix); default: the newest.")
         ] = None,
-        arch_costs: Annotated[
-            Path | None, typer.Option("--arch-costs", help="A `specdec costs --arch --out` file: adds the "
-                                      "section 'The original pairs' (predicted from measured costs).")
-        ] = None,
     ) -> None:
         """Write a self-contained HTML report, a Markdown summary and the figures (PNG + SVG)."""
         from specdec.report.render import write_report
 
-        result = write_report(db, out_dir(out), sweep, arch_costs=arch_costs)
+        result = write_report(db, out_dir(out), sweep)
         a = result.analysis
         typer.echo(f"sweep {a.store.sweep_id or '(none)'}: {len(a.store.runs)} runs, "
                    f"{len(result.drawn)} figures drawn, {len(result.skipped)} skipped")
@@ -57,28 +53,3 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"wrote {result.markdown}")
         typer.echo(f"wrote {result.figures_dir}/ ({2 * len(result.drawn)} files)")
 
-    @app.command("study")
-    def study(
-        db: Annotated[list[Path], typer.Option("--db", help="Results store (repeatable): each one's newest "
-                                               "sweep, analysed on its own, then side by side.")],
-        out: OutOpt,
-        report: Annotated[list[str] | None, typer.Option(
-            "--report", help="Path of a per-store report to list in the study (repeatable).")] = None,
-        title: Annotated[str, typer.Option("--title", help="Page title.")] = "Speculative decoding study",
-        peers_db: Annotated[list[Path] | None, typer.Option(
-            "--peers-db", help="Store read only for 'Against transformers' own decoders' and the duration "
-            "table (repeatable): its peer comparisons pool with the other stores', its cells stay out of the "
-            "per-type tables.")] = None,
-    ) -> None:
-        """Write the study report: several stores side by side (headline per prompt type over every
-        configuration, the fastest way to generate, ours against transformers' own decoders, how long each
-        store took)."""
-        from specdec.report.study import write_study
-
-        result = write_study(db, out_dir(out), report or (), title=title, peer_dbs=peers_db or ())
-        typer.echo(f"{len(db) + len(peers_db or ())} stores, {len(result.types)} (store, configuration, prompt type) rows"
-                   + (f"; headline figure skipped: {result.figure.skipped}" if result.figure.skipped else ""))
-        for line in result.missing:
-            typer.echo(f"  missing: {line}")
-        typer.echo(f"wrote {result.html}")
-        typer.echo(f"wrote {result.markdown}")

@@ -99,7 +99,7 @@ def equality_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def exactness(equality: pd.DataFrame) -> pd.DataFrame:
-    """The one count of exactness the report, `benchmarks/bench_fast.py` and `benchmarks/fastest.py` quote:
+    """The one count of exactness the report and the study (`study/`) quote:
     per configuration, the greedy runs of our speculative engine (``SPEC_METHODS``: draft model and prompt
     lookup, fixed K and policies) that finished and whose output was compared with the same configuration's
     target-only output (``matches_baseline`` recorded, only under greedy decoding), and how many equal it.

@@ -113,7 +113,7 @@ def html_page(title: str, sections: Sequence[Section]) -> str:
 
 def render_html(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> str:
     """The report as one self-contained HTML page (inline CSS, figures as base64 PNG, no script); `extra`
-    sections (e.g. `specdec.report.original.original_pairs_section`) go before the figures."""
+    sections go before the figures."""
     return html_page(_title(a), build_sections(a, figures, extra))
 
 
@@ -199,15 +199,13 @@ class ReportResult:
         return [e for e in self.figures if e.skipped]
 
 
-def write_report(db: str | Path, out: str | Path, sweep: str | None = None,
-                 arch_costs: str | Path | None = None) -> ReportResult:
+def write_report(db: str | Path, out: str | Path, sweep: str | None = None) -> ReportResult:
     """Analyse the store `db` and write ``out/report.html``, ``out/report.md`` and ``out/figures/``.
 
     Args:
         db: results store (SQLite, schema of ``specdec/bench/store.py``).
         out: output directory (created if needed); existing report files are overwritten.
         sweep: sweep id or unique prefix; None = the newest sweep.
-        arch_costs: a ``specdec costs --arch --out`` file: adds the section "The original pairs".
 
     Returns:
         `ReportResult` with the paths, the figure entries (drawn and skipped) and the analysis.
@@ -217,11 +215,6 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None,
         ValueError: `db` is not an SQLite store, or `sweep` matches no sweep or several.
         OSError: `out` cannot be written.
     """
-    extra = []
-    if arch_costs is not None:
-        from specdec.report.original import load_arch_costs, original_pairs_section
-
-        extra.append(original_pairs_section(load_arch_costs(arch_costs)))
     store = load_store(db, sweep)
     analysis = analyze(store)
     out_dir = Path(out)
@@ -230,6 +223,6 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None,
     figures = make_figures(analysis, fig_dir)
     html_path = out_dir / "report.html"
     md_path = out_dir / "report.md"
-    html_path.write_text(render_html(analysis, figures, extra), encoding="utf-8")
-    md_path.write_text(render_markdown(analysis, figures, extra), encoding="utf-8")
+    html_path.write_text(render_html(analysis, figures), encoding="utf-8")
+    md_path.write_text(render_markdown(analysis, figures), encoding="utf-8")
     return ReportResult(html_path, md_path, fig_dir, figures, analysis)

@@ -1,4 +1,4 @@
-"""Benchmark: is the measurement method trustworthy? Prints the four targets of issue 16 (asserts nothing).
+"""Is the measurement method trustworthy? Prints its four targets with PASS / FAIL (asserts nothing).
 
 1. Trace replay reproduces the rounds of at least 99% of the fp32 timed greedy runs exactly (every mismatch
    listed).
@@ -8,8 +8,8 @@
 4. The t-interval on log ratios covers >= 90% at n = 5, 8, 12 units, with a false-win rate <= 5% at a true
    speedup of 1 (simulated, `specdec.stats.coverage`).
 
-    python benchmarks/bench_method.py --db results/method.db             # read a store
-    python benchmarks/bench_method.py --run --db results/method.db       # run the small sweep first
+    python -m study.targets.method --db results/method.db             # read a store
+    python -m study.targets.method --run --db results/method.db       # run the small sweep first
 
 ``--run`` times a small paired sweep on the default pair (fp32 transformers, 2 threads, the primary prompt of
 `--types`, 64 new tokens, K in {1, 2, 4} for the draft model, K = 4 for prompt lookup, the cost policy, one

@@ -1,4 +1,4 @@
-"""Benchmark: the fastest way to generate on this CPU, per prompt type (issue 19). Reads stores; runs nothing.
+"""The fastest way to generate on this CPU, per prompt type, over several stores. Reads stores; runs nothing.
 
 For every store given, every runtime configuration and prompt type: the target-only tokens/s (median of its
 baseline runs), the speculative cell (draft model or prompt lookup, fixed K or the cost policy) with the
@@ -7,7 +7,7 @@ fastest configuration overall per type. Prints a Markdown table (the README's) a
 whether speculation is the fastest overall. Where a store holds ``baseline_padded`` (target-only with each
 step padded to the cheapest measured shape), its tokens/s is shown in parentheses and competes for fastest.
 
-    python benchmarks/fastest.py --db results/method.db --db results/fast.db
+    python -m study.fastest --db results/method.db --db results/fast.db
 
 Tokens/s of different configurations were timed minutes apart (a sweep runs its configurations one after
 another, and each store is its own sweep); only the speedups are paired. Greedy outputs that left the
@@ -37,7 +37,7 @@ def _rows(db: str) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    from specdec.report.study import fastest_rows, fastest_table
+    from study.report import fastest_rows, fastest_table
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", action="append", required=True, help="results store (repeatable)")
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     if cells.empty:
         print("no runs")
         return cells
-    t = fastest_table(cells)  # the study report's table (specdec.report.study)
+    t = fastest_table(cells)  # the study report's table (study.report)
     headers, rows = fastest_rows(t)
     print("| " + " | ".join(headers) + " |")
     print("|---|" + "---|" * (len(headers) - 1))

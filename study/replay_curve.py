@@ -9,8 +9,8 @@ forward-only: the engine's per-round work (o_base / o_spec in `specdec.report.pr
 lookup's search are priced at 0 on the other curve (on the store's own curves they are measured), and the
 draft's catch-up forward at one draft step unless the curve gives the draft's forwards.
 
-    python benchmarks/replay_curve.py --db results/bf16_128.db --costs results/gpu/gpu_costs.json --dtype bfloat16
-    python benchmarks/replay_curve.py --db results/bf16_128.db --target-ms 1:16.86,2:17.70,17:20.06 --draft-ms 20.11
+    python -m study.replay_curve --db results/bf16_128.db --costs results/gpu/gpu_costs.json --dtype bfloat16
+    python -m study.replay_curve --db results/bf16_128.db --target-ms 1:16.86,2:17.70,17:20.06 --draft-ms 20.11
 
 The best K is chosen per type after the fact (optimistic); the cost policy is replayed deciding with the
 curve it is priced with.

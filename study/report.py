@@ -1,4 +1,7 @@
-"""The study report: several results stores read side by side (``specdec study --db A --db B ... --out DIR``).
+"""The study report: several results stores read side by side.
+
+    python -m study.report --db A --db B ... --out DIR [--report PATH ...] [--title T] [--peers-db C ...]
+        [--arch-costs FILE]
 
 One store holds one sweep, and the study's configurations are separate sweeps (bf16 and fp32 on every
 built-in prompt, llama.cpp, the padded target-only decoder), so the question a reader brings - *per prompt
@@ -23,6 +26,8 @@ divides runs of two stores. What it adds:
   store that timed them, pooled per configuration and settings: each prompt's ratio stays inside its store,
   and the geometric mean runs over the prompts of all of them. Stores given as ``--peers-db`` enter only
   this section and the duration table (their one-prompt-per-type cells stay out of the per-type tables).
+* ``--arch-costs FILE`` (a ``specdec costs --arch ... --out FILE`` measurement) adds the section "The
+  original pairs" (`study.original`): the original GPT-2 study's pairs predicted from costs measured here.
 
 Units: tokens/s, seconds. The stores are read, never written.
 """
@@ -412,18 +417,29 @@ def _sittings(finished: pd.Series, total_s: pd.Series) -> tuple[float, int]:
     return (wall if n else float("nan")), n
 
 
-def _settings(runs: pd.DataFrame) -> str:
-    """``"bfloat16, 64 new tokens, greedy"``: the target precision, token budgets and sampling of a store's
-    runs. The precision comes from each run's configuration (`RuntimeConfig.target_precision`), since older
-    stores record the sweep's ``--dtype`` for every configuration; unknown configurations keep the stored one."""
+def _target_precision(config_label: str, stored_dtype: str) -> str:
+    """What the target of the configuration `config_label` ran in, given the ``runs.dtype`` a store holds.
+
+    Stores record the target's precision per run (`specdec.bench.config.RuntimeConfig.target_precision`:
+    ``"bfloat16"``, ``"float32+int8"``, ``"gguf"``), but older ones record the sweep's ``--dtype`` for every
+    configuration, so the configuration's own rule is applied to the stored value's dtype (the part before
+    ``+``: a recorded ``"float32+int8"`` stays itself, an older store's ``"float32"`` for an int8
+    configuration becomes ``"float32+int8"``). A label the package does not know keeps the stored value."""
     from specdec.bench.config import RUNTIME_CONFIGS
+
+    rc = RUNTIME_CONFIGS.get(config_label)
+    return rc.target_precision(stored_dtype.split("+", 1)[0]) if rc is not None else stored_dtype
+
+
+def _settings(runs: pd.DataFrame) -> str:
+    """``"bfloat16, 64 new tokens, greedy"``: the target precision (`_target_precision` of each configuration),
+    token budgets and sampling of a store's runs."""
 
     def values(col: str) -> list:
         return sorted(set(runs[col].dropna())) if col in runs.columns else []
 
     pairs = runs[["config_label", "dtype"]].dropna().drop_duplicates().itertuples(index=False)
-    precisions = sorted({RUNTIME_CONFIGS[c].target_precision(str(d)) if c in RUNTIME_CONFIGS else str(d)
-                         for c, d in pairs})
+    precisions = sorted({_target_precision(str(c), str(d)) for c, d in pairs})
     tokens = "/".join(str(int(n)) for n in values("max_new_tokens")) or "?"
     temps = values("temperature")
     sampling = "greedy" if temps == [0.0] else ("temperature " + "/".join(f"{t:g}" for t in temps) if temps else "?")
@@ -539,13 +555,14 @@ def _k(x: float, pred: float) -> str:
 
 
 def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFrame, figure: FigureEntry,
-                   reports: Sequence[str] = (), peer_sources: Sequence[StudySource] = ()) -> list[Section]:
+                   reports: Sequence[str] = (), peer_sources: Sequence[StudySource] = (),
+                   extra: Sequence[Section] = ()) -> list[Section]:
     """The study report's sections: how to read it, the headline (`figure`, the five-line verdict of
     `specdec.report.headline.verdict_lines` over every configuration, the fastest decoder), per prompt type
     (`types`: `type_table` of `a`, the `study_analysis` of `sources`), the fastest way to generate, ours
     against transformers' own decoders (`study_peers` of `sources` and `peer_sources`; left out when no store
-    timed a peer), how long it took (every store), the per-store reports (`reports`: their paths, as text) and
-    the definitions."""
+    timed a peer), the `extra` sections (e.g. `study.original.original_pairs_section`), how long it took
+    (every store), the per-store reports (`reports`: their paths, as text) and the definitions."""
     from specdec.report.sections import HOW_TO_READ
 
     every = [*sources, *peer_sources]
@@ -609,6 +626,7 @@ def study_sections(sources: Sequence[StudySource], a: Analysis, types: pd.DataFr
             "A ratio within its interval of 1 is 'no measurable difference'.")
         vs.blocks.extend(peer_tables(peers))
         sections.append(vs)
+    sections.extend(extra)
 
     took = Section("The stores and how long they took", "duration")
     dur = duration_table(every)
@@ -656,7 +674,8 @@ class StudyResult:
 
 
 def write_study(dbs: Sequence[str | Path], out: str | Path, reports: Sequence[str] = (),
-                title: str = "Speculative decoding study", peer_dbs: Sequence[str | Path] = ()) -> StudyResult:
+                title: str = "Speculative decoding study", peer_dbs: Sequence[str | Path] = (),
+                arch_costs: str | Path | None = None) -> StudyResult:
     """Analyse the stores `dbs` and write ``out/report.html`` (self-contained), ``out/report.md`` and
     ``out/figures/study_headline.{png,svg}``.
 
@@ -668,15 +687,23 @@ def write_study(dbs: Sequence[str | Path], out: str | Path, reports: Sequence[st
         peer_dbs: stores read only for the section "Against transformers' own decoders" (`study_peers`) and
             the duration table: comparisons with transformers' decoders on a few prompts per type, kept out
             of the per-type tables.
+        arch_costs: a ``specdec costs --arch ... --out FILE`` measurement: adds the section "The original
+            pairs" (`study.original.original_pairs_section`), read before anything is written.
 
     Raises:
-        FileNotFoundError: a store does not exist. ValueError: no store in `dbs`, a path is not a results
-            store, or two stores share a file name. OSError: `out` cannot be written.
+        FileNotFoundError: a store or `arch_costs` does not exist. ValueError: no store in `dbs`, a path is not
+            a results store, two stores share a file name, or `arch_costs` is not such a measurement (or its
+            cost curve stops before K = 16). OSError: `out` cannot be written.
     """
     from specdec.report.render import html_page, markdown_page
 
     if not dbs:
         raise ValueError("the study needs at least one store (--db)")
+    extra = []
+    if arch_costs is not None:
+        from study.original import load_arch_costs, original_pairs_section
+
+        extra.append(original_pairs_section(load_arch_costs(arch_costs)))
     every = load_sources([*dbs, *peer_dbs])
     sources, peer_sources = every[:len(dbs)], every[len(dbs):]
     out_dir = Path(out)
@@ -685,8 +712,57 @@ def write_study(dbs: Sequence[str | Path], out: str | Path, reports: Sequence[st
     a = study_analysis(sources)
     types = type_table(a)
     figure = study_figure(a, types, fig_dir)
-    sections = study_sections(sources, a, types, figure, reports, peer_sources)
+    sections = study_sections(sources, a, types, figure, reports, peer_sources, extra)
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
     html_path.write_text(html_page(title, sections), encoding="utf-8")
     md_path.write_text(markdown_page(title, sections), encoding="utf-8")
     return StudyResult(html_path, md_path, figure, types, study_gaps(every))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m study.report``: write the study report (`write_study`) and print what it wrote.
+
+    Returns the exit status: 0, or 2 after one ``study.report: error: ...`` line on stderr for a missing or
+    unreadable store or costs file, an empty ``--out`` or an output directory that cannot be written (argparse
+    itself exits 2 on a malformed command line). Nothing is written before every input has been read.
+    """
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m study.report", description=(
+        "The study report: several results stores side by side (headline per prompt type over every "
+        "configuration, the fastest way to generate, ours against transformers' own decoders, how long each "
+        "store took)."))
+    ap.add_argument("--db", action="append", required=True, type=Path,
+                    help="results store (repeatable): each one's newest sweep, analysed on its own, then side by side")
+    ap.add_argument("--out", required=True, help="output directory: report.html, report.md, figures/")
+    ap.add_argument("--report", action="append", default=[],
+                    help="path of a per-store report to list in the study (repeatable)")
+    ap.add_argument("--title", default="Speculative decoding study", help="page title")
+    ap.add_argument("--peers-db", action="append", default=[], type=Path,
+                    help="store read only for 'Against transformers' own decoders' and the duration table "
+                    "(repeatable): its peer comparisons pool with the other stores', its cells stay out of the "
+                    "per-type tables")
+    ap.add_argument("--arch-costs", type=Path, default=None,
+                    help="a `specdec costs --arch ... --out FILE` measurement: adds the section 'The original "
+                    "pairs' (predicted from measured costs)")
+    args = ap.parse_args(argv)
+    try:
+        if not args.out.strip():
+            raise ValueError("--out is empty: name an output directory (e.g. --out results/study)")
+        result = write_study(args.db, Path(args.out), args.report, title=args.title, peer_dbs=args.peers_db,
+                             arch_costs=args.arch_costs)
+    except (ValueError, OSError) as exc:  # FileNotFoundError is an OSError
+        print(f"study.report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(args.db) + len(args.peers_db)} stores, {len(result.types)} (store, configuration, prompt type) rows"
+          + (f"; headline figure skipped: {result.figure.skipped}" if result.figure.skipped else ""))
+    for line in result.missing:
+        print(f"  missing: {line}")
+    print(f"wrote {result.html}")
+    print(f"wrote {result.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

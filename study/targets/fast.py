@@ -1,10 +1,11 @@
-"""Benchmark: the targets of issue 19 (fast CPU configurations), read from sweep stores. Runs nothing, asserts
-nothing; prints each target with PASS / FAIL / NOT MEASURED and the figures behind it.
+"""The fast CPU configurations' targets (bf16 against fp32 transformers), read from sweep stores. Runs nothing
+unless asked (``--measure``), asserts nothing; prints each target with PASS / FAIL / NOT MEASURED and the
+figures behind it.
 
 1. bf16 target step <= 0.45x the fp32 step; bf16 v(17) <= 1.6 (target steps). From the calibration blocks
    (target forwards of 1..17 tokens at each prompt's own context): medians over the prompts of each
    configuration. The fp32 and bf16 blocks come from different sweeps (processes) on the same machine kind,
-   so the ratio is labelled as such; the issue asks for the same process.
+   so the ratio is labelled as such (the target speaks of one process: ``--measure`` times both in one).
 2. Per prompt type, the default policy (draft model, cost policy) in transformers bf16 >= 1.5x bf16
    target-only on >= 8 of the 12 types, and never below 0.97x: the paired speedup over all the type's prompts
    with its 95 % t-interval (the report's cell table). Types with fewer than all built-in prompts are flagged.
@@ -19,10 +20,10 @@ nothing; prints each target with PASS / FAIL / NOT MEASURED and the figures behi
    with another machine's stored cost curve (``--replay-curve results/archive/study.db``: the Intel machine of the
    published study): never below 0.97 per type (decode-only predictions).
 
-    python benchmarks/bench_fast.py --db results/bf16_all.db --db results/method.db --replay-curve results/archive/study.db
-    python benchmarks/bench_fast.py --db results/bf16_all.db --measure qwen2.5-coder:target   # + target 1 live
+    python -m study.targets.fast --db results/bf16_all.db --db results/method.db --replay-curve results/archive/study.db
+    python -m study.targets.fast --db results/bf16_all.db --measure qwen2.5-coder:target   # + target 1 live
 
-The "fastest way to generate on this CPU" table is `benchmarks/fastest.py`.
+The "fastest way to generate on this CPU" table is `study.fastest`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-#: The configuration and method the issue's targets speak of.
+#: The configurations and the method the targets speak of.
 BF16 = "transformers-bf16"
 FP32 = "transformers-eager"
 DEFAULT = ("draft", "cost")
@@ -100,8 +101,8 @@ def target_steps(analyses) -> None:
     if len(b) and len(f):
         ratio = float(b["t1"].median() / f["t1"].median())
         ratio_ok = ratio <= 0.45
-        print(f"   bf16 / fp32 step = {ratio:.2f} (different sweeps on this machine kind; the issue asks for one "
-              f"process): {_verdict(ratio_ok)}")
+        print(f"   bf16 / fp32 step = {ratio:.2f} (different sweeps on this machine kind; the target asks for one "
+              f"process: --measure): {_verdict(ratio_ok)}")
     if len(b) and "v17" in b.columns:
         v17 = float(b["v17"].median())
         v17_ok = v17 <= 1.6

@@ -345,7 +345,7 @@ def test_resume_with_a_larger_grid_keeps_the_bracket(tmp_path, tiny_pair, near_d
 def test_rebracket_keeps_alternating_plans_and_brackets_the_rest(tiny_pair, near_draft_dir, prompt_file):
     """A fresh plan and one resumed after an interruption alternate already and stay as they are; a prompt
     whose runs left are back to back (a larger grid resumed) gets a baseline before each of them."""
-    from specdec.bench.runner import rebracket
+    from specdec.bench.plan import rebracket
 
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="1,2,4", methods="baseline,ngram", secondary_ks="2")
     plan = S.prepare(cfg).plan

@@ -1,4 +1,4 @@
-"""Acceptance traces (issue 16, item 1): the rounds of every K, replayed from one target-only run and one
+"""Acceptance traces: the rounds of every K, replayed from one target-only run and one
 teacher-forced draft pass, equal the rounds of real speculative runs."""
 
 from __future__ import annotations

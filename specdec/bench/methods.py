@@ -62,7 +62,7 @@ class Runtime:
         costs: the configuration's measured costs (the cost policy needs them), or None.
         ngram_max, ngram_min: n-gram sizes of our prompt-lookup drafter.
         ignore_eos: run every generation for its whole budget (EOS is a token like any other): sampled
-            sweeps do, so that every run of a prompt does the same work (case C18: a run that stopped after
+            sweeps do, so that every run of a prompt does the same work (a run that stopped after
             8 tokens is otherwise compared with one that ran 128, prefill included).
         pad_verify: our speculative methods pad verification to the cheapest shape of `costs`
             (`RuntimeConfig.pad_verify`; ``speculative_generate(pad_to=costs.padded_n)``), and the cost
@@ -161,7 +161,7 @@ class Method:
         counterpart: for a peer, our method it is compared with (same K where it takes K).
         default: planned when ``--methods`` is not given.
         aa: a target-only run timed as if it were a method (A/A): its paired ratio to the neighbouring
-            baselines measures the noise floor of every speedup (MEASUREMENT.md, "A/A").
+            baselines measures the noise floor of every speedup.
     """
 
     name: str

@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  # [shards]
+from specdec.bench.control import LOCK_WAIT_S
 from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, field_settings, typer_command
 from specdec.bench.shard import shard_plan  # [shards]
 from specdec.cli import (
@@ -78,7 +79,7 @@ RUN_SETTINGS = (
             "draft step on this machine first (about a minute each), and price the plan with them instead of "
             "reference costs of another machine.", PANEL_PLAN, bool, ("--measure-costs",)),
     Setting("max_runs", None, "Stop after this many runs (resume later).", PANEL_PLAN, int),
-    Setting("wait_for_store", 10.0, "Seconds to wait while another sweep writes the same --db before stopping "
+    Setting("wait_for_store", LOCK_WAIT_S, "Seconds to wait while another sweep writes the same --db before stopping "
             "with a message.", PANEL_STORE, float),
     Setting("resume", False, "Continue the sweep with these settings: skip finished runs, retry failed ones (in "
             "a store with no sweep yet, start it).", PANEL_STORE, bool, ("--resume",)),

@@ -14,8 +14,17 @@ from specdec.bench.plan import Prepared
 from specdec.bench.shard import Shard, shard_plan
 from specdec.bench.store import writer_lock
 
-__all__ = ["SIGTERM_REASON", "for_shard", "interrupt_exit_status", "sigterm_as_interrupt", "sweep_guard"]
+__all__ = [
+    "LOCK_WAIT_S",
+    "SIGTERM_REASON",
+    "for_shard",
+    "interrupt_exit_status",
+    "sigterm_as_interrupt",
+    "sweep_guard",
+]
 
+#: Seconds a sweep waits for another sweep writing the same store before it stops (``--wait-for-store``).
+LOCK_WAIT_S = 10.0
 SIGTERM_REASON = "SIGTERM"  # the KeyboardInterrupt's argument when a SIGTERM raised it (exit status 143)
 
 

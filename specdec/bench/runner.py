@@ -26,7 +26,7 @@ from typing import Any
 from specdec.bench import probes
 from specdec.bench.config import DEFAULT_DB, SweepConfig
 from specdec.bench.console import ERR_LEN, one_line, summary_line
-from specdec.bench.control import SIGTERM_REASON, for_shard, interrupt_exit_status, sweep_guard
+from specdec.bench.control import LOCK_WAIT_S, SIGTERM_REASON, for_shard, interrupt_exit_status, sweep_guard
 from specdec.bench.environment import git_commit, machine_changes, machine_info
 from specdec.bench.loaded import (
     LoadedConfig,
@@ -255,7 +255,7 @@ def run_sweep(
     max_runs: int | None = None,
     on_run: Callable[[dict], None] | None = None,
     loader: Callable[..., Any] | None = None,
-    lock_wait_s: float = 10.0,
+    lock_wait_s: float = LOCK_WAIT_S,
     shard: str | None = None,
 ) -> SweepResult:
     """Run (or resume) a sweep and store every run in `db`.

@@ -101,8 +101,9 @@ def field_settings(cls: type) -> list[Setting]:
         meta = f.metadata.get("setting")
         if meta is None:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with setting()")
-        out.append(Setting(f.name, f.default, meta["help"], meta["panel"], meta["type"] or _cli_type(hints[f.name]),
-                           meta["flags"], meta["cli"], in_file=True))
+        cli_type = meta["type"] or _cli_type(hints[f.name])
+        out.append(Setting(f.name, f.default, meta["help"], meta["panel"], cli_type, meta["flags"], meta["cli"],
+                           in_file=True))
     return out
 
 
@@ -131,7 +132,8 @@ def _option(s: Setting) -> tuple[Any, Any]:
         if s.name not in SHARED_OPTIONS:
             raise TypeError(f"setting {s.name!r} has no help text and no shared declaration in specdec.cli")
         info = typing.get_args(SHARED_OPTIONS[s.name])[1]
-        decls, help_text = (info.default, *(info.param_decls or ())), info.help
+        names = (info.default, *(info.param_decls or ()))  # typer.Option("--name", ...): its first argument
+        decls, help_text = tuple(n for n in names if isinstance(n, str)), info.help
     if not decls and s.type is bool:
         dashed = s.name.replace("_", "-")
         decls = (f"--{dashed}/--no-{dashed}",)

@@ -44,6 +44,14 @@ DraftQuantOpt = Annotated[str | None, typer.Option(
 RemoteOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow model code from the hub (off by default).")
 ]
+#: The shared declarations by parameter name, for commands whose options are built from declarations
+#: (``specdec sweep``: `specdec.bench.settings.typer_command`): names and help text come from here.
+SHARED_OPTIONS = {
+    "pair": PairOpt, "target": TargetOpt, "draft": DraftOpt, "backend": BackendOpt,
+    "draft_backend": DraftBackendOpt, "device": DeviceOpt, "dtype": DtypeOpt, "threads": ThreadsOpt,
+    "compile": CompileOpt, "quant": QuantOpt, "draft_dtype": DraftDtypeOpt, "draft_quant": DraftQuantOpt,
+    "trust_remote_code": RemoteOpt,
+}  # fmt: skip
 
 
 def fail(message: str) -> None:

@@ -176,7 +176,7 @@ def test_models_listing_on_a_narrow_terminal_folds_but_never_cuts():
 
 
 def test_c20_a_plan_that_cannot_fit_is_refused_before_any_run(tiny_pair, tmp_path):
-    """Case C20: the built-in code prompts (~275 tiny-tokenizer tokens) overflow the tiny 128-token context.
+    """The built-in code prompts (~275 tiny-tokenizer tokens) overflow the tiny 128-token context.
     The sweep names them in one line before any run (nothing is attempted or stored); with
     --skip-long-prompts it leaves them out, says so, and runs the rest."""
     import sqlite3
@@ -246,7 +246,7 @@ def _long_sweep_args(tiny_pair, tmp_path, db) -> list[str]:
 
 
 def test_c23_a_second_sweep_on_a_busy_store_is_told_so(tiny_pair, tmp_path):
-    """Case C23: two identical sweeps on one --db, the second (with --resume) started while the first runs.
+    """Two identical sweeps on one --db, the second (with --resume) started while the first runs.
     The second waits (bounded by --wait-for-store) and stops with a message naming the other process;
     nothing is lost or duplicated; rerun afterwards, it finds everything done."""
     import sqlite3

@@ -177,7 +177,7 @@ def test_a_resumed_prompt_decides_with_the_median_of_its_stored_blocks():
     policy of a resumed prompt prices K as its replay does; other machines' and configurations' rows count not."""
     from types import SimpleNamespace
 
-    from specdec.bench.runner import _stored_prompt_costs
+    from specdec.bench.probes import stored_prompt_costs
 
     def row(label, pid, mid, after, role, n, s):
         return {"config_label": label, "prompt_id": pid, "machine_id": mid, "after_run_id": after, "role": role,
@@ -189,8 +189,8 @@ def test_a_resumed_prompt_decides_with_the_median_of_its_stored_blocks():
             row("c", "p", "other", 1, "target", 1, 9.0), row("x", "p", "m", 1, "target", 1, 9.0),
             row("c", "q", "m", 1, "draft", 1, 0.05)]  # q: no target step, no curve
     store = SimpleNamespace(machine_id="m", calibration=lambda sweep_id: rows)
-    loaded = SimpleNamespace(rc=SimpleNamespace(label="c"), prompt_costs={})
-    _stored_prompt_costs(loaded, SimpleNamespace(store=store, prepared=SimpleNamespace(sweep_id="s")))
+    loaded = SimpleNamespace(label="c", prompt_costs={})
+    stored_prompt_costs(loaded, SimpleNamespace(store=store, sweep_id="s"))
     assert set(loaded.prompt_costs) == {"p"}
     curve = loaded.prompt_costs["p"]
     assert curve.target_forward_s == {1: pytest.approx(0.2), 2: pytest.approx(0.3)} and curve.draft_step_s == 0.05

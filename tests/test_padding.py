@@ -27,7 +27,7 @@ from specdec.policies import CostPolicy, make_policy
 from specdec.sampling import SamplingParams
 
 V = 1000
-#: The fp32 staircase of issue 19 (2-vCPU AMD EPYC, Qwen2.5 1.5B target), in target steps; n = 4 and
+#: An fp32 staircase measured on a 2-vCPU AMD EPYC (Qwen2.5 1.5B target), in target steps; n = 4 and
 #: 6..8 interpolated from neighbours measured at the same time.
 AMD = {1: 1.0, 2: 2.10, 3: 3.02, 4: 2.4, 5: 1.87, 6: 2.0, 7: 2.1, 8: 2.15, 9: 2.20, 17: 2.43}
 

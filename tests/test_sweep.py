@@ -1,6 +1,7 @@
 """The sweep end to end on tiny checkpoints: every method and peer, greedy equality, resume, refusals, CLI.
 
-Nothing here asserts on wall time (MEASUREMENT.md): timings are recorded, only counts and ids are checked.
+Nothing here asserts on wall time (a shared machine's timings vary): timings are recorded, only counts
+and ids are checked.
 """
 
 from __future__ import annotations
@@ -345,7 +346,7 @@ def test_resume_with_a_larger_grid_keeps_the_bracket(tmp_path, tiny_pair, near_d
 def test_rebracket_keeps_alternating_plans_and_brackets_the_rest(tiny_pair, near_draft_dir, prompt_file):
     """A fresh plan and one resumed after an interruption alternate already and stay as they are; a prompt
     whose runs left are back to back (a larger grid resumed) gets a baseline before each of them."""
-    from specdec.bench.runner import rebracket
+    from specdec.bench.plan import rebracket
 
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, ks="1,2,4", methods="baseline,ngram", secondary_ks="2")
     plan = S.prepare(cfg).plan
@@ -730,6 +731,59 @@ def test_make_config_merging_and_validation(tmp_path):
         S.load_config_file(toml)
 
 
+def test_a_failing_probe_is_logged_and_the_sweep_goes_on(tmp_path, tiny_pair, near_draft_dir, prompt_file,
+                                                         monkeypatch):
+    """A probe beside the timed runs (here the acceptance trace) that raises costs one console line naming
+    the configuration, the prompt and the error; the runs, the other probes (calibration, equality check)
+    and the sweep's status are unaffected."""
+    from specdec.bench import probes
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("trace exploded\nsecond line")
+
+    monkeypatch.setattr(probes, "record_trace", broken)
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, methods="baseline,draft", ks="1", secondary_ks="1",
+               prompt_types="code")
+    lines: list[str] = []
+    res = S.run_sweep(cfg, db=tmp_path / "p.db", progress=False, echo=lines.append)
+    assert res.status == "done" and res.failed == 0 and res.ran == 3
+    assert "[transformers-eager] code-01: acceptance trace not recorded: RuntimeError: trace exploded" in lines
+    with Store(tmp_path / "p.db") as st:
+        assert not st.has_trace(res.sweep_id, "transformers-eager", "code-01")
+        assert st.calibration(res.sweep_id)  # the next probe ran
+        assert {r["matches_baseline"] for r in st.runs(res.sweep_id)} == {1}
+
+
+def test_probes_run_at_their_moment_in_order():
+    """`walk` runs only the probes of the moment asked, in their order; a probe without a failure text
+    propagates its error (it sets columns of the run's row: a wrong row must not be stored)."""
+    from types import SimpleNamespace
+
+    from specdec.bench import probes
+
+    calls: list[str] = []
+    log: list[str] = []
+
+    def probe(name, fail=False):
+        def fn(_s, _at):
+            calls.append(name)
+            if fail:
+                raise ValueError(f"{name} failed")
+        return fn
+
+    state = SimpleNamespace(log=log.append)
+    at = probes.At(SimpleNamespace(label="cfg"))
+    seq = [probes.Probe("a", probes.RUN, probe("a")), probes.Probe("b", probes.CONFIGURATION, probe("b")),
+           probes.Probe("c", probes.RUN, probe("c", fail=True), "c not measured"),
+           probes.Probe("d", probes.RUN, probe("d"))]
+    probes.walk(probes.RUN, state, at, seq)
+    assert calls == ["a", "c", "d"] and log == ["[cfg] c not measured: ValueError: c failed"]
+    with pytest.raises(ValueError, match="e failed"):
+        probes.walk(probes.RUN, state, at, [probes.Probe("e", probes.RUN, probe("e", fail=True))])
+    assert [p.moment for p in probes.PROBES] == [probes.CONFIGURATION, probes.RUN, probes.FIRST_BASELINE,
+                                                 probes.FIRST_BASELINE]
+
+
 def test_hf_peer_generate_matches_our_baseline(tiny_pair, near_draft_dir):
     from specdec.decoding import autoregressive_generate
     from specdec.loading import load_pair
@@ -845,6 +899,94 @@ def test_cli_bad_prompt_file_and_bad_flags(app, tmp_path):
     assert res.exit_code == 0 and "draft K=7" in res.output, res.output
 
 
+def _options(command) -> dict[str, object]:
+    """A click command's options by their first long name."""
+    return {next(o for o in p.opts if o.startswith("--")): p for p in command.params if p.name != "help"}
+
+
+def test_sweep_options_come_from_one_declaration_per_setting(app, tmp_path):
+    """Every `specdec sweep` option is one `Setting` (a `SweepConfig` field's, ``--db``, or the command's own);
+    its help ends with the declared default, a ``--config`` file takes the same names, and a flag not
+    given leaves the file's value, then the declared default, in force."""
+    import dataclasses
+
+    from specdec.bench.commands import sweep_settings
+    from specdec.bench.settings import shown_default
+
+    settings = {s.name: s for s in sweep_settings()}
+    fields = {f.name: f.default for f in dataclasses.fields(S.SweepConfig)}
+    assert set(fields) <= set(settings) and all(settings[n].default == d for n, d in fields.items())
+    options = _options(typer.main.get_command(app).commands["sweep"])
+    cli = {s.name for s in settings.values() if s.cli}
+    assert {o.name for o in options.values()} == cli
+    for opt in options.values():
+        s = settings[opt.name]
+        shown = shown_default(s.default)
+        if shown is not None and not (s.type is bool and s.default is False and not opt.secondary_opts):
+            assert opt.help.endswith(f"(default: {shown})"), (opt.name, opt.help)
+        assert opt.default is (None if s.in_file else s.default), opt.name
+    in_file = [s for s in settings.values() if s.in_file]
+    toml = tmp_path / "all.toml"
+    toml.write_text("".join(f"{s.name.replace('_', '-')} = {json.dumps(s.default)}\n" for s in in_file
+                            if s.default is not None and not isinstance(s.default, tuple)))
+    assert set(S.load_config_file(toml)) <= {s.name for s in in_file}
+    (tmp_path / "k.toml").write_text("ks = [3]\nmax_new_tokens = 5\n")
+    res = CliRunner().invoke(app, ["sweep", "--config", str(tmp_path / "k.toml"), "--max-new-tokens", "7",
+                                   "--dry-run", "--no-peers", "--db", str(tmp_path / "k.db")])
+    assert res.exit_code == 0, res.output
+    assert "draft K=3" in res.output and "7 new tokens" in res.output and "draft K=1 " not in res.output
+
+
+def test_shared_options_have_one_help_text_across_commands(app):
+    """--pair, --target, --backend ... read the same in `generate`, `sweep` and `costs` (the declarations of
+    `specdec.cli.SHARED_OPTIONS`); only a default the command shows may follow."""
+    from specdec import cli
+
+    full = typer.Typer()
+    full.command("generate")(cli.generate)
+    from specdec.bench.commands import register
+
+    register(full)
+    group = typer.main.get_command(full)
+    commands = {name: _options(group.commands[name]) for name in ("generate", "sweep", "costs")}
+    checked = 0
+    for declared in cli.SHARED_OPTIONS.values():
+        info = declared.__metadata__[0]  # typer.Option("--name", help=...): the name is its first argument
+        text, flag = info.help, info.default.split("/")[0]
+        for cmd, opts in commands.items():
+            if flag in opts:
+                got = opts[flag].help
+                assert got == text or got.startswith(f"{text} (default: "), (cmd, flag, got)
+                checked += 1
+    assert checked >= 3 * 8  # pair, target, draft, backend, draft-backend, device, dtype, threads everywhere
+    assert {"--pair", "--quant", "--draft-quant", "--compile"} <= set(commands["costs"])
+
+
+def test_typer_command_builds_options_from_settings():
+    """`typer_command`: one option per setting, defaults shown from the declaration, a file setting not given
+    is None (so a file or the declared default decides), a setting with no help and no shared declaration
+    refused."""
+    from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, typer_command
+
+    seen: list[dict] = []
+    settings = [Setting("grid", (1, 2), "The grid.", PANEL_PLAN, in_file=True),
+                Setting("wait_s", 2.5, "Seconds.", PANEL_STORE, float),
+                Setting("trace", True, "Trace.", PANEL_PLAN, bool, in_file=True),
+                Setting("hidden", 3, "Only in files.", PANEL_PLAN, int, cli=False, in_file=True)]
+    app = typer.Typer()
+    app.command("x")(typer_command(lambda **kw: seen.append(kw), settings, "Do x."))
+    app.command("y")(lambda: None)  # a second command keeps "x" a subcommand
+    runner = CliRunner()
+    assert runner.invoke(app, ["x"]).exit_code == 0
+    assert runner.invoke(app, ["x", "--grid", "3", "--no-trace", "--wait-s", "1"]).exit_code == 0
+    assert seen == [{"grid": None, "wait_s": 2.5, "trace": None}, {"grid": "3", "wait_s": 1.0, "trace": False}]
+    helps = {o.name: o.help for o in typer.main.get_command(app).commands["x"].params}
+    assert helps["grid"] == "The grid. (default: 1,2)" and helps["wait_s"] == "Seconds. (default: 2.5)"
+    assert helps["trace"] == "Trace. (default: on)" and "hidden" not in helps
+    with pytest.raises(TypeError, match="no help text"):
+        typer_command(lambda **kw: None, [Setting("nameless", 1, None, PANEL_PLAN, int)], "Do z.")
+
+
 def test_cli_costs_json(app, tiny_pair, near_draft_dir):
     res = CliRunner().invoke(app, ["costs", "--target", str(tiny_pair.target_dir), "--draft",
                                    str(near_draft_dir), "--max-n", "5", "--repeats", "1", "--json"])
@@ -906,7 +1048,7 @@ def test_cached_costs_measure_once_per_setup_and_max_n(tmp_path):
 
 
 def test_c18_sampled_runs_use_their_whole_budget(tiny_pair, near_draft_dir, prompt_file):
-    """Case C18: in a sampled sweep every run does the same work - EOS is ignored, by our methods and by
+    """In a sampled sweep every run does the same work - EOS is ignored, by our methods and by
     the transformers peers alike - so no speedup divides a run that stopped after a few tokens by one that
     ran the whole budget. Shown with every token id an EOS: a run that respects EOS stops after 1 token."""
     import dataclasses

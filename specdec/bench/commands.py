@@ -2,12 +2,15 @@
 
 `register(app)` adds them to the main Typer app (``specdec/cli.py``). Every user error (bad flag value,
 bad prompt file, missing model, sweep already in the database, ...) is printed as ONE line on stderr and
-exits with status 2; an interrupted sweep exits with 130 and says how to resume.
+exits with status 2; an interrupted sweep exits with 130 (143 when stopped by SIGTERM) and says how to
+resume. ``specdec sweep``'s options are built from one declaration per setting (`sweep_settings`); the pair
+and runtime options of every command are `specdec.cli`'s shared declarations.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,16 +19,27 @@ from typing import Annotated
 import typer
 
 from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  # [shards]
+from specdec.bench.control import LOCK_WAIT_S
+from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, field_settings, typer_command
 from specdec.bench.shard import shard_plan  # [shards]
+from specdec.cli import (
+    BackendOpt,
+    CompileOpt,
+    DeviceOpt,
+    DraftBackendOpt,
+    DraftDtypeOpt,
+    DraftOpt,
+    DraftQuantOpt,
+    DtypeOpt,
+    PairOpt,
+    QuantOpt,
+    TargetOpt,
+    ThreadsOpt,
+)
 from specdec.errors import one_line
 
-__all__ = ["costs", "export", "register", "sweep"]
+__all__ = ["RUN_SETTINGS", "costs", "export", "register", "sweep", "sweep_settings"]
 
-_PANEL_MODELS = "Models"
-_PANEL_PLAN = "Plan"
-_PANEL_SAMPLING = "Sampling"
-_PANEL_RUNTIME = "Runtime"
-_PANEL_STORE = "Results"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -53,202 +67,62 @@ def _echo(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------ sweep
 
 
-def sweep(
-    pair: Annotated[str | None, typer.Option(help="Model pair preset.", rich_help_panel=_PANEL_MODELS)] = None,
-    target: Annotated[
-        str | None, typer.Option(help="Target model spec (preset member, hub id, dir, .gguf).",
-                                 rich_help_panel=_PANEL_MODELS)
-    ] = None,
-    draft: Annotated[str | None, typer.Option(help="Draft model spec.", rich_help_panel=_PANEL_MODELS)] = None,
-    prompt_types: Annotated[
-        str | None, typer.Option("--prompt-types", help="'all' or comma-separated types. (default: all)",
-                                 rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    prompts: Annotated[
-        Path | None, typer.Option("--prompts", help="Prompt file (JSONL, Spec-Bench, plain text) instead of the "
-                                  "built-in set.", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    prompts_per_type: Annotated[
-        int | None, typer.Option(help="Built-in prompts per type; the first (<type>-01) is the primary. "
-                                 "(default: 1)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    ks: Annotated[
-        str | None, typer.Option(help="Fixed-K grid on primary prompts. (default: 1,2,4,8,16)",
-                                 rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    secondary_ks: Annotated[
-        str | None, typer.Option(help="Fixed-K grid on non-primary prompts ('' for none). (default: 4)",
-                                 rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    type_ks: Annotated[
-        str | None, typer.Option("--type-ks", help="Extra fixed K timed on every prompt of a type, per drafter: "
-                                 "method:type=K,... (e.g. draft:code=3,ngram:repetitive=16; the report prints the "
-                                 "traces' best K per type in this form). (default: none)",
-                                 rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    max_new_tokens: Annotated[
-        int | None, typer.Option(help="New tokens per generation. (default: 128)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    repeats: Annotated[
-        int | None, typer.Option(help="Timed runs per cell. (default: 1)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    baseline_repeats: Annotated[
-        int | None, typer.Option(help="Target-only runs per prompt, one before and the rest after its other "
-                                 "runs (at least --repeats). (default: 2)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    pairing: Annotated[
-        str | None, typer.Option(help="bracket: a target-only run between every two other runs, each speedup "
-                                 "paired with its two neighbours; none: baseline first and last only. "
-                                 "(default: bracket)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    traces: Annotated[
-        bool | None, typer.Option("--traces/--no-traces", help="Record each prompt's acceptance trace (greedy): "
-                                  "every K and policy replayed from one run. (default: on)",
-                                  rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    calibration_repeats: Annotated[
-        int | None, typer.Option(help="Passes of the calibration block (target forwards of 1..17 tokens at each "
-                                 "prompt's context, after its first baseline); 0 = off. (default: 2)",
-                                 rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    methods: Annotated[
-        str | None, typer.Option(help="baseline,aa,draft,ngram (and/or peer names). (default: baseline,aa,draft,ngram)",
-                                 rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    policies: Annotated[
-        str | None, typer.Option(help="Adaptive policies for draft/ngram on primaries: heuristic,confidence,cost "
-                                 "or 'none'. (default: cost)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    secondary_policies: Annotated[
-        str | None, typer.Option(help="Adaptive policies also run on the non-primary prompts ('none' for none). "
-                                 "(default: none)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    policy_k: Annotated[
-        int | None, typer.Option(help="Policies' starting/maximum K. (default: 16)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    peers: Annotated[
-        bool | None, typer.Option("--peers/--no-peers", help="Also time the library peers (transformers "
-                                  "generate/assisted/prompt lookup). (default: on)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    peer_ks: Annotated[
-        str | None, typer.Option(help="K of the speculative peers. (default: 4)", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    configs: Annotated[
-        str | None, typer.Option(help="Runtime configurations: transformers-eager, transformers-compiled, "
-                                 "llamacpp, mixed. (default: transformers-eager)", rich_help_panel=_PANEL_RUNTIME)
-    ] = None,
-    quick: Annotated[
-        bool, typer.Option("--quick", help="Primaries only, K=4, 32 new tokens, no peers or policies "
-                           "(~15 min on a 2-core CPU).", rich_help_panel=_PANEL_PLAN)
-    ] = False,
-    config: Annotated[
-        Path | None, typer.Option("--config", help="TOML file with any of these settings (flags override it).",
-                                  rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    name: Annotated[str | None, typer.Option(help="A label stored with the sweep.", rich_help_panel=_PANEL_STORE)] = None,
-    db: Annotated[
-        Path | None, typer.Option(help="SQLite results file. (default: results/sweep.db)",
-                                  rich_help_panel=_PANEL_STORE)
-    ] = None,
-    skip_long_prompts: Annotated[
-        bool | None, typer.Option("--skip-long-prompts", help="Leave out prompts whose tokens + max new tokens "
-                                  "exceed a model's context (named in one line); otherwise such a plan is "
-                                  "refused before any run.", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    wait_for_store: Annotated[
-        float, typer.Option("--wait-for-store", help="Seconds to wait while another sweep writes the same --db "
-                            "before stopping with a message.", rich_help_panel=_PANEL_STORE)
-    ] = 10.0,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the sweep with these settings: skip finished runs, "
-                           "retry failed ones (in a store with no sweep yet, start it).", rich_help_panel=_PANEL_STORE)
-    ] = False,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan and a rough duration; load no model.",
-                           rich_help_panel=_PANEL_PLAN)
-    ] = False,
-    measure_costs: Annotated[
-        bool, typer.Option("--measure-costs", help="With --dry-run: load each configuration and time its "
-                           "target forwards and draft step on this machine first (about a minute each), and "
-                           "price the plan with them instead of reference costs of another machine.",
-                           rich_help_panel=_PANEL_PLAN)
-    ] = False,
-    max_runs: Annotated[
-        int | None, typer.Option(help="Stop after this many runs (resume later).", rich_help_panel=_PANEL_PLAN)
-    ] = None,
-    progress: Annotated[
-        bool, typer.Option("--progress/--no-progress", help="Progress bar with ETA on stderr.",
-                           rich_help_panel=_PANEL_STORE)
-    ] = True,
-    temperature: Annotated[
-        float | None, typer.Option(help="0 = greedy. (default: 0)", rich_help_panel=_PANEL_SAMPLING)
-    ] = None,
-    top_k: Annotated[int | None, typer.Option(help="0 = off. (default: 0)", rich_help_panel=_PANEL_SAMPLING)] = None,
-    top_p: Annotated[float | None, typer.Option(help="1 = off. (default: 1)", rich_help_panel=_PANEL_SAMPLING)] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Base seed; repeat r uses seed + r. (default: 0)",
-                                 rich_help_panel=_PANEL_SAMPLING)
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="(default: cpu)", rich_help_panel=_PANEL_RUNTIME)] = None,
-    dtype: Annotated[
-        str | None, typer.Option(help="float32, bfloat16, float16. (default: float32)", rich_help_panel=_PANEL_RUNTIME)
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="Intra-op threads.", rich_help_panel=_PANEL_RUNTIME)] = None,
-    chat_template: Annotated[
-        bool | None, typer.Option("--chat-template/--no-chat-template", help="Wrap prompts in the chat "
-                                  "template. (default: off)", rich_help_panel=_PANEL_RUNTIME)
-    ] = None,
-    backend: Annotated[
-        str | None, typer.Option(help="Target runtime (one configuration; instead of --configs).",
-                                 rich_help_panel=_PANEL_RUNTIME)
-    ] = None,
-    draft_backend: Annotated[
-        str | None, typer.Option(help="Draft runtime (default: --backend).", rich_help_panel=_PANEL_RUNTIME)
-    ] = None,
-    shard: Annotated[  # [shards] specdec/bench/shard.py
-        str | None, typer.Option(help="Run shard I of N (I/N, 1-based) of the plan, split by prompt; merge the "
-                                 "shard stores with specdec merge.", rich_help_panel=_PANEL_STORE)
-    ] = None,
-    executor: Annotated[  # [shards] specdec/bench/ray_executor.py
-        str, typer.Option(help="local, or ray: one shard per Ray node, merged into --db.",
-                          rich_help_panel=_PANEL_STORE)
-    ] = "local",
-    address: Annotated[
-        str | None, typer.Option(help="Ray cluster address (with --executor ray).", rich_help_panel=_PANEL_STORE)
-    ] = None,
-) -> None:
-    """Run the benchmark sweep: every prompt x method x K, with peers, stored run by run in SQLite."""
+#: ``specdec sweep``'s options beyond the `SweepConfig` fields and the ``--config`` file's `FILE_SETTINGS`:
+#: how this process runs the sweep (not part of it; a TOML file cannot set them).
+RUN_SETTINGS = (
+    Setting("config", None, "TOML file with any of the settings (flags override it).", PANEL_PLAN, Path),
+    Setting("quick", False, "Primaries only, K=4, 32 new tokens, no peers or policies (~15 min on a 2-core "
+            "CPU).", PANEL_PLAN, bool, ("--quick",)),
+    Setting("dry_run", False, "Print the plan and a rough duration; load no model.", PANEL_PLAN, bool,
+            ("--dry-run",)),
+    Setting("measure_costs", False, "With --dry-run: load each configuration and time its target forwards and "
+            "draft step on this machine first (about a minute each), and price the plan with them instead of "
+            "reference costs of another machine.", PANEL_PLAN, bool, ("--measure-costs",)),
+    Setting("max_runs", None, "Stop after this many runs (resume later).", PANEL_PLAN, int),
+    Setting("wait_for_store", LOCK_WAIT_S, "Seconds to wait while another sweep writes the same --db before stopping "
+            "with a message.", PANEL_STORE, float),
+    Setting("resume", False, "Continue the sweep with these settings: skip finished runs, retry failed ones (in "
+            "a store with no sweep yet, start it).", PANEL_STORE, bool, ("--resume",)),
+    Setting("progress", True, "Progress bar with ETA on stderr.", PANEL_STORE, bool),
+    Setting("shard", None, "Run shard I of N (I/N, 1-based) of the plan, split by prompt; merge the shard "
+            "stores with specdec merge.", PANEL_STORE),  # [shards] specdec/bench/shard.py
+    Setting("executor", "local", "local, or ray: one shard per Ray node, merged into --db.",
+            PANEL_STORE),  # [shards] specdec/bench/ray_executor.py
+    Setting("address", None, "Ray cluster address (with --executor ray).", PANEL_STORE),
+)
+
+
+def sweep_settings() -> list[Setting]:
+    """Every option of ``specdec sweep``: the `SweepConfig` fields, the file settings (``--db``) and
+    `RUN_SETTINGS`, each declared once."""
+    from specdec.bench.config import FILE_SETTINGS, SweepConfig
+
+    return [*field_settings(SweepConfig), *FILE_SETTINGS, *RUN_SETTINGS]
+
+
+def _sweep(**opts) -> None:
+    """``specdec sweep``'s body: `opts` holds one value per option of `sweep_settings` (None: not given)."""
     from specdec.bench import sweep as S
 
     with _cli_errors():
-        file_values = S.load_config_file(config) if config is not None else {}
-        flags = {
-            "name": name, "pair": pair, "target": target, "draft": draft, "prompt_types": prompt_types,
-            "prompts": str(prompts) if prompts is not None else None, "prompts_per_type": prompts_per_type,
-            "ks": ks, "secondary_ks": secondary_ks, "type_ks": type_ks, "max_new_tokens": max_new_tokens,
-            "repeats": repeats,
-            "baseline_repeats": baseline_repeats, "pairing": pairing, "traces": traces,
-            "calibration_repeats": calibration_repeats, "methods": methods, "policies": policies,
-            "secondary_policies": secondary_policies, "policy_k": policy_k, "peers": peers,
-            "skip_long_prompts": skip_long_prompts,
-            "peer_ks": peer_ks, "configs": configs, "temperature": temperature, "top_k": top_k,
-            "top_p": top_p, "seed": seed, "device": device, "dtype": dtype, "threads": threads,
-            "chat_template": chat_template, "backend": backend, "draft_backend": draft_backend,
-        }  # fmt: skip
-        cfg = S.make_config(flags, file=file_values, quick=quick)
-        executor = check_executor(executor, shard, address)  # [shards] one-line errors for bad combinations
-        db_path = db if db is not None else Path(file_values.get("db") or S.DEFAULT_DB)
-        if measure_costs and not dry_run:
+        file_values = S.load_config_file(opts["config"]) if opts["config"] is not None else {}
+        flags = {f.name: opts[f.name] for f in dataclasses.fields(S.SweepConfig) if f.name in opts}
+        cfg = S.make_config(flags, file=file_values, quick=opts["quick"])
+        shard = opts["shard"]
+        executor = check_executor(opts["executor"], shard, opts["address"])  # [shards] one-line errors
+        db_path = Path(opts["db"] or file_values.get("db") or S.DEFAULT_DB)
+        if opts["measure_costs"] and not opts["dry_run"]:
             raise ValueError("--measure-costs prices a --dry-run; add --dry-run (a sweep measures its own costs)")
-        if dry_run:
-            _dry_run(cfg, db_path, shard, measure=measure_costs)
+        if opts["dry_run"]:
+            _dry_run(cfg, db_path, shard, measure=opts["measure_costs"])
             return
         try:
             if executor == "ray":
-                return sweep_on_ray(cfg, db_path, resume=resume, address=address, progress=progress,
-                                    max_runs=max_runs)
-            result = S.run_sweep(cfg, db=db_path, resume=resume, progress=progress, max_runs=max_runs,
-                                 lock_wait_s=wait_for_store, shard=shard)  # shard=None: the whole plan
+                return sweep_on_ray(cfg, db_path, resume=opts["resume"], address=opts["address"],
+                                    progress=opts["progress"], max_runs=opts["max_runs"])
+            result = S.run_sweep(cfg, db=db_path, resume=opts["resume"], progress=opts["progress"],
+                                 max_runs=opts["max_runs"], lock_wait_s=opts["wait_for_store"],
+                                 shard=shard)  # shard=None: the whole plan
         except KeyboardInterrupt as exc:
             typer.echo(f"\ninterrupted: finished runs are saved in {db_path}; rerun the same command with "
                        f"--resume to continue", err=True)
@@ -262,6 +136,10 @@ def sweep(
         # Every run attempted now failed: that is not a result, it is a broken setup (exit non-zero).
         raise ValueError(f"all {result.failed} runs attempted failed; their errors are stored in {db_path} "
                          f"(specdec report names them)")
+
+
+sweep = typer_command(_sweep, sweep_settings(), "Run the benchmark sweep: every prompt x method x K, with "
+                      "peers, stored run by run in SQLite.")
 
 
 def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False, loader=None) -> None:
@@ -330,15 +208,15 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
 
 
 def costs(
-    pair: Annotated[str | None, typer.Option(help="Model pair preset.")] = None,
-    target: Annotated[str | None, typer.Option(help="Target model spec.")] = None,
-    draft: Annotated[str | None, typer.Option(help="Draft model spec.")] = None,
-    device: Annotated[str, typer.Option(help="Torch device.")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
-    threads: Annotated[int | None, typer.Option(help="Intra-op threads.")] = None,
-    backend: Annotated[str, typer.Option(help="Target runtime: transformers or llamacpp.")] = "transformers",
-    draft_backend: Annotated[str | None, typer.Option(help="Draft runtime (default: --backend).")] = None,
-    compile: Annotated[bool, typer.Option("--compile", help="Compiled static-cache transformers backend.")] = False,
+    pair: PairOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    threads: ThreadsOpt = None,
+    backend: BackendOpt = "transformers",
+    draft_backend: DraftBackendOpt = None,
+    compile: CompileOpt = False,
     max_n: Annotated[int, typer.Option(help="Time target forwards of 1..max-n tokens.")] = 17,
     repeats: Annotated[int, typer.Option(help="Timed forwards per n (median reported).")] = 3,
     context_tokens: Annotated[int, typer.Option(help="Tokens in the warm cache.")] = 64,
@@ -347,9 +225,9 @@ def costs(
         "--arch", help="Instead of a pair: published architectures built with RANDOM weights (timing only), "
         "e.g. gpt2,gpt2-medium,gpt2-large; c is given for the original study's pairs and the default pair.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="With --arch: also write the JSON here.")] = None,
-    quant: Annotated[str | None, typer.Option("--quant", help="int8: int8 weight-only linears (torchao).")] = None,
-    draft_dtype: Annotated[str | None, typer.Option("--draft-dtype", help="The draft's dtype (default: --dtype).")] = None,
-    draft_quant: Annotated[str | None, typer.Option("--draft-quant", help="int8 | none (default: --quant).")] = None,
+    quant: QuantOpt = None,
+    draft_dtype: DraftDtypeOpt = None,
+    draft_quant: DraftQuantOpt = None,
     bandwidth_mib: Annotated[float, typer.Option(
         "--bandwidth-mib", help="MiB per buffer of the streaming copy that measures the machine's memory "
         "bandwidth (the roofline).")] = 512,

@@ -1,9 +1,9 @@
-"""Sweep settings: the runtime configurations, `SweepConfig` and its sources (defaults, ``--quick``, a TOML
-file, command-line flags), validated once by `make_config`."""
+"""Sweep settings: `SweepConfig` (each field declared once, with its default, help text and help panel:
+`specdec.bench.settings.setting`) and its sources (defaults, ``--quick``, a TOML file, command-line flags),
+validated once by `make_config`. The runtime configurations are `specdec.bench.runtimes`'."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tomllib
 from collections.abc import Mapping
@@ -11,13 +11,29 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.methods import METHODS, our_methods, peer_methods, peers_for
+from specdec.bench.methods import METHODS, our_methods, peer_methods
+from specdec.bench.runtimes import (
+    CONFIG_ALIASES,
+    RUNTIME_CONFIGS,
+    RuntimeConfig,
+    check_available,
+    config_for_backends,
+)
+from specdec.bench.settings import (
+    PANEL_MODELS,
+    PANEL_RUNTIME,
+    PANEL_SAMPLING,
+    PANEL_STORE,
+    Setting,
+    setting,
+)
 from specdec.sampling import SamplingParams
 
 __all__ = [
     "ADAPTIVE_POLICIES",
     "DEFAULT_DB",
     "FILE_ONLY_KEYS",
+    "FILE_SETTINGS",
     "OUR_METHODS",
     "PEER_METHODS",
     "QUICK",
@@ -38,108 +54,6 @@ PEER_METHODS = tuple(m.name for m in peer_methods())
 ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
 DEFAULT_DB = "results/sweep.db"
 
-# ------------------------------------------------------------------------------------ runtime configs
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """One runtime configuration (``config_label``): which runtime runs the target and the draft.
-
-    Attributes:
-        label: the ``config_label`` stored with every run.
-        target_backend, draft_backend: ``"transformers"`` or ``"llamacpp"``.
-        compile: transformers only: the compiled static-cache backend (`specdec.backends.compiled`).
-        dtype: transformers dtype of both models (None: the sweep's ``dtype``).
-        quant: transformers weight quantization of both models (`specdec.precision`; None: full weights).
-        self_draft_quant: draft with a copy of the TARGET quantized this way (e.g. ``"int8"``) instead of
-            the sweep's draft model: same tokenizer, cost set by bytes read.
-        pad_verify: our speculative methods pad each verification forward to the cheapest shape on the
-            configuration's measured cost curve (`specdec.costs.CostCurve.padded_n`; output unchanged),
-            and the cost policy prices K with the padded cost. Loading is unchanged.
-    """
-
-    label: str
-    target_backend: str
-    draft_backend: str
-    compile: bool = False
-    dtype: str | None = None
-    quant: str | None = None
-    self_draft_quant: str | None = None
-    pad_verify: bool = False
-
-    def load_kwargs(self, sweep_dtype: str) -> dict:
-        """The `specdec.loading.load_pair` arguments this configuration sets beyond the runtimes (only those
-        it changes, so that loaders that know none of them keep working)."""
-        kw: dict = {"dtype": self.dtype or sweep_dtype}
-        if self.quant is not None:
-            kw["quant"] = self.quant
-        if self.self_draft_quant is not None:
-            kw["draft_quant"] = self.self_draft_quant
-        return kw
-
-    def target_precision(self, sweep_dtype: str) -> str:
-        """What the target's weights run in, as stored in ``runs.dtype``: the transformers dtype
-        (``"bfloat16"``; ``"float32+int8"`` with int8 weight-only quantization) or ``"gguf"`` on llama.cpp
-        (the GGUF's own quantization, e.g. Q4_K_M). `sweep_dtype` is the sweep's ``--dtype``."""
-        if self.target_backend == "llamacpp":
-            return "gguf"
-        dtype = self.dtype or sweep_dtype
-        return f"{dtype}+{self.quant}" if self.quant else dtype
-
-    def peers(self) -> tuple[str, ...]:
-        """The peer methods that apply to this configuration (`Method.applies`)."""
-        return peers_for(self)
-
-
-RUNTIME_CONFIGS: dict[str, RuntimeConfig] = {
-    c.label: c
-    for c in (
-        RuntimeConfig("transformers-eager", "transformers", "transformers"),
-        RuntimeConfig("transformers-compiled", "transformers", "transformers", compile=True),
-        RuntimeConfig("llamacpp", "llamacpp", "llamacpp"),
-        RuntimeConfig("mixed:llamacpp-draft", "transformers", "llamacpp"),
-        RuntimeConfig("mixed:transformers-draft", "llamacpp", "transformers"),
-        # a bf16 transformers target drafted by the Q4_K_M GGUF draft on llama.cpp: the target's output
-        # is bf16 target-only decoding's; the draft costs llama.cpp's step (c ~ 0.1 here instead of 0.35)
-        RuntimeConfig("mixed:llamacpp-draft-bf16", "transformers", "llamacpp", dtype="bfloat16"),
-        # The fast CPU configurations (issue 19); bf16 needs native bf16 kernels (refused in one line otherwise).
-        RuntimeConfig("transformers-bf16", "transformers", "transformers", dtype="bfloat16"),
-        RuntimeConfig("transformers-bf16-compiled", "transformers", "transformers", compile=True,
-                      dtype="bfloat16"),
-        RuntimeConfig("transformers-int8", "transformers", "transformers", quant="int8"),
-        RuntimeConfig("transformers-bf16-int8", "transformers", "transformers", dtype="bfloat16", quant="int8"),
-        RuntimeConfig("self-draft:bf16-int8", "transformers", "transformers", dtype="bfloat16",
-                      self_draft_quant="int8"),
-        # fp32 eager with verification padded to the cheapest measured shape (issue 19)
-        RuntimeConfig("transformers-padded", "transformers", "transformers", pad_verify=True),
-    )
-}
-_CONFIG_ALIASES = {
-    "eager": "transformers-eager",
-    "transformers": "transformers-eager",
-    "compiled": "transformers-compiled",
-    "llama.cpp": "llamacpp",
-    "mixed": "mixed:llamacpp-draft",
-}
-
-
-def _config_for_backends(target_backend: str, draft_backend: str) -> str:
-    for c in RUNTIME_CONFIGS.values():
-        if (c.target_backend, c.draft_backend, c.compile) == (target_backend, draft_backend, False):
-            return c.label
-    raise ValueError(
-        f"unknown backend combination target={target_backend!r}, draft={draft_backend!r}; "
-        f"backends: transformers, llamacpp"
-    )
-
-
-def check_available(rc: RuntimeConfig) -> None:
-    """Refuse, before any model loads, a configuration whose optional library (llama-cpp-python) is
-    missing."""
-    if "llamacpp" in (rc.target_backend, rc.draft_backend) and importlib.util.find_spec("llama_cpp") is None:
-        raise ValueError(f"config {rc.label} needs llama-cpp-python: pip install 'specdec[llamacpp]'")
-
-
 # ------------------------------------------------------------------------------------- configuration
 
 
@@ -151,89 +65,76 @@ PAIRINGS = ("bracket", "none")
 class SweepConfig:
     """Everything a sweep needs; the defaults are the CPU default study (docs/STORE.md, "The default plan").
 
-    Attributes:
-        name: a label stored with the sweep (not part of its identity).
-        pair, target, draft: the models (`specdec.models.resolve_pair`).
-        prompt_types: ``"all"`` or type names; filters the built-in set or the prompt file.
-        prompts: a prompt file (`specdec.bench.prompts.load_prompt_file`); None = the built-in set.
-        prompts_per_type: built-in prompts per type (1 = the primary ``<type>-01`` only).
-        ks: the fixed-K grid run on primary prompts (the first prompt of each type).
-        secondary_ks: the fixed-K grid on the other prompts (no peers or policies there).
-        type_ks: extra fixed K timed on EVERY prompt of a type, per drafter: entries ``"method:type=K"``
-            (e.g. the best fixed K per type from an earlier store's acceptance traces, which `specdec report`
-            prints in this form); a K already in the prompt's grid is not timed twice.
-        max_new_tokens: new tokens per generation.
-        repeats: timed runs per cell (seed = seed + repeat under sampling).
-        baseline_repeats: with ``pairing="none"`` only: timed target-only runs per prompt (at least
-            `repeats`): the first precedes the prompt's other runs, the extra ones follow them.
-        pairing: ``"bracket"`` (default): every timed run other than the baseline sits between two target-only
-            runs of the same prompt (B X1 B X2 B ... B), and its speedup is its ratio to the geometric mean of
-            those two neighbours (`specdec.report.speedup.paired_ratios`); ``"none"``: the older order
-            (baseline first, the other runs, `baseline_repeats` - 1 baselines after).
-        traces: record each prompt's acceptance trace after its first target-only run (greedy sweeps only;
-            `specdec.traces`): one teacher-forced draft and one target forward.
-        calibration_repeats: timed passes of the calibration block (target forwards of n = 1..17 tokens and
-            the draft step, at the prompt's own context) after each prompt's first target-only run; 0 = off.
-        methods: among ``baseline``, ``draft``, ``ngram`` and the peer names (a peer named here is run even
-            without `peers`).
-        policies: adaptive policies run for ``draft`` and ``ngram`` on primary prompts, with K = `policy_k`.
-        secondary_policies: adaptive policies run on the other prompts too (default none), so a policy can be
-            timed paired over every prompt of a type.
-        policy_k: the policies' starting (heuristic) or maximum (confidence, cost) K.
-        peers: run every peer that applies to each configuration.
-        peer_ks: K for ``hf_assisted`` / ``hf_prompt_lookup`` / ``llama_prompt_lookup``.
-        configs: runtime configuration labels (`RUNTIME_CONFIGS`).
-        temperature, top_k, top_p: sampling (temperature 0 = greedy); seed: base seed.
-        device, dtype, threads: transformers device/dtype; intra-op threads (None = library default).
-        chat_template: wrap each prompt in the tokenizer's chat template (user turn + generation prompt).
-        backend, draft_backend: shorthand for one configuration (instead of `configs`).
-        warmup_tokens: new tokens of each warm-up generation.
-        cost_repeats, cost_context_tokens: `measure_costs` settings; the forward curve is measured for
-            n = 1..17 (up to the largest K used + 1 when that is more).
-        ngram_max, ngram_min: n-gram sizes of our prompt-lookup drafter.
-        skip_long_prompts: leave out the prompts whose tokens + max_new_tokens exceed the target's or the
-            draft's context (named in one line); without it such a plan is refused before any run.
+    Each field is declared once with `setting`: its default, its help text (what ``specdec sweep --help``
+    prints, and the field's documentation) and its help panel. Beyond the help texts:
+
+    - ``pairing="bracket"``: every timed run other than the baseline sits between two target-only runs of
+      the same prompt (B X1 B X2 B ... B), and its speedup is its ratio to the geometric mean of those two
+      neighbours (`specdec.report.speedup.paired_ratios`); ``"none"``: baseline first, the other runs, then
+      `baseline_repeats` - 1 baselines (`baseline_repeats` applies to this order only).
+    - `traces` records one teacher-forced draft forward and one target forward per prompt (`specdec.traces`);
+      `calibration_repeats` times target forwards of n = 1 .. `specdec.bench.plan.cost_max_n` tokens and
+      the draft step at the prompt's own context.
+    - a peer named in `methods` is run even without `peers`; `backend` / `draft_backend` select one runtime
+      configuration instead of `configs` (`make_config`).
     """
 
-    name: str | None = None
-    pair: str | None = None
-    target: str | None = None
-    draft: str | None = None
-    prompt_types: tuple[str, ...] | str = "all"
-    prompts: str | None = None
-    prompts_per_type: int = 1
-    ks: tuple[int, ...] = (1, 2, 4, 8, 16)
-    secondary_ks: tuple[int, ...] = (4,)
-    type_ks: tuple[str, ...] = ()
-    max_new_tokens: int = 128
-    repeats: int = 1
-    baseline_repeats: int = 2
-    pairing: str = "bracket"
-    traces: bool = True
-    calibration_repeats: int = 2
-    methods: tuple[str, ...] = OUR_METHODS
-    policies: tuple[str, ...] = ("cost",)
-    secondary_policies: tuple[str, ...] = ()
-    policy_k: int = 16
-    peers: bool = True
-    peer_ks: tuple[int, ...] = (4,)
-    configs: tuple[str, ...] = ("transformers-eager",)
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str = "float32"
-    threads: int | None = None
-    chat_template: bool = False
-    backend: str | None = None
-    draft_backend: str | None = None
-    warmup_tokens: int = 16
-    cost_repeats: int = 3
-    cost_context_tokens: int = 64
-    ngram_max: int = 3
-    ngram_min: int = 1
-    skip_long_prompts: bool = False
+    name: str | None = setting(None, "A label stored with the sweep (not part of its identity).", PANEL_STORE)
+    pair: str | None = setting(None, panel=PANEL_MODELS)  # help: specdec.cli.SHARED_OPTIONS
+    target: str | None = setting(None, panel=PANEL_MODELS)
+    draft: str | None = setting(None, panel=PANEL_MODELS)
+    prompt_types: tuple[str, ...] | str = setting("all", "'all' or comma-separated prompt types (of the built-in "
+                                                  "set or the prompt file).")
+    prompts: str | None = setting(None, "Prompt file (JSONL, Spec-Bench, plain text) instead of the built-in "
+                                  "set.", type=Path)
+    prompts_per_type: int = setting(1, "Built-in prompts per type; the first (<type>-01) is the primary.")
+    ks: tuple[int, ...] = setting((1, 2, 4, 8, 16), "Fixed-K grid on primary prompts (the first of each type).")
+    secondary_ks: tuple[int, ...] = setting((4,), "Fixed-K grid on non-primary prompts ('' for none).")
+    type_ks: tuple[str, ...] = setting((), "Extra fixed K timed on every prompt of a type, per drafter: "
+                                       "method:type=K,... (e.g. draft:code=3,ngram:repetitive=16; the report "
+                                       "prints the traces' best K per type in this form); a K already in the "
+                                       "prompt's grid is not timed twice.")
+    max_new_tokens: int = setting(128, "New tokens per generation.")
+    repeats: int = setting(1, "Timed runs per cell (repeat r samples with seed + r).")
+    baseline_repeats: int = setting(2, "Target-only runs per prompt when not bracketed (--pairing none): one "
+                                    "before and the rest after its other runs (at least --repeats).")
+    pairing: str = setting("bracket", "bracket: a target-only run between every two other runs, each speedup "
+                           "paired with its two neighbours; none: baseline first and last only.")
+    traces: bool = setting(True, "Record each prompt's acceptance trace after its first target-only run "
+                           "(greedy): every K and policy replayed from one run.")
+    calibration_repeats: int = setting(2, "Passes of the calibration block (target forwards of 1..17 tokens at "
+                                       "each prompt's context, after its first baseline); 0 = off.")
+    methods: tuple[str, ...] = setting(OUR_METHODS, "Our methods (baseline,aa,draft,ngram) and/or peer names.")
+    policies: tuple[str, ...] = setting(("cost",), "Adaptive policies for draft/ngram on primaries: "
+                                        "heuristic,confidence,cost or 'none'; K = --policy-k.")
+    secondary_policies: tuple[str, ...] = setting((), "Adaptive policies also run on the non-primary prompts "
+                                                  "('none' for none), to time a policy over every prompt of a type.")
+    policy_k: int = setting(16, "Policies' starting (heuristic) or maximum (confidence, cost) K.")
+    peers: bool = setting(True, "Also time the library peers that apply to each configuration (transformers "
+                          "generate/assisted/prompt lookup).")
+    peer_ks: tuple[int, ...] = setting((4,), "K of the speculative peers.")
+    configs: tuple[str, ...] = setting(("transformers-eager",), "Runtime configurations: transformers-eager, "
+                                       "transformers-compiled, llamacpp, mixed, ... (or one by --backend and "
+                                       "--draft-backend).", PANEL_RUNTIME)
+    temperature: float = setting(0.0, "0 = greedy.", PANEL_SAMPLING)
+    top_k: int = setting(0, "0 = off.", PANEL_SAMPLING)
+    top_p: float = setting(1.0, "1 = off.", PANEL_SAMPLING)
+    seed: int = setting(0, "Base seed; repeat r uses seed + r.", PANEL_SAMPLING)
+    device: str = setting("cpu", panel=PANEL_RUNTIME)
+    dtype: str = setting("float32", panel=PANEL_RUNTIME)
+    threads: int | None = setting(None, panel=PANEL_RUNTIME)  # None: the library's default
+    chat_template: bool = setting(False, "Wrap each prompt in the tokenizer's chat template (user turn + "
+                                  "generation prompt).", PANEL_RUNTIME)
+    backend: str | None = setting(None, panel=PANEL_RUNTIME)
+    draft_backend: str | None = setting(None, panel=PANEL_RUNTIME)
+    warmup_tokens: int = setting(16, "New tokens of each warm-up generation.", cli=False)
+    cost_repeats: int = setting(3, "Timed passes of the configuration's cost curve (`measure_costs`).", cli=False)
+    cost_context_tokens: int = setting(64, "Tokens in the warm cache the cost curve is timed on.", cli=False)
+    ngram_max: int = setting(3, "Largest n-gram our prompt-lookup drafter matches.", cli=False)
+    ngram_min: int = setting(1, "Smallest n-gram our prompt-lookup drafter matches.", cli=False)
+    skip_long_prompts: bool = setting(False, "Leave out prompts whose tokens + max new tokens exceed a model's "
+                                      "context (named in one line); otherwise such a plan is refused before "
+                                      "any run.", flags=("--skip-long-prompts",))
 
     @property
     def sampling(self) -> SamplingParams:
@@ -264,8 +165,9 @@ QUICK: dict[str, Any] = {
 }
 
 _FIELD_NAMES = tuple(f.name for f in fields(SweepConfig))
-#: Keys a TOML file may hold besides the `SweepConfig` fields.
-FILE_ONLY_KEYS = ("db",)
+#: Settings a TOML file may hold besides the `SweepConfig` fields.
+FILE_SETTINGS = (Setting("db", DEFAULT_DB, "SQLite results file.", PANEL_STORE, type=Path, in_file=True),)
+FILE_ONLY_KEYS = tuple(s.name for s in FILE_SETTINGS)
 
 
 def _as_list(value: Any, what: str) -> list:
@@ -363,7 +265,7 @@ def _normalize_names(v: dict[str, Any]) -> None:
         v[field] = tuple(dict.fromkeys(policies))
     configs = []
     for c in _as_list(v["configs"], "configs"):
-        label = _CONFIG_ALIASES.get(c.lower(), c)
+        label = CONFIG_ALIASES.get(c.lower(), c)
         if label not in RUNTIME_CONFIGS:
             raise ValueError(
                 f"unknown config {c!r}; choose from {', '.join(RUNTIME_CONFIGS)} (or mixed = mixed:llamacpp-draft)"
@@ -386,6 +288,8 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(pt, (list, tuple)):
         pt = ",".join(str(x) for x in pt)
     v["prompt_types"] = str(pt).strip() or "all"
+    if v["prompts"] is not None:  # a path from the command line, a string from a file
+        v["prompts"] = str(v["prompts"])
     for name in ("prompts_per_type", "max_new_tokens", "repeats", "baseline_repeats", "policy_k", "warmup_tokens",
                  "cost_repeats", "cost_context_tokens", "ngram_max", "ngram_min", "top_k", "seed",
                  "calibration_repeats"):
@@ -470,7 +374,7 @@ def make_config(
             explicit.add(key)
     if values.get("backend") or values.get("draft_backend"):
         tb = values.get("backend") or "transformers"
-        label = _config_for_backends(tb, values.get("draft_backend") or tb)
+        label = config_for_backends(tb, values.get("draft_backend") or tb)
         if "configs" in explicit and _as_list(values["configs"], "configs") != [label]:
             raise ValueError("give either --configs or --backend/--draft-backend, not both")
         values["configs"] = (label,)

@@ -1,4 +1,5 @@
-"""The sweep's console lines: one per finished cell, from its stored rows and the rates of `specdec.metrics`."""
+"""The sweep's console lines: one per finished cell, from its stored rows and the rates of `specdec.metrics`;
+errors as one line."""
 
 from __future__ import annotations
 
@@ -7,9 +8,18 @@ import statistics
 
 from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun
+from specdec.errors import one_line as _one_line
 from specdec.metrics import rates
 
-__all__ = ["summary_line"]
+__all__ = ["ERR_LEN", "one_line", "summary_line"]
+
+ERR_LEN = 300  # characters kept of an error message
+
+
+def one_line(exc: BaseException) -> str:
+    """`exc` as one line of at most `ERR_LEN` characters: its type and the first line of its message (what a
+    failed run stores as its ``error`` and what the console prints); `specdec.errors.one_line`'s rule."""
+    return _one_line(exc, with_type=True, limit=ERR_LEN)
 
 
 def summary_line(cell: PlannedRun, rows: list[dict], baseline: list[float] | None) -> str:

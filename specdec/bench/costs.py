@@ -3,7 +3,7 @@
 - **c** = draft step time / target step time (one token, warm cache).
 - **verification cost curve** = target forward time for n = 1 .. max_n tokens appended to a warm cache.
   The classic analysis assumes verifying K+1 tokens costs one step; on CPUs it often costs several
-  (MEASUREMENT.md, "Costs that decide the outcome"); v(n) = forward(n) / forward(1) in target steps.
+  (so the curve, not c alone, decides which K wins); v(n) = forward(n) / forward(1) in target steps.
 
 Method: prefill a fixed `context_tokens`-token context once, then for each n: forward n tokens, synchronize,
 read the clock, `truncate` back to the context, `repeats` times; report the median and the IQR. One untimed
@@ -208,8 +208,8 @@ def calibration_block(
 
     The sweep runs this block right after a prompt's target-only run, at that prompt's own context (its
     tokens and the first half of its output), so the time model's costs are measured next to the runs they
-    explain instead of once per sweep at a filler context (MEASUREMENT.md, "Costs measured where they are
-    used"). The forward is timed alone (no sampling, no verification). No warm-up pass: the models have
+    explain instead of once per sweep at a filler context (a forward's cost depends on the context length and
+    on the machine's state at the time). The forward is timed alone (no sampling, no verification). No warm-up pass: the models have
     just run. The context is cut from the left so that ``context + max_n`` fits both models.
 
     Args:

@@ -113,7 +113,7 @@ def hf_peer_generate(
     afterwards — transformers reads these from the *assistant's* config); ``hf_prompt_lookup``
     (``prompt_lookup_num_tokens=K``, transformers' default n-gram size). Every call uses our EOS ids, an
     attention mask, ``do_sample=False`` under greedy, and no logits processor our engine lacks.
-    ``ignore_eos=True`` (sampled sweeps, case C18) gives ``generate()`` no EOS id, so it runs the whole budget
+    ``ignore_eos=True`` (sampled sweeps) gives ``generate()`` no EOS id, so it runs the whole budget
     and an EOS is sampled like any token, as our engine does with an empty stop set.
 
     Returns:

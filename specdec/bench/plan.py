@@ -8,12 +8,13 @@ Everything in this module is checked without loading a model.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from specdec.bench.config import RUNTIME_CONFIGS, SweepConfig, check_available, type_ks_entries, type_ks_for
-from specdec.bench.methods import our_methods, peer_methods, reference_method
+from specdec.bench.methods import METHODS, our_methods, peer_methods, reference_method
 from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
 from specdec.bench.store import cell_key, sweep_id_for
 
@@ -26,6 +27,7 @@ __all__ = [
     "plan_summary",
     "prepare",
     "primary_ids",
+    "rebracket",
     "select_prompts",
 ]
 
@@ -104,7 +106,7 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
 
     - ``pairing="bracket"`` (default): a target-only baseline run before each run of the pass and one after
       the last (B X1 B X2 ... Xn B); each X is then timed between two baselines adjacent in time, and its
-      speedup is the ratio to those two (MEASUREMENT.md, "Pair what you compare").
+      speedup is the ratio to those two (a drift of the machine's speed cancels out of the ratio).
     - ``pairing="none"``: baseline first, the pass, then ``baseline_repeats - repeats`` extra baselines.
 
     Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
@@ -210,6 +212,38 @@ def plan_summary(plan: Sequence[PlannedRun]) -> dict[str, int]:
         elif c.k is not None:
             key += f" K={c.k}"
         out[key] = out.get(key, 0) + 1
+    return out
+
+
+def rebracket(todo: Sequence[PlannedRun]) -> list[PlannedRun]:
+    """The runs left to do, with no two non-baseline runs of a prompt back to back where baselines are left
+    to go between them, so that every run is timed next to a target-only run of its prompt on this machine
+    (its speedup is paired with those neighbours).
+
+    A fresh plan (B X1 B X2 ... Xn B) and a plan resumed after an interruption (X2 B2 X3 B3) already
+    alternate and come back unchanged. `--resume` with a larger grid does not: the new cells keep their plan
+    positions and the new baselines are numbered after the stored ones, so the new cells would run back to
+    back with the baselines after them (draft K = 1, K = 4, B, B: K = 1 with no target-only run beside it on
+    this machine). Such a prompt's runs are put in bracket order again: a target-only run, then alternately
+    another run and a target-only run, the rest after (B K = 1 B K = 4). Prompts keep their order; within a
+    prompt, baselines and other runs each keep theirs.
+
+    Args:
+        todo: planned runs (`build_plan` order, finished ones removed).
+
+    Returns:
+        The same runs, reordered within each (configuration, prompt) block of consecutive runs.
+    """
+    out: list[PlannedRun] = []
+    for _, group in itertools.groupby(todo, key=lambda c: (c.config_label, c.prompt.id)):
+        block = list(group)
+        ref = [METHODS[c.method].reference for c in block]
+        if not any(ref) or not any(not a and not b for a, b in itertools.pairwise(ref)):  # already alternates
+            out.extend(block)
+            continue
+        bases = [c for c, r in zip(block, ref, strict=True) if r]
+        others = [c for c, r in zip(block, ref, strict=True) if not r]
+        out.extend(c for pair in itertools.zip_longest(bases, others) for c in pair if c is not None)
     return out
 
 

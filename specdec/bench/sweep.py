@@ -16,11 +16,16 @@ A **cell** is (config_label, prompt, method, K, policy); a **run** is one timed 
 This module is the sweep's public face (``specdec sweep``, the benchmarks and the tests import from it); the
 work is done by one module per job:
 
-- `specdec.bench.config`: runtime configurations, `SweepConfig`, ``--quick``, TOML files, `make_config`;
+- `specdec.bench.config`: `SweepConfig`, ``--quick``, TOML files, `make_config`; `specdec.bench.settings`:
+  one declaration per setting, from which ``specdec sweep``'s options are built; `specdec.bench.runtimes`:
+  the runtime configurations;
 - `specdec.bench.plan`: prompts, `PlannedRun`, `build_plan`, the sweep's identity (`meaning`), `prepare`;
 - `specdec.bench.methods`: the `Method` registry (ours and the peers) and `RunRecord`;
   `specdec.bench.peers`: the transformers peers;
-- `specdec.bench.runner`: `run_sweep` (load, measure costs, warm up, time, store, console lines);
+- `specdec.bench.runner`: `run_sweep` (plan -> run -> record); `specdec.bench.loaded`: one configuration
+  loaded (fit check, costs); `specdec.bench.probes`: roofline, equality check, acceptance trace and
+  calibration beside the timed runs; `specdec.bench.state`: the state a sweep carries;
+  `specdec.bench.control`: the store's lock, SIGTERM, shards;
 - `specdec.bench.estimate`: rough durations (``--dry-run``);
 - `specdec.bench.environment`: the machine fingerprint; `specdec.bench.costs`: cost measurement;
   `specdec.bench.store`: the SQLite store.

@@ -1,0 +1,169 @@
+"""The sweep's probes: the measurements it makes beside the timed runs, never inside them.
+
+A probe is a function ``probe(state, at)`` (`SweepState`, `At`) named in `PROBES` with the moment the
+runner calls it:
+
+- `CONFIGURATION`, once a configuration's costs are measured: `roofline` (weight bytes per step, the
+  machine's memory bandwidth);
+- `RUN`, after each timed run and before it is stored: `check_equal` (greedy output equal to our
+  baseline's, the first divergence), which sets columns of the run's row;
+- `FIRST_BASELINE`, after a prompt's first successful target-only run is stored: `trace` (its acceptance
+  trace, greedy sweeps) and `calibrate` (a calibration block at its context, whose costs the cost policy of
+  the prompt's later runs decides with).
+
+A probe with a `Probe.failure` text is context, not a result: its error is logged in one line and the sweep
+goes on. `walk` runs the probes of one moment in `PROBES` order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from specdec.bench.console import one_line
+from specdec.bench.costs import calibration_block
+from specdec.bench.loaded import LoadedConfig
+from specdec.bench.methods import METHODS
+from specdec.bench.plan import PlannedRun, cost_max_n
+from specdec.bench.state import SweepState
+from specdec.costs import CostCurve
+from specdec.traces import first_divergence, record_trace, target_margins
+
+__all__ = [
+    "CONFIGURATION",
+    "FIRST_BASELINE",
+    "PROBES",
+    "RUN",
+    "At",
+    "Probe",
+    "calibrate",
+    "check_equal",
+    "roofline",
+    "stored_prompt_costs",
+    "trace",
+    "walk",
+]
+
+CONFIGURATION = "configuration"  # once per loaded configuration, after its costs are measured
+RUN = "run"  # after each timed run, before it is stored
+FIRST_BASELINE = "first baseline"  # after a prompt's first successful target-only run is stored
+
+
+@dataclass(frozen=True)
+class At:
+    """Where a probe runs: the loaded configuration and, at `RUN` and `FIRST_BASELINE`, the run (its planned
+    cell, its ``runs`` row, and at `FIRST_BASELINE` its stored run id)."""
+
+    loaded: LoadedConfig
+    cell: PlannedRun | None = None
+    row: dict | None = None
+    run_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe: its `name`, the `moment` it runs at, its function, and `failure`: what the console says
+    when it raises (None: the error propagates, as for a probe that sets a run's columns)."""
+
+    name: str
+    moment: str
+    fn: Callable[[SweepState, At], None]
+    failure: str | None = None
+
+
+def roofline(s: SweepState, at: At) -> None:
+    """Store the configuration's weight bytes per step and (once per machine and store) the machine's memory
+    bandwidth, measured by a streaming copy."""
+    from specdec.roofline import measure_bandwidth, weight_bytes
+
+    pair, label = at.loaded.pair, at.loaded.label
+    tb = weight_bytes(pair.target)
+    db = weight_bytes(pair.draft) if pair.draft is not None else None
+    known = s.store.bandwidth_gbps()
+    bw = measure_bandwidth(threads=s.cfg.threads) if known is None else {"gbps": known,
+                                                                         "method": "measured earlier"}
+    s.store.save_roofline(s.sweep_id, label, tb, db, bw)
+    s.log(f"[{label}] weights read per target step {tb / 1e9:.2f} GB; machine bandwidth "
+          f"{bw['gbps']:.1f} GB/s (streaming copy)")
+
+
+def check_equal(s: SweepState, at: At) -> None:
+    """Under greedy decoding, set the row's ``matches_baseline`` (its ids equal our baseline's for its prompt:
+    the stored one, or this run's own when it is that baseline) and ``first_divergence``."""
+    loaded, cell, row = at.loaded, at.cell, at.row
+    if not loaded.cfg.greedy or row.get("token_ids") is None:
+        return
+    pid = cell.prompt.id
+    if loaded.baseline_ids.get(pid) is None:
+        loaded.baseline_ids[pid] = s.store.baseline_tokens(s.sweep_id, loaded.label, pid)
+    ref = loaded.baseline_ids[pid]
+    if METHODS[cell.method].reference and ref is None:
+        ref = row["token_ids"]
+    row["matches_baseline"] = None if ref is None else int(row["token_ids"] == ref)
+    row["first_divergence"] = None if ref is None else first_divergence(row["token_ids"], ref)
+
+
+def trace(s: SweepState, at: At) -> None:
+    """Greedy sweeps: store the prompt's acceptance trace (one teacher-forced draft forward over the
+    baseline's output, the target's top-2 margins), once per prompt and configuration."""
+    loaded, pid = at.loaded, at.cell.prompt.id
+    cfg, pair = loaded.cfg, loaded.pair
+    if not (cfg.traces and cfg.greedy) or s.store.has_trace(s.sweep_id, loaded.label, pid):
+        return
+    prompt, out = loaded.prompt_ids(at.cell.prompt), list(at.row["token_ids"] or [])
+    draft = pair.draft.backend if pair.draft is not None else None
+    tr = record_trace(prompt, out, cfg.max_new_tokens, draft, vocab_size=pair.vocab_size)
+    margins, tf_ids = target_margins(pair.target.backend, prompt, out, vocab_size=pair.vocab_size)
+    s.store.save_trace(s.sweep_id, loaded.label, pid, at.run_id, tr, target_margin=margins,
+                       target_tf_ids=tf_ids, draft_context=draft.max_length if draft is not None else None)
+
+
+def calibrate(s: SweepState, at: At) -> None:
+    """Time and store a calibration block (target forwards of 1 .. `cost_max_n` tokens and the draft step)
+    at the prompt's own context (the prompt and half the baseline's output); the cost policy of this
+    prompt's later runs decides with these costs."""
+    loaded, pid = at.loaded, at.cell.prompt.id
+    cfg = loaded.cfg
+    if cfg.calibration_repeats <= 0:
+        return
+    prompt, out = loaded.prompt_ids(at.cell.prompt), list(at.row["token_ids"] or [])
+    block = calibration_block(loaded.pair, prompt + out[: len(out) // 2], max_n=cost_max_n(cfg),
+                              repeats=cfg.calibration_repeats)
+    s.store.save_calibration(s.sweep_id, loaded.label, pid, at.run_id, block)
+    loaded.prompt_costs[pid] = CostCurve.from_costs(block)
+
+
+def stored_prompt_costs(loaded: LoadedConfig, s: SweepState) -> None:
+    """On ``--resume``: the calibration blocks this machine stored earlier for this configuration, so that
+    the cost policy of a resumed prompt decides with the same costs as its earlier runs (and its replay)."""
+    blocks: dict[str, list[dict]] = {}
+    for c in s.store.calibration(s.sweep_id):
+        if c["config_label"] == loaded.label and c["machine_id"] == (s.store.machine_id or ""):
+            blocks.setdefault(c["prompt_id"], []).append(c)
+    for pid, rows in blocks.items():
+        if any(r["role"] == "target" and int(r["n_tokens"]) == 1 for r in rows):
+            loaded.prompt_costs.setdefault(pid, CostCurve.from_calibration(rows))
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("roofline", CONFIGURATION, roofline, "roofline inputs not measured"),
+    Probe("equality", RUN, check_equal),
+    Probe("trace", FIRST_BASELINE, trace, "acceptance trace not recorded"),
+    Probe("calibration", FIRST_BASELINE, calibrate, "calibration block not timed"),
+)
+
+
+def walk(moment: str, s: SweepState, at: At, probes: Sequence[Probe] = PROBES) -> None:
+    """Run the probes of `moment`, in order. A probe with a `Probe.failure` text that raises is logged in one
+    line (``[config_label] prompt_id: <failure>: <error>``) and the next probe runs."""
+    for probe in probes:
+        if probe.moment != moment:
+            continue
+        if probe.failure is None:
+            probe.fn(s, at)
+            continue
+        try:
+            probe.fn(s, at)
+        except Exception as exc:  # noqa: BLE001 - a probe is context for the timed runs, never a reason to stop
+            head = f"[{at.loaded.label}]" + (f" {at.cell.prompt.id}:" if at.cell is not None else "")
+            s.log(f"{head} {probe.failure}: {one_line(exc)}")

@@ -1,0 +1,117 @@
+"""The runtime configurations a sweep can run (``config_label``): which runtime runs the target and the
+draft, at which precision, compiled or not, and which aliases name them on the command line."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from specdec.bench.methods import peers_for
+
+__all__ = ["CONFIG_ALIASES", "RUNTIME_CONFIGS", "RuntimeConfig", "check_available", "config_for_backends"]
+
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """One runtime configuration (``config_label``): which runtime runs the target and the draft.
+
+    Attributes:
+        label: the ``config_label`` stored with every run.
+        target_backend, draft_backend: ``"transformers"`` or ``"llamacpp"``.
+        compile: transformers only: the compiled static-cache backend (`specdec.backends.compiled`).
+        dtype: transformers dtype of both models (None: the sweep's ``dtype``).
+        quant: transformers weight quantization of both models (`specdec.precision`; None: full weights).
+        self_draft_quant: draft with a copy of the TARGET quantized this way (e.g. ``"int8"``) instead of
+            the sweep's draft model: same tokenizer, cost set by bytes read.
+        pad_verify: our speculative methods pad each verification forward to the cheapest shape on the
+            configuration's measured cost curve (`specdec.costs.CostCurve.padded_n`; output unchanged),
+            and the cost policy prices K with the padded cost. Loading is unchanged.
+    """
+
+    label: str
+    target_backend: str
+    draft_backend: str
+    compile: bool = False
+    dtype: str | None = None
+    quant: str | None = None
+    self_draft_quant: str | None = None
+    pad_verify: bool = False
+
+    def load_kwargs(self, sweep_dtype: str) -> dict:
+        """The `specdec.loading.load_pair` arguments this configuration sets beyond the runtimes (only those
+        it changes, so that loaders that know none of them keep working)."""
+        kw: dict = {"dtype": self.dtype or sweep_dtype}
+        if self.quant is not None:
+            kw["quant"] = self.quant
+        if self.self_draft_quant is not None:
+            kw["draft_quant"] = self.self_draft_quant
+        return kw
+
+    def target_precision(self, sweep_dtype: str) -> str:
+        """What the target's weights run in, as stored in ``runs.dtype``: the transformers dtype
+        (``"bfloat16"``; ``"float32+int8"`` with int8 weight-only quantization) or ``"gguf"`` on llama.cpp
+        (the GGUF's own quantization, e.g. Q4_K_M). `sweep_dtype` is the sweep's ``--dtype``."""
+        if self.target_backend == "llamacpp":
+            return "gguf"
+        dtype = self.dtype or sweep_dtype
+        return f"{dtype}+{self.quant}" if self.quant else dtype
+
+    def peers(self) -> tuple[str, ...]:
+        """The peer methods that apply to this configuration (`Method.applies`)."""
+        return peers_for(self)
+
+
+RUNTIME_CONFIGS: dict[str, RuntimeConfig] = {
+    c.label: c
+    for c in (
+        RuntimeConfig("transformers-eager", "transformers", "transformers"),
+        RuntimeConfig("transformers-compiled", "transformers", "transformers", compile=True),
+        RuntimeConfig("llamacpp", "llamacpp", "llamacpp"),
+        RuntimeConfig("mixed:llamacpp-draft", "transformers", "llamacpp"),
+        RuntimeConfig("mixed:transformers-draft", "llamacpp", "transformers"),
+        # a bf16 transformers target drafted by the Q4_K_M GGUF draft on llama.cpp: the target's output
+        # is bf16 target-only decoding's; the draft costs llama.cpp's step (c ~ 0.1 here instead of 0.35)
+        RuntimeConfig("mixed:llamacpp-draft-bf16", "transformers", "llamacpp", dtype="bfloat16"),
+        # The fast CPU configurations; bf16 needs native bf16 kernels (refused in one line otherwise).
+        RuntimeConfig("transformers-bf16", "transformers", "transformers", dtype="bfloat16"),
+        RuntimeConfig("transformers-bf16-compiled", "transformers", "transformers", compile=True,
+                      dtype="bfloat16"),
+        RuntimeConfig("transformers-int8", "transformers", "transformers", quant="int8"),
+        RuntimeConfig("transformers-bf16-int8", "transformers", "transformers", dtype="bfloat16", quant="int8"),
+        RuntimeConfig("self-draft:bf16-int8", "transformers", "transformers", dtype="bfloat16",
+                      self_draft_quant="int8"),
+        # fp32 eager with verification padded to the cheapest measured shape
+        RuntimeConfig("transformers-padded", "transformers", "transformers", pad_verify=True),
+    )
+}
+CONFIG_ALIASES = {
+    "eager": "transformers-eager",
+    "transformers": "transformers-eager",
+    "compiled": "transformers-compiled",
+    "llama.cpp": "llamacpp",
+    "mixed": "mixed:llamacpp-draft",
+}
+
+
+def config_for_backends(target_backend: str, draft_backend: str) -> str:
+    """The label of the uncompiled configuration running the target on `target_backend` and the draft on
+    `draft_backend` (``--backend`` / ``--draft-backend``).
+
+    Raises:
+        ValueError: no configuration runs that combination.
+    """
+    for c in RUNTIME_CONFIGS.values():
+        if (c.target_backend, c.draft_backend, c.compile) == (target_backend, draft_backend, False):
+            return c.label
+    raise ValueError(
+        f"unknown backend combination target={target_backend!r}, draft={draft_backend!r}; "
+        f"backends: transformers, llamacpp"
+    )
+
+
+def check_available(rc: RuntimeConfig) -> None:
+    """Refuse, before any model loads, a configuration whose optional library (llama-cpp-python) is
+    missing."""
+    if "llamacpp" in (rc.target_backend, rc.draft_backend) and importlib.util.find_spec("llama_cpp") is None:
+        raise ValueError(f"config {rc.label} needs llama-cpp-python: pip install 'specdec[llamacpp]'")

@@ -290,18 +290,8 @@ class Store(MeasurementTables):
         """
         with self.transaction():
             self.machine_id = _machines.register_machine(self.conn, machine)
+            self.check_resume(sweep_id, resume=resume)
             row = self.get_sweep(sweep_id)
-            if resume and row is None and self.conn.execute("SELECT 1 FROM sweeps LIMIT 1").fetchone():
-                raise SweepNotFoundError(
-                    f"--resume: {self.path} holds no sweep with this configuration (id {sweep_id}); "
-                    f"sweeps there: {self.describe_sweeps()}. Rerun with the same settings as the sweep "
-                    f"to continue, or drop --resume to start a new sweep"
-                )
-            if row is not None and not resume and self.count_runs(sweep_id) > 0:
-                raise SweepExistsError(
-                    f"{self.path} already holds {self.count_runs(sweep_id)} runs of this sweep "
-                    f"(id {sweep_id}); pass --resume to continue it, or --db NEW.db to start afresh"
-                )
             if row is None:
                 self.conn.execute(
                     "INSERT INTO sweeps (sweep_id, name, config_json, created_at, git_commit, machine_json, "
@@ -314,6 +304,26 @@ class Store(MeasurementTables):
             else:
                 self.conn.execute("UPDATE sweeps SET status = 'running' WHERE sweep_id = ?", (sweep_id,))
         return self.get_sweep(sweep_id)  # type: ignore[return-value]
+
+    def check_resume(self, sweep_id: str, *, resume: bool) -> None:
+        """Refuse what `begin_sweep` refuses, without writing (``--resume --dry-run`` checks the same).
+
+        Raises:
+            SweepExistsError: not `resume` and the sweep already has runs.
+            SweepNotFoundError: `resume`, the store holds other sweeps and none with id `sweep_id`.
+        """
+        row = self.get_sweep(sweep_id)
+        if resume and row is None and self.conn.execute("SELECT 1 FROM sweeps LIMIT 1").fetchone():
+            raise SweepNotFoundError(
+                f"--resume: {self.path} holds no sweep with this configuration (id {sweep_id}); "
+                f"sweeps there: {self.describe_sweeps()}. Rerun with the same settings as the sweep "
+                f"to continue, or drop --resume to start a new sweep"
+            )
+        if row is not None and not resume and self.count_runs(sweep_id) > 0:
+            raise SweepExistsError(
+                f"{self.path} already holds {self.count_runs(sweep_id)} runs of this sweep "
+                f"(id {sweep_id}); pass --resume to continue it, or --db NEW.db to start afresh"
+            )
 
     def set_status(self, sweep_id: str, status: str) -> None:
         """Set ``sweeps.status`` to ``'running'``, ``'done'`` or ``'interrupted'``.

@@ -6,6 +6,7 @@ when the command runs, not when the CLI starts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
@@ -14,15 +15,19 @@ import typer
 OutOpt = Annotated[str, typer.Option("--out", help="Output directory: report.html, report.md, figures/.")]
 
 
-def out_dir(value: str) -> Path:
-    """The output directory named by ``--out``.
+def out_dir(value: str, *, inputs: Iterable[str | Path] = ()) -> Path:
+    """The output directory named by ``--out``, checked by `specdec.bench.paths.check_output` before any
+    store is read: writing into an existing directory is fine, an existing file is never replaced.
 
     Raises:
-        ValueError: `value` is empty or blank (``Path("")`` would silently mean the current directory).
+        ValueError: `value` is empty or blank (``Path("")`` would silently mean the current directory), is
+            one of `inputs` (the stores read), or is an existing file (a results store or any other).
     """
+    from specdec.bench.paths import check_output
+
     if not value.strip():
         raise ValueError("--out is empty: name an output directory (e.g. --out results/report)")
-    return Path(value)
+    return check_output(value, inputs=inputs, directory=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -47,7 +52,7 @@ def register(app: typer.Typer) -> None:
         """Write a self-contained HTML report, a Markdown summary and the figures (PNG + SVG)."""
         from specdec.report.render import write_report
 
-        result = write_report(db, out_dir(out), sweep, arch_costs=arch_costs)
+        result = write_report(db, out_dir(out, inputs=[db]), sweep, arch_costs=arch_costs)
         a = result.analysis
         typer.echo(f"sweep {a.store.sweep_id or '(none)'}: {len(a.store.runs)} runs, "
                    f"{len(result.drawn)} figures drawn, {len(result.skipped)} skipped")
@@ -75,7 +80,8 @@ def register(app: typer.Typer) -> None:
         store took)."""
         from specdec.report.study import write_study
 
-        result = write_study(db, out_dir(out), report or (), title=title, peer_dbs=peers_db or ())
+        result = write_study(db, out_dir(out, inputs=[*db, *(peers_db or ())]), report or (), title=title,
+                             peer_dbs=peers_db or ())
         typer.echo(f"{len(db) + len(peers_db or ())} stores, {len(result.types)} (store, configuration, prompt type) rows"
                    + (f"; headline figure skipped: {result.figure.skipped}" if result.figure.skipped else ""))
         for line in result.missing:

@@ -8,9 +8,10 @@ write-ahead log is never written to:
 - `check_writable`: the file (or, for a new store, its directory) can be written, checked before a sweep
   loads any model;
 - `connect`: ``PRAGMA quick_check`` before the first write (a damaged store is named with the
-  ``sqlite3 FILE ".recover"`` command that salvages its rows), and a store whose header says WAL, that has
-  no tables and no ``-wal`` file beside it, is named as a copy that lost its ``-wal`` file (its runs were
-  there) instead of being taken for an empty store.
+  ``sqlite3 FILE ".recover"`` command that salvages its rows), and a store without tables and without a
+  ``-wal`` file beside it (a WAL store's header, or an empty file read as a store) is named as a copy that
+  may have lost its ``-wal`` file (a WAL store's runs stay there until a checkpoint) instead of being
+  taken for an empty store.
 """
 
 from __future__ import annotations
@@ -162,6 +163,14 @@ def connect(path: str | Path, *, readonly: bool, timeout_s: float) -> sqlite3.Co
     if readonly and not path.is_file():
         raise StoreError(f"{path}: no such results database")
     existing = path.is_file() and path.stat().st_size > 0
+    wal = Path(f"{path}-wal")
+    # before connecting (opening a WAL store creates an empty -wal file); an empty one holds no runs
+    had_wal = wal.is_file() and wal.stat().st_size > 0
+    if readonly and not existing and not had_wal:
+        # an empty file: a new WAL store's runs live in its -wal file until a checkpoint (the .db stays 0 bytes)
+        raise StoreError(f"{path}: is empty (no tables) and {wal.name} is missing: a store in WAL mode keeps "
+                         f"its committed runs in {wal.name} until a checkpoint; if this is a copy of one, copy "
+                         f"{wal.name} next to it, else it is not a results store")
     uri = f"file:{path.resolve().as_posix()}?mode=ro" if readonly else None
     conn = _open(path, uri, timeout_s)
     try:
@@ -179,8 +188,7 @@ def connect(path: str | Path, *, readonly: bool, timeout_s: float) -> sqlite3.Co
         if check is None or check[0] != "ok":
             raise damaged_error(path, check[0] if check else "quick_check gave nothing")
         has_tables = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' LIMIT 1").fetchone()
-        wal = Path(f"{path}-wal")
-        if not has_tables and _wal_header(path) and not wal.exists():
+        if not has_tables and _wal_header(path) and not had_wal:
             raise StoreError(f"{path}: holds no tables and its write-ahead log {wal.name} is missing: a store in "
                              f"WAL mode keeps its committed runs in {wal.name} until a checkpoint, so this looks "
                              f"like a copy of the .db alone; copy {wal.name} next to it (same name + -wal) and "

@@ -170,20 +170,34 @@ def sweep_id_for(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]
 
 
+_SAMPLE_BYTES = 1 << 16  # bytes read at the start, middle and end of each model file
 _GGUF_HEAD_BYTES = 1 << 20  # a GGUF's header and tensor index (its metadata) lie in its first MiB
+
+
+def _sample(h: Any, path: Path, head: int = _SAMPLE_BYTES) -> None:
+    """Feed `h` the size of `path` and its bytes at the start (`head` bytes), middle and end: two files
+    with the same names, sizes and shapes but other weights differ there, and no GB file is read whole."""
+    size = path.stat().st_size
+    h.update(f"\0{path.name}\0{size}\0".encode())
+    with open(path, "rb") as f:
+        for offset, n in ((0, head), (size // 2, _SAMPLE_BYTES), (max(size - _SAMPLE_BYTES, 0), _SAMPLE_BYTES)):
+            f.seek(offset)
+            h.update(f.read(n))
 
 
 def model_identity(spec: str | None) -> str | None:
     """How a sweep's identity names the model `spec`: by what it is, not by how its path was typed.
 
-    - a local checkpoint directory: ``"dir sha256:<16 hex>"`` of its ``config.json`` bytes and the names
-      and sizes of its top-level files (weights, tokenizer), so ``dir``, ``dir/``, ``./dir`` and the
-      absolute path are one model, and a directory with other weights is another;
-    - an existing ``.gguf`` file: ``"gguf sha256:<16 hex>"`` of its size and its first MiB (header and
-      tensor index); no GB-sized file is read whole;
+    - a local checkpoint directory: ``"dir sha256:<16 hex>"`` of its ``config.json`` and, for each of its
+      top-level files (weights, tokenizer), its name, size and 64 KiB at its start, middle and end, so
+      ``dir``, ``dir/``, ``./dir`` and the absolute path are one model, and other weights another;
+    - an existing ``.gguf`` file: ``"gguf sha256:<16 hex>"`` of its size, its first MiB (header and tensor
+      index) and 64 KiB at its middle and end;
     - anything else (a preset member such as ``"gpt2-medium"`` or ``"qwen2.5-coder:target"``, a hub id,
       a path that does not exist): `spec` unchanged, so the published stores' sweep ids do not move.
       A spec equal to a preset member is kept as is even when a directory of that name exists.
+
+    A few hundred KiB are read per file, never a whole GB-sized checkpoint.
     """
     if spec is None:
         return None
@@ -200,12 +214,10 @@ def model_identity(spec: str | None) -> str | None:
         h.update(config.read_bytes() if config.is_file() else b"(no config.json)")
         for f in sorted(path.iterdir()):
             if f.is_file() and not f.name.startswith("."):
-                h.update(f"\0{f.name}\0{f.stat().st_size}".encode())
+                _sample(h, f)
         return f"dir sha256:{h.hexdigest()[:16]}"
     if spec.lower().endswith(".gguf") and path.is_file():
-        h.update(str(path.stat().st_size).encode() + b"\0")
-        with open(path, "rb") as fh:
-            h.update(fh.read(_GGUF_HEAD_BYTES))
+        _sample(h, path, head=_GGUF_HEAD_BYTES)
         return f"gguf sha256:{h.hexdigest()[:16]}"
     return spec
 

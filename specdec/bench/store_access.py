@@ -202,7 +202,7 @@ def connect(path: str | Path, *, readonly: bool, timeout_s: float) -> sqlite3.Co
     except sqlite3.DatabaseError as exc:
         conn.close()
         if not _sqlite_magic(path):
-            raise StoreError(f"{path}: not a specdec results database ({exc})") from None
+            raise StoreError(f"{path}: not a specdec results database (SQLite: {exc})") from None
         raise damaged_error(path, exc) from None
     except BaseException:
         conn.close()

@@ -143,7 +143,7 @@ def test_report_and_costs_and_merge_outputs_never_replace_a_store(tmp_path, caps
 
 
 _WRITER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from specdec.bench.store import Store
     sys.path.insert(0, sys.argv[3])
     from test_store_faults import _row, _rounds
@@ -155,17 +155,18 @@ _WRITER = textwrap.dedent("""
     while True:
         st.record_run(_row(sid, i), _rounds())
         print(i, flush=True)  # acknowledged: committed
+        time.sleep(float(os.environ.get("WRITER_PAUSE_S", "0")))  # a run's generation time
         i += 1
         if len(sys.argv) > 4 and i - start >= int(sys.argv[4]):
             time.sleep(600)  # wait to be killed, every run committed
 """)
 
 
-def _writer(db: Path, start: int, stop_after: int | None = None) -> subprocess.Popen:
+def _writer(db: Path, start: int, stop_after: int | None = None, pause_s: float = 0.0) -> subprocess.Popen:
     args = [sys.executable, "-c", _WRITER, str(db), str(start), str(Path(__file__).parent)]
     if stop_after is not None:
         args.append(str(stop_after))
-    env = dict(os.environ, PYTHONPATH=_PYTHONPATH)
+    env = dict(os.environ, PYTHONPATH=_PYTHONPATH, WRITER_PAUSE_S=str(pause_s))
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -368,3 +369,26 @@ def test_a_writer_killed_at_random_moments_loses_nothing_committed(tmp_path):
             assert st.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         start = max(have) + 1
     assert len(acked) >= 5
+
+
+def test_readers_work_while_a_writer_records(tmp_path):
+    """The report can be run while a sweep writes: read-only opens and the report's loader, repeated
+    while a writer commits runs (one every 20 ms, far more often than a sweep), never fail and see a
+    growing, complete store."""
+    from specdec.report.load import load_store
+
+    db = tmp_path / "s.db"
+    proc = _writer(db, 0, pause_s=0.02)
+    try:
+        assert proc.stdout.readline().strip()
+        seen = []
+        for _ in range(15):
+            with Store(db, readonly=True) as st:
+                runs = st.runs()
+                assert all(len(st.rounds_of(r["run_id"])) == ROUNDS for r in runs)
+            seen.append(len(runs))
+            assert len(load_store(db).runs) >= len(runs)
+        assert seen == sorted(seen) and seen[-1] > seen[0]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)

@@ -392,3 +392,27 @@ def test_readers_work_while_a_writer_records(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
+
+
+def test_a_wal_store_in_a_read_only_directory_is_still_read(tmp_path):
+    """The published stores are in WAL mode: read from a read-only directory (no -shm can be created),
+    export and the report's loader read them; nothing appears beside them."""
+    prefix = _unprivileged()
+    d = tmp_path / "ro"
+    d.mkdir()
+    db = d / "s.db"
+    _make_store(db, n=3)
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.close()
+    d.chmod(0o555)
+    try:
+        p = _run("export", "--db", db, "--out", tmp_path / "runs.csv", prefix=prefix)
+        assert p.returncode == 0 and "3 runs written" in p.stdout, p.stdout + p.stderr
+        code = "from specdec.report.load import load_store; import sys; print(len(load_store(sys.argv[1]).runs))"
+        p = subprocess.run([*prefix, sys.executable, "-c", code, str(db)], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=_PYTHONPATH), timeout=300, check=False)
+        assert p.returncode == 0 and p.stdout.split()[-1] == "3", p.stdout + p.stderr
+    finally:
+        d.chmod(0o755)
+    assert sorted(x.name for x in d.iterdir()) == ["s.db"]

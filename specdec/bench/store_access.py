@@ -179,12 +179,17 @@ def connect(path: str | Path, *, readonly: bool, timeout_s: float) -> sqlite3.Co
         try:
             check = conn.execute("PRAGMA quick_check").fetchone()
         except sqlite3.OperationalError as exc:
-            if readonly and "unable to open" in str(exc).lower() and _wal_header(path):
-                conn.close()  # a WAL store, no -shm file, a read-only directory: read it as it is on disk
-                conn = _open(path, f"file:{path.resolve().as_posix()}?mode=ro&immutable=1", timeout_s)
-                check = conn.execute("PRAGMA quick_check").fetchone()
-            else:
+            text = str(exc).lower()
+            if not (readonly and _wal_header(path) and ("unable to open" in text or "readonly" in text)):
                 raise
+            # a WAL store in a read-only directory: SQLite cannot create its -shm file to read it
+            if had_wal:
+                raise StoreError(f"{path}: a WAL-mode store whose {wal.name} lies in a read-only directory: "
+                                 f"SQLite must write {path.name}-shm to read it; make {path.parent} writable, "
+                                 f"or copy the store with its {wal.name} elsewhere") from None
+            conn.close()  # no -wal: the .db is the whole store; read it as it is on disk
+            conn = _open(path, f"file:{path.resolve().as_posix()}?mode=ro&immutable=1", timeout_s)
+            check = conn.execute("PRAGMA quick_check").fetchone()
         if check is None or check[0] != "ok":
             raise damaged_error(path, check[0] if check else "quick_check gave nothing")
         has_tables = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' LIMIT 1").fetchone()
@@ -198,6 +203,9 @@ def connect(path: str | Path, *, readonly: bool, timeout_s: float) -> sqlite3.Co
         conn.close()
         if _is_busy(exc):
             raise
+        if "readonly" in str(exc).lower() or "unable to open" in str(exc).lower():
+            raise StoreError(f"{path}: cannot be opened ({exc}); check the permissions of the file and of "
+                             f"{path.parent}") from None
         raise damaged_error(path, exc) from None
     except sqlite3.DatabaseError as exc:
         conn.close()

@@ -750,7 +750,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not args.out.strip():
             raise ValueError("--out is empty: name an output directory (e.g. --out results/study)")
-        result = write_study(args.db, Path(args.out), args.report, title=args.title, peer_dbs=args.peers_db,
+        from specdec.paths import check_output
+
+        out = check_output(args.out, inputs=[*args.db, *args.peers_db], directory=True)
+        result = write_study(args.db, Path(out), args.report, title=args.title, peer_dbs=args.peers_db,
                              arch_costs=args.arch_costs)
     except (ValueError, OSError) as exc:  # FileNotFoundError is an OSError
         print(f"study.report: error: {exc}", file=sys.stderr)

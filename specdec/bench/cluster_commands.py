@@ -74,7 +74,7 @@ def merge(
 
     with _cli_errors():
         res = merge_stores(out, shards, echo=typer.echo)
-    with Store(out) as st:
+    with _cli_errors(), Store(out, readonly=True) as st:
         labels = {mid: machine_label(js) for mid, js in st.conn.execute("SELECT * FROM machines")}
     typer.echo(f"merged {len(shards)} store(s) into {out}: sweep {', '.join(res.sweep_ids)}, {res.added} runs "
                f"added ({res.duplicates} duplicate(s) kept once), shards {', '.join(res.shards) or 'unrecorded'}"

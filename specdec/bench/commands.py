@@ -114,7 +114,7 @@ def _sweep(**opts) -> None:
         if opts["measure_costs"] and not opts["dry_run"]:
             raise ValueError("--measure-costs prices a --dry-run; add --dry-run (a sweep measures its own costs)")
         if opts["dry_run"]:
-            _dry_run(cfg, db_path, shard, measure=opts["measure_costs"])
+            _dry_run(cfg, db_path, shard, measure=opts["measure_costs"], resume=opts["resume"])
             return
         try:
             if executor == "ray":
@@ -142,11 +142,13 @@ sweep = typer_command(_sweep, sweep_settings(), "Run the benchmark sweep: every 
                       "peers, stored run by run in SQLite.")
 
 
-def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False, loader=None) -> None:
+def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False, loader=None,
+             resume: bool = False) -> None:
     """Print the plan of `cfg` and its rough duration, priced with (in this order of preference) costs
     measured here now (`measure`: `specdec.bench.runner.measure_here`, models loaded and freed one
     configuration at a time; `loader` as `run_sweep`'s), the costs this sweep stored in `db_path`, or the
-    reference costs of the configuration's runtime (`specdec.bench.estimate.reference_costs`)."""
+    reference costs of the configuration's runtime (`specdec.bench.estimate.reference_costs`). The store is
+    opened read-only; with `resume`, it refuses what ``--resume`` itself would (`Store.check_resume`)."""
     from specdec.bench import sweep as S
     from specdec.bench.store import Store
     from specdec.costs import CostCurve
@@ -157,7 +159,9 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     done: set[str] = set()
     costs_by = {}
     if db_path.is_file():  # a --resume prices only the runs left (what the sweep would skip is not run again)
-        with Store(db_path) as store:
+        with Store(db_path, readonly=True) as store:
+            if resume:
+                store.check_resume(sid, resume=True)
             done = store.done_cells(sid)
             stored = {label: store.load_costs(sid, label) for label in cfg.configs}
         if not measure:
@@ -231,6 +235,8 @@ def costs(
     bandwidth_mib: Annotated[float, typer.Option(
         "--bandwidth-mib", help="MiB per buffer of the streaming copy that measures the machine's memory "
         "bandwidth (the roofline).")] = 512,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file (never a results "
+                                        "store).")] = False,
 ) -> None:
     """Measure c (draft step / target step) and the target's forward-time curve on a warm cache, and the
     target's roofline: weight bytes read per step, achieved GB/s at n = 1 and its share of the machine's
@@ -240,6 +246,11 @@ def costs(
     from specdec.loading import load_pair
     from specdec.precision import draft_quant_arg
 
+    if out is not None:  # checked before minutes of timing: never a results store, never overwritten silently
+        from specdec.paths import check_output
+
+        with _cli_errors():
+            out = check_output(out, force=force)
     if arch is not None:
         _arch_costs(arch, device=device, dtype=dtype, threads=threads, max_n=max_n, repeats=repeats,
                     context_tokens=context_tokens, as_json=as_json, out=out)
@@ -315,6 +326,8 @@ def export(
         str | None, typer.Option("--format", help="csv, jsonl or parquet (default: from --out's suffix).")
     ] = None,
     sweep_id: Annotated[str | None, typer.Option(help="Only this sweep's runs.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file (never a results "
+                                        "store).")] = False,
 ) -> None:
     """Export every run, joined with its sweep's configuration, to CSV, JSON Lines or Parquet."""
     from specdec.bench.export import EXPORT_FORMATS, export_runs
@@ -326,7 +339,7 @@ def export(
             if fmt not in EXPORT_FORMATS:
                 raise ValueError(f"cannot tell the format from {out.name}; pass --format "
                                  f"{'|'.join(EXPORT_FORMATS)}")
-        n = export_runs(db, fmt, out, sweep_id=sweep_id)
+        n = export_runs(db, fmt, out, sweep_id=sweep_id, force=force)
     typer.echo(f"{n} runs written to {out}")
 
 

@@ -14,7 +14,9 @@ written, plus the machine of every run:
   are unioned; ``costs`` keeps the first source's curve per config_label (older readers see one machine);
 - the merged ``sweeps.status`` is ``done`` when every source is done, else ``interrupted``.
 
-Reads go through `specdec.bench.store.Store` (which also upgrades old stores' schema on open); runs are
+Sources are opened read-only (`specdec.bench.store.Store` with ``readonly=True``: nothing is written to a
+shard, which may be read-only, damaged or a user's only copy); `out` is checked before anything is read
+(not a source, a results store or a new file, writable: one line otherwise). Runs are
 written with `Store.record_run` (rounds included) in the sources' run order, so insertion order, which
 the report uses to find the baseline nearest in time, is kept within each shard (a prompt never spans
 shards).
@@ -29,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench import machines as M
+from specdec.paths import is_sqlite_file, same_file
 from specdec.bench.shard import missing_shards
 from specdec.bench.store import RUN_COLUMNS, Store, StoreError
+from specdec.bench.store_access import check_writable
 
 __all__ = ["MergeResult", "merge_stores"]
 
@@ -85,7 +89,7 @@ def _config_diff(a: str | None, b: str | None) -> str:
 def _sweeps_of(path: Path) -> dict[str, dict]:
     if not path.is_file():
         raise StoreError(f"{path}: no such results database")
-    with Store(path) as st:
+    with Store(path, readonly=True) as st:
         return {s["sweep_id"]: s for s in st.sweeps()}
 
 
@@ -104,16 +108,21 @@ def merge_stores(
         A `MergeResult`.
 
     Raises:
-        StoreError (a ValueError): no sources, a source missing or not a results store, `out` among the
-            sources, or sweep identities that differ (one line naming the file and the differing settings).
+        StoreError (a ValueError): no sources, a source missing, not a results store or damaged, `out`
+            among the sources, `out` an existing file that is not a results store, `out` (or its directory)
+            read-only, or sweep identities that differ (one line naming the file and the differing settings).
     """
     say = echo or (lambda _m: None)
     out = Path(out)
     paths = [Path(p) for p in sources]
     if not paths:
         raise StoreError("merge: give at least one shard store")
-    if any(p.resolve() == out.resolve() for p in paths if p.exists()) and out.exists():
+    if out.exists() and any(same_file(p, out) for p in paths if p.exists()):
         raise StoreError(f"merge: --out {out} is also a source; write the merge to a new file")
+    if out.exists() and (not out.is_file() or (out.stat().st_size > 0 and not is_sqlite_file(out))):
+        raise StoreError(f"merge: --out {out} exists and is not a results store: it is never overwritten; "
+                         f"name a new file or an existing merge")
+    check_writable(out)  # a read-only --out: one line before any source is read
     found = {p: _sweeps_of(p) for p in paths}
     ref_path = paths[0]
     ref = found[ref_path]
@@ -173,27 +182,21 @@ def merge_stores(
 
 def _merge_one(dst: Store, path: Path, sweeps: dict[str, dict], result: MergeResult, say) -> None:
     """Copy one source's machines, shards, costs and runs into `dst`."""
-    with Store(path) as src:
+    with Store(path, readonly=True) as src:
         with dst.transaction() as conn:
             for mid, mjson in src.conn.execute("SELECT machine_id, machine_json FROM machines"):
                 conn.execute("INSERT OR IGNORE INTO machines VALUES (?, ?)", (mid, mjson))
             # runs from before per-run machines: the machine of their sweep's row
             legacy = {sid: M.register_machine(conn, s["machine_json"]) for sid, s in sweeps.items()}
-            for row in src.conn.execute("SELECT * FROM shards"):
-                conn.execute("INSERT OR IGNORE INTO shards VALUES (?, ?, ?, ?)", tuple(row))
-            for row in src.conn.execute("SELECT * FROM machine_costs"):
-                conn.execute("INSERT OR IGNORE INTO machine_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", tuple(row))
-            for row in src.conn.execute("SELECT * FROM costs"):
-                conn.execute("INSERT OR IGNORE INTO costs VALUES (?, ?, ?, ?, ?, ?, ?)", tuple(row))
-            for row in src.conn.execute("SELECT * FROM roofline"):
-                conn.execute("INSERT OR IGNORE INTO roofline VALUES (?, ?, ?, ?, ?, ?, ?)", tuple(row))
+            for table in ("shards", "machine_costs", "costs", "roofline"):
+                for row in src.conn.execute(f"SELECT * FROM {table}"):
+                    _insert(conn, table, dict(row))
             if not src.conn.execute("SELECT 1 FROM machine_costs LIMIT 1").fetchone():
                 # an old store: its costs were measured on its sweep's machine
                 for row in src.conn.execute("SELECT * FROM costs"):
                     mid = legacy.get(row["sweep_id"])
                     if mid is not None:
-                        conn.execute("INSERT OR IGNORE INTO machine_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                     (row[0], mid, *tuple(row)[1:]))
+                        _insert(conn, "machine_costs", {**dict(row), "machine_id": mid})
         have = {
             r[0]: r[1] for r in dst.conn.execute("SELECT cell_key, error IS NULL FROM runs")
         }
@@ -220,6 +223,14 @@ def _merge_one(dst: Store, path: Path, sweeps: dict[str, dict], result: MergeRes
             have[key] = ok
             result.added += 1
         _copy_traces(dst, src, lambda rid: new_ids.get(old_key.get(rid)))
+
+
+def _insert(conn: sqlite3.Connection, table: str, row: dict) -> None:
+    """``INSERT OR IGNORE`` `row` into `table` by column name (a source read read-only may predate a column:
+    it is NULL in the merge)."""
+    names = ", ".join(row)
+    conn.execute(f"INSERT OR IGNORE INTO {table} ({names}) VALUES ({', '.join('?' * len(row))})",
+                 tuple(row.values()))
 
 
 def _copy_traces(dst: Store, src: Store, run_id_of) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from specdec.bench.config import RUNTIME_CONFIGS, SweepConfig, check_available, type_ks_entries, type_ks_for
 from specdec.bench.methods import METHODS, our_methods, peer_methods, reference_method
 from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
-from specdec.bench.store import cell_key, sweep_id_for
+from specdec.bench.store import cell_key, model_identity, sweep_id_for
 
 __all__ = [
     "PlannedRun",
@@ -167,15 +167,16 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
 def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str | None) -> dict[str, Any]:
     """The configuration that gives a run its meaning; `sweep_id_for` of this is the sweep's id.
 
-    In: models, prompts (id, type, text digest), max_new_tokens, sampling and base seed, device, dtype,
+    In: models (`model_identity`: a preset member or hub id as named, a local directory or GGUF by its
+    content, so one model typed as ``dir``, ``dir/`` or an absolute path is one sweep), prompts (id, type, text digest), max_new_tokens, sampling and base seed, device, dtype,
     threads, chat template, n-gram sizes, and for sampled sweeps ``ignore_eos`` (every run uses its whole
     budget; greedy sweeps stop at EOS, their identity unchanged). Not in: the grid (Ks, methods, policies, peers, repeats,
     configs), so ``--resume`` with a larger grid adds cells to the same sweep.
     """
     return {
         "schema": 1,
-        "target": target,
-        "draft": draft,
+        "target": model_identity(target),
+        "draft": model_identity(draft),
         "prompts": sorted(
             [p.id, p.type, hashlib.sha256(p.text.encode()).hexdigest()[:16]] for p in prompts
         ),

@@ -6,6 +6,7 @@ when the command runs, not when the CLI starts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
@@ -14,15 +15,19 @@ import typer
 OutOpt = Annotated[str, typer.Option("--out", help="Output directory: report.html, report.md, figures/.")]
 
 
-def out_dir(value: str) -> Path:
-    """The output directory named by ``--out``.
+def out_dir(value: str, *, inputs: Iterable[str | Path] = ()) -> Path:
+    """The output directory named by ``--out``, checked by `specdec.paths.check_output` before any
+    store is read: writing into an existing directory is fine, an existing file is never replaced.
 
     Raises:
-        ValueError: `value` is empty or blank (``Path("")`` would silently mean the current directory).
+        ValueError: `value` is empty or blank (``Path("")`` would silently mean the current directory), is
+            one of `inputs` (the stores read), or is an existing file (a results store or any other).
     """
+    from specdec.paths import check_output
+
     if not value.strip():
         raise ValueError("--out is empty: name an output directory (e.g. --out results/report)")
-    return Path(value)
+    return check_output(value, inputs=inputs, directory=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -43,7 +48,7 @@ def register(app: typer.Typer) -> None:
         """Write a self-contained HTML report, a Markdown summary and the figures (PNG + SVG)."""
         from specdec.report.render import write_report
 
-        result = write_report(db, out_dir(out), sweep)
+        result = write_report(db, out_dir(out, inputs=[db]), sweep)
         a = result.analysis
         typer.echo(f"sweep {a.store.sweep_id or '(none)'}: {len(a.store.runs)} runs, "
                    f"{len(result.drawn)} figures drawn, {len(result.skipped)} skipped")

@@ -169,8 +169,13 @@ def parse_json(text: Any) -> Any:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    """Read-only, checked by `specdec.bench.store_access.connect` (a damaged store, or one that lost its
+    ``-wal`` file, is one line naming the file)."""
+    from specdec.bench.store_access import connect
+
     try:
-        con = sqlite3.connect(f"file:{path.resolve().as_posix()}?mode=ro", uri=True)
+        con = connect(path, readonly=True, timeout_s=5.0)
+        con.row_factory = None
         con.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
         return con
     except sqlite3.DatabaseError as exc:

@@ -1,0 +1,167 @@
+"""The measurement tables of a results store (traces, calibration blocks, roofline inputs, cost curves), as a
+mixin of `specdec.bench.store.Store` (which provides ``conn``, ``machine_id`` and ``transaction``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from specdec.bench import machines as _machines  # per-machine cost curves (specdec/bench/machines.py)
+from specdec.bench.store_schema import _clean, _now
+
+__all__ = ["MeasurementTables"]
+
+
+class MeasurementTables:
+    """Reads and writes of the ``traces``, ``calibration``, ``roofline``, ``costs`` and ``machine_costs``
+    tables (each write one transaction)."""
+
+    # ------------------------------------------------------------------------- traces and calibration
+
+    def save_trace(self, sweep_id: str, config_label: str, prompt_id: str, run_id: int | None,
+                   trace: Any, *, target_margin: Sequence[float] | None = None,
+                   target_tf_ids: Sequence[int] | None = None, draft_context: int | None = None) -> None:
+        """Store (replace) the acceptance trace of one prompt on this machine (`specdec.traces.AcceptanceTrace`).
+
+        Args:
+            run_id: the target-only run the trace was taken from. target_margin: ``[T]`` the target's
+                top-1 minus top-2 probability at each output position (teacher forced); target_tf_ids: ``[T]``
+                the target's teacher-forced argmax (it can differ from the incremental run's token at a
+                near-tie). draft_context: the draft model's context length (it clamps K in a replay).
+        """
+        def js(x):
+            return None if x is None else json.dumps(list(x))
+
+        with self.transaction():
+            self.conn.execute(
+                "INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (sweep_id, config_label, prompt_id, self.machine_id or "", run_id, trace.max_new_tokens,
+                 draft_context, js(trace.prompt_ids), js(trace.target_ids), js(trace.draft_ids),
+                 js(trace.draft_top_prob), js(target_margin), js(target_tf_ids), _now()))
+
+    def traces(self, sweep_id: str | None = None) -> list[dict]:
+        """Rows of ``traces`` (JSON columns decoded to lists), optionally of one sweep."""
+        sql = "SELECT * FROM traces" + (" WHERE sweep_id = ?" if sweep_id else "") + " ORDER BY rowid"
+        out = []
+        for r in self.conn.execute(sql, (sweep_id,) if sweep_id else ()).fetchall():
+            d = dict(r)
+            for c in ("prompt_ids", "target_ids", "draft_ids", "draft_top_prob", "target_margin", "target_tf_ids"):
+                d[c] = None if d[c] is None else json.loads(d[c])
+            out.append(d)
+        return out
+
+    def has_trace(self, sweep_id: str, config_label: str, prompt_id: str) -> bool:
+        """Whether this machine already stored the trace of this prompt."""
+        return self.conn.execute(
+            "SELECT 1 FROM traces WHERE sweep_id = ? AND config_label = ? AND prompt_id = ? AND machine_id = ?",
+            (sweep_id, config_label, prompt_id, self.machine_id or "")).fetchone() is not None
+
+    def save_calibration(self, sweep_id: str, config_label: str, prompt_id: str, after_run_id: int | None,
+                         block: Mapping[str, Any]) -> None:
+        """Store one calibration block (`specdec.bench.costs.calibration_block`'s dict: ``context_tokens``,
+        ``repeats``, ``target_forward_s`` / ``target_forward_spread_s`` ``{n: s}``, optional ``draft_step_s`` /
+        ``draft_step_spread_s`` and ``draft_forward_s`` / ``draft_forward_spread_s`` ``{n: s}``) timed right
+        after run `after_run_id`. Rows: role ``target`` per n; role ``draft`` per n of ``draft_forward_s``,
+        or n = 1 alone (the step) for a block without it."""
+        ctx, reps = block.get("context_tokens"), block.get("repeats")
+        rows = [(sweep_id, config_label, prompt_id, self.machine_id or "", after_run_id, "target", int(n), ctx,
+                 _clean(float(s)), reps, _clean(block.get("target_forward_spread_s", {}).get(n)))
+                for n, s in block["target_forward_s"].items()]
+        if block.get("draft_forward_s"):
+            spread = block.get("draft_forward_spread_s") or {}
+            rows += [(sweep_id, config_label, prompt_id, self.machine_id or "", after_run_id, "draft", int(n), ctx,
+                      _clean(float(s)), block.get("draft_repeats", reps), _clean(spread.get(n)))
+                     for n, s in block["draft_forward_s"].items()]
+        elif block.get("draft_step_s") is not None:
+            rows.append((sweep_id, config_label, prompt_id, self.machine_id or "", after_run_id, "draft", 1, ctx,
+                         _clean(float(block["draft_step_s"])), block.get("draft_repeats", reps),
+                         _clean(block.get("draft_step_spread_s"))))
+        with self.transaction():
+            self.conn.executemany("INSERT OR REPLACE INTO calibration VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                  rows)
+
+    def calibration(self, sweep_id: str | None = None) -> list[dict]:
+        """Rows of ``calibration`` (one per block, role and n), optionally of one sweep."""
+        sql = "SELECT * FROM calibration" + (" WHERE sweep_id = ?" if sweep_id else "") + " ORDER BY rowid"
+        return [dict(r) for r in self.conn.execute(sql, (sweep_id,) if sweep_id else ()).fetchall()]
+
+    def save_roofline(self, sweep_id: str, config_label: str, target_weight_bytes: int | None,
+                      draft_weight_bytes: int | None, bandwidth: Mapping[str, Any] | None) -> None:
+        """Store (replace) the roofline inputs of one configuration on this machine (`specdec.roofline`)."""
+        with self.transaction():
+            self.conn.execute(
+                "INSERT OR REPLACE INTO roofline VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (sweep_id, config_label, self.machine_id or "", target_weight_bytes, draft_weight_bytes,
+                 _clean(bandwidth.get("gbps")) if bandwidth else None,
+                 json.dumps(dict(bandwidth), sort_keys=True) if bandwidth else None))
+
+    def bandwidth_gbps(self) -> float | None:
+        """This machine's bandwidth as any sweep of this store measured it (None if never)."""
+        row = self.conn.execute("SELECT bandwidth_gbps FROM roofline WHERE machine_id = ? AND bandwidth_gbps IS "
+                                "NOT NULL LIMIT 1", (self.machine_id or "",)).fetchone()
+        return None if row is None else float(row[0])
+
+    # ------------------------------------------------------------------------------------------ costs
+
+    def save_costs(self, sweep_id: str, config_label: str, costs: Mapping[str, Any]) -> None:
+        """Store a `specdec.bench.costs.measure_costs` result (replacing any earlier one) in one transaction.
+
+        Rows: role ``'target'``, n_tokens 1..max_n from ``target_forward_s``; role ``'draft'`` from
+        ``draft_forward_s`` (at least n_tokens 1 = the draft step) when a draft was measured. ``c`` is derived.
+        ``repeats`` per row: ``draft_repeats`` for the draft's rows when given, else ``repeats``.
+        """
+        rows = []
+        for role in ("target", "draft"):
+            repeats = costs.get(f"{role}_repeats") or costs.get("repeats")  # draft_repeats: 3x the target's
+            fwd = costs.get(f"{role}_forward_s") or {}
+            spread = costs.get(f"{role}_forward_spread_s") or {}
+            for n, s in fwd.items():
+                sp = spread.get(n, spread.get(str(n)))
+                rows.append((sweep_id, config_label, role, int(n), _clean(float(s)), repeats, _clean(sp)))
+        with self.transaction():
+            self.conn.execute(
+                "DELETE FROM costs WHERE sweep_id = ? AND config_label = ?", (sweep_id, config_label)
+            )
+            self.conn.executemany("INSERT INTO costs VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            if self.machine_id is not None:  # each machine's own curve
+                self.conn.execute("DELETE FROM machine_costs WHERE sweep_id = ? AND config_label = ? AND "
+                                  "machine_id = ?", (sweep_id, config_label, self.machine_id))
+                self.conn.executemany("INSERT INTO machine_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                      [(r[0], self.machine_id, *r[1:]) for r in rows])
+
+    def load_costs(self, sweep_id: str, config_label: str) -> dict | None:
+        """The costs stored for this sweep and config_label, in `measure_costs`'s shape, or None when absent.
+
+        Keys: ``target_step_s``, ``draft_step_s`` (None without a draft), ``c`` (draft/target step; None
+        without a draft), ``target_forward_s`` / ``draft_forward_s`` (``{n: seconds}``), the matching
+        ``*_spread_s`` (IQR seconds), ``repeats`` (the target's) and ``draft_repeats``.
+        Once `begin_sweep` has set this process's machine, the costs are that machine's own (None when only
+        other machines measured them, so the sweep measures its own); stores without per-machine costs
+        give the ``costs`` table's.
+        """
+        rows = _machines.machine_cost_rows(self.conn, sweep_id, config_label, self.machine_id)
+        if rows is None:
+            rows = self.conn.execute(
+                "SELECT role, n_tokens, seconds, repeats, spread_s FROM costs WHERE sweep_id = ? AND "
+                "config_label = ? ORDER BY role, n_tokens",
+                (sweep_id, config_label),
+            ).fetchall()
+        if not rows:
+            return None
+        out: dict[str, Any] = {
+            "target_forward_s": {}, "target_forward_spread_s": {},
+            "draft_forward_s": {}, "draft_forward_spread_s": {}, "repeats": None, "draft_repeats": None,
+        }  # fmt: skip
+        for role, n, s, reps, spread in rows:
+            out[f"{role}_forward_s"][int(n)] = s
+            out[f"{role}_forward_spread_s"][int(n)] = spread
+            out["repeats" if role == "target" else "draft_repeats"] = reps
+        t1 = out["target_forward_s"].get(1)
+        d1 = out["draft_forward_s"].get(1)
+        out["target_step_s"] = t1
+        out["draft_step_s"] = d1
+        out["c"] = d1 / t1 if (d1 is not None and t1) else None
+        if not out["draft_forward_s"]:
+            out["draft_forward_s"] = out["draft_forward_spread_s"] = None
+        return out

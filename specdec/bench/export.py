@@ -9,8 +9,8 @@ import json
 import os
 from pathlib import Path
 
-from specdec.paths import check_output
 from specdec.bench.store import Store, StoreError, columns
+from specdec.paths import check_output
 
 __all__ = ["EXPORT_FORMATS", "export_runs"]
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.bench import machines as M
-from specdec.paths import is_sqlite_file, same_file
 from specdec.bench.shard import missing_shards
 from specdec.bench.store import RUN_COLUMNS, Store, StoreError
 from specdec.bench.store_access import check_writable
+from specdec.paths import is_sqlite_file, same_file
 
 __all__ = ["MergeResult", "merge_stores"]
 

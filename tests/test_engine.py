@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CountingBackend, load_backend
+from conftest import CountingBackend, ScriptedDrafter, load_backend
 
 from specdec.backends.base import ContextOverflowError
 from specdec.compat import IncompatibleTokenizersError, check_tokenizers
 from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter, ScriptedDrafter
+from specdec.drafters import ModelDrafter, PromptLookupDrafter
 
 V = 1000
 PROMPTS = [

@@ -364,7 +364,7 @@ def test_a_new_drafting_method_is_one_registry_entry(tmp_path, tiny_pair, near_d
                                                      monkeypatch):
     """Register a method (a drafter that repeats the last token) and nothing else: the plan runs it over the
     K grid, the runner times and stores it, and greedy output still equals the baseline's."""
-    from specdec.drafters import ScriptedDrafter
+    from conftest import ScriptedDrafter
 
     echo = M.Method("echo", M.speculative(lambda rt: ScriptedDrafter(lambda seq, k: [seq[-1]] * k)), takes_k=True)
     monkeypatch.setitem(M.METHODS, "echo", echo)

@@ -200,14 +200,21 @@ def test_token_keys_sentencepiece_style():
     assert token_keys(sp) == ["<unk>", b" the", b"\n", b"a"]
 
 
-def test_load_pair_refusal_names_the_flag(tiny_pair, tmp_path, other_tok):
+@pytest.fixture(scope="module")
+def other_draft_dir(tmp_path_factory, other_tok):
+    """A random tiny GPT-2 over OTHER's ids, saved with OTHER as its tokenizer."""
+    path = tmp_path_factory.mktemp("other") / "draft"
+    build_tiny_model(3, vocab_size=V_D).save_pretrained(path, safe_serialization=True)
+    other_tok.save_pretrained(path)
+    return path
+
+
+def test_load_pair_refusal_names_the_flag(tiny_pair, other_draft_dir):
     from specdec.loading import load_pair
 
-    build_tiny_model(3, vocab_size=V_D).save_pretrained(tmp_path / "d", safe_serialization=True)
-    other_tok.save_pretrained(tmp_path / "d")
     with pytest.raises(IncompatibleTokenizersError, match="--other-tokenizer"):
-        load_pair(str(tiny_pair.target_dir), str(tmp_path / "d"))
-    pair = load_pair(str(tiny_pair.target_dir), str(tmp_path / "d"), other_tokenizer=True)
+        load_pair(str(tiny_pair.target_dir), str(other_draft_dir))
+    pair = load_pair(str(tiny_pair.target_dir), str(other_draft_dir), other_tokenizer=True)
     assert pair.vocab_size == V_T and len(pair.draft.tokenizer) == V_D
     assert pair.eos_ids == frozenset({0}) and pair.info["vocab_overlap"]["draft_size"] == V_D
     assert isinstance(cross_tokenizer_drafter(pair, SamplingParams()), StringMatchDrafter)
@@ -447,3 +454,27 @@ def test_intersection_negative_control_unnormalised_q():
     stat = chi_square(Unnormalised, 2000)
     print(f"chi2 = {stat:.1f}")
     assert stat > CHI2_CRIT_DF26_A001, stat
+
+
+def test_cli_generate_other_tokenizer(tiny_pair, other_draft_dir, capsys):
+    import json
+
+    from specdec.cli import main
+
+    base = ["generate", "--target", str(tiny_pair.target_dir), "--draft", str(other_draft_dir),
+            "--prompt", " hello world", "--max-new-tokens", "12", "--threads", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(base)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "--other-tokenizer" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main([*base, "--other-tokenizer", "--policy", "cost"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.startswith("specdec: error: --other-tokenizer")
+    for extra in ([], ["--temperature", "0.8"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*base, "--other-tokenizer", "--k", "3", "--baseline", "--json", *extra])
+        assert exit_info.value.code in (0, None)
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert len(out["token_ids"]) == 12 and out["num_drafted"] > 0
+        if not extra:
+            assert out["identical_to_baseline"]

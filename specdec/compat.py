@@ -4,6 +4,10 @@ Speculative decoding compares token *ids* between draft and target, so the two v
 same map from ids to strings, with the same special tokens. Embedding matrices may be padded past the
 tokenizer's vocabulary (e.g. 151936 rows for 151665 Qwen2.5 tokens); those rows are never real tokens and
 the engine slices logits to the shared vocabulary, masking them out.
+
+A draft of another family has another vocabulary; `token_keys` and `vocab_overlap` say what two
+vocabularies share by what their tokens spell (bytes, or the names of added tokens), for the drafters of
+`specdec.xdrafter`, which translate between the two.
 """
 
 from __future__ import annotations

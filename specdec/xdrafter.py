@@ -20,10 +20,11 @@ but in the draft's own token space: each round the committed target ids are deco
 re-tokenized with the draft's tokenizer (`StringMatchDrafter.draft_context`), the draft's cache is truncated
 to the longest prefix it shares with that sequence and the rest is fed. Pitfalls handled (reported against
 transformers' implementation): special tokens are never re-added by a re-tokenization
-(``add_special_tokens=False``; the draft's BOS is put first exactly once when its tokenizer adds one); text
-is decoded with ``skip_special_tokens=False, clean_up_tokenization_spaces=False`` so that spaces survive
-the round trip; special tokens travel between the vocabularies by name (``<|im_end|>`` in both) or not at
-all, never as text.
+(``add_special_tokens=False``; the draft's BOS is put first exactly once when its tokenizer adds one), nor
+parsed out of text (``split_special_tokens=True``: a literal ``<s>`` in HTML stays characters); text is
+decoded with ``skip_special_tokens=False, clean_up_tokenization_spaces=False`` so that spaces survive the
+round trip; special tokens travel between the vocabularies by name (``<|im_end|>`` in both) or not at all,
+never as text.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ TAIL_TOKENS = 32
 #: draft tokens decoded before the drafted ones, so that a leading space of the first one survives decoding
 DECODE_WINDOW = 8
 _DECODE = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+#: text is re-tokenized as text: no BOS added, and a literal "<s>" in it (HTML, code) stays characters
+_ENCODE = {"add_special_tokens": False, "split_special_tokens": True}
 
 
 def _added_ids(tokenizer) -> dict[int, str]:
@@ -111,7 +114,8 @@ class StringMatchDrafter:
 
     def draft_context(self, committed: list[int]) -> list[int]:
         """The committed target ids as the draft's tokens: each run of text between target special tokens
-        decoded and re-tokenized with the draft's tokenizer (``add_special_tokens=False``), each special
+        decoded and re-tokenized with the draft's tokenizer (`_ENCODE`: no special tokens added or parsed
+        from the text), each special
         token replaced by the draft's token of the same name (dropped when the draft has none), and the
         draft's BOS first, once, when its tokenizer adds one."""
         out: list[int] = []
@@ -121,7 +125,7 @@ class StringMatchDrafter:
                 run.append(t)
                 continue
             if run:
-                out.extend(self.draft_tok.encode(self._target_text(run), add_special_tokens=False))
+                out.extend(self.draft_tok.encode(self._target_text(run), **_ENCODE))
                 run = []
             if t is not None and self._t2d_special[t] is not None:
                 out.append(self._t2d_special[t])
@@ -152,7 +156,7 @@ class StringMatchDrafter:
         """Target ids that extend `committed` by `text`.
 
         The committed tail (`_tail`) is decoded, ``tail_text + text`` re-tokenized with the target's
-        tokenizer (``add_special_tokens=False``); when that reproduces the tail's ids as a prefix, the ids
+        tokenizer (`_ENCODE`); when that reproduces the tail's ids as a prefix, the ids
         after it are returned (what the target's tokenizer makes of the text in context). Otherwise (the
         committed ids are not the tokenizer's own, or the text continues the tail's last word:
         ``"foo" + "bar" -> "foobar"``), the re-tokenization is cut after its longest prefix that spells
@@ -164,13 +168,13 @@ class StringMatchDrafter:
             return []
         tail = self._tail(committed)
         tail_text = self._target_text(tail)
-        ids = self.target_tok.encode(tail_text + text, add_special_tokens=False)
+        ids = self.target_tok.encode(tail_text + text, **_ENCODE)
         if ids[:len(tail)] == tail:
             return ids[len(tail):]
         for j in range(len(ids) - 1, _common_prefix(ids, tail), -1):
             if self._target_text(ids[:j]) == tail_text:
                 return ids[j:]
-        alone = self.target_tok.encode(text, add_special_tokens=False)
+        alone = self.target_tok.encode(text, **_ENCODE)
         return alone if self._target_text(tail + alone) == tail_text + text else []
 
     # -- the Drafter protocol ----------------------------------------------------------------------------

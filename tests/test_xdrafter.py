@@ -241,6 +241,11 @@ def test_special_tokens_travel_by_name(tiny_tokenizer, other_tok, other_draft):
     ctx = x.draft_context(ids)
     assert 3 in ctx  # the draft's "<eos>", not the text "<eos>"
     assert ctx.count(1) == 1 and ctx[0] == 1  # no BOS re-added for the run of text after the special token
+    # special-token names inside the text stay text on both sides ("<s>" in HTML, "<eos>" in a string)
+    ctx = x.draft_context(tiny_tokenizer("x <s> y").input_ids)
+    assert ctx.count(1) == 1 and other_tok.decode(ctx[1:]) == "x <s> y"
+    prop = x.to_target(tiny_tokenizer("say").input_ids, " <eos> now")
+    assert 0 not in prop and tiny_tokenizer.decode(prop) == " <eos> now"
     assert "<eos>" not in other_tok.decode([t for t in ctx if t != 3], skip_special_tokens=False)
 
 

@@ -99,8 +99,9 @@ def generate(
     from specdec.sampling import SamplingParams
 
     # Validate everything cheap before any model loads.
-    if other_tokenizer and ((policy or "").strip().lower() == "cost" or drafter != "model"):
-        fail("--other-tokenizer needs --drafter model and a policy other than cost (its costs assume one vocabulary)")
+    if other_tokenizer and ((policy or "").strip().lower() == "cost" or drafter != "model" or pad_verify):
+        fail("--other-tokenizer needs --drafter model, and neither --policy cost nor --pad-verify (their cost "
+             "measurement assumes one vocabulary)")
     policy, k = default_policy(policy or ("fixed" if other_tokenizer else None), k)
     from specdec.policies import POLICY_NAMES
 

@@ -200,7 +200,7 @@ class StringMatchDrafter:
         longest prefix it shares with it, which drops the rejected drafts."""
 
     def _sync(self, committed: list[int]) -> tuple[list[int], torch.Tensor] | None:
-        """Bring the draft's cache to ``draft_context(committed)`` minus nothing, feeding only what differs
+        """Bring the draft's cache to ``draft_context(committed)``, feeding only what differs
         from the cached tokens (at least the last one); returns the context and the draft's next-token
         logits ``[draft_vocab]``, or None when the context is empty or does not fit."""
         ctx = self.draft_context(committed)

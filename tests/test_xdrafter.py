@@ -515,9 +515,11 @@ def test_real_cross_family_draft_smollm2_for_qwen_coder(smollm2_gguf):
     prompt = pair.tokenizer("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n").input_ids
     common = {"eos_ids": pair.eos_ids, "vocab_size": pair.vocab_size}
     ref = autoregressive_generate(pair.target.backend, prompt, 24, **common).token_ids
-    drafter = cross_tokenizer_drafter(pair, SamplingParams())
-    out = speculative_generate(pair.target.backend, drafter, prompt, 24, k=4, **common)
-    print(f"acceptance {out.acceptance_rate:.2f}, block efficiency {out.block_efficiency:.2f}, "
-          f"{out.num_drafted} drafted: {pair.tokenizer.decode(out.token_ids)!r}")
-    assert out.token_ids == ref
-    assert out.num_drafted > 0 and out.num_accepted > 0
+    for drafter in (cross_tokenizer_drafter(pair, SamplingParams()),
+                    IntersectionDrafter(pair.draft.backend, pair.target.tokenizer, pair.draft.tokenizer,
+                                        draft_eos_ids=pair.draft.eos_ids, target_vocab_size=pair.vocab_size)):
+        out = speculative_generate(pair.target.backend, drafter, prompt, 24, k=4, **common)
+        print(f"{drafter.name}: acceptance {out.acceptance_rate:.2f}, block efficiency {out.block_efficiency:.2f}, "
+              f"{out.num_drafted} drafted: {pair.tokenizer.decode(out.token_ids)!r}")
+        assert out.token_ids == ref
+        assert out.num_drafted > 0 and out.num_accepted > 0

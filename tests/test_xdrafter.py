@@ -478,9 +478,10 @@ def test_cli_generate_other_tokenizer(tiny_pair, other_draft_dir, capsys):
         main(base)
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "--other-tokenizer" in err and len(err.splitlines()) == 1
-    with pytest.raises(SystemExit) as exit_info:
-        main([*base, "--other-tokenizer", "--policy", "cost"])
-    assert exit_info.value.code == 2 and capsys.readouterr().err.startswith("specdec: error: --other-tokenizer")
+    for bad in (["--policy", "cost"], ["--k", "2", "--pad-verify"], ["--drafter", "ngram"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*base, "--other-tokenizer", *bad])
+        assert exit_info.value.code == 2 and capsys.readouterr().err.startswith("specdec: error: --other-tokenizer")
     for extra in ([], ["--temperature", "0.8"]):
         with pytest.raises(SystemExit) as exit_info:
             main([*base, "--other-tokenizer", "--k", "3", "--baseline", "--json", *extra])

@@ -94,6 +94,9 @@ def generate(
         "--pad-verify", help="Pad each verification forward to the cheapest shape on the target's measured "
         "cost curve (the costs the cost policy uses; measured now when not cached); the cost policy prices "
         "K with the padded cost; --baseline pads its target-only steps by the same curve.")] = False,
+    other_tokenizer: Annotated[bool, typer.Option(
+        "--other-tokenizer", help="The draft model has another tokenizer: draft text, verify target ids "
+        "(string-level exact match when greedy, token-level intersection when sampling). K fixed by default.")] = False,
 ) -> None:
     """Generate from one prompt with speculative decoding and print the text and its statistics."""
     from specdec import models
@@ -105,7 +108,10 @@ def generate(
     from specdec.sampling import SamplingParams
 
     # Validate everything cheap before any model loads.
-    policy, k = default_policy(policy, k)
+    if other_tokenizer and ((policy or "").strip().lower() == "cost" or drafter != "model" or pad_verify):
+        fail("--other-tokenizer needs --drafter model, and neither --policy cost nor --pad-verify (their cost "
+             "measurement assumes one vocabulary)")
+    policy, k = default_policy(policy or ("fixed" if other_tokenizer else None), k)
     from specdec.policies import POLICY_NAMES
 
     if policy not in POLICY_NAMES:
@@ -138,10 +144,15 @@ def generate(
         quant=quant,
         draft_dtype=draft_dtype,
         draft_quant=draft_quant_arg(draft_quant),
+        other_tokenizer=other_tokenizer,
     )
     tok = loaded.tokenizer
     prompt_ids = encode_prompt(tok, prompt, chat_template=chat_template)
     the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size) if drafter == "model" else PromptLookupDrafter()
+    if other_tokenizer:
+        from specdec.xdrafter import cross_tokenizer_drafter
+
+        the_drafter = cross_tokenizer_drafter(loaded, sampling)
     from specdec.decoding import _check_inputs
 
     _check_inputs(prompt_ids, max_new_tokens, loaded.target.backend.max_length)  # before measuring costs

@@ -186,6 +186,7 @@ def load_pair(
     quant: str | None = None,
     draft_dtype: str | None = None,
     draft_quant: str | None = "same",
+    other_tokenizer: bool = False,
 ) -> LoadedPair:
     """Load target and draft and check that they can be compared token by token.
 
@@ -197,6 +198,9 @@ def load_pair(
         draft_dtype: the draft's dtype (default: `dtype`). draft_quant: the draft's quantization (default
             ``"same"``: `quant`; None: full weights). A quantized copy of the target is a draft of itself:
             ``load_pair(T, T, dtype="bfloat16", draft_quant="int8")``.
+        other_tokenizer: the draft may have another tokenizer (`specdec.xdrafter`): the id check is
+            skipped, ``info["vocab_overlap"]`` records what the vocabularies share, the draft keeps its
+            own tokenizer (``pair.draft.tokenizer``) and the pair stops on the target's EOS ids only.
         Other arguments as in `load_model`; with `compile` the target is compiled in ``onednn`` mode and
             the draft in ``inductor`` mode (`specdec.backends.compiled`).
 
@@ -219,7 +223,17 @@ def load_pair(
         draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile,
                            compile_mode="inductor", last_row_graphs=True, dtype=draft_dtype or dtype,
                            quant=quant if draft_quant == "same" else draft_quant, **kw)
-        vocab = check_tokenizers(target.tokenizer, draft.tokenizer)
+        from specdec.compat import IncompatibleTokenizersError, vocab_overlap
+
+        if other_tokenizer:
+            check_vocab_fits(vocab, target=target.backend)
+            check_vocab_fits(real_vocab_size(draft.tokenizer), draft=draft.backend)
+            return LoadedPair(target, draft, vocab, target.eos_ids,  # draft EOS ids are draft-space ids
+                              {"vocab_overlap": vocab_overlap(target.tokenizer, draft.tokenizer).summary()})
+        try:
+            vocab = check_tokenizers(target.tokenizer, draft.tokenizer)
+        except IncompatibleTokenizersError as exc:
+            raise IncompatibleTokenizersError(f"{exc} (or pass --other-tokenizer / other_tokenizer=True)") from None
         check_vocab_fits(vocab, target=target.backend, draft=draft.backend)
     else:
         check_vocab_fits(vocab, target=target.backend)

@@ -406,3 +406,68 @@ def test_joint_negative_control_recovered_token_from_p(monkeypatch):
     print(f"chi2 = {stat:.1f}")
     assert stat > CHI2_CRIT_DF78_A001, stat
     assert math.isfinite(stat)
+
+
+# -- llama.cpp: each row its own sequence ------------------------------------------------------------------
+
+LLAMA_TEXTS = ["The capital of France is", "def fib(n):\n    ", "one two three four five six", "Hello",
+               "Write a haiku about the sea.", "1, 2, 3, 4, 5,", "The quick brown fox", "Once upon a time"]
+
+
+@pytest.fixture(scope="module")
+def llama(smollm2_gguf):
+    pytest.importorskip("llama_cpp")
+    from specdec.backends.llamacpp import load_llamacpp
+    from specdec.backends.llamacpp_batched import BatchedLlamaCppBackend
+
+    single = load_llamacpp(smollm2_gguf, n_ctx=128, n_threads=1)
+    bt = BatchedLlamaCppBackend(smollm2_gguf, max_rows=8, n_ctx=128, n_threads=1)
+    bd = BatchedLlamaCppBackend(smollm2_gguf, max_rows=8, n_ctx=128, n_threads=1)
+    yield single, bt, bd
+    for be in (single, bt, bd):
+        be.close()
+
+
+def divergence_margin(single, prompt, out, ref) -> str:
+    """Where `out` first leaves `ref`, and the oracle's top-2 logit margin there."""
+    j = next((j for j, (x, y) in enumerate(zip(out.token_ids, ref.token_ids)) if x != y), None)
+    if j is None:
+        return f"lengths {len(out.token_ids)} vs {len(ref.token_ids)}"
+    single.reset()
+    top = single.forward(list(prompt) + ref.token_ids[:j])[-1].topk(2).values
+    return f"first differs at token {j}; oracle top-2 margin {float(top[0] - top[1]):.4f} logits"
+
+
+@pytest.mark.slow
+def test_llamacpp_batched_greedy_rows_equal_single_sequence(llama):
+    """B = 3 and 8 on llama.cpp (one seq_id per row), target-only, draft model (the same GGUF: every draft
+    accepted) and prompt lookup; per-row budgets and an EOS; cache positions per row after every round.
+    With one KV stream per row the rows' logits are bitwise the single-sequence ones here, so the oracle is
+    strict; a failure reports the oracle's top-2 margin where the row first differs (a near tie points at
+    kernel rounding, a wide margin at a bug)."""
+    single, bt, bd = llama
+    prompts = [single.tokenize(t) for t in LLAMA_TEXTS]
+    budgets = [20, 9, 16, 1, 24, 12, 5, 18]
+    first = autoregressive_generate(single, prompts[1], budgets[1]).token_ids
+    eos = frozenset({first[next(j for j in range(3, len(first)) if first[j] not in first[:j])]})
+    refs = [autoregressive_generate(single, p, n, eos_ids=eos) for p, n in zip(prompts, budgets)]
+    assert refs[1].finish_reason == "eos"
+    with pytest.raises(ValueError, match="rows"):
+        generate_batch(bt, prompts + prompts[:1], 4)
+    for b in (3, 8):
+        for kind in ("none", "model", "ngram"):
+            drafter = {"none": None, "model": BatchedModelDrafter(bd, bt.vocab_size),
+                       "ngram": PerRowDrafters(PromptLookupDrafter)}[kind]
+            rec = Recorder(bt)
+            out = generate_batch(rec, prompts[:b], budgets[:b], drafter=drafter,
+                                 k=None if drafter is None else 4, eos_ids=eos)
+            for i, (o, r) in enumerate(zip(out, refs)):
+                assert o.token_ids == r.token_ids, (b, kind, i, divergence_margin(single, prompts[i], o, r))
+                assert o.finish_reason == r.finish_reason
+            if kind == "model":
+                assert all(o.num_accepted == o.num_drafted for o in out)  # the draft is the target
+            for r, (lengths, valid) in enumerate(rec.after_truncate):
+                live = [i for i in range(b) if out[i].num_rounds > r]
+                want = [len(prompts[i]) + sum(x.num_emitted for x in out[i].rounds[: r + 1]) - 1 for i in live]
+                assert lengths == want and valid == want, (b, kind, r)
+            assert len({o.num_rounds for o in out}) > 1

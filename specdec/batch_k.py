@@ -125,7 +125,9 @@ class BatchCostPolicy:
 
     Row i's estimate is ``(w * prior_alpha + S_i) / (w + S_i + F_i)``, where after each of its rounds with
     K > 0 ``S_i <- decay * S_i + accepted`` and ``F_i <- decay * F_i + rejected`` (1 when a rejected
-    draft ended the round's output, else 0): the alpha-hat of `specdec.metrics`, decayed.
+    draft ended the round's output, else 0): the alpha-hat of `specdec.metrics`, decayed. Rounds with K = 0
+    carry no evidence, so once the batch's K is 0 it stays 0 for that batch (no probing, unlike
+    `specdec.policies.CostPolicy`): a deliberate simplification for a first batch-aware rule.
 
     Args:
         target_cost: seconds of one target forward over n tokens in total (e.g. a measured

@@ -195,6 +195,14 @@ class BatchedHFBackend:
             use_cache=True,
             logits_to_keep=torch.tensor(keep, device=self.device),
         )
+        if not bool(new.all()):
+            # Filler slots hold whatever their queries computed; a row that feeds nothing and has nothing
+            # cached has every key masked, which some attention kernels turn into NaN. Masked keys get weight
+            # 0, but 0 x NaN is NaN, so the filler slots are zeroed before any later forward reads them.
+            fill = new[:, None, :, None]
+            for layer in self.cache.layers:
+                layer.keys[:, :, -n:] = torch.where(fill, layer.keys[:, :, -n:], 0)
+                layer.values[:, :, -n:] = torch.where(fill, layer.values[:, :, -n:], 0)
         self._valid = mask
         logits = out.logits.float()  # [B, len(keep), vocab]
         col = {j: x for x, j in enumerate(keep)}

@@ -224,7 +224,9 @@ class BatchedModelDrafter:
         for i, c in enumerate(committed):
             cached = self._cached[i]
             limit = min(len(cached), len(c) - 1)
-            n = 0
+            # only the tail can differ: everything before the previous round's start was verified equal
+            start = max(0, limit - 64)
+            n = start if cached[:start] == c[:start] else 0
             while n < limit and cached[n] == c[n]:
                 n += 1
             del cached[n:]

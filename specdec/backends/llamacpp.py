@@ -133,6 +133,8 @@ class LlamaCppBackend:
             None (default): `repack_default` - on unless the CPU reports AMX. `extra_buffers` then holds
             what ran and `extra_buffers_note` why.
         verbose: let llama.cpp print its load log.
+        n_seq_max: sequences the context serves (``n_seq_max``; > 1 only for
+            `specdec.backends.llamacpp_batched`, which addresses them by ``seq_id``; this class uses seq 0).
 
     Attributes:
         name: ``"llamacpp"``.
@@ -160,6 +162,7 @@ class LlamaCppBackend:
         n_batch: int = DEFAULT_N_BATCH,
         extra_buffers: bool | None = None,
         verbose: bool = False,
+        n_seq_max: int = 1,
     ) -> None:
         path = _require_file(model_path)
         lib, internals = _llama_cpp()
@@ -196,7 +199,8 @@ class LlamaCppBackend:
         cparams.n_ctx = int(n_ctx)
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = int(n_seq_max)
+        cparams.kv_unified = False  # with n_seq_max > 1: one KV stream of n_ctx / n_seq_max cells per sequence
         cparams.n_outputs_max = 0  # = n_batch
         cparams.n_outputs_max_per_seq = 0  # = n_outputs_max: logits for every position of a batch
         cparams.n_threads = self.n_threads

@@ -1,0 +1,488 @@
+"""Batched decoding (specdec.batched, specdec.backends.hf_batched, specdec.batch_k) against single-sequence decoding.
+
+The oracle for greedy rows is `autoregressive_generate` on the single-sequence backend of the same model,
+one prompt at a time; for sampled rows with the same seed, `speculative_generate` / `autoregressive_generate`;
+and the joint law of a row's first tokens under speculative sampling, on a synthetic table model, against
+the target's exact law (as tests/test_joint.py), with a negative control.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from conftest import load_backend
+
+import specdec.backends.hf_batched as hfb
+import specdec.verification as ver
+from specdec.backends.base import BackendError, ContextOverflowError
+from specdec.backends.hf_batched import BatchedHFBackend
+from specdec.batch_k import BatchCostPolicy, FixedBatchK, best_batch_k, expected_committed
+from specdec.batched import BatchedModelDrafter, PerRowDrafters, generate_batch
+from specdec.decoding import autoregressive_generate, speculative_generate
+from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.metrics import RoundRecord
+from specdec.sampling import SamplingParams
+
+V = 1000
+TEXTS = [
+    "hello world the quick brown fox",
+    "abc abc abc abc abc abc abc abc",
+    "zq",
+    "one two three four five six seven eight nine ten eleven twelve thirteen",
+    "the the the",
+    "def f(x): return x + 1",
+    "a",
+    "lorem ipsum dolor sit amet consectetur",
+]
+SAMPLED = SamplingParams(temperature=1.0, top_k=40)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_tokenizer):
+    out = [tiny_tokenizer(t).input_ids for t in TEXTS]
+    assert len({len(p) for p in out}) >= 6 and min(len(p) for p in out) == 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def btarget(target):
+    return BatchedHFBackend(target.model)
+
+
+@pytest.fixture(scope="module")
+def bnear(near_draft):
+    return BatchedHFBackend(near_draft.model)
+
+
+class Recorder:
+    """Wraps a batched backend; after every `truncate` it records each live row's cache length as the
+    backend reports it and as its validity mask counts it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.after_truncate: list[tuple[list[int], list[int]]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def rows(self):
+        return self.inner.rows
+
+    @property
+    def cache_lengths(self):
+        return self.inner.cache_lengths
+
+    def truncate(self, lengths):
+        self.inner.truncate(lengths)
+        self.after_truncate.append((self.inner.cache_lengths, self.inner.valid_counts()))
+
+
+def budgets_and_eos(target, prompts, b):
+    """Per-row budgets that differ, and one EOS id that stops row 1 early (at its 4th token)."""
+    budgets = [[24, 9, 17, 1, 30, 12, 5, 20][i] for i in range(b)]
+    if b < 2:
+        return budgets, frozenset()
+    ref = autoregressive_generate(target, prompts[1], budgets[1], vocab_size=V).token_ids
+    pos = next(j for j in range(3, len(ref)) if ref[j] not in ref[:j])
+    return budgets, frozenset({ref[pos]})
+
+
+def make_drafter(kind, bnear):
+    if kind == "model":
+        return BatchedModelDrafter(bnear, V)
+    if kind == "ngram":
+        return PerRowDrafters(PromptLookupDrafter)
+    return None
+
+
+@pytest.mark.parametrize("b", [1, 2, 3, 8])
+@pytest.mark.parametrize("kind", ["none", "model", "ngram"])
+def test_greedy_rows_equal_single_sequence_target_only(target, btarget, bnear, prompts, b, kind):
+    rows = prompts[:b]
+    budgets, eos = budgets_and_eos(target, prompts, b)
+    refs = [autoregressive_generate(target, p, n, eos_ids=eos, vocab_size=V) for p, n in zip(rows, budgets)]
+    rec = Recorder(btarget)
+    drafter = make_drafter(kind, bnear)
+    out = generate_batch(rec, rows, budgets, drafter=drafter, k=None if drafter is None else 4,
+                         eos_ids=eos, vocab_size=V)
+    assert [o.token_ids for o in out] == [r.token_ids for r in refs]
+    assert [o.finish_reason for o in out] == [r.finish_reason for r in refs]
+    if b >= 2:
+        assert out[1].finish_reason == "eos" and len(out[1].token_ids) < budgets[1]
+        assert len({o.num_rounds for o in out}) > 1, "rows should end at different rounds"
+    if kind == "model" and b == 8:
+        assert 0 < sum(o.num_accepted for o in out) < sum(o.num_drafted for o in out)
+    # after every round each live row's cache holds exactly its committed tokens minus the last
+    for r, (lengths, valid) in enumerate(rec.after_truncate):
+        live = [i for i in range(b) if out[i].num_rounds > r]
+        want = [len(rows[i]) + sum(x.num_emitted for x in out[i].rounds[: r + 1]) - 1 for i in live]
+        assert lengths == want and valid == want, r
+    assert len(rec.after_truncate) == max(o.num_rounds for o in out)
+
+
+def test_records_match_single_sequence_speculative(target, near_draft, btarget, bnear, prompts):
+    """Per-row rounds (K, accepted, flags, emitted) are the single-sequence loop's for the same K."""
+    budgets = [20, 14, 9]
+    out = generate_batch(btarget, prompts[:3], budgets, drafter=BatchedModelDrafter(bnear, V), k=3, vocab_size=V)
+    for p, n, o in zip(prompts[:3], budgets, out):
+        ref = speculative_generate(target, ModelDrafter(near_draft, V), p, n, k=3, vocab_size=V)
+        assert o.token_ids == ref.token_ids
+        assert [(r.k, r.num_accepted, r.accept_flags, r.num_emitted, r.next_kind) for r in o.rounds] == \
+            [(r.k, r.num_accepted, r.accept_flags, r.num_emitted, r.next_kind) for r in ref.rounds]
+
+
+def test_sampled_rows_equal_single_sequence_with_the_same_seed(target, near_draft, btarget, bnear, prompts):
+    rows, seeds = prompts[:4], [11, 12, 13, 14]
+    base = generate_batch(btarget, rows, 16, sampling=SAMPLED, seed=seeds, vocab_size=V)
+    spec = generate_batch(btarget, rows, 16, drafter=BatchedModelDrafter(bnear, V), k=3, sampling=SAMPLED,
+                          seed=seeds, vocab_size=V)
+    for i, p in enumerate(rows):
+        a = autoregressive_generate(target, p, 16, sampling=SAMPLED, seed=seeds[i], vocab_size=V)
+        s = speculative_generate(target, ModelDrafter(near_draft, V), p, 16, k=3, sampling=SAMPLED,
+                                 seed=seeds[i], vocab_size=V)
+        assert base[i].token_ids == a.token_ids
+        assert spec[i].token_ids == s.token_ids
+        assert [r.accept_flags for r in spec[i].rounds] == [r.accept_flags for r in s.rounds]
+    assert len({tuple(o.token_ids) for o in base}) == len(rows)
+
+
+@pytest.mark.parametrize("slack", [hfb.COMPACT_SLACK, 2])
+def test_backend_logits_equal_single_sequence_through_rollback_keep_and_compaction(target, btarget, prompts,
+                                                                                    monkeypatch, slack):
+    """Random forwards of different lengths per row, per-row truncation and row removal: every row's
+    logits equal a fresh single-sequence forward over that row's tokens."""
+    monkeypatch.setattr(hfb, "COMPACT_SLACK", slack)
+    gen = torch.Generator().manual_seed(0)
+    seqs = [list(p[:-1]) for p in prompts[:5]]
+    btarget.prefill([list(s) for s in seqs])
+    widest = 0
+    for step in range(12):
+        feed = [torch.randint(3, V, (int(torch.randint(0, 5, (1,), generator=gen)),), generator=gen).tolist()
+                for _ in seqs]
+        got = btarget.forward(feed)
+        for s, f, g in zip(seqs, feed, got):
+            s.extend(f)
+            assert g.shape == (len(f), target.vocab_size)
+            if f:
+                target.reset()
+                want = target.forward(s)[-len(f):]
+                assert torch.allclose(g, want, atol=1e-4), step
+        widest = max(widest, btarget.physical_length - max(btarget.cache_lengths))
+        cut = [max(0, len(s) - int(torch.randint(0, 4, (1,), generator=gen))) for s in seqs]
+        btarget.truncate(cut)
+        seqs = [s[:c] for s, c in zip(seqs, cut)]
+        if step == 6:
+            btarget.keep([3, 0, 4])
+            seqs = [seqs[3], seqs[0], seqs[4]]
+        assert btarget.cache_lengths == [len(s) for s in seqs] == btarget.valid_counts()
+    assert widest > 0, "the run must leave holes (masked slots) in some row"
+    last = btarget.forward([[7]] * len(seqs), last=1)
+    for s, g in zip(seqs, last):
+        target.reset()
+        assert torch.allclose(g[0], target.forward(s + [7])[-1], atol=1e-4)
+    if slack == 2:
+        assert btarget.physical_length <= max(btarget.cache_lengths) + 2 + 5
+
+
+def test_filler_slots_are_zero_and_an_empty_row_that_feeds_nothing_stays_exact(target, btarget):
+    """A row with an empty cache that feeds nothing (a one-token prompt whose draft skips a round) has only
+    masked keys; its filler slots must not carry anything into later forwards."""
+    btarget.prefill([[], [5, 6, 7]])
+    btarget.forward([[], [8, 9]])
+    for layer in btarget.cache.layers:
+        assert not layer.keys[0].any() and not layer.values[0].any()
+        assert layer.keys[1, :, 3:5].any()
+    got = btarget.forward([[3], [10]])
+    target.reset()
+    assert torch.allclose(got[0], target.forward([3]), atol=1e-4)
+    target.reset()
+    assert torch.allclose(got[1], target.forward([5, 6, 7, 8, 9, 10])[-1:], atol=1e-4)
+
+
+def test_zero_budget_rows_and_one_token_prompts(target, btarget, bnear, prompts):
+    rows = [prompts[6], prompts[0], prompts[2]]
+    assert len(rows[0]) == 1
+    out = generate_batch(btarget, rows, [5, 0, 7], drafter=BatchedModelDrafter(bnear, V), k=2, vocab_size=V)
+    assert out[1].token_ids == [] and out[1].finish_reason == "empty" and out[1].rounds == []
+    for i in (0, 2):
+        want = autoregressive_generate(target, rows[i], [5, 0, 7][i], vocab_size=V).token_ids
+        assert out[i].token_ids == want
+
+
+def test_bad_inputs_and_refusals(btarget, bnear, prompts, mistral_pair):
+    with pytest.raises(ValueError, match="no prompts"):
+        generate_batch(btarget, [], 4)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate_batch(btarget, [prompts[0], []], 4)
+    with pytest.raises(ValueError, match="budgets"):
+        generate_batch(btarget, prompts[:2], [4])
+    with pytest.raises(ValueError, match="need a drafter"):
+        generate_batch(btarget, prompts[:2], 4, k=2)
+    with pytest.raises(ValueError, match="exactly one"):
+        generate_batch(btarget, prompts[:2], 4, drafter=BatchedModelDrafter(bnear, V))
+    with pytest.raises(ValueError, match="K must be >= 1"):
+        generate_batch(btarget, prompts[:2], 4, drafter=BatchedModelDrafter(bnear, V), k=0)
+    with pytest.raises(ContextOverflowError, match="prompt 0"):
+        generate_batch(btarget, prompts[:2], 128)
+    with pytest.raises(BackendError, match="full-attention"):
+        BatchedHFBackend(load_backend(mistral_pair.target_dir).model)
+
+
+# -- batch-aware K ---------------------------------------------------------------------------------------
+
+
+def brute_k(alphas, cost, max_k, draft=None):
+    rates = [sum(expected_committed(a, k) for a in alphas)
+             / (cost(len(alphas) * (k + 1)) + (draft(len(alphas), k) if draft and k else 0.0))
+             for k in range(max_k + 1)]
+    return rates.index(max(rates))
+
+
+def test_expected_committed():
+    assert expected_committed(0.0, 5) == 1.0
+    assert expected_committed(1.0, 5) == 6.0
+    assert expected_committed(0.5, 2) == pytest.approx(1.75)
+    with pytest.raises(ValueError):
+        expected_committed(1.5, 2)
+
+
+def test_batch_k_shrinks_as_the_batch_fills_a_flat_then_linear_curve():
+    """GPU-like: a forward costs the same up to 64 tokens, then grows linearly."""
+    def gpu(n):
+        return 1.0 + max(0, n - 64) / 64
+
+    ks = {b: best_batch_k([0.8] * b, gpu, max_k=16) for b in (1, 4, 16, 64)}
+    assert ks[1] == 16 and ks[1] >= ks[4] >= ks[16] >= ks[64]
+    assert ks[16] == 3 and ks[64] == 0
+    for b, k in ks.items():
+        assert k == brute_k([0.8] * b, gpu, 16)
+
+
+def test_batch_k_is_zero_when_nothing_pays():
+    def cpu(n):
+        return 0.01 * n  # every token costs a full step: no K > 0 can win for alpha < 1
+
+    assert best_batch_k([0.9, 0.95, 0.5], cpu, max_k=8) == 0
+    assert best_batch_k([0.0] * 4, lambda n: 1.0, max_k=8) == 0  # nothing is ever accepted
+    # a dear draft cancels a flat target curve
+    assert best_batch_k([0.6] * 2, lambda n: 1.0, max_k=8, draft_cost=lambda b, k: 2.0 * k) == 0
+
+
+def test_batch_k_matches_brute_force_on_random_curves():
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        b = int(torch.randint(1, 17, (1,), generator=gen))
+        alphas = torch.rand(b, generator=gen).tolist()
+        base, slope, knee = torch.rand(3, generator=gen).tolist()
+
+        def cost(n, base=base, slope=slope, knee=knee):
+            return 0.1 + base + slope * max(0.0, n - 100 * knee)
+
+        step = float(torch.rand((), generator=gen)) * 0.1
+        def draft(bb, k, step=step):
+            return step * k
+
+        assert best_batch_k(alphas, cost, max_k=10, draft_cost=draft) == brute_k(alphas, cost, 10, draft)
+
+
+def test_batch_k_bad_inputs():
+    with pytest.raises(ValueError, match="at least one row"):
+        best_batch_k([], lambda n: 1.0, max_k=4)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        best_batch_k([0.5], lambda n: 0.0, max_k=4)
+    with pytest.raises(ValueError, match="max_k"):
+        best_batch_k([0.5], lambda n: 1.0, max_k=-1)
+    with pytest.raises(ValueError):
+        FixedBatchK(0)
+
+
+def test_batch_cost_policy_estimates_per_row_and_drives_the_loop(target, btarget, bnear, prompts):
+    def cost(n):
+        return 1.0 + 0.4 * (n - 1)
+
+    policy = BatchCostPolicy(cost, max_k=6, prior_alpha=0.6)
+    policy.start(2)
+    for _ in range(5):
+        policy.observe(0, RoundRecord(4, 4, (True,) * 4, "bonus", 5))
+        policy.observe(1, RoundRecord(4, 0, (False,), "recovered", 1))
+        policy.observe(1, RoundRecord(0, 0, (), "bonus", 1))  # plain rounds carry no evidence
+    assert policy.alpha(0) > 0.9 and policy.alpha(1) < 0.25
+    assert policy.next_k([0]) == brute_k([policy.alpha(0)], cost, 6) >= 3
+    assert policy.next_k([1]) == 0
+    assert policy.next_k([0, 1]) == brute_k([policy.alpha(0), policy.alpha(1)], cost, 6)
+    assert policy.alpha_estimate([0, 1]) == pytest.approx((policy.alpha(0) + policy.alpha(1)) / 2)
+    policy = BatchCostPolicy(cost, max_k=6, prior_alpha=0.9)
+    rows = prompts[:3]
+    out = generate_batch(btarget, rows, 20, drafter=BatchedModelDrafter(bnear, V), policy=policy, vocab_size=V)
+    for p, o in zip(rows, out):
+        assert o.token_ids == autoregressive_generate(target, p, 20, vocab_size=V).token_ids
+    for j in range(max(o.num_rounds for o in out)):  # one K per round for the whole batch
+        assert len({o.rounds[j].k_requested for o in out if o.num_rounds > j}) == 1
+    assert any(r.k > 0 for r in out[0].rounds)
+    never = BatchCostPolicy(lambda n: float(n), max_k=6)
+    out = generate_batch(btarget, rows, 10, drafter=BatchedModelDrafter(bnear, V), policy=never, vocab_size=V)
+    assert all(r.k == 0 for o in out for r in o.rounds)
+
+
+# -- joint law of sampled rows on a synthetic table model --------------------------------------------------
+
+VOCAB3 = 3
+CHI2_CRIT_DF78_A001 = 122.35  # scipy.stats.chi2.ppf(0.999, 78): three rows of 27 cells
+
+
+def _law(seed: int, ctx) -> torch.Tensor:
+    key = tuple(ctx[-2:])
+    g = torch.Generator().manual_seed(1000 * seed + sum((t + 1) * 10**i for i, t in enumerate(key)) + 7 * len(key))
+    w = torch.rand(VOCAB3, generator=g) + 0.25
+    return w / w.sum()
+
+
+class TableLM:
+    """A `BatchedBackend` whose next-token law is a table of the last two tokens (``_law(seed, ctx)``);
+    logits are log-probabilities, so temperature-1 sampling draws from the table exactly."""
+
+    name = "table"
+    vocab_size = VOCAB3
+    max_length = 64
+    max_rows = None
+    device = torch.device("cpu")
+
+    def __init__(self, seed):
+        self.seed = seed
+        self.seqs = []
+
+    @property
+    def rows(self):
+        return len(self.seqs)
+
+    @property
+    def cache_lengths(self):
+        return [len(s) for s in self.seqs]
+
+    def prefill(self, contexts):
+        self.seqs = [list(c) for c in contexts]
+
+    def forward(self, tokens, *, last=None):
+        out = []
+        for s, t in zip(self.seqs, tokens):
+            rows = []
+            for tok in t:
+                s.append(tok)
+                rows.append(torch.log(_law(self.seed, s)))
+            rows = rows[-last:] if last else rows
+            out.append(torch.stack(rows) if rows else torch.empty(0, VOCAB3))
+        return out
+
+    def truncate(self, lengths):
+        self.seqs = [s[:n] for s, n in zip(self.seqs, lengths)]
+
+    def keep(self, rows):
+        self.seqs = [self.seqs[r] for r in rows]
+
+    def synchronize(self):
+        pass
+
+
+JOINT_PROMPTS = [[0], [2, 1], [1, 1, 0]]
+
+
+def joint_chi_square(n_draws: int) -> float:
+    """Sum over the rows of Pearson's chi-square of the first three tokens against the target's law."""
+    target, draft = TableLM(1), TableLM(2)
+    counts = [dict.fromkeys(itertools.product(range(VOCAB3), repeat=3), 0) for _ in JOINT_PROMPTS]
+    sampling = SamplingParams(temperature=1.0)
+    for n in range(n_draws):
+        seeds = [n * len(JOINT_PROMPTS) + i for i in range(len(JOINT_PROMPTS))]
+        out = generate_batch(target, JOINT_PROMPTS, 4, drafter=BatchedModelDrafter(draft, VOCAB3), k=3,
+                             sampling=sampling, seed=seeds)
+        for c, o in zip(counts, out):
+            c[tuple(o.token_ids[:3])] += 1
+    stat = 0.0
+    for p, c in zip(JOINT_PROMPTS, counts):
+        for (a, b_, d), m in c.items():
+            expected = n_draws * float(_law(1, p)[a] * _law(1, p + [a])[b_] * _law(1, p + [a, b_])[d])
+            stat += (m - expected) ** 2 / expected
+    return stat
+
+
+def test_joint_law_of_each_sampled_row_is_the_targets():
+    stat = joint_chi_square(2000)
+    print(f"chi2 = {stat:.1f} (df 78, critical {CHI2_CRIT_DF78_A001} at alpha 0.001)")
+    assert stat < CHI2_CRIT_DF78_A001, stat
+
+
+def test_joint_negative_control_recovered_token_from_p(monkeypatch):
+    monkeypatch.setattr(ver, "residual", lambda p, q: p)
+    stat = joint_chi_square(800)
+    print(f"chi2 = {stat:.1f}")
+    assert stat > CHI2_CRIT_DF78_A001, stat
+    assert math.isfinite(stat)
+
+
+# -- llama.cpp: each row its own sequence ------------------------------------------------------------------
+
+LLAMA_TEXTS = ["The capital of France is", "def fib(n):\n    ", "one two three four five six", "Hello",
+               "Write a haiku about the sea.", "1, 2, 3, 4, 5,", "The quick brown fox", "Once upon a time"]
+
+
+@pytest.fixture(scope="module")
+def llama(smollm2_gguf):
+    pytest.importorskip("llama_cpp")
+    from specdec.backends.llamacpp import load_llamacpp
+    from specdec.backends.llamacpp_batched import BatchedLlamaCppBackend
+
+    single = load_llamacpp(smollm2_gguf, n_ctx=128, n_threads=1)
+    bt = BatchedLlamaCppBackend(smollm2_gguf, max_rows=8, n_ctx=128, n_threads=1)
+    bd = BatchedLlamaCppBackend(smollm2_gguf, max_rows=8, n_ctx=128, n_threads=1)
+    yield single, bt, bd
+    for be in (single, bt, bd):
+        be.close()
+
+
+def divergence_margin(single, prompt, out, ref) -> str:
+    """Where `out` first leaves `ref`, and the oracle's top-2 logit margin there."""
+    j = next((j for j, (x, y) in enumerate(zip(out.token_ids, ref.token_ids)) if x != y), None)
+    if j is None:
+        return f"lengths {len(out.token_ids)} vs {len(ref.token_ids)}"
+    single.reset()
+    top = single.forward(list(prompt) + ref.token_ids[:j])[-1].topk(2).values
+    return f"first differs at token {j}; oracle top-2 margin {float(top[0] - top[1]):.4f} logits"
+
+
+@pytest.mark.slow
+def test_llamacpp_batched_greedy_rows_equal_single_sequence(llama):
+    """B = 3 and 8 on llama.cpp (one seq_id per row), target-only, draft model (the same GGUF: every draft
+    accepted) and prompt lookup; per-row budgets and an EOS; cache positions per row after every round.
+    With one KV stream per row the rows' logits are bitwise the single-sequence ones here, so the oracle is
+    strict; a failure reports the oracle's top-2 margin where the row first differs (a near tie points at
+    kernel rounding, a wide margin at a bug)."""
+    single, bt, bd = llama
+    prompts = [single.tokenize(t) for t in LLAMA_TEXTS]
+    budgets = [20, 9, 16, 1, 24, 12, 5, 18]
+    first = autoregressive_generate(single, prompts[1], budgets[1]).token_ids
+    eos = frozenset({first[next(j for j in range(3, len(first)) if first[j] not in first[:j])]})
+    refs = [autoregressive_generate(single, p, n, eos_ids=eos) for p, n in zip(prompts, budgets)]
+    assert refs[1].finish_reason == "eos"
+    with pytest.raises(ValueError, match="rows"):
+        generate_batch(bt, prompts + prompts[:1], 4)
+    for b in (3, 8):
+        for kind in ("none", "model", "ngram"):
+            drafter = {"none": None, "model": BatchedModelDrafter(bd, bt.vocab_size),
+                       "ngram": PerRowDrafters(PromptLookupDrafter)}[kind]
+            rec = Recorder(bt)
+            out = generate_batch(rec, prompts[:b], budgets[:b], drafter=drafter,
+                                 k=None if drafter is None else 4, eos_ids=eos)
+            for i, (o, r) in enumerate(zip(out, refs)):
+                assert o.token_ids == r.token_ids, (b, kind, i, divergence_margin(single, prompts[i], o, r))
+                assert o.finish_reason == r.finish_reason
+            if kind == "model":
+                assert all(o.num_accepted == o.num_drafted for o in out)  # the draft is the target
+            for r, (lengths, valid) in enumerate(rec.after_truncate):
+                live = [i for i in range(b) if out[i].num_rounds > r]
+                want = [len(prompts[i]) + sum(x.num_emitted for x in out[i].rounds[: r + 1]) - 1 for i in live]
+                assert lengths == want and valid == want, (b, kind, r)
+            assert len({o.num_rounds for o in out}) > 1

@@ -1265,3 +1265,44 @@ def test_resumed_cost_policy_decides_with_the_prompts_stored_calibration(tmp_pat
     pvm = analyze(load_store(db))[T.PREDICTED]
     pol = pvm[pvm["policy"] == "cost"]
     assert len(pol) == 2 and pol["replay_exact"].all(), pol[["method", "mismatch"]].to_string()
+
+
+def test_policy_best_times_each_drafter_at_the_k_its_trace_predicts(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    """Policy ``best``: after a prompt's first baseline the runner replays its acceptance trace for every K in
+    1..policy_k, prices the rounds with the prompt's calibration block, and times the drafter at the fastest K.
+    The row reads as that fixed-K cell (so the report pairs it with its prediction), its cell key stays the
+    planned one (so --resume finds it done), and the K equals what the stored trace and block give."""
+    from specdec.bench import sweep as S
+    from specdec.bench.probes import _stored_trace
+    from specdec.costs import CostCurve
+    from specdec.pricing import TraceModel
+
+    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="", policies="best",
+                            secondary_policies="best", policy_k=6, methods="baseline,draft,ngram",
+                            calibration_repeats=1)
+    db = tmp_path / "best.db"
+    lines: list[str] = []
+    S.run_sweep(cfg, db=db, progress=False, echo=lines.append)
+    with Store(db) as st:
+        sid = st.sweeps()[0]["sweep_id"]
+        runs = [r for r in st.runs(sid) if r["method"] in ("draft", "ngram")]
+        assert runs and all(r["error"] is None for r in runs)
+        assert all(r["policy"] == "fixed" and 1 <= r["k"] <= 6 and "|best|" in r["cell_key"] for r in runs)
+        assert all(r["matches_baseline"] == 1 for r in runs)
+        cal = st.calibration(sid)
+        for r in runs:
+            loaded = type("L", (), {"label": r["config_label"]})()
+            trace, ctx = _stored_trace(loaded, type("S", (), {"store": st, "sweep_id": sid})(), r["prompt_id"])
+            curve = CostCurve.from_calibration([c for c in cal if c["prompt_id"] == r["prompt_id"]])
+            k, _ = TraceModel(trace, curve, draft_context=ctx).best_fixed_k(r["method"], range(1, 7))
+            assert r["k"] == k, (r["prompt_id"], r["method"])
+    assert any("the trace's best" in line for line in lines)
+    again = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None, resume=True)
+    assert again.ran == 0
+
+
+def test_policy_best_needs_greedy_traces_and_calibration(tiny_pair, near_draft_dir, prompt_file):
+    for kw, why in (({"temperature": 0.7}, "sampled"), ({"traces": False}, "--no-traces"),
+                    ({"calibration_repeats": 0}, "--calibration-repeats 0")):
+        with pytest.raises(ValueError, match=why):
+            tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", **kw)

@@ -31,6 +31,8 @@ from specdec.sampling import SamplingParams
 
 __all__ = [
     "ADAPTIVE_POLICIES",
+    "AUTO_CONFIG",
+    "BEST_K",
     "DEFAULT_DB",
     "FILE_ONLY_KEYS",
     "FILE_SETTINGS",
@@ -41,6 +43,7 @@ __all__ = [
     "RuntimeConfig",
     "SweepConfig",
     "check_available",
+    "default_config",
     "load_config_file",
     "make_config",
     "parse_type_ks",
@@ -52,6 +55,13 @@ __all__ = [
 OUR_METHODS = tuple(m.name for m in our_methods() if m.default)
 PEER_METHODS = tuple(m.name for m in peer_methods())
 ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
+#: A fixed K chosen per prompt: the K in 1..--policy-k that the prompt's acceptance trace, priced with its
+#: calibration block, predicts fastest (`specdec.pricing.TraceModel.best_fixed_k`; greedy sweeps with traces).
+BEST_K = "best"
+POLICIES = (BEST_K, *ADAPTIVE_POLICIES)
+#: The default runtime configuration: the fastest exact-by-design transformers path this machine supports
+#: (`default_config`).
+AUTO_CONFIG = "auto"
 DEFAULT_DB = "results/sweep.db"
 
 # ------------------------------------------------------------------------------------- configuration
@@ -88,8 +98,9 @@ class SweepConfig:
     prompts: str | None = setting(None, "Prompt file (JSONL, Spec-Bench, plain text) instead of the built-in "
                                   "set.", type=Path)
     prompts_per_type: int = setting(1, "Built-in prompts per type; the first (<type>-01) is the primary.")
-    ks: tuple[int, ...] = setting((1, 2, 4, 8, 16), "Fixed-K grid on primary prompts (the first of each type).")
-    secondary_ks: tuple[int, ...] = setting((4,), "Fixed-K grid on non-primary prompts ('' for none).")
+    ks: tuple[int, ...] = setting((), "Fixed-K grid timed on primary prompts (the first of each type), e.g. "
+                                  "the original study's 1,2,4,8,16 ('' for none: the traces predict every K).")
+    secondary_ks: tuple[int, ...] = setting((), "Fixed-K grid on non-primary prompts ('' for none).")
     type_ks: tuple[str, ...] = setting((), "Extra fixed K timed on every prompt of a type, per drafter: "
                                        "method:type=K,... (e.g. draft:code=3,ngram:repetitive=16; the report "
                                        "prints the traces' best K per type in this form); a K already in the "
@@ -105,17 +116,19 @@ class SweepConfig:
     calibration_repeats: int = setting(2, "Passes of the calibration block (target forwards of 1..17 tokens at "
                                        "each prompt's context, after its first baseline); 0 = off.")
     methods: tuple[str, ...] = setting(OUR_METHODS, "Our methods (baseline,aa,draft,ngram) and/or peer names.")
-    policies: tuple[str, ...] = setting(("cost",), "Adaptive policies for draft/ngram on primaries: "
-                                        "heuristic,confidence,cost or 'none'; K = --policy-k.")
-    secondary_policies: tuple[str, ...] = setting((), "Adaptive policies also run on the non-primary prompts "
-                                                  "('none' for none), to time a policy over every prompt of a type.")
+    policies: tuple[str, ...] = setting((BEST_K, "cost"), "Policies timed for draft/ngram on primaries: best "
+                                        "(the fixed K the prompt's trace predicts fastest), heuristic, "
+                                        "confidence, cost, or 'none'; K <= --policy-k.")
+    secondary_policies: tuple[str, ...] = setting((BEST_K, "cost"), "Policies timed on the non-primary prompts "
+                                                  "('none' for none).")
     policy_k: int = setting(16, "Policies' starting (heuristic) or maximum (confidence, cost) K.")
-    peers: bool = setting(True, "Also time the library peers that apply to each configuration (transformers "
+    peers: bool = setting(False, "Also time the library peers that apply to each configuration (transformers "
                           "generate/assisted/prompt lookup).")
     peer_ks: tuple[int, ...] = setting((4,), "K of the speculative peers.")
-    configs: tuple[str, ...] = setting(("transformers-eager",), "Runtime configurations: transformers-eager, "
-                                       "transformers-compiled, llamacpp, mixed, ... (or one by --backend and "
-                                       "--draft-backend).", PANEL_RUNTIME)
+    configs: tuple[str, ...] = setting((AUTO_CONFIG,), "Runtime configurations: auto (transformers-bf16 where "
+                                       "the CPU has native bf16 kernels, else transformers-eager, fp32), "
+                                       "transformers-eager, transformers-compiled, llamacpp, mixed, ... (or one "
+                                       "by --backend and --draft-backend).", PANEL_RUNTIME)
     temperature: float = setting(0.0, "0 = greedy.", PANEL_SAMPLING)
     top_k: int = setting(0, "0 = off.", PANEL_SAMPLING)
     top_p: float = setting(1.0, "1 = off.", PANEL_SAMPLING)
@@ -245,6 +258,15 @@ def type_ks_for(cfg: SweepConfig, method: str, prompt_type: str) -> tuple[int, .
     return tuple(k for m, t, k in type_ks_entries(cfg) if (m, t) == (method, prompt_type))
 
 
+def default_config(device: str = "cpu") -> str:
+    """The runtime configuration ``auto`` stands for: ``transformers-bf16`` on a CPU with native bf16 kernels
+    (`specdec.precision.default_dtype`), else ``transformers-eager`` (fp32); both are exact by design against
+    their own target-only decoding (bf16 up to near-ties, which every run records)."""
+    from specdec.precision import default_dtype
+
+    return "transformers-bf16" if default_dtype(device) == "bfloat16" else "transformers-eager"
+
+
 def _normalize_names(v: dict[str, Any]) -> None:
     """Validate the name lists in place: methods (`METHODS`), policies, configs (aliases resolved)."""
     methods = [m.lower() for m in _as_list(v["methods"], "methods")]
@@ -258,14 +280,14 @@ def _normalize_names(v: dict[str, Any]) -> None:
         policies = [p.lower() for p in _as_list(v[field], field)]
         if policies in (["none"], ["off"]):
             policies = []
-        bad = [p for p in policies if p not in ADAPTIVE_POLICIES]
+        bad = [p for p in policies if p not in POLICIES]
         if bad:
             hint = " (fixed K is the --ks grid)" if "fixed" in bad else ""
-            raise ValueError(f"unknown policy {', '.join(bad)}; choose from {', '.join(ADAPTIVE_POLICIES)}{hint}")
+            raise ValueError(f"unknown policy {', '.join(bad)}; choose from {', '.join(POLICIES)}{hint}")
         v[field] = tuple(dict.fromkeys(policies))
     configs = []
     for c in _as_list(v["configs"], "configs"):
-        label = CONFIG_ALIASES.get(c.lower(), c)
+        label = default_config(v.get("device", "cpu")) if c.lower() == AUTO_CONFIG else CONFIG_ALIASES.get(c.lower(), c)
         if label not in RUNTIME_CONFIGS:
             raise ValueError(
                 f"unknown config {c!r}; choose from {', '.join(RUNTIME_CONFIGS)} (or mixed = mixed:llamacpp-draft)"
@@ -279,7 +301,7 @@ def _normalize_names(v: dict[str, Any]) -> None:
 def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     """Coerce and validate raw values (from defaults, QUICK, a TOML file and flags)."""
     v = dict(values)
-    v["ks"] = _int_list(v["ks"], "ks", allow_empty=False)
+    v["ks"] = _int_list(v["ks"], "ks", allow_empty=True)
     v["secondary_ks"] = _int_list(v["secondary_ks"], "secondary_ks", allow_empty=True)
     v["peer_ks"] = _int_list(v["peer_ks"], "peer_ks", allow_empty=True)
     _normalize_names(v)
@@ -315,6 +337,12 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     if v["pairing"] not in PAIRINGS:
         raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, got {v['pairing']!r}")
     v["traces"] = bool(v["traces"])
+    if BEST_K in (*v["policies"], *v["secondary_policies"]):
+        why = ("sampled decoding (--temperature > 0)" if v["temperature"] > 0 else "--no-traces" if not v["traces"]
+               else "--calibration-repeats 0" if v["calibration_repeats"] == 0 else None)
+        if why:
+            raise ValueError(f"policy {BEST_K!r} chooses K from each prompt's greedy acceptance trace and "
+                             f"calibration block, which {why} leaves out; drop it (--policies cost) or give --ks")
     v["peers"] = bool(v["peers"])
     v["chat_template"] = bool(v["chat_template"])
     return v

@@ -56,6 +56,8 @@ class LoadedConfig:
         threads: intra-op threads the runs use (recorded per run).
         prompt_costs: prompt id -> the cost curve of its calibration block (timed at its own context).
         baseline_ids: prompt id -> our stored baseline's token ids (None: none yet), for the equality check.
+        best_ks: (prompt id, method) -> (K, predicted decode speedup) of policy ``best``
+            (`specdec.bench.probes.best_k`).
     """
 
     cfg: SweepConfig
@@ -65,6 +67,7 @@ class LoadedConfig:
     threads: int = 1
     prompt_costs: dict[str, CostCurve] = field(default_factory=dict)
     baseline_ids: dict[str, list[int] | None] = field(default_factory=dict)
+    best_ks: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
     _ids: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property

@@ -6,11 +6,11 @@ planner, the runner and the estimate need (does it take K, does it draft with th
 apply, is it recorded as skipped). Nothing else in the bench half dispatches on a method's name. Which of ours
 each peer is compared with is `specdec.peer_pairs.PEER_PAIRS` (the report reads it without importing the bench).
 
-Adding a drafting method is one entry plus its drafter::
+Adding a drafting method is one entry plus its drafter, as for the suffix drafter::
 
-    register(Method("suffix", speculative(lambda rt: SuffixDrafter(...)), takes_k=True))
+    register(Method("suffix", speculative(_suffix_drafter), takes_k=True, default=False))
 
-after which ``--methods suffix`` plans it over the K grid and the policies, and the runner times it.
+after which ``--methods ...,suffix`` plans it over the K grid and the policies, and the runner times it.
 """
 
 from __future__ import annotations
@@ -289,6 +289,14 @@ def _prompt_lookup_drafter(rt: Runtime) -> Drafter:
     return PromptLookupDrafter(rt.ngram_max, rt.ngram_min)
 
 
+def _suffix_drafter(rt: Runtime) -> Drafter:
+    """The cost-aware suffix drafter, pricing its draft length with the run's measured costs (the prompt's
+    calibration block when it has one)."""
+    from specdec.suffix import SuffixDrafter
+
+    return SuffixDrafter(rt.costs)
+
+
 def _hf_rule_prompt_lookup_drafter(rt: Runtime) -> Drafter:
     """transformers' prompt-lookup rule (2-grams down to 1, earliest match, nothing past the end) in our
     engine: the like-for-like counterpart of ``hf_prompt_lookup``."""
@@ -324,6 +332,7 @@ for _m in (
     Method("draft", speculative(_model_drafter, free_drafts=False), takes_k=True, drafts_with_model=True),
     Method("ngram", speculative(_prompt_lookup_drafter), takes_k=True),
     Method("ngram_hf", speculative(_hf_rule_prompt_lookup_drafter), takes_k=True, default=False),
+    Method("suffix", speculative(_suffix_drafter), takes_k=True, default=False),
     Method("hf_generate", _hf_peer("hf_generate"), peer=True, applies=_eager_transformers_target),
     Method("hf_assisted", _hf_peer("hf_assisted"), peer=True, takes_k=True, drafts_with_model=True,
            applies=lambda rc: _eager_transformers_target(rc) and rc.draft_backend == "transformers"),

@@ -36,6 +36,7 @@ __all__ = [
     "RUN",
     "At",
     "Probe",
+    "best_k",
     "calibrate",
     "check_equal",
     "roofline",
@@ -143,6 +144,47 @@ def stored_prompt_costs(loaded: LoadedConfig, s: SweepState) -> None:
     for pid, rows in blocks.items():
         if any(r["role"] == "target" and int(r["n_tokens"]) == 1 for r in rows):
             loaded.prompt_costs.setdefault(pid, CostCurve.from_calibration(rows))
+
+
+def _stored_trace(loaded: LoadedConfig, s: SweepState, prompt_id: str):
+    """This machine's stored acceptance trace of `prompt_id` in this configuration, as an `AcceptanceTrace`
+    with its draft context, or (None, None)."""
+    from specdec.traces import AcceptanceTrace
+
+    for t in s.store.traces(s.sweep_id):
+        if (t["config_label"], t["prompt_id"], t["machine_id"]) == (loaded.label, prompt_id,
+                                                                    s.store.machine_id or ""):
+            tr = AcceptanceTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]),
+                                 None if t["draft_ids"] is None else tuple(t["draft_ids"]),
+                                 None if t["draft_top_prob"] is None else tuple(t["draft_top_prob"]),
+                                 int(t["max_new_tokens"]))
+            return tr, t["draft_context"]
+    return None, None
+
+
+def best_k(loaded: LoadedConfig, s: SweepState, cell: PlannedRun) -> int:
+    """The fixed K in 1..``cell.k`` that `cell`'s prompt's acceptance trace, priced with its calibration block
+    (`specdec.pricing.TraceModel.best_fixed_k`, overheads left out), predicts fastest for ``cell.method``;
+    computed once per (prompt, method) from what the store holds, so a resumed sweep chooses the same K.
+
+    Raises:
+        ValueError: the prompt has no stored trace or calibration block on this machine (one line).
+    """
+    from specdec.pricing import TraceModel
+
+    key = (cell.prompt.id, cell.method)
+    if key not in loaded.best_ks:
+        trace, ctx = _stored_trace(loaded, s, cell.prompt.id)
+        curve = loaded.prompt_costs.get(cell.prompt.id)
+        if trace is None or curve is None:
+            raise ValueError(f"no acceptance trace and calibration block of {cell.prompt.id} to choose K from")
+        model = TraceModel(trace, curve, ngram=(loaded.cfg.ngram_max, loaded.cfg.ngram_min), draft_context=ctx,
+                           padded=loaded.rc.pad_verify)
+        loaded.best_ks[key] = model.best_fixed_k(cell.method, range(1, int(cell.k) + 1))
+        k, pred = loaded.best_ks[key]
+        s.log(f"[{loaded.label}] {cell.prompt.id}: {cell.method} at K = {k}, the trace's best "
+              f"(predicted {pred:.2f}x decode speedup)")
+    return loaded.best_ks[key][0]
 
 
 PROBES: tuple[Probe, ...] = (

@@ -18,13 +18,14 @@ whole call is one `specdec.bench.state.SweepState`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from specdec.bench import probes
-from specdec.bench.config import DEFAULT_DB, SweepConfig
+from specdec.bench.config import BEST_K, DEFAULT_DB, SweepConfig
 from specdec.bench.console import ERR_LEN, one_line, summary_line
 from specdec.bench.control import LOCK_WAIT_S, SIGTERM_REASON, for_shard, interrupt_exit_status, sweep_guard
 from specdec.bench.environment import git_commit, machine_changes, machine_info
@@ -79,14 +80,27 @@ def _run(loaded: LoadedConfig, cell: PlannedRun, ids: list[int], n: int) -> RunR
     return METHODS[cell.method].run(loaded.runtime(cell.prompt.id), request)
 
 
-def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> tuple[dict, list[dict]]:
+def _resolve(loaded: LoadedConfig, cell: PlannedRun, s: SweepState) -> tuple[PlannedRun, str | None]:
+    """What runs for `cell`: itself, or for policy ``best`` the same drafter at the fixed K its prompt's trace
+    predicts fastest (`probes.best_k`; the row then reads as that fixed-K cell, its ``cell_key`` stays the
+    planned one). Second: a skip reason when that K cannot be chosen."""
+    if cell.policy != BEST_K:
+        return cell, None
+    try:
+        return dataclasses.replace(cell, k=probes.best_k(loaded, s, cell), policy="fixed"), None
+    except ValueError as exc:
+        return cell, f"skipped: {one_line(exc)}"
+
+
+def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared, *,
+            skip: str | None = None) -> tuple[dict, list[dict]]:
     """Run one timed generation of `cell`; return its ``runs`` row and ``rounds`` rows.
 
     A failure is recorded in the row (``error``, one line), never raised (KeyboardInterrupt excepted); a
-    method with `Method.skip` is recorded as skipped without running.
+    method with `Method.skip`, or a given `skip` reason, is recorded as skipped without running.
     """
     row = _row(loaded, cell, prepared)
-    skip = METHODS[cell.method].skip
+    skip = skip or METHODS[cell.method].skip
     try:
         ids = loaded.prompt_ids(cell.prompt)
         row["prompt_tokens"] = len(ids)
@@ -158,10 +172,12 @@ def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: SweepState) ->
     for cell in cells:
         if s.stop_now():
             return True
-        if cell.group not in warmed:
-            warmed.add(cell.group)
-            _warm_up(loaded, cell, cells[0].prompt, s.log)
-        row, rounds = execute(loaded, cell, s.prepared)
+        run, skip = _resolve(loaded, cell, s)
+        if run.group not in warmed and skip is None:
+            warmed.add(run.group)
+            _warm_up(loaded, run, cells[0].prompt, s.log)
+        row, rounds = execute(loaded, run, s.prepared, skip=skip)
+        row["cell_key"] = cell.key(s.sweep_id)  # the planned cell: what --resume finds done
         probes.walk(probes.RUN, s, probes.At(loaded, cell, row))
         run_id = _record(cell, row, rounds, s)
         if _first_baseline(cell, row):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -44,14 +43,11 @@ import pandas as pd
 from specdec import stats
 from specdec.costs import CostCurve
 from specdec.metrics import RATES
-from specdec.policies import make_policy
+from specdec.pricing import TraceModel
 from specdec.report.load import ensure_prepared, is_missing, run_rate
 from specdec.report.model import CostInfo, cost_infos
 from specdec.report.speedup import paired_reference
 from specdec.report.vocab import BASELINE, SPEC_METHODS
-
-if TYPE_CHECKING:
-    from specdec.traces import ReplayRound
 
 # The replay (specdec.traces, specdec.drafters) imports torch: it is imported where a trace is replayed, so that
 # importing the report does not load the engine.
@@ -80,8 +76,9 @@ GRID = tuple(range(1, 17))
 _DRAFTERS = ("draft", "ngram")
 
 
-class PromptModel:
-    """One prompt's trace and costs (one config_label, machine): replays and their predicted times.
+class PromptModel(TraceModel):
+    """One prompt's trace and costs (one config_label, machine): replays and their predicted times, by the
+    time model of `specdec.pricing.TraceModel` with the overheads measured in the store.
 
     Attributes:
         key: (config_label, prompt_id, machine_id). prompt_type: its type. trace: the `AcceptanceTrace`.
@@ -98,65 +95,9 @@ class PromptModel:
 
     def __init__(self, key, prompt_type, trace, curve, o_base, o_spec, ngram_draft_s, ngram, draft_context,
                  padded=False, catchup=None):
-        self.key, self.prompt_type, self.trace, self.curve = key, prompt_type, trace, curve
-        self.padded, self.catchup = padded, catchup
-        self.o_base, self.o_spec, self.ngram_draft_s = o_base, o_spec, ngram_draft_s
-        self.ngram, self.draft_context = ngram, draft_context
-
-    def drafter(self, method: str):
-        """None for the draft model (replayed from the trace's draft tokens), a prompt-lookup drafter else."""
-        from specdec.drafters import PromptLookupDrafter
-
-        return None if method == "draft" else PromptLookupDrafter(*self.ngram)
-
-    def rounds(self, method: str, k: int, policy: str = "fixed") -> list[ReplayRound]:
-        """The replayed rounds of `method` at fixed K or with an adaptive `policy` (K = its maximum).
-
-        Raises:
-            ValueError: a draft-model replay on a trace without draft tokens; the cost policy without costs.
-        """
-        from specdec.traces import replay
-
-        if method == "draft" and self.trace.draft_ids is None:
-            raise ValueError("no draft tokens in this trace")
-        if policy in (None, "fixed"):
-            return replay(self.trace, k=k, drafter=self.drafter(method), draft_context=self.draft_context)
-        if policy == "cost":
-            if self.curve is None:
-                raise ValueError("the cost policy needs measured costs")
-            c = self.curve if method == "draft" else self.curve.with_draft_step(0.0)
-            pol = make_policy(policy, k, costs=c, pad_verify=self.padded)
-        else:
-            pol = make_policy(policy, k)
-        return replay(self.trace, policy=pol, drafter=self.drafter(method), draft_context=self.draft_context)
-
-    def decode_s(self, method: str, rounds: Sequence[ReplayRound]) -> float:
-        """Predicted decode seconds of `rounds` (module docstring); NaN without costs."""
-        from specdec.traces import draft_pending
-
-        if self.curve is None:
-            return np.nan
-        total = 0.0
-        pending = draft_pending(rounds) if method == "draft" else [1] * len(rounds)
-        for r, p in zip(rounds, pending):
-            if method == "draft":
-                draft = self.curve.draft_round_s(r.k, p)
-            else:
-                draft = self.ngram_draft_s
-            verify = self.curve.padded_value(r.k + 1) if self.padded else self.curve.forward_s(r.k + 1)
-            total += draft + verify + self.o_spec
-        return total
-
-    def baseline_decode_s(self) -> float:
-        """Predicted target-only decode seconds: T x (F(1) + o_base)."""
-        if self.curve is None:
-            return np.nan
-        return len(self.trace.target_ids) * (self.curve.forward_s(1) + self.o_base)
-
-    def speedup(self, method: str, rounds: Sequence[ReplayRound]) -> float:
-        """Predicted decode speedup of `rounds` over target-only decoding."""
-        d = self.decode_s(method, rounds)
-        return self.baseline_decode_s() / d if d and np.isfinite(d) and d > 0 else np.nan
+        super().__init__(trace, curve, o_base=o_base, o_spec=o_spec, ngram_draft_s=ngram_draft_s, ngram=ngram,
+                         draft_context=draft_context, padded=padded)
+        self.key, self.prompt_type, self.catchup = key, prompt_type, catchup
 
 
 def _median(xs) -> float:

@@ -89,7 +89,7 @@ class ModelDrafter:
     def prefill(self, context: list[int]) -> None:
         """Put `context` in the draft's cache; when the draft's own context cannot hold it plus the last
         prompt token, the draft can never propose (`max_k` <= 0 from then on), so nothing is fed and the
-        speculative loop decodes with the target alone (C21)."""
+        speculative loop decodes with the target alone."""
         self.backend.reset()
         self._cached = []
         if len(context) + 1 > self.backend.max_length:
@@ -107,7 +107,7 @@ class ModelDrafter:
         if k <= 0:
             return Draft([], None)
         pending = committed[len(self._cached):]
-        # only the last pending row's distribution is used: the LM head runs on that row alone (C22)
+        # only the last pending row's distribution is used: the LM head runs on that row alone
         logits = self.backend.forward(pending, last=1)[-1, : self.vocab_size]  # [vocab]
         self._cached.extend(pending)
         tokens: list[int] = []

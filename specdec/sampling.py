@@ -52,7 +52,7 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     a token when the tokens strictly more likely than it (in descending order) hold less than top_p of the
     probability; the most likely token is always kept. The kept tokens are renormalised (softmax).
 
-    Work scales with what is kept, not with the vocabulary (C19): with top-k set (and no ties at the k-th
+    Work scales with what is kept, not with the vocabulary: with top-k set (and no ties at the k-th
     logit) top-p runs on the k values `torch.topk` returns, already sorted, and nothing of vocabulary width
     is sorted; with top-p alone, the `TOP_P_CANDIDATES` most likely tokens are taken first and the full
     vocabulary is sorted only when their mass does not reach top_p (tokens outside them are then dropped by

@@ -9,8 +9,8 @@ rounds of every fixed K and of every policy follow without running them:
   accepted length of a round starting at i is the run of agreements from i, capped at K;
 - prompt lookup's proposal depends only on the committed text, so the drafter itself is asked.
 
-Hardware then enters only through the cost curve (`specdec.costs`): MEASUREMENT.md's "separate what the
-algorithm does from what the hardware costs". The replay is exact when the draft's incremental steps
+Hardware then enters only through the cost curve (`specdec.costs`): what the algorithm does is kept apart
+from what the hardware costs. The replay is exact when the draft's incremental steps
 produce the same greedy tokens as its batched teacher-forced pass; near-ties can flip between those kernels
 (more so in bf16), so `compare_rounds` lists every round where a timed run and its replay disagree.
 """
@@ -159,6 +159,11 @@ class ReplayRound:
     k: int
     num_accepted: int
     num_emitted: int
+
+    @property
+    def num_drafted(self) -> int:
+        """Drafts counted as drafted, cut where the output stopped (the rule of `RoundRecord.num_drafted`)."""
+        return self.k if self.num_emitted > self.num_accepted else min(self.k, self.num_accepted)
 
     def as_record(self) -> RoundRecord:
         """The `RoundRecord` a real run of this round would carry (timings zero), for policies."""

@@ -194,8 +194,9 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
             be overstated there, never its accepted or emitted tokens).
         drafter: None = the draft model (from ``trace.draft_ids``); a prompt-lookup drafter (anything with
             the `Drafter.propose` method that needs no model) is asked for its proposal each round.
-        draft_context: the draft model's context length, when it clamps K (the engine's rule: K <= what
-            remains of that context after the committed sequence).
+        draft_context: the draft model's context length, when it clamps K (the engine's rule,
+            `ModelDrafter.max_k`: K <= draft_context - len(committed) + 1, since the draft never caches its
+            K-th token).
 
     Returns:
         The rounds in order; their emitted tokens sum to ``len(trace.target_ids)``.
@@ -220,7 +221,8 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
         stop = None if plan is None else plan.min_confidence
         kk = min(want, trace.max_new_tokens - pos - 1)
         if drafter is None and draft_context is not None:
-            kk = min(kk, draft_context - (len(trace.prompt_ids) + pos))
+            # `ModelDrafter.max_k`: a round ends with committed[:-1] + last + d1 .. d_{K-1} in the draft's cache
+            kk = min(kk, draft_context - (len(trace.prompt_ids) + pos) + 1)
         kk = max(kk, 0)
         if drafter is None:
             accepted = 0

@@ -17,7 +17,7 @@ sampled decoding. Properties:
 - sampled output follows the exact target law (chi-square over every output sequence, with a negative
   control that must fail it).
 
-Two model families: random GPT-2 checkpoints built from a config in-process (float64, so that a batched
+Model families: random GPT-2 and sliding-window Mistral checkpoints built from a config in-process (float64, so that a batched
 verification forward and one-token steps give the same argmax except at exact ties; builds cached per
 vocabulary, depth, context and seed), and `TableLM`, a backend whose next-token law is a fixed random
 function of the last tokens (no network: fast enough for the thousands of generations of a sampled case).
@@ -122,11 +122,23 @@ def _table_row(vocab: int, seed: int, scale: float, key: tuple[int, ...]) -> tor
 
 
 @functools.cache
-def gpt2(vocab: int, depth: int, ctx: int, seed: int, kind: str = "plain"):
-    """A float64 random GPT-2 (width 16) with context `ctx`; ``kind="near"``: the ``seed`` model plus noise
-    (a draft that often agrees with it)."""
-    model = build_tiny_model(seed, n_layer=depth, n_embd=16, vocab_size=vocab, n_positions=ctx,
-                             initializer_range=0.4).double()
+def tiny_lm(arch: str, vocab: int, depth: int, ctx: int, seed: int, kind: str = "plain"):
+    """A float64 random causal LM (width 16) with context `ctx`: ``arch`` "gpt2" (`build_tiny_model`) or
+    "mistral" (sliding window of 4 tokens, grouped-query attention); ``kind="near"``: the ``seed`` model plus
+    noise (a draft that often agrees with it)."""
+    if arch == "gpt2":
+        model = build_tiny_model(seed, n_layer=depth, n_embd=16, vocab_size=vocab, n_positions=ctx,
+                                 initializer_range=0.4)
+    else:
+        from transformers import MistralConfig, MistralForCausalLM
+
+        torch.manual_seed(seed)
+        model = MistralForCausalLM(MistralConfig(
+            vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=depth, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=ctx, sliding_window=4, tie_word_embeddings=False,
+            initializer_range=0.4,
+        )).eval()
+    model = model.double()
     if kind == "near":
         gen = torch.Generator().manual_seed(seed + 77)
         with torch.no_grad():
@@ -142,7 +154,7 @@ def make_backend(family: str, vocab: int, depth: int, ctx: int, seed: int, kind:
         if kind == "near":  # the same law on most contexts: the target's table with some rows redrawn
             return NearTable(vocab, seed, max_length or ctx, order=depth)
         return TableLM(vocab, seed, max_length or ctx, order=depth)
-    return HFBackend(gpt2(vocab, depth, ctx, seed, kind), max_length=max_length)
+    return HFBackend(tiny_lm(family, vocab, depth, ctx, seed, kind), max_length=max_length)
 
 
 class NearTable(TableLM):
@@ -214,7 +226,7 @@ def drafters(draw, vocab: int):
 
 @st.composite
 def greedy_cases(draw, family: str):
-    vocab = draw(st.sampled_from([3, 5, 16, 61] if family == "gpt2" else [2, 3, 5, 16, 200]))
+    vocab = draw(st.sampled_from([2, 3, 5, 16, 200] if family == "table" else [3, 5, 16, 61]))
     depth = draw(st.integers(1, 3))
     ctx = draw(st.sampled_from([12, 24, 40]))
     seed = draw(st.integers(0, 2))
@@ -411,6 +423,12 @@ def test_greedy_equals_target_only_gpt2_models(case):
     run_greedy_case(case)
 
 
+@examples(0.5)
+@given(case=greedy_cases("mistral"))
+def test_greedy_equals_target_only_sliding_window_models(case):
+    run_greedy_case(case)
+
+
 # -- sampled: the joint law of the output -----------------------------------------------------------------
 
 
@@ -499,6 +517,8 @@ def sampled_joint(case, draws: int, *, lie: bool = False) -> tuple[float, float]
         out = speculative_generate(target, drafter, prompt, n, policy=make_policy(name, **kw), sampling=params,
                                    eos_ids=eos, vocab_size=vocab, seed=i, pad_to=pad)
         check_counts(out, n, eos)
+        if kind == "same" and not lie:  # q is p: speculative sampling accepts every draft
+            assert out.num_accepted == out.num_drafted, out.rounds
         key = tuple(out.token_ids)
         observed[key] = observed.get(key, 0) + 1
     law = exact_law(target, prompt, n, eos, params)

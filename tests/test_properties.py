@@ -429,6 +429,63 @@ def test_greedy_equals_target_only_sliding_window_models(case):
     run_greedy_case(case)
 
 
+# -- warp: temperature, top-k, top-p against a direct reading of their definitions ---------------------------
+
+
+def reference_warp(row: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, float]:
+    """`warp`'s contract read literally, in float64: top-k keeps every token whose logit is >= the k-th
+    largest; top-p keeps a token when the tokens strictly more likely than it hold less than top_p. Returns
+    the probabilities and the distance of the nearest top-p decision from its threshold."""
+    x = row.double() / params.temperature
+    vocab = x.numel()
+    if 0 < params.top_k < vocab:
+        kth = torch.sort(x, descending=True).values[params.top_k - 1]
+        x = torch.where(x >= kth, x, torch.full_like(x, -math.inf))
+    margin = math.inf
+    if params.top_p < 1.0:
+        p = torch.softmax(x, dim=-1)
+        keep = torch.zeros(vocab, dtype=torch.bool)
+        for i in range(vocab):
+            above = float(p[x > x[i]].sum())
+            if float(p[i]) > 0.0 and float(above) > 0.0:
+                margin = min(margin, abs(above - params.top_p))
+            keep[i] = above < params.top_p
+        x = torch.where(keep, x, torch.full_like(x, -math.inf))
+    return torch.softmax(x, dim=-1), margin
+
+
+@st.composite
+def warp_cases(draw):
+    vocab = draw(st.sampled_from([1, 2, 3, 5, 8, 30, 1030, 1500]))
+    levels = draw(st.sampled_from([0, 2, 3, 6]))  # 0: continuous logits; else that many values (ties)
+    g = torch.Generator().manual_seed(draw(st.integers(0, 10**6)))
+    if levels:
+        row = torch.randint(0, levels, (vocab,), generator=g).float() * draw(st.sampled_from([0.01, 0.5, 2.0]))
+    else:
+        row = torch.randn(vocab, generator=g) * draw(st.sampled_from([0.01, 1.0, 4.0]))
+    n_masked = draw(st.integers(0, vocab - 1))
+    row[torch.randperm(vocab, generator=g)[:n_masked]] = -math.inf
+    params = SamplingParams(draw(st.sampled_from([0.3, 1.0, 2.5])), draw(st.integers(0, vocab + 1)),
+                            draw(st.one_of(st.sampled_from([1.0, 0.999, 0.9, 0.5, 0.2]), st.floats(0.01, 1.0))))
+    return row, params
+
+
+@examples(4.0)
+@given(case=warp_cases())
+# two tied most likely tokens and top-p below their mass: both kept (the sort's order decided before)
+@example(case=(torch.tensor([1.0, 1.0, 0.0]), SamplingParams(1.0, 0, 0.4)))
+@example(case=(torch.tensor([0.0, 1.0, 1.0]), SamplingParams(1.0, 2, 0.4)))
+# 1500 equal logits: all tied with the last of the 1024 top-p candidates, so all kept
+@example(case=(torch.zeros(1500), SamplingParams(1.0, 0, 0.5)))
+def test_warp_matches_its_definition(case):
+    row, params = case
+    ref, margin = reference_warp(row, params)
+    hypothesis.assume(margin > 1e-4)  # a top-p decision within rounding of its threshold is either way
+    got = warp(row, params)
+    assert got.shape == row.shape and torch.isfinite(got).all()
+    assert torch.allclose(got.double(), ref, atol=1e-5), (row, params, got, ref)
+
+
 # -- sampled: the joint law of the output -----------------------------------------------------------------
 
 

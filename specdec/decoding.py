@@ -276,6 +276,7 @@ def speculative_generate(
             k_requested=k_req,
             alpha_estimate=alpha_est,
             n_forward=n_forward if pad_to is not None else None,
+            draft_stopped=draft.stopped,
         )
         result.rounds.append(record)
         policy.observe(record)

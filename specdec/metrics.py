@@ -124,6 +124,8 @@ class RoundRecord:
         n_forward: tokens in the round's target forward when verification was padded to a cheaper shape
             (`specdec.decoding.speculative_generate`'s ``pad_to``; >= k + 1, the extra ones filler); None:
             not padded, the forward held k + 1 tokens.
+        draft_stopped: the draft model stopped on its confidence before the K asked (`Draft.stopped`): it
+            fed its k-th token too, so the next round's catch-up is 1 token (`specdec.traces.draft_pending`).
     """
 
     k: int
@@ -139,6 +141,7 @@ class RoundRecord:
     num_accepted_raw: int | None = None
     forward_s: float | None = None
     n_forward: int | None = None
+    draft_stopped: bool = False
 
     @property
     def num_drafted(self) -> int:

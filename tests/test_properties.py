@@ -13,7 +13,9 @@ sampled decoding. Properties:
 - per round: accepted <= drafted <= K, emitted = accepted + 1 except in a last round cut by an EOS (then
   emitted <= accepted + 1 and the drafts after the cut are not counted); rates in [0, 1], block efficiency
   >= 1; the budget and the EOS are honoured;
-- the trace replay (`specdec.traces.replay`) reproduces the real rounds (greedy);
+- the trace replay (`specdec.traces.replay`) reproduces the real rounds (greedy), and `draft_pending` the
+  tokens the draft model feeds at the start of each round;
+- `warp` (temperature, top-k, top-p) equals a literal reading of its definition, ties included;
 - sampled output follows the exact target law (chi-square over every output sequence, with a negative
   control that must fail it).
 
@@ -48,7 +50,7 @@ from specdec.decoding import autoregressive_generate, speculative_generate
 from specdec.drafters import Draft, ModelDrafter, PromptLookupDrafter, ScriptedDrafter
 from specdec.policies import make_policy
 from specdec.sampling import SamplingParams, warp
-from specdec.traces import compare_rounds, record_trace, replay
+from specdec.traces import compare_rounds, draft_pending, record_trace, replay
 
 
 def examples(share: float) -> settings:
@@ -271,9 +273,30 @@ def build_drafter(case, oracle_ids=None):
     ctx = case["ctx"]
     draft_ctx = None if opts["draft_ctx_cut"] is None else max(1, ctx - opts["draft_ctx_cut"])
     seed = case["seed"] if kind in ("same", "near") else case["seed"] + 10
-    backend = make_backend(case["family"], vocab, case["depth"], ctx, seed, "near" if kind == "near" else "plain",
-                           max_length=draft_ctx)
+    backend = FirstFeeds(make_backend(case["family"], vocab, case["depth"], ctx, seed,
+                                      "near" if kind == "near" else "plain", max_length=draft_ctx))
     return ModelDrafter(backend, vocab), backend, draft_ctx
+
+
+class FirstFeeds:
+    """Wraps a draft backend and records how many tokens each round's first draft forward feeds (the one
+    `ModelDrafter.propose` scores with ``last=1``)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.feeds: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def cache_length(self):
+        return self.inner.cache_length
+
+    def forward(self, tokens, *, logits=True, last=None):
+        if last is not None:
+            self.feeds.append(len(tokens))
+        return self.inner.forward(tokens, logits=logits, last=last)
 
 
 class CheckedPolicy:
@@ -359,7 +382,7 @@ def run_greedy_case(case):
                                  vocab_size=vocab, pad_to=pad)
         return
     assert len(prompt) + budget <= case["ctx"]
-    drafter, _, draft_ctx = build_drafter(case, list(prompt) + ref.token_ids)
+    drafter, draft_backend, draft_ctx = build_drafter(case, list(prompt) + ref.token_ids)
     policy = CheckedPolicy(make_policy(name, **kw), target, drafter, len(prompt))
     out = speculative_generate(target, drafter, prompt, budget, policy=policy, eos_ids=eos, vocab_size=vocab,
                                pad_to=pad)
@@ -383,6 +406,9 @@ def run_greedy_case(case):
             draft_len, draft_ids = cached
             assert draft_len == len(draft_ids) <= committed - 1
             assert draft_ids == full[: len(draft_ids)]
+    if draft_backend is not None:  # the draft's catch-up per round, as the time model predicts it
+        assert draft_backend.feeds == [n for n, r in zip(draft_pending(out.rounds), out.rounds, strict=True)
+                                       if r.k > 0]
     if pad is not None:  # target-only decoding with padded steps is the same oracle
         padded = autoregressive_generate(target, prompt, budget, eos_ids=eos, vocab_size=vocab, pad_to=pad)
         assert padded.token_ids == ref.token_ids
@@ -404,6 +430,8 @@ def run_greedy_case(case):
     assert compare_rounds(out.rounds, replayed, k_upper_bound=upper) == []
     if not upper:
         assert [r.num_drafted for r in replayed] == [r.num_drafted for r in out.rounds]
+    if rep_drafter is None:
+        assert draft_pending(replayed) == draft_pending(out.rounds)
     assert sum(r.num_emitted for r in replayed) == len(out.token_ids)
 
 
@@ -413,6 +441,10 @@ def run_greedy_case(case):
 @example(case={"family": "table", "vocab": 2, "depth": 1, "ctx": 12, "seed": 0, "prompt": [0] * 6, "budget": 2,
                "eos": frozenset(), "policy": ("fixed", {"k": 1}), "drafter": ("same", {"draft_ctx_cut": 6}),
                "pad": "none"})
+# a draft stopped on its confidence has fed its last token: the next round's catch-up is 1 token, not 2
+@example(case={"family": "table", "vocab": 2, "depth": 1, "ctx": 12, "seed": 0, "prompt": [0], "budget": 4,
+               "eos": frozenset(), "policy": ("confidence", {"k": 2, "confidence_threshold": 1.5}),
+               "drafter": ("same", {"draft_ctx_cut": None}), "pad": "none"})
 def test_greedy_equals_target_only_table_models(case):
     run_greedy_case(case)
 
@@ -551,7 +583,7 @@ class LyingDrafter:
         d = self.inner.propose(committed, k, sampling, generator, min_confidence)
         if d.probs is None:
             return d
-        return Draft(d.tokens, 0.5 * d.probs + 0.5 / d.probs.shape[-1])
+        return Draft(d.tokens, 0.5 * d.probs + 0.5 / d.probs.shape[-1], d.stopped)
 
 
 def sampled_joint(case, draws: int, *, lie: bool = False) -> tuple[float, float]:

@@ -158,18 +158,18 @@ def test_c14_rejection_after_eos_is_not_counted(tiny_tokenizer, target):
 
 
 def _reference_warp(logits, params):
-    """The warp of specdec before C19 (full sort of every row): the oracle the fast paths must equal."""
+    """`warp`'s contract without shortcuts (every row in full): the oracle the fast paths must equal. Top-p
+    drops a token when the tokens strictly more likely than it hold top_p (tied tokens decided together)."""
     x = logits.float() / params.temperature
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        sorted_p = torch.softmax(sorted_x, dim=-1)
-        drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= params.top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        p = torch.softmax(x, dim=-1)
+        drop = torch.stack([(row_p[None, :] * (row_x[None, :] > row_x[:, None])).sum(-1) >= params.top_p
+                            for row_x, row_p in zip(x, p)])  # [rows, vocab]: mass strictly above each token
+        drop[torch.arange(x.shape[0]), x.argmax(-1)] = False
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1)
 

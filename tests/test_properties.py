@@ -31,7 +31,6 @@ Profiles (tests/conftest.py): ``ci`` by default (derandomized, a few hundred exa
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 
 import pytest
@@ -580,23 +579,20 @@ def exact_law(target: TableLM, prompt, n: int, eos, params: SamplingParams) -> d
 
 
 def chi_square(observed: dict, law: dict, draws: int) -> tuple[float, int]:
-    """Pearson's statistic and degrees of freedom; cells expected below 5 are pooled into one cell. An
-    output the law gives probability 0 is an infinite statistic."""
+    """Pearson's statistic and degrees of freedom. The least likely outputs are pooled into one cell, from
+    the least likely up, until it expects at least 5 (so no cell expects fewer). An output the law gives
+    probability 0 is an infinite statistic."""
     if any(o not in law for o in observed):
         return math.inf, 1
-    stat, small_e, small_o, cells = 0.0, 0.0, 0, 0
-    for out, prob in law.items():
-        e, o = draws * prob, observed.get(out, 0)
-        if e < 5.0:
-            small_e += e
-            small_o += o
-            continue
-        stat += (o - e) ** 2 / e
-        cells += 1
-    if small_e > 0.0:
-        stat += (small_o - small_e) ** 2 / max(small_e, 1e-9)
-        cells += 1
-    return stat, max(cells - 1, 1)
+    cells = sorted((draws * prob, observed.get(out, 0)) for out, prob in law.items())
+    pool_e, pool_o, i = 0.0, 0, 0
+    while i < len(cells) and pool_e < 5.0:
+        pool_e += cells[i][0]
+        pool_o += cells[i][1]
+        i += 1
+    merged = ([(pool_e, pool_o)] if i > 0 else []) + cells[i:]
+    stat = sum((o - e) ** 2 / e for e, o in merged if e > 0.0)
+    return stat, max(len(merged) - 1, 1)
 
 
 class LyingDrafter:
@@ -693,4 +689,8 @@ def test_exact_law_sums_to_one_and_stops_at_eos():
     assert math.isclose(sum(law.values()), 1.0, rel_tol=1e-6)
     assert all(len(o) == 3 or o[-1] == 2 for o in law)
     assert all(2 not in o[:-1] for o in law)
-    assert len(list(itertools.islice(law, 1))) == 1
+    # the pooled chi-square: a rare output seen once is no evidence against the law
+    rare = {(0,): 1e-4, (1,): 0.4999, (2,): 0.5}
+    stat, df = chi_square({(0,): 1, (1,): 500, (2,): 499}, rare, 1000)
+    assert stat < chi2_critical(df)
+    assert chi_square({(0,): 1000}, {(1,): 1.0}, 1000)[0] == math.inf

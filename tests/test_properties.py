@@ -666,7 +666,7 @@ def sampled_cases(draw):
 SAMPLED_DRAWS = 1500
 
 
-@examples(0.15)
+@examples(0.1)
 @given(case=sampled_cases())
 def test_sampled_output_follows_the_target_law(case):
     stat, crit = sampled_joint(case, SAMPLED_DRAWS)

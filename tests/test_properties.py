@@ -245,7 +245,14 @@ def greedy_cases(draw, family: str):
         "family": family, "vocab": vocab, "depth": depth, "ctx": ctx, "seed": seed, "prompt": prompt,
         "budget": budget, "eos": eos, "policy": draw(policies()), "drafter": draw(drafters(vocab)),
         "pad": draw(st.sampled_from(list(PAD_RULES))),
+        "extra_rows": draw(st.sampled_from([0, 0, 3])),
     }
+
+
+def model_vocab(case) -> int:
+    """Logits columns of the case's models: the shared vocabulary plus ``extra_rows`` padding rows (as real
+    checkpoints pad their embeddings), which the engine must never choose."""
+    return case["vocab"] + case.get("extra_rows", 0)
 
 
 def build_drafter(case, oracle_ids=None):
@@ -272,7 +279,7 @@ def build_drafter(case, oracle_ids=None):
     ctx = case["ctx"]
     draft_ctx = None if opts["draft_ctx_cut"] is None else max(1, ctx - opts["draft_ctx_cut"])
     seed = case["seed"] if kind in ("same", "near") else case["seed"] + 10
-    backend = FirstFeeds(make_backend(case["family"], vocab, case["depth"], ctx, seed,
+    backend = FirstFeeds(make_backend(case["family"], model_vocab(case), case["depth"], ctx, seed,
                                       "near" if kind == "near" else "plain", max_length=draft_ctx))
     return ModelDrafter(backend, vocab), backend, draft_ctx
 
@@ -368,7 +375,7 @@ def check_counts(out, budget, eos):
 
 def run_greedy_case(case):
     vocab, prompt, budget, eos = case["vocab"], case["prompt"], case["budget"], case["eos"]
-    target = make_backend(case["family"], vocab, case["depth"], case["ctx"], case["seed"])
+    target = make_backend(case["family"], model_vocab(case), case["depth"], case["ctx"], case["seed"])
     pad = PAD_RULES[case["pad"]]
     name, kw = case["policy"]
     try:
@@ -391,8 +398,9 @@ def run_greedy_case(case):
         event("drafts cut at an EOS")
     if draft_ctx is not None and any(r.k < (r.k_requested or 0) for r in out.rounds):
         event("K clamped (budget or draft context)")
-    # the oracle: target-only greedy decoding
+    # the oracle: target-only greedy decoding; never a padding row of the logits
     assert out.token_ids == ref.token_ids
+    assert all(0 <= t < vocab for t in out.token_ids)
     assert out.finish_reason == ref.finish_reason
     check_counts(out, budget, eos)
     # the caches after every round: the target holds the committed sequence minus its last token, the draft
@@ -416,7 +424,7 @@ def run_greedy_case(case):
         return
     kind = case["drafter"][0]
     if kind in ("same", "near", "far"):
-        full_ctx = make_backend(case["family"], vocab, case["depth"], case["ctx"],
+        full_ctx = make_backend(case["family"], model_vocab(case), case["depth"], case["ctx"],
                                 case["seed"] if kind in ("same", "near") else case["seed"] + 10,
                                 "near" if kind == "near" else "plain")
         trace = record_trace(prompt, ref.token_ids, budget, full_ctx, vocab_size=vocab)
@@ -476,7 +484,7 @@ def test_sampled_runs_keep_the_counts_and_are_reproducible(case):
     and on `TableLM` (exact rows) padded verification changes nothing at all."""
     vocab, prompt, budget, eos, params = case["vocab"], case["prompt"], case["budget"], case["eos"], case["sampling"]
     hypothesis.assume(len(prompt) + budget <= case["ctx"])
-    target = make_backend(case["family"], vocab, case["depth"], case["ctx"], case["seed"])
+    target = make_backend(case["family"], model_vocab(case), case["depth"], case["ctx"], case["seed"])
     name, kw = case["policy"]
     runs = []
     for pad in (PAD_RULES[case["pad"]], PAD_RULES[case["pad"]], None):
@@ -485,6 +493,7 @@ def test_sampled_runs_keep_the_counts_and_are_reproducible(case):
         out = speculative_generate(target, drafter, prompt, budget, policy=policy, sampling=params, eos_ids=eos,
                                    vocab_size=vocab, seed=11, pad_to=pad)
         check_counts(out, budget, eos)
+        assert all(0 <= t < vocab for t in out.token_ids)
         assert all(target_len == committed - 1 for committed, target_len, _ in policy.seen)
         runs.append(out.token_ids)
     assert runs[0] == runs[1]

@@ -1,7 +1,7 @@
 """Decoding loops: target-only (`autoregressive_generate`) and speculative (`speculative_generate`).
 
 Both use the same `Backend` objects and the same cache invariant, so the baseline runs exactly the target
-code the speculative loop runs (the fair comparison of MEASUREMENT.md).
+code the speculative loop runs (the fair comparison: the same code, with and without drafting).
 
 Cache invariant (llama.cpp ``speculative-simple``): each cache holds the committed sequence minus its last
 token. Prefill feeds ``prompt[:-1]``; every round then feeds ``[last, d1 .. dK]`` to the target in ONE
@@ -262,7 +262,8 @@ def speculative_generate(
         drafter.rollback(committed)
         record = RoundRecord(
             k=len(d),
-            # counts stop where the output stops: drafts accepted after an EOS never reached it (C14)
+            # counts stop where the output stops: drafts accepted after an EOS never reached it (and
+            # `RoundRecord.num_drafted` cuts the drafted count at the same place)
             num_accepted=min(verdict.num_accepted, len(block)),
             num_accepted_raw=verdict.num_accepted,
             accept_flags=verdict.accept_flags,
@@ -275,6 +276,7 @@ def speculative_generate(
             k_requested=k_req,
             alpha_estimate=alpha_est,
             n_forward=n_forward if pad_to is not None else None,
+            draft_stopped=draft.stopped,
         )
         result.rounds.append(record)
         policy.observe(record)

@@ -22,10 +22,15 @@ from specdec.sampling import SamplingParams, sample, warp
 @dataclass
 class Draft:
     """A proposal: ``tokens`` (length <= K) and, for drafters that sample, ``probs`` ``[len(tokens), vocab]``
-    — the warped distributions each token was drawn from (None for deterministic drafters)."""
+    — the warped distributions each token was drawn from (None for deterministic drafters).
+
+    ``stopped``: the draft model stopped on its confidence before K tokens; it then fed its last token
+    to decide so (one more draft step than an unstopped round of as many tokens, and its cache holds every
+    drafted token: `specdec.traces.draft_pending`)."""
 
     tokens: list[int]
     probs: torch.Tensor | None = None
+    stopped: bool = False
 
 
 class Drafter(Protocol):
@@ -89,7 +94,7 @@ class ModelDrafter:
     def prefill(self, context: list[int]) -> None:
         """Put `context` in the draft's cache; when the draft's own context cannot hold it plus the last
         prompt token, the draft can never propose (`max_k` <= 0 from then on), so nothing is fed and the
-        speculative loop decodes with the target alone (C21)."""
+        speculative loop decodes with the target alone."""
         self.backend.reset()
         self._cached = []
         if len(context) + 1 > self.backend.max_length:
@@ -107,17 +112,19 @@ class ModelDrafter:
         if k <= 0:
             return Draft([], None)
         pending = committed[len(self._cached):]
-        # only the last pending row's distribution is used: the LM head runs on that row alone (C22)
+        # only the last pending row's distribution is used: the LM head runs on that row alone
         logits = self.backend.forward(pending, last=1)[-1, : self.vocab_size]  # [vocab]
         self._cached.extend(pending)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         threshold = min_confidence
+        stopped = False
         for i in range(k):
             q = None if sampling.greedy else warp(logits, sampling)
             if i >= 1 and threshold is not None:
                 dist = q if q is not None else torch.softmax(logits.float(), dim=-1)
                 if float(dist.max()) < threshold:
+                    stopped = True
                     break  # tokens[-1] is already cached; rollback() trims the cache as usual
             if sampling.greedy:
                 t = int(logits.argmax())
@@ -130,7 +137,7 @@ class ModelDrafter:
             if i < k - 1:
                 logits = self.backend.forward([t])[-1, : self.vocab_size]
                 self._cached.append(t)
-        return Draft(tokens, torch.stack(probs) if probs else None)
+        return Draft(tokens, torch.stack(probs) if probs else None, stopped)
 
     def rollback(self, committed) -> None:
         limit = min(len(self._cached), len(committed) - 1)

@@ -5,9 +5,13 @@ spec-decode metrics), and declared once in `RATES` as (numerator, denominator) o
 `GenerationResult`, the sweep's console lines and the report all evaluate. Definitions (the bonus/recovered
 token is the ``+1`` of each round):
 
-- **drafted** = sum of K over rounds (tokens actually proposed; a prompt-lookup round may propose < K).
-- **accepted** = sum of accepted draft tokens that reached the output (not those the verifier accepted after an EOS). Excludes the recovered/bonus token.
-- **acceptance rate** = accepted / drafted.
+- **drafted** = sum over rounds of the draft tokens offered for verification (K of the round; a prompt-lookup
+  round may propose < K), cut where the output stops: when an EOS ends the output inside the drafted block,
+  the drafts after it never reached the output and are not counted (`RoundRecord.num_drafted`).
+- **accepted** = sum of accepted draft tokens that reached the output (not those accepted after an EOS).
+  Excludes the recovered/bonus token.
+- **acceptance rate** = accepted / drafted. Numerator and denominator are cut at the same place, so a
+  drafter that always agrees with the target reads 1.0 whether the output ends at the budget or at an EOS.
 - **alpha-hat** = accepted / (accepted + rejections), where a rejection is a round that stopped at a
   rejected draft token. It estimates the per-token acceptance probability alpha of Leviathan et al. and,
   unlike the acceptance rate, does not fall as K grows (an all-accepted round contributes no rejection).
@@ -98,7 +102,8 @@ class RoundRecord:
     """One round: the drafter proposed `k` tokens, the target scored k+1 positions in one forward.
 
     Attributes:
-        k: draft tokens proposed and verified (0 = a plain target step).
+        k: draft tokens proposed and verified, i.e. the forward held k + 1 tokens (0 = a plain target step);
+            the cost of the round. The counted drafts are `num_drafted` (cut at the output's end).
         k_requested: K the policy asked for before clamping to budget/context/drafter supply.
         num_accepted: accepted draft tokens that reached the output: the verifier's accepted prefix, cut
             where the output stopped (an EOS inside the block), i.e. ``min(num_accepted_raw, num_emitted)``.
@@ -119,6 +124,8 @@ class RoundRecord:
         n_forward: tokens in the round's target forward when verification was padded to a cheaper shape
             (`specdec.decoding.speculative_generate`'s ``pad_to``; >= k + 1, the extra ones filler); None:
             not padded, the forward held k + 1 tokens.
+        draft_stopped: the draft model stopped on its confidence before the K asked (`Draft.stopped`): it
+            fed its k-th token too, so the next round's catch-up is 1 token (`specdec.traces.draft_pending`).
     """
 
     k: int
@@ -134,6 +141,15 @@ class RoundRecord:
     num_accepted_raw: int | None = None
     forward_s: float | None = None
     n_forward: int | None = None
+    draft_stopped: bool = False
+
+    @property
+    def num_drafted(self) -> int:
+        """Draft tokens counted as drafted: `k`, or, when the output stopped inside the drafted block (an EOS
+        among the accepted drafts: ``num_emitted <= num_accepted``), the drafts before that cut, which are
+        exactly the `num_accepted` ones (drafts after the cut never reached the output, as accepted ones
+        after it are not counted). The denominator of the acceptance rate, cut where its numerator is."""
+        return self.k if self.num_emitted > self.num_accepted else min(self.k, self.num_accepted)
 
     @property
     def rejected(self) -> bool:
@@ -175,7 +191,8 @@ class GenerationResult:
 
     @property
     def num_drafted(self) -> int:
-        return sum(r.k for r in self.rounds)
+        """Draft tokens offered for verification, cut where the output stopped (`RoundRecord.num_drafted`)."""
+        return sum(r.num_drafted for r in self.rounds)
 
     @property
     def num_accepted(self) -> int:
@@ -265,10 +282,11 @@ class GenerationResult:
         }
 
     def rounds_as_dicts(self) -> list[dict]:
-        """Per-round records as plain dicts (accept_flags as a '1011' string)."""
+        """Per-round records as plain dicts (accept_flags as a '1011' string; the counted `num_drafted` too)."""
         out = []
         for r in self.rounds:
             d = asdict(r)
             d["accept_flags"] = "".join("1" if f else "0" for f in r.accept_flags)
+            d["num_drafted"] = r.num_drafted
             out.append(d)
         return out

@@ -52,11 +52,11 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     a token when the tokens strictly more likely than it (in descending order) hold less than top_p of the
     probability; the most likely token is always kept. The kept tokens are renormalised (softmax).
 
-    Work scales with what is kept, not with the vocabulary (C19): with top-k set (and no ties at the k-th
+    Work scales with what is kept, not with the vocabulary: with top-k set (and no ties at the k-th
     logit) top-p runs on the k values `torch.topk` returns, already sorted, and nothing of vocabulary width
     is sorted; with top-p alone, the `TOP_P_CANDIDATES` most likely tokens are taken first and the full
-    vocabulary is sorted only when their mass does not reach top_p (tokens outside them are then dropped by
-    the rule above anyway, so the result is the same).
+    vocabulary is sorted only when their mass does not reach top_p or the last of them is kept (otherwise
+    tokens outside them are dropped by the rule above anyway, so the result is the same).
 
     Args:
         logits: ``[..., vocab]`` any float dtype; ``-inf`` entries are allowed (masked tokens).
@@ -90,7 +90,9 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
             p_top = torch.exp(vals - torch.logsumexp(x, dim=-1, keepdim=True))  # full-softmax probabilities
             if bool((p_top.sum(dim=-1) >= params.top_p).all()):
                 vals = _top_p_sorted(vals, p_top, params.top_p)
-                return torch.zeros_like(x).scatter(-1, idx, torch.softmax(vals, dim=-1))
+                # exact unless the last candidate is kept: a token outside them tied with it is kept too
+                if not bool(torch.isfinite(vals[..., -1]).any()):
+                    return torch.zeros_like(x).scatter(-1, idx, torch.softmax(vals, dim=-1))
         sorted_x, order = torch.sort(x, dim=-1, descending=True)
         drop_sorted = torch.isneginf(_top_p_sorted(sorted_x, torch.softmax(sorted_x, dim=-1), params.top_p))
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
@@ -101,10 +103,17 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def _top_p_sorted(sorted_x: torch.Tensor, sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
     """Top-p on rows sorted in descending order: ``sorted_x`` with the dropped entries set to ``-inf``.
 
-    A token is dropped when the tokens before it (strictly more likely) already reach `top_p`; the first
-    token is always kept. ``sorted_p`` are the probabilities of ``sorted_x`` under the full distribution.
+    A token is dropped when the tokens strictly more likely than it already reach `top_p`; the first token
+    is always kept. Tied tokens share one decision (the mass before the first of them), so which of two equal
+    logits the sort put first never matters. ``sorted_p`` are the probabilities of ``sorted_x`` under the
+    full distribution.
     """
-    drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+    before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of the tokens sorted before each one
+    pos = torch.arange(sorted_x.shape[-1], device=sorted_x.device).expand(sorted_x.shape)
+    new_value = torch.ones(sorted_x.shape, dtype=torch.bool, device=sorted_x.device)
+    new_value[..., 1:] = sorted_x[..., 1:] != sorted_x[..., :-1]
+    first_of_tie = torch.where(new_value, pos, torch.zeros_like(pos)).cummax(dim=-1).values
+    drop = before.gather(-1, first_of_tie) >= top_p
     drop[..., 0] = False
     return sorted_x.masked_fill(drop, float("-inf"))
 

@@ -9,8 +9,8 @@ rounds of every fixed K and of every policy follow without running them:
   accepted length of a round starting at i is the run of agreements from i, capped at K;
 - prompt lookup's proposal depends only on the committed text, so the drafter itself is asked.
 
-Hardware then enters only through the cost curve (`specdec.costs`): MEASUREMENT.md's "separate what the
-algorithm does from what the hardware costs". The replay is exact when the draft's incremental steps
+Hardware then enters only through the cost curve (`specdec.costs`): what the algorithm does is kept apart
+from what the hardware costs. The replay is exact when the draft's incremental steps
 produce the same greedy tokens as its batched teacher-forced pass; near-ties can flip between those kernels
 (more so in bf16), so `compare_rounds` lists every round where a timed run and its replay disagree.
 """
@@ -154,18 +154,26 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 @dataclass(frozen=True)
 class ReplayRound:
     """A replayed round: `k` tokens drafted, `num_accepted` of them reached the output, `num_emitted`
-    committed (accepted + the recovered or bonus token, cut at the output's end)."""
+    committed (accepted + the recovered or bonus token, cut at the output's end); `draft_stopped`: the
+    draft model's confidence stop ended it before the K asked (`RoundRecord.draft_stopped`)."""
 
     k: int
     num_accepted: int
     num_emitted: int
+    draft_stopped: bool = False
+
+    @property
+    def num_drafted(self) -> int:
+        """Drafts counted as drafted, cut where the output stopped (the rule of `RoundRecord.num_drafted`)."""
+        return self.k if self.num_emitted > self.num_accepted else min(self.k, self.num_accepted)
 
     def as_record(self) -> RoundRecord:
         """The `RoundRecord` a real run of this round would carry (timings zero), for policies."""
         rejected = self.num_accepted < self.k and self.num_emitted > self.num_accepted
         flags = (True,) * self.num_accepted + ((False,) if rejected else ())
         return RoundRecord(k=self.k, num_accepted=self.num_accepted, accept_flags=flags,
-                           next_kind="recovered" if rejected else "bonus", num_emitted=self.num_emitted)
+                           next_kind="recovered" if rejected else "bonus", num_emitted=self.num_emitted,
+                           draft_stopped=self.draft_stopped)
 
 
 def _run(proposal: Sequence[int], target: Sequence[int]) -> int:
@@ -189,8 +197,9 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
             be overstated there, never its accepted or emitted tokens).
         drafter: None = the draft model (from ``trace.draft_ids``); a prompt-lookup drafter (anything with
             the `Drafter.propose` method that needs no model) is asked for its proposal each round.
-        draft_context: the draft model's context length, when it clamps K (the engine's rule: K <= what
-            remains of that context after the committed sequence).
+        draft_context: the draft model's context length, when it clamps K (the engine's rule,
+            `ModelDrafter.max_k`: K <= draft_context - len(committed) + 1, since the draft never caches its
+            K-th token).
 
     Returns:
         The rounds in order; their emitted tokens sum to ``len(trace.target_ids)``.
@@ -215,13 +224,15 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
         stop = None if plan is None else plan.min_confidence
         kk = min(want, trace.max_new_tokens - pos - 1)
         if drafter is None and draft_context is not None:
-            kk = min(kk, draft_context - (len(trace.prompt_ids) + pos))
+            # `ModelDrafter.max_k`: a round ends with committed[:-1] + last + d1 .. d_{K-1} in the draft's cache
+            kk = min(kk, draft_context - (len(trace.prompt_ids) + pos) + 1)
         kk = max(kk, 0)
         if drafter is None:
             accepted = 0
             while accepted < kk and pos + accepted < len(target) and agree[pos + accepted]:
                 accepted += 1
             drafted = kk
+            stopped = False
             if stop is not None and kk > 1:
                 # the confidence stop before draft token i >= 1 reads the draft's top probability given the
                 # tokens drafted so far: known from the trace while they agree with the target (i <= accepted);
@@ -232,14 +243,16 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
                     if pos + i < len(probs) and probs[pos + i] < stop:
                         drafted = i
                         accepted = min(accepted, i)
+                        stopped = True
                         break
         else:
             committed = list(trace.prompt_ids) + list(target[:pos])
             proposal = drafter.propose(committed, kk, GREEDY, None).tokens if kk else []
             drafted = len(proposal)
+            stopped = False
             accepted = _run(proposal, target[pos:])
         emitted = min(accepted + 1, len(target) - pos)
-        r = ReplayRound(drafted, min(accepted, emitted), emitted)
+        r = ReplayRound(drafted, min(accepted, emitted), emitted, stopped)
         rounds.append(r)
         if policy is not None:
             policy.observe(r.as_record())
@@ -251,15 +264,17 @@ def draft_pending(rounds: Sequence) -> list[int]:
     """Tokens the draft model feeds in the first forward of each round: its catch-up (`ModelDrafter.propose`).
 
     The draft's cache ends a round holding the committed sequence up to its last token plus the draft tokens
-    it fed (d_1 .. d_{k-1}; d_k is proposed but never fed); `ModelDrafter.rollback` keeps the part that
-    agrees with the new committed sequence. So the next round starts by feeding 1 token (the recovered or
-    bonus token) after a round with a rejection, 2 after an all-accepted round (d_k and the bonus token),
-    and one more for every plain round (k = 0) in between, which feeds the draft nothing. The first round
-    feeds 1 (the prompt's last token; the prefill holds the rest). Prompt lookup has no cache: this applies
-    to the draft model only.
+    it fed (d_1 .. d_{k-1}; d_k is proposed but never fed, unless the draft stopped on its confidence, which
+    fed d_k to read the next token's confidence); `ModelDrafter.rollback` keeps the part that agrees with
+    the new committed sequence. So the next round starts by feeding 1 token (the recovered or bonus token)
+    after a round with a rejection or a confidence stop, 2 after an all-accepted round that drafted the K
+    asked (d_k and the bonus token), and one more for every plain round (k = 0) in between, which feeds the
+    draft nothing. The first round feeds 1 (the prompt's last token; the prefill holds the rest). Prompt
+    lookup has no cache: this applies to the draft model only.
 
     Args:
-        rounds: `ReplayRound`s or `specdec.metrics.RoundRecord`s in order (``k`` drafted, ``num_accepted``).
+        rounds: `ReplayRound`s or `specdec.metrics.RoundRecord`s in order (``k`` drafted, ``num_accepted``,
+            ``draft_stopped`` when present).
 
     Returns:
         ``[len(rounds)]`` pending token counts (>= 1; a plain round's entry is what a draft forward would
@@ -270,7 +285,8 @@ def draft_pending(rounds: Sequence) -> list[int]:
     for r in rounds:
         out.append(pending)
         if r.k > 0:
-            pending = 2 if r.num_accepted >= r.k else 1
+            full = r.num_accepted >= r.k and not getattr(r, "draft_stopped", False)
+            pending = 2 if full else 1
         else:
             pending += 1
     return out

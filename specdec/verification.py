@@ -117,7 +117,7 @@ def stochastic_verify_logits(
     sampling: SamplingParams,
     generator: torch.Generator | None,
 ) -> Verdict:
-    """`stochastic_verify` on raw target logits, warping a row only when verification reaches it (C19).
+    """`stochastic_verify` on raw target logits, warping a row only when verification reaches it.
 
     Row i is warped (``warp(target_logits[i], sampling)``) just before draft token i is tested, so rows after
     the first rejection are never warped; with K = 16 and a 151,936-token vocabulary under top-p, that is

@@ -18,6 +18,25 @@ from specdec.drafters import Draft
 # Tiny models gain nothing from intra-op threads, and oversubscribed threads slow every test badly.
 torch.set_num_threads(1)
 
+try:  # Hypothesis profiles for tests/test_properties.py; choose one with --hypothesis-profile=NAME
+    from hypothesis import HealthCheck, settings
+
+    _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    # "ci" (the default): derandomized (the same examples every run), about 300 examples over the file
+    settings.register_profile("ci", max_examples=50, derandomize=True, deadline=None, database=None,
+                              print_blob=True, suppress_health_check=_SLOW_OK)
+    # "long": a benchmark-size random search (about 100 times "ci"); failures are printed with their seed
+    settings.register_profile("long", max_examples=5000, deadline=None, print_blob=True,
+                              suppress_health_check=_SLOW_OK)
+except ImportError:  # hypothesis is in the `test` extra; only tests/test_properties.py needs it
+    settings = None
+
+
+def pytest_configure(config):
+    """Load the "ci" Hypothesis profile unless --hypothesis-profile chose one."""
+    if settings is not None and not config.getoption("hypothesis_profile", default=None):
+        settings.load_profile("ci")
+
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -59,13 +78,15 @@ def build_tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
 
 
-def build_tiny_model(seed: int, *, n_layer: int = 2, n_embd: int = 64, vocab_size: int = 1000):
+def build_tiny_model(seed: int, *, n_layer: int = 2, n_embd: int = 64, vocab_size: int = 1000,
+                     n_positions: int = 128, initializer_range: float = 0.1):
+    """A random GPT-2 (2 heads) with `seed`; `n_positions` is its context in tokens."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     config = GPT2Config(
-        n_layer=n_layer, n_embd=n_embd, n_head=2, vocab_size=vocab_size, n_positions=128,
-        bos_token_id=1, eos_token_id=0, tie_word_embeddings=False, initializer_range=0.1,
+        n_layer=n_layer, n_embd=n_embd, n_head=2, vocab_size=vocab_size, n_positions=n_positions,
+        bos_token_id=1, eos_token_id=0, tie_word_embeddings=False, initializer_range=initializer_range,
     )
     return GPT2LMHeadModel(config).eval()
 

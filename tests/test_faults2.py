@@ -88,12 +88,41 @@ def test_c14_accepted_counts_stop_at_eos(tiny_tokenizer, target, same_draft):
     assert (r.k, r.num_accepted_raw, r.num_accepted, r.num_emitted) == (8, 8, 3, 3)
     assert not r.rejected  # nothing was rejected before the EOS
     assert out.num_accepted == 3 and out.num_rejections == 0
-    assert out.acceptance_rate == 3 / 8  # drafted stays the work done: 8 drafts, 3 of them reached the output
+    assert out.acceptance_rate == 1.0  # the drafts after the EOS are not counted as drafted either
     assert out.alpha_hat == 1.0
     assert out.mean_accepted == 3.0 and out.block_efficiency == 3.0
     assert out.mean_accepted <= out.block_efficiency
     assert out.summary()["num_accepted"] == 3
     assert out.rounds_as_dicts()[0]["num_accepted"] == 3
+
+
+def test_a_perfect_drafter_reads_acceptance_one_at_an_eos_and_at_the_budget(tiny_tokenizer, target, same_draft):
+    """SAME (draft == target), K = 8: every rate whose numerator is cut where the output stops has its
+    denominator cut alike, so the acceptance rate is 1.0 whether an EOS stops the output inside a drafted
+    block (the 3rd token) or the budget does; the stored counts (summary, per-round dicts) and the trace
+    replay agree with the real rounds."""
+    from specdec.traces import compare_rounds, record_trace, replay
+
+    prompt, ref = _prompt_with_new_third_token(tiny_tokenizer, target)
+    for eos, budget in ((frozenset({ref[2]}), 20), (frozenset(), 11), (frozenset(), 3)):
+        out = speculative_generate(target, ModelDrafter(same_draft, V), prompt, budget, k=8, eos_ids=eos,
+                                   vocab_size=V)
+        base = autoregressive_generate(target, prompt, budget, eos_ids=eos, vocab_size=V)
+        assert out.token_ids == base.token_ids
+        assert out.acceptance_rate == 1.0 and out.alpha_hat == 1.0 and out.num_rejections == 0, (eos, budget)
+        assert out.num_drafted == out.num_accepted == sum(r.num_drafted for r in out.rounds)
+        s = out.summary()
+        assert s["num_drafted"] == s["num_accepted"] and s["acceptance_rate"] == 1.0
+        assert [d["num_drafted"] for d in out.rounds_as_dicts()] == [r.num_drafted for r in out.rounds]
+        trace = record_trace(prompt, base.token_ids, budget, same_draft, vocab_size=V)
+        rounds = replay(trace, k=8)
+        assert compare_rounds(out.rounds, rounds) == []
+        assert [r.num_drafted for r in rounds] == [r.num_drafted for r in out.rounds]
+    # the EOS case: one round of K = 8 verified, 3 drafts counted (the 5 after the EOS never reached the output)
+    out = speculative_generate(target, ModelDrafter(same_draft, V), prompt, 20, k=8, eos_ids=frozenset({ref[2]}),
+                               vocab_size=V)
+    assert [(r.k, r.num_drafted, r.num_accepted) for r in out.rounds] == [(8, 3, 3)]
+    assert out.counts()["num_drafted"] == 3
 
 
 def test_c14_rejection_after_eos_is_not_counted(tiny_tokenizer, target):
@@ -128,18 +157,18 @@ def test_c14_rejection_after_eos_is_not_counted(tiny_tokenizer, target):
 
 
 def _reference_warp(logits, params):
-    """The warp of specdec before C19 (full sort of every row): the oracle the fast paths must equal."""
+    """`warp`'s contract without shortcuts (every row in full): the oracle the fast paths must equal. Top-p
+    drops a token when the tokens strictly more likely than it hold top_p (tied tokens decided together)."""
     x = logits.float() / params.temperature
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        sorted_p = torch.softmax(sorted_x, dim=-1)
-        drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= params.top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        p = torch.softmax(x, dim=-1)
+        drop = torch.stack([(row_p[None, :] * (row_x[None, :] > row_x[:, None])).sum(-1) >= params.top_p
+                            for row_x, row_p in zip(x, p)])  # [rows, vocab]: mass strictly above each token
+        drop[torch.arange(x.shape[0]), x.argmax(-1)] = False
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1)
 

@@ -195,8 +195,10 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
             its confidence stop is applied from the trace's draft probabilities while the drafted tokens agree
             with the target; after a rejected token the replay drafts on to K, so a confidence policy's K can
             be overstated there, never its accepted or emitted tokens).
-        drafter: None = the draft model (from ``trace.draft_ids``); a prompt-lookup drafter (anything with
-            the `Drafter.propose` method that needs no model) is asked for its proposal each round.
+        drafter: None = the draft model (from ``trace.draft_ids``); a drafter that needs no model (prompt
+            lookup, the suffix drafter) is driven as the engine drives it: `prefill` with the prompt minus its
+            last token, `propose` each round, `rollback` with the new committed sequence after it (a drafter
+            that learns from its rounds replays them exactly).
         draft_context: the draft model's context length, when it clamps K (the engine's rule,
             `ModelDrafter.max_k`: K <= draft_context - len(committed) + 1, since the draft never caches its
             K-th token).
@@ -218,6 +220,8 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
         policy.start()
     rounds: list[ReplayRound] = []
     pos = 0
+    if drafter is not None:
+        drafter.prefill(list(trace.prompt_ids[:-1]))
     while pos < len(target):
         plan = None if policy is None else policy.next_round()
         want = k if policy is None else max(0, int(plan.k))
@@ -257,6 +261,8 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
         if policy is not None:
             policy.observe(r.as_record())
         pos += emitted
+        if drafter is not None:
+            drafter.rollback(list(trace.prompt_ids) + list(target[:pos]))
     return rounds
 
 

@@ -145,3 +145,18 @@ def test_sampled_generation_is_reproducible_and_within_budget(tiny_target):
     b = speculative_generate(tiny_target, SuffixDrafter(Flat()), prompt, 24, k=4, vocab_size=V, sampling=sp, seed=3)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 24
     assert torch.tensor(a.token_ids).max() < V
+
+
+@pytest.mark.parametrize("cost", [None, Sloped()])
+def test_trace_replay_of_the_suffix_drafter_equals_its_real_rounds(tiny_target, cost):
+    """The replay drives the drafter as the engine does (prefill, propose, rollback), so a drafter that learns
+    from its rounds replays them exactly: same K, accepted and emitted per round."""
+    from specdec.traces import record_trace, replay
+
+    prompt = [5, 6, 7, 8, 9] * 6 + [3, 4]
+    n = 40
+    real = speculative_generate(tiny_target, SuffixDrafter(cost), prompt, n, k=8, vocab_size=V)
+    trace = record_trace(prompt, real.token_ids, n, None, vocab_size=V)
+    rep = replay(trace, k=8, drafter=SuffixDrafter(cost))
+    assert [(r.k, r.num_accepted, r.num_emitted) for r in rep] == [
+        (r.k, r.num_accepted, r.num_emitted) for r in real.rounds]

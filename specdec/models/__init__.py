@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from specdec.models.chunks import assemble_gguf
 from specdec.models.errors import ChunkAssemblyError, ModelNotAvailableError
-from specdec.models.files import cache_dir
+from specdec.models.files import cache_dir, progress
 from specdec.models.listing import list_presets
 from specdec.models.loaders import gguf_file, hf_tokenizer, load_hf
 from specdec.models.presets import CHUNK_SETS, DEFAULT_PAIR, PRESETS, ChunkSet, Preset, resolve_pair
@@ -60,6 +60,7 @@ __all__ = [
     "hf_tokenizer",
     "list_presets",
     "load_hf",
+    "progress",
     "resolve",
     "resolve_pair",
 ]

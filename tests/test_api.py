@@ -20,9 +20,9 @@ PROMPT = "hello world the quick brown fox"
 def readme_example() -> str:
     """The first ```python block after the line "## Python API" in README.md."""
     text = README.read_text()
-    head, sep, rest = text.partition("\n## Python API\n")
+    _, sep, rest = text.partition("\n## Python API\n")
     assert sep, "README.md has no '## Python API' section"
-    m = re.search(r"```python\n(.*?)```", rest, re.S)
+    m = re.search(r"```python\n(.*?)```", rest, re.DOTALL)
     assert m, "no ```python block after '## Python API'"
     return m.group(1)
 
@@ -37,7 +37,7 @@ def test_readme_example_runs_on_tiny_models(tiny_pair, near_draft_dir, tmp_path,
     namespace: dict = {}
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        exec(compile(code, "README.md:Python API", "exec"), namespace)
+        exec(compile(code, "README.md:Python API", "exec"), namespace)  # noqa: S102 - the README example
     from specdec import Generation
 
     generations = [v for v in namespace.values() if isinstance(v, Generation)]
@@ -180,3 +180,39 @@ def test_import_specdec_does_not_import_torch():
     p = subprocess.run([sys.executable, "-c", "import specdec; specdec.nope"], capture_output=True, text=True,
                        timeout=60, check=False)
     assert p.returncode != 0 and "has no attribute 'nope'" in p.stderr
+
+
+def test_quick_costs_time_a_handful_of_shapes_and_cache_them_per_setup(fp32_pair, tmp_path):
+    from specdec.costs import CostCurve
+    from specdec.quick_costs import cached_quick_costs, model_fingerprint, quick_measure, quick_ns
+
+    assert quick_ns(17) == [1, 2, 3, 5, 9, 17] and quick_ns(6) == [1, 2, 3, 5, 6] and quick_ns(1) == [1]
+    with pytest.raises(ValueError):
+        quick_ns(0)
+    ticks = iter(range(10**6))
+    costs = quick_measure(fp32_pair.loaded, max_n=9, clock=lambda: next(ticks) * 0.001)
+    assert sorted(costs["target_forward_s"]) == [1, 2, 3, 5, 9] and costs["quick"]
+    assert costs["draft_step_s"] > 0 and costs["repeats"] == 2 and costs["draft_repeats"] == 6
+    CostCurve.from_costs(costs)  # what the cost policy reads
+    measured = []
+
+    def measure(pair, **kw):
+        measured.append(kw["max_n"])
+        return quick_measure(pair, **kw)
+
+    key = {"target": model_fingerprint(fp32_pair.target), "draft": None, "dtype": "float32", "threads": 1}
+    _, note = cached_quick_costs(fp32_pair.loaded, key, max_n=5, cache=tmp_path, measure=measure)
+    assert note.startswith("costs measured in") and measured == [5]
+    _, note = cached_quick_costs(fp32_pair.loaded, key, max_n=5, cache=tmp_path, measure=measure)
+    assert note.startswith("costs from") and "--remeasure-costs" in note and measured == [5]
+    cached_quick_costs(fp32_pair.loaded, key, max_n=9, cache=tmp_path, measure=measure)  # more than stored
+    cached_quick_costs(fp32_pair.loaded, key, max_n=5, cache=tmp_path, measure=measure, refresh=True)
+    cached_quick_costs(fp32_pair.loaded, {**key, "dtype": "bfloat16"}, max_n=5, cache=tmp_path, measure=measure)
+    assert measured == [5, 9, 5, 5] and len(list((tmp_path / "costs").glob("quick-*.json"))) == 2
+    # a model file that changes is another setup
+    fp = model_fingerprint(str(fp32_pair.target))
+    assert fp and all(len(entry) == 3 for entry in fp) and model_fingerprint(None) is None
+    from specdec.models import resolve
+
+    sha = resolve("qwen2.5-coder:target").chunks.sha256
+    assert model_fingerprint("qwen2.5-coder:target") == {"sha256": sha}  # the GGUF's content, not its path

@@ -167,12 +167,38 @@ def _one_metadata_parse() -> Iterator[None]:
         gguf.GGUFReader, mg.load_gguf_checkpoint = real_reader, real_load
 
 
+@contextlib.contextmanager
+def _quiet_gguf_load() -> Iterator[None]:
+    """Silence transformers' per-tensor progress bar and its advice to keep GGUF weights packed in float32
+    (it does not apply: a conversion dequantizes every weight) while a GGUF loads, so that the conversion's
+    own progress lines (`files.progress`) are what stderr shows."""
+    import logging
+
+    logger = logging.getLogger("transformers.quantizers.quantizer_gguf")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import transformers.modeling_gguf_pytorch_utils as mg
+
+        bar = mg.tqdm
+    except (ImportError, AttributeError):
+        mg, bar = None, None
+    if mg is not None:
+        mg.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if mg is not None:
+            mg.tqdm = bar
+
+
 def load_from_gguf(gguf: Path, dtype: Any = "float32"):
     """(model, tokenizer) dequantized straight from a GGUF file with transformers, the weights in `dtype`
     (slow: ~1 min/model; the file's metadata is parsed once, `_one_metadata_parse`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _one_metadata_parse():
+    with _one_metadata_parse(), _quiet_gguf_load():
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=str(gguf), dtype=torch_dtype(dtype), local_files_only=True
         )

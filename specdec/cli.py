@@ -263,7 +263,10 @@ def divergence_line(div: dict, dtype: str | None) -> str:
     if dtype in ("bfloat16", "float16"):
         return (f"{where}. In {dtype} the kernels that score 1 token and K+1 tokens round differently, so a "
                 "near-tie can flip; the algorithm is exact, and --dtype float32 gives token-identical output")
-    return f"{where}. In {dtype or 'this runtime'} this is unexpected: please report it"
+    if dtype is None:  # llama.cpp: quantized kernels whose rounding depends on the batch size
+        return (f"{where}. llama.cpp scores 1 token and K+1 tokens with kernels that round differently, so a "
+                "near-tie can flip; the transformers backend in --dtype float32 gives token-identical output")
+    return f"{where}. In {dtype} this is unexpected: please report it"
 
 
 def quick_policy_costs(loaded, cost_key: dict, k: int, *, refresh: bool = False) -> dict:

@@ -59,6 +59,7 @@ def test_divergence_line_says_what_a_difference_means_in_each_dtype():
                            "margin there 0.0312")
     assert "near-tie" in bf16 and "--dtype float32 gives token-identical output" in bf16
     assert "unexpected" in divergence_line(div, "float32") and "near-tie" not in divergence_line(div, "float32")
+    assert "llama.cpp" in divergence_line(div, None) and "near-tie" in divergence_line(div, None)
 
 
 def test_generate_zero_tokens_with_baseline_prints_strict_json(tiny_pair):

@@ -69,7 +69,7 @@ def generate(
     k: Annotated[int | None, typer.Option("--k", help="K: draft tokens per round (fixed), or the largest K an "
                                           "adaptive policy may ask for (the heuristic's starting K). Default: 4 fixed/heuristic, 16 otherwise.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 128,
-    drafter: Annotated[str, typer.Option("--drafter", help="model | ngram (prompt lookup).")] = "model",
+    drafter: Annotated[str, typer.Option("--drafter", help="model | ngram (prompt lookup) | suffix (longest earlier repeat, cost-aware length).")] = "model",
     policy: Annotated[str | None, typer.Option("--policy", help="fixed | heuristic | confidence | cost. Default: "
                                                "fixed when --k is given, else cost (K chosen per round).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
@@ -83,7 +83,9 @@ def generate(
     backend: BackendOpt = "transformers",
     draft_backend: DraftBackendOpt = None,
     device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "float32",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (transformers). "
+                                       "auto: bfloat16 on a CPU with native bf16 kernels, else float32 "
+                                       "(exact: token-identical greedy output).")] = "auto",
     threads: ThreadsOpt = None,
     compile: CompileOpt = False,
     trust_remote_code: RemoteOpt = False,
@@ -92,19 +94,28 @@ def generate(
     draft_quant: DraftQuantOpt = None,
     pad_verify: Annotated[bool, typer.Option(
         "--pad-verify", help="Pad each verification forward to the cheapest shape on the target's measured "
-        "cost curve (the costs the cost policy uses; measured now when not cached); the cost policy prices "
+        "cost curve (the full 1..17-token curve; measured now when not cached); the cost policy prices "
         "K with the padded cost; --baseline pads its target-only steps by the same curve.")] = False,
     other_tokenizer: Annotated[bool, typer.Option(
         "--other-tokenizer", help="The draft model has another tokenizer: draft text, verify target ids "
         "(string-level exact match when greedy, token-level intersection when sampling). K fixed by default.")] = False,
+    remeasure_costs: Annotated[bool, typer.Option(
+        "--remeasure-costs", help="Time the cost policy's forward shapes again instead of reusing the "
+        "measurement cached for this machine, models, dtype and threads (a few seconds).")] = False,
 ) -> None:
-    """Generate from one prompt with speculative decoding and print the text and its statistics."""
+    """Generate from one prompt with speculative decoding and print the text and its statistics.
+
+    The default dtype is `specdec.precision.default_dtype` (``--dtype auto``); the statistics name the dtype
+    that ran. On a first run the default pair's GGUFs are assembled and converted in that dtype (a progress
+    line on stderr for each step)."""
+    import time
+
     from specdec import models
-    from specdec.bench.sweep import encode_prompt
+    from specdec.bench.prompts import encode_prompt
     from specdec.decoding import autoregressive_generate, speculative_generate
     from specdec.drafters import ModelDrafter, PromptLookupDrafter
     from specdec.loading import load_pair
-    from specdec.precision import draft_quant_arg
+    from specdec.precision import draft_quant_arg, resolve_dtype
     from specdec.sampling import SamplingParams
 
     # Validate everything cheap before any model loads.
@@ -120,17 +131,25 @@ def generate(
         fail(f"--k must be >= 1, got {k}")
     if not prompt.strip():
         fail("the prompt is empty")
-    if drafter not in ("model", "ngram"):
-        fail(f"unknown --drafter {drafter!r}; choose model or ngram")
+    if drafter not in ("model", "ngram", "suffix"):
+        fail(f"unknown --drafter {drafter!r}; choose model, ngram or suffix")
     if max_new_tokens < 0:
         fail("--max-new-tokens must be >= 0")
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    if drafter == "ngram" and target and not draft and not pair:
+    dtype = resolve_dtype(dtype, device)  # "auto": one rule, `specdec.precision.default_dtype`
+    if drafter != "model" and target and not draft and not pair:
         target_spec, draft_spec = target, None  # prompt lookup needs no draft model
     else:
         target_spec, draft_spec = models.resolve_pair(pair, target, draft)
+    t_load = time.perf_counter()
+    names = target_spec + (f" and {draft_spec}" if draft_spec and drafter == "model" else "")
+    # a progress line for a load that takes seconds; a small local checkpoint loads silently, so that bad
+    # input found after loading (a prompt too long for the context) is still the only line on stderr
+    slow_load = any(_large_weights(s) for s in (target_spec, draft_spec) if s)
+    if slow_load:
+        models.progress(f"loading {names} ({_runtime_label(backend, dtype, quant)}) ...")
     loaded = load_pair(
         target_spec,
         draft_spec if drafter == "model" else None,
@@ -146,6 +165,8 @@ def generate(
         draft_quant=draft_quant_arg(draft_quant),
         other_tokenizer=other_tokenizer,
     )
+    if slow_load:
+        models.progress(f"loaded in {time.perf_counter() - t_load:.1f} s")
     tok = loaded.tokenizer
     prompt_ids = encode_prompt(tok, prompt, chat_template=chat_template)
     the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size) if drafter == "model" else PromptLookupDrafter()
@@ -163,6 +184,13 @@ def generate(
                 **{n: v for n, v in (("quant", quant), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant))
                    if v is not None}}
     costs, pad_to = (pad_costs(loaded, cost_key, k) if pad_verify else (None, None))
+    if (policy == "cost" or drafter == "suffix") and costs is None:
+        costs = quick_policy_costs(loaded, cost_key, k, refresh=remeasure_costs)
+    if drafter == "suffix":  # drafts as long as its match and the measured verification costs say it pays
+        from specdec.costs import CostCurve
+        from specdec.suffix import SuffixDrafter
+
+        the_drafter = SuffixDrafter(CostCurve.from_costs(costs))
     the_policy = build_policy(policy, k, loaded, the_drafter, costs=costs, cost_key=cost_key, pad_verify=pad_verify)
     common = {"sampling": sampling, "eos_ids": loaded.eos_ids, "vocab_size": loaded.vocab_size, "seed": seed}
     if baseline:  # warm both paths up once so that neither timed run pays first-call costs
@@ -174,7 +202,9 @@ def generate(
                                   pad_to=pad_to, **common)
     text = tok.decode(result.token_ids, skip_special_tokens=True)
     out = result.summary()
-    out.update(text=text, k=k, drafter=drafter, policy=policy, prompt_tokens=len(prompt_ids))
+    out.update(text=text, k=k, drafter=drafter, policy=policy, prompt_tokens=len(prompt_ids), backend=backend,
+               dtype=loaded.target.dtype,
+               draft_dtype=loaded.draft.dtype if loaded.draft is not None else None, quant=quant)
     out["rounds_k"] = [r.k for r in result.rounds]
     out["rounds_alpha"] = [r.alpha_estimate for r in result.rounds]  # None for fixed K
     out["pad_verify"] = pad_verify
@@ -191,8 +221,9 @@ def generate(
         out["speedup"] = spec_tps / base_tps if spec_tps and base_tps else None
         out["identical_to_baseline"] = base.token_ids == result.token_ids
         if sampling.greedy and not out["identical_to_baseline"]:
-            # Exact in fp32; in half precision K+1-token kernels can flip near-ties (case C3): report where,
-            # with the target's top-2 logit margin at that step, never silently.
+            # Exact in fp32; in half precision the kernels that score 1 and K+1 tokens round differently
+            # and can flip a near-tie: report where, with the target's top-2 logit margin there, never
+            # silently.
             from specdec.backends.compiled import first_divergence, next_token_logits
 
             out["divergence"] = first_divergence(
@@ -204,7 +235,7 @@ def generate(
     print(
         f"\n[{result.num_tokens} tokens, {result.finish_reason}] {_fmt(result.tokens_per_s)} tok/s, "
         f"TTFT {result.ttft_s:.3f} s, rounds {result.num_rounds}, acceptance {_fmt(result.acceptance_rate)}, "
-        f"block efficiency {_fmt(result.block_efficiency)}",
+        f"block efficiency {_fmt(result.block_efficiency)}; ran {_runtime_label(backend, loaded.target.dtype, quant)}",
         file=sys.stderr if as_json else sys.stdout,
     )
     if pad_verify:
@@ -221,13 +252,74 @@ def generate(
         )
         div = out.get("divergence")
         if div:
-            print(
-                f"first difference at new token {div['step']}: baseline {div['eager_token']}, speculative "
-                f"{div['compiled_token']}; target top-2 logit margin there {div['margin']:.4g}",
-                file=sys.stderr if as_json else sys.stdout,
-            )
+            print(divergence_line(div, loaded.target.dtype), file=sys.stderr if as_json else sys.stdout)
     if as_json:
         print(json.dumps(out))
+
+
+def _runtime_label(backend: str, dtype: str | None, quant: str | None) -> str:
+    """What ran, for the progress and statistics lines: ``transformers bfloat16``, ``llama.cpp GGUF``."""
+    if backend == "llamacpp":
+        return "llama.cpp GGUF"
+    return f"{backend} {dtype}{' ' + quant if quant else ''}"
+
+
+def _large_weights(spec: str, limit_bytes: int = 200_000_000) -> bool:
+    """Whether loading `spec` is a long step worth a progress line: a preset's GGUF, a ``.gguf`` file, a hub
+    id, or a checkpoint directory whose safetensors exceed `limit_bytes`. Never raises (unknown: True)."""
+    from specdec.models import resolve
+
+    try:
+        r = resolve(spec)
+        if r.kind == "dir":
+            return sum(p.stat().st_size for p in r.path.glob("*.safetensors")) > limit_bytes
+        return r.kind != "missing"
+    except (OSError, ValueError):
+        return True
+
+
+def divergence_line(div: dict, dtype: str | None) -> str:
+    """The plain-words line `generate --baseline` prints when greedy speculative output differs from
+    target-only decoding: where, the two tokens, the target's top-2 logit margin there, and what it means
+    for the dtype that ran (a near-tie rounded differently by reduced-precision kernels, or, in float32,
+    a difference that should not happen)."""
+    where = (f"first difference at new token {div['step']}: baseline {div['eager_token']}, speculative "
+             f"{div['compiled_token']}; target top-2 logit margin there {div['margin']:.4g}")
+    if dtype in ("bfloat16", "float16"):
+        return (f"{where}. In {dtype} the kernels that score 1 token and K+1 tokens round differently, so a "
+                "near-tie can flip; the algorithm is exact, and --dtype float32 gives token-identical output")
+    if dtype is None:  # llama.cpp: quantized kernels whose rounding depends on the batch size
+        return (f"{where}. llama.cpp scores 1 token and K+1 tokens with kernels that round differently, so a "
+                "near-tie can flip; the transformers backend in --dtype float32 gives token-identical output")
+    return f"{where}. In {dtype} this is unexpected: please report it"
+
+
+def quick_policy_costs(loaded, cost_key: dict, k: int, *, refresh: bool = False) -> dict:
+    """The cost policy's costs for `generate` (`specdec.quick_costs.cached_quick_costs`: the target at a
+    handful of shapes up to K + 1 tokens and the draft step, seconds; cached per machine, model files,
+    dtype and threads, measured again with `refresh`). A progress line goes to stderr before a measurement
+    and a note after. Fails in one line when the models cannot be timed."""
+    from specdec.models import progress
+    from specdec.quick_costs import cached_quick_costs, model_fingerprint
+
+    key = {**cost_key, "target": model_fingerprint(cost_key.get("target")),
+           "draft": model_fingerprint(cost_key.get("draft"))}
+    measuring = []
+
+    def measure(pair, **kw):
+        from specdec.quick_costs import quick_measure
+
+        measuring.append(True)
+        progress(f"measuring the cost policy's forward costs (K + 1 up to {kw['max_n']} tokens; once per "
+                 "machine, models, dtype and threads) ...")
+        return quick_measure(pair, **kw)
+
+    try:
+        costs, note = cached_quick_costs(loaded, key, max_n=k + 1, refresh=refresh, measure=measure)
+    except ValueError as exc:
+        fail(f"the cost policy cannot time these models: {exc}")
+    progress(note)
+    return costs
 
 
 def _rate(x: float | None) -> float | None:
@@ -241,14 +333,12 @@ def _fmt(x) -> str:
 
 def default_policy(policy: str | None, k: int | None) -> tuple[str, int]:
     """``(policy, K)`` for `generate` from its options: ``--k`` alone keeps a fixed K; neither option gives the
-    `cost` policy (issue 7: within 10% of the best fixed K per prompt type, never 5% below target-only, on
-    the default pair) with K <= 16; a policy alone gets K = 4 (fixed, heuristic) or 16 (confidence, cost)."""
-    if policy is None:
-        policy = "fixed" if k is not None else "cost"
-    policy = policy.strip().lower()
-    if k is None:
-        k = 4 if policy in ("fixed", "heuristic") else 16
-    return policy, k
+    `cost` policy (measured within 10% of the best fixed K per prompt type and never 5% below target-only
+    on the default pair) with K <= 16; a policy alone gets K = 4 (fixed, heuristic) or 16 (confidence,
+    cost). The same rule as the Python API's `specdec.generate`."""
+    from specdec.api import _default_policy
+
+    return _default_policy(policy, k)
 
 
 def pad_costs(loaded, cost_key: dict, k: int):

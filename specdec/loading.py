@@ -9,7 +9,7 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.compat import check_tokenizers, check_vocab_fits, eos_ids_for, real_vocab_size
-from specdec.precision import apply_quant, check_dtype_supported
+from specdec.precision import apply_quant, check_dtype_supported, resolve_dtype
 
 RUNTIMES = ("transformers", "llamacpp")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -35,6 +35,8 @@ class LoadedModel:
     compiled: bool = False
     #: seconds spent compiling (`CompiledHFBackend.warmup`, included in load_s; 0 when not compiled)
     compile_s: float = 0.0
+    #: the weights' dtype on the transformers runtime (``"auto"`` resolved); None on llama.cpp (the GGUF's)
+    dtype: str | None = None
 
 
 @dataclass
@@ -109,7 +111,9 @@ def load_model(
     Args:
         spec: e.g. ``"qwen2.5-coder:target"``, ``"gpt2"``, ``"/path/to/ckpt"``, ``"model.gguf"``.
         runtime: ``"transformers"`` (fp32/fp16/bf16 weights, eager or compiled) or ``"llamacpp"`` (GGUF).
-        device, dtype: transformers only. threads: intra-op threads for either runtime.
+        device, dtype: transformers only; dtype ``"auto"`` is `specdec.precision.default_dtype` of the
+            device (bfloat16 on a CPU with native bf16 kernels, else float32). threads: intra-op threads for
+            either runtime.
         compile: transformers only; use the compiled static-cache backend
             (`specdec.backends.compiled.CompiledHFBackend`), compiled here (``warmup``: every shape bucket;
             seconds in ``compile_s``, minutes on a CPU the first time, less with a warm inductor cache).
@@ -133,8 +137,9 @@ def load_model(
 
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown backend {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but torch sees no CUDA device")
     if quant is not None and (runtime != "transformers" or compile):
@@ -150,7 +155,7 @@ def load_model(
         path = models.gguf_file(spec)
         backend = load_llamacpp(path, n_ctx=n_ctx, n_threads=threads)
         tok = models.hf_tokenizer(spec)
-        # every token llama.cpp itself ends generation on, not only the tokenizer's EOS (C17)
+        # every token llama.cpp itself ends generation on, not only the tokenizer's EOS
         eos = eos_ids_for(tok) | backend.eog_ids()
         return LoadedModel(spec, runtime, backend, tok, None, eos, time.perf_counter() - t0)
     model, tok = models.load_hf(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -165,10 +170,10 @@ def load_model(
         from specdec.backends.hf import HFBackend
 
         backend = HFBackend(model)
-    # the same GGUF on llama.cpp stops on llama.cpp's end-of-generation set: stop on it here too (C17)
+    # the same GGUF on llama.cpp stops on llama.cpp's end-of-generation set: stop on it here too
     eos = eos_ids_for(tok, getattr(model, "generation_config", None)) | _source_gguf_eog(spec)
     return LoadedModel(spec, runtime, backend, tok, model, eos, time.perf_counter() - t0, compile,
-                       compile_s if compile else 0.0)
+                       compile_s if compile else 0.0, dtype)
 
 
 def load_pair(
@@ -238,6 +243,6 @@ def load_pair(
     else:
         check_vocab_fits(vocab, target=target.backend)
     # A pair stops on every id either model marks end-of-generation on its runtime, so a mixed-runtime pair
-    # stops on the same set whichever runtime holds the target (C17).
+    # stops on the same set whichever runtime holds the target.
     eos = target.eos_ids | (draft.eos_ids if draft is not None else frozenset())
     return LoadedPair(target, draft, vocab, eos)

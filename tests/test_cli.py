@@ -31,6 +31,37 @@ def test_generate_json_with_baseline(tiny_pair, near_draft_dir):
     assert out["num_drafted"] > 0 and 0 < out["num_accepted"] <= out["num_drafted"]
 
 
+def test_generate_defaults_to_the_machines_fastest_exact_dtype_and_names_it(tiny_pair):
+    """The default dtype is `specdec.precision.default_dtype` (bf16 where the CPU has native bf16 kernels);
+    --dtype float32 asks for fp32; the statistics line and the JSON name what ran."""
+    from specdec.precision import default_dtype
+
+    args = ("generate", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
+            "--prompt", "hello world", "--k", "2", "--max-new-tokens", "6", "--threads", "1")
+    p = run(*args, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["dtype"] == out["draft_dtype"] == default_dtype("cpu") and out["backend"] == "transformers"
+    assert f"ran transformers {default_dtype('cpu')}" in p.stderr
+    p = run(*args, "--dtype", "float32")
+    assert p.returncode == 0, p.stderr
+    assert "ran transformers float32" in p.stdout
+    p = run(*args, "--dtype", "float32", "--draft-dtype", "auto", "--json")
+    assert json.loads(p.stdout)["draft_dtype"] == default_dtype("cpu")
+
+
+def test_divergence_line_says_what_a_difference_means_in_each_dtype():
+    from specdec.cli import divergence_line
+
+    div = {"step": 7, "eager_token": 11, "compiled_token": 12, "margin": 0.0312}
+    bf16 = divergence_line(div, "bfloat16")
+    assert bf16.startswith("first difference at new token 7: baseline 11, speculative 12; target top-2 logit "
+                           "margin there 0.0312")
+    assert "near-tie" in bf16 and "--dtype float32 gives token-identical output" in bf16
+    assert "unexpected" in divergence_line(div, "float32") and "near-tie" not in divergence_line(div, "float32")
+    assert "llama.cpp" in divergence_line(div, None) and "near-tie" in divergence_line(div, None)
+
+
 def test_generate_zero_tokens_with_baseline_prints_strict_json(tiny_pair):
     p = run("generate", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
             "--prompt", "hello", "--k", "2", "--max-new-tokens", "0", "--baseline", "--json", "--threads", "1")
@@ -85,8 +116,13 @@ def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_
     # only an adaptive policy estimates alpha; each round records the estimate it chose K with
     assert len(out["rounds_alpha"]) == out["num_rounds"] and all(0 <= a <= 1 for a in out["rounds_alpha"])
     assert "costs measured" in p.stderr and len(list((tmp_path / "costs").glob("*.json"))) == 1
+    assert "measuring the cost policy's forward costs" in p.stderr  # a progress line before the measurement
     again = run(*args, env=env)  # the second run reuses the measurement
     assert again.returncode == 0 and "costs from" in again.stderr, again.stderr
+    assert "measuring" not in again.stderr
+    fresh = run(*args, "--remeasure-costs", env=env)  # ... unless asked to measure again
+    assert fresh.returncode == 0 and "costs measured" in fresh.stderr, fresh.stderr
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 1  # the same setup's file, overwritten
     fixed = run(*args[:-4], "--k", "2", "--json", "--threads", "1", env=env)
     out = json.loads(fixed.stdout.strip().splitlines()[-1])
     assert (out["policy"], out["k"]) == ("fixed", 2) and set(out["rounds_k"]) <= {0, 1, 2}
@@ -232,6 +268,7 @@ def test_c3_divergence_is_reported_with_margin(tiny_pair, near_draft_dir, monkey
     assert div["compiled_token"] == out["token_ids"][5] and div["margin"] > 0
     assert div["top1"] == out["baseline_token_ids"][5]  # greedy baseline took the target's argmax
     assert "first difference at new token 5" in captured.err
+    assert out["dtype"] in captured.err.split("first difference", 1)[1]  # says which dtype it happened in
 
 
 def _long_sweep_args(tiny_pair, tmp_path, db) -> list[str]:

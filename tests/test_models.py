@@ -516,3 +516,103 @@ def test_real_default_pair_loads_from_an_empty_cache(tmp_path_factory, monkeypat
         assert len(a[0]) - ids.shape[1] == 16 and text.strip(), text
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def _fake_gguf_loader(tiny_pair, loads):
+    """A stand-in for `convert.load_from_gguf`: the tiny target, in the dtype asked for, carrying what a GGUF
+    load leaves behind (its quantizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def fake_load(gguf, dtype="float32"):
+        loads.append(str(dtype))
+        model = AutoModelForCausalLM.from_pretrained(tiny_pair.target_dir, use_safetensors=True,
+                                                     dtype=convert.torch_dtype(dtype))
+        model.hf_quantizer = object()
+        model.config.quantization_config = {"quant_method": "gguf"}
+        return model, AutoTokenizer.from_pretrained(tiny_pair.target_dir)
+
+    return fake_load
+
+
+def test_conversions_are_kept_per_dtype_and_fp32_serves_half_precision(tiny_pair, tmp_path, monkeypatch,
+                                                                       cache, capsys):
+    """A GGUF converts in the dtype that will run (bf16 writes half the bytes), each dtype in its own
+    directory; a bf16 load reuses a float32 conversion (the same weights after the cast), a float32 load
+    never reuses a bf16 one (it lost bits). Each conversion says so on stderr."""
+    import json
+
+    import torch
+
+    loads: list[str] = []
+    monkeypatch.setattr(convert, "load_from_gguf", _fake_gguf_loader(tiny_pair, loads))
+    src = tmp_path / "tiny.gguf"
+    src.write_bytes(b"GGUF placeholder")
+    r = M.resolve(str(src))
+    fp32_dir, bf16_dir = convert.converted_dir(r, "float32"), convert.converted_dir(r, "bf16")
+    assert fp32_dir != bf16_dir and fp32_dir.name.endswith("-v1") and "-bf16-" in bf16_dir.name
+    assert convert.converted_dir(r) == fp32_dir == convert.converted_dir(r, "auto")  # float32 keeps its name
+    assert convert.find_conversion(r, "bfloat16") is None and convert.conversions(r) == []
+
+    model, _ = M.load_hf(str(src), dtype="bfloat16")
+    assert loads == ["bfloat16"] and model.dtype == torch.bfloat16
+    assert convert.conversions(r) == [bf16_dir] and not fp32_dir.exists()
+    marker = json.loads((bf16_dir / "specdec-conversion.json").read_text())
+    assert marker["dtype"] == "bfloat16"
+    err = capsys.readouterr().err
+    assert "converting tiny.gguf to a bfloat16 safetensors checkpoint" in err and "converted tiny.gguf in" in err
+
+    model, _ = M.load_hf(str(src), dtype="float32")  # a float32 run converts again, in float32
+    assert loads == ["bfloat16", "float32"] and model.dtype == torch.float32
+    assert convert.conversions(r) == [fp32_dir, bf16_dir]
+    weights = sum(p.stat().st_size for p in fp32_dir.glob("*.safetensors"))
+    half = sum(p.stat().st_size for p in bf16_dir.glob("*.safetensors"))
+    assert half < 0.6 * weights
+
+    import shutil
+
+    shutil.rmtree(bf16_dir)
+    model, _ = M.load_hf(str(src), dtype="bfloat16")  # served by the float32 conversion, cast at load
+    assert loads == ["bfloat16", "float32"] and model.dtype == torch.bfloat16
+    assert convert.find_conversion(r, "bfloat16") == fp32_dir
+    ref = _tiny_state(tiny_pair.target_dir)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, ref[name].to(torch.bfloat16)), name
+    assert len(M.hf_tokenizer(str(src))) == 1000  # the tokenizer of any finished conversion
+
+
+def _tiny_state(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, use_safetensors=True).state_dict()
+
+
+def test_gguf_metadata_is_parsed_once_per_load(monkeypatch):
+    """While a GGUF loads, transformers' three metadata parses (config, weights, tokenizer) become one:
+    `gguf.GGUFReader` and the metadata-only `load_gguf_checkpoint` are memoized per path, a caller gets its
+    own copy of the config, and both are restored afterwards."""
+    gguf = pytest.importorskip("gguf")
+    import transformers.modeling_gguf_pytorch_utils as mg
+
+    readers, loads = [], []
+
+    class Reader:
+        def __init__(self, path):
+            readers.append(path)
+
+    def load(path, return_tensors=False, **kw):
+        loads.append((path, return_tensors))
+        return {"config": {"vocab_size": 10}, "tensors": {} if return_tensors else None}
+
+    monkeypatch.setattr(gguf, "GGUFReader", Reader)
+    monkeypatch.setattr(mg, "load_gguf_checkpoint", load)
+    with convert._one_metadata_parse():
+        assert gguf.GGUFReader("a.gguf") is gguf.GGUFReader("a.gguf")
+        gguf.GGUFReader("b.gguf")
+        first = mg.load_gguf_checkpoint("a.gguf", return_tensors=False)
+        first["config"]["vocab_size"] = 99  # a caller editing its copy changes nothing shared
+        assert mg.load_gguf_checkpoint("a.gguf")["config"]["vocab_size"] == 10
+        mg.load_gguf_checkpoint("a.gguf", return_tensors=True)
+        mg.load_gguf_checkpoint("a.gguf", return_tensors=True)
+    assert readers == ["a.gguf", "b.gguf"]
+    assert loads == [("a.gguf", False), ("a.gguf", True), ("a.gguf", True)]  # tensors are never memoized
+    assert gguf.GGUFReader is Reader and mg.load_gguf_checkpoint is load  # restored

@@ -1,5 +1,5 @@
-"""Reduced precision (issue 19): bf16 refused where the CPU has no bf16 kernels, int8 weight-only models,
-and a quantized copy of the target drafting for it, exactly."""
+"""Reduced precision: the default dtype (bf16 where the CPU has native bf16 kernels), bf16 refused where it
+has none, int8 weight-only models, and a quantized copy of the target drafting for it, exactly."""
 
 from __future__ import annotations
 
@@ -37,6 +37,36 @@ def test_bf16_is_refused_in_one_line_on_a_cpu_without_bf16():
     precision.check_dtype_supported("bfloat16", "cpu", flags=precision.cpu_flags(AMD), machine="x86_64")
     precision.check_dtype_supported("float32", "cpu", flags=set(), machine="x86_64")
     precision.check_dtype_supported("bfloat16", "cuda", flags=set(), machine="x86_64")
+
+
+def test_default_dtype_is_bf16_only_where_the_cpu_has_native_bf16_kernels():
+    dd = precision.default_dtype
+    assert dd("cpu", flags=precision.cpu_flags(AMD), machine="x86_64") == "bfloat16"
+    assert dd("cpu", flags={"amx_bf16"}, machine="AMD64") == "bfloat16"
+    assert dd("cpu", flags=precision.cpu_flags(OLD), machine="x86_64") == "float32"
+    assert dd("cpu", flags=precision.cpu_flags(ARM), machine="aarch64") == "bfloat16"
+    assert dd("cpu", flags={"asimd"}, machine="arm64") == "float32"
+    assert dd("cpu", flags={"bf16", "avx512_bf16"}, machine="riscv64") == "float32"  # unknown: no claim
+    assert dd("cuda", flags=precision.cpu_flags(AMD), machine="x86_64") == "float32"  # CUDA unchanged
+    assert dd("cuda:1", flags=set(), machine="x86_64") == "float32"
+    kw = {"flags": precision.cpu_flags(AMD), "machine": "x86_64"}
+    assert precision.resolve_dtype("auto", "cpu", **kw) == "bfloat16" == precision.resolve_dtype(None, **kw)
+    assert precision.resolve_dtype("AUTO", "cuda", **kw) == "float32"
+    assert precision.resolve_dtype("float32", "cpu", **kw) == "float32"  # asked for: kept
+    # this machine: the one rule, and what load_pair resolves "auto" to
+    expected = "bfloat16" if precision.missing_bf16_support(precision.cpu_flags()) is None else "float32"
+    assert dd("cpu") in (expected, "float32") and precision.resolve_dtype("auto") == dd("cpu")
+
+
+def test_load_pair_resolves_auto_and_records_the_dtype(tiny_pair):
+    pair = load_pair(str(tiny_pair.target_dir), str(tiny_pair.draft_dir), dtype="auto")
+    want = precision.default_dtype("cpu")
+    assert pair.target.dtype == pair.draft.dtype == want
+    assert str(next(pair.target.hf_model.parameters()).dtype) == f"torch.{want}"
+    mixed = load_pair(str(tiny_pair.target_dir), str(tiny_pair.draft_dir), dtype="float32", draft_dtype="auto")
+    assert (mixed.target.dtype, mixed.draft.dtype) == ("float32", want)
+    with pytest.raises(ValueError, match="choose one of auto, float32"):
+        load_pair(str(tiny_pair.target_dir), None, dtype="float8")
 
 
 def test_int8_weight_only_quantizes_every_linear(tiny_pair):

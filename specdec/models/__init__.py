@@ -14,7 +14,7 @@ Instruct, Q4_K_M) are published on PyPI as raw numbered chunks, one ``data/partN
 located through :mod:`importlib.metadata` (the chunk packages are data and are never imported), concatenated
 in part order into :func:`cache_dir` and checked against a known size and sha256. For the transformers
 runtime each GGUF is dequantized once and saved as a plain safetensors checkpoint directory in the same
-cache, which then loads in seconds.
+cache, in the dtype that will run (bfloat16 halves the disk and the time), which then loads in seconds.
 
 Safety: weights are only ever read from safetensors or GGUF files (``use_safetensors=True``), and
 ``trust_remote_code`` is False unless a caller passes True.
@@ -32,14 +32,14 @@ Disk layout under :func:`cache_dir`::
 
     gguf/<file>.gguf                     assembled GGUF (preset members)
     gguf/<file>.gguf.verified            sidecar: the sha256 verified, size and mtime of the file
-    converted/<name>-<key>/              safetensors checkpoint converted from a GGUF
+    converted/<name>-<key>[-bf16|-fp16]-v1/   safetensors checkpoint converted from a GGUF (float32: no tag)
 """
 
 from __future__ import annotations
 
 from specdec.models.chunks import assemble_gguf
 from specdec.models.errors import ChunkAssemblyError, ModelNotAvailableError
-from specdec.models.files import cache_dir
+from specdec.models.files import cache_dir, progress
 from specdec.models.listing import list_presets
 from specdec.models.loaders import gguf_file, hf_tokenizer, load_hf
 from specdec.models.presets import CHUNK_SETS, DEFAULT_PAIR, PRESETS, ChunkSet, Preset, resolve_pair
@@ -60,6 +60,7 @@ __all__ = [
     "hf_tokenizer",
     "list_presets",
     "load_hf",
+    "progress",
     "resolve",
     "resolve_pair",
 ]

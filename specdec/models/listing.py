@@ -9,7 +9,7 @@ import contextlib
 from pathlib import Path
 
 from specdec.models.chunks import assembled_path, installed_chunk_files
-from specdec.models.convert import conversion_complete, converted_dir
+from specdec.models.convert import conversions
 from specdec.models.files import cache_dir
 from specdec.models.hub import has_safetensors, hub_cache
 from specdec.models.presets import DEFAULT_PAIR, PARAM_COUNTS, PRESETS
@@ -40,15 +40,15 @@ def _member_status(spec: str) -> tuple[bool, list[Path], str]:
     if r.kind == "chunked":
         cs = r.chunks
         final = assembled_path(cs)
-        converted = converted_dir(r)
-        paths = [p for p in (final, converted) if p.exists() and (p != converted or conversion_complete(p))]
+        converted = conversions(r)  # every finished conversion (float32, bfloat16, ...)
+        paths = [final, *converted] if final.exists() else list(converted)
         source = f"PyPI chunks {cs.package_prefix}1..{cs.count}"
         installed, chunk_paths = installed_chunk_files(cs)
         paths.extend(p for p in chunk_paths if p.is_file())
         available = (
             installed
             or (final.is_file() and final.stat().st_size == cs.size)
-            or bool(conversion_complete(converted))
+            or bool(converted)
         )
         return available, paths, source
     if r.kind in ("gguf", "dir"):

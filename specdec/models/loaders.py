@@ -12,9 +12,10 @@ from typing import Any
 
 from specdec.models.chunks import assemble_gguf
 from specdec.models.convert import (
-    conversion_complete,
+    conversions,
     convert_gguf,
     converted_dir,
+    find_conversion,
     preset_checkpoint,
     torch_dtype,
 )
@@ -33,13 +34,15 @@ def _existing_gguf(r: ResolvedSpec) -> Path:
     return r.path
 
 
-def checkpoint_dir(spec: str, *, tokenizer_only: bool = False, code: bool = False) -> Path:
+def checkpoint_dir(spec: str, *, tokenizer_only: bool = False, code: bool = False, dtype: Any = "float32") -> Path:
     """Local checkpoint directory (config, tokenizer, safetensors) for any spec; converts GGUFs on first use.
 
     Args:
         spec: a model spec (:mod:`specdec.models.spec`).
         tokenizer_only: a directory without weights will do (hub: fetch only config and tokenizer files).
         code: the caller trusts the repo's code (hub: fetch ``*.py`` too).
+        dtype: the dtype the weights will be loaded in; a GGUF spec gives a conversion that loads as it
+            (`specdec.models.convert.find_conversion`), converting in that dtype on first use.
 
     Raises:
         ModelNotAvailableError: the weights are not available (one line naming the model and how to
@@ -48,10 +51,10 @@ def checkpoint_dir(spec: str, *, tokenizer_only: bool = False, code: bool = Fals
     """
     r = resolve(spec)
     if r.kind == "chunked":
-        return preset_checkpoint(r)
+        return preset_checkpoint(r, dtype)
     if r.kind == "gguf":
         path = _existing_gguf(r)
-        return convert_gguf(path, converted_dir(r))
+        return find_conversion(r, dtype) or convert_gguf(path, converted_dir(r, dtype), dtype=dtype)
     if r.kind == "dir":
         if not (r.path / "config.json").is_file():
             raise ModelNotAvailableError(f"{r.source} is not a checkpoint directory (no config.json)")
@@ -71,9 +74,9 @@ def load_hf(spec: str, *, device: str = "cpu", dtype: Any = "float32", trust_rem
 
     Args:
         spec: ``"<preset>:draft|target"`` (GGUF presets load their converted safetensors checkpoint,
-            converting on first use: about a minute per model and ~9.6 GB of disk for the default pair), a hub
-            id, a local checkpoint directory, or a ``.gguf`` file (converted once into the cache, keyed by
-            its path, size and mtime).
+            converting on first use in `dtype`: about a minute per model and ~9 GB of disk for the default
+            pair in float32, half that in bfloat16), a hub id, a local checkpoint directory, or a ``.gguf``
+            file (converted once into the cache, keyed by its path, size and mtime, and the dtype).
         device: torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
         dtype: ``"float32"`` (default), ``"bfloat16"``, ``"float16"``, ``"auto"`` or a ``torch.dtype``.
         trust_remote_code: passed to transformers; keep False unless the checkpoint is trusted.
@@ -90,7 +93,7 @@ def load_hf(spec: str, *, device: str = "cpu", dtype: Any = "float32", trust_rem
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dt = torch_dtype(dtype)
-    directory = checkpoint_dir(spec, code=trust_remote_code)
+    directory = checkpoint_dir(spec, code=trust_remote_code, dtype=dt)
     model = AutoModelForCausalLM.from_pretrained(
         str(directory),
         dtype=dt,
@@ -122,10 +125,11 @@ def hf_tokenizer(spec: str, *, trust_remote_code: bool = False):
     r = resolve(spec)
     if r.kind in ("chunked", "gguf"):
         gguf = _existing_gguf(r) if r.kind == "gguf" else None
-        directory = converted_dir(r)
-        if not conversion_complete(directory):
+        done = conversions(r)  # any dtype's conversion holds the same tokenizer
+        if not done:
             gguf = gguf or assemble_gguf(r.role, r.preset.name)  # type: ignore[arg-type]
             return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=str(gguf), local_files_only=True)
+        directory = done[0]
     else:
         directory = checkpoint_dir(spec, tokenizer_only=True, code=trust_remote_code)
     return AutoTokenizer.from_pretrained(

@@ -1,0 +1,218 @@
+"""The Python API (`from specdec import load_pair, generate`) on tiny local checkpoints: the README's example
+runs as written, greedy output equals target-only decoding, sampling is reproducible, the cost policy's
+quick costs are cached, and ``import specdec`` does not import torch."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+PROMPT = "hello world the quick brown fox"
+
+
+def readme_example() -> str:
+    """The first ```python block after the line "## Python API" in README.md."""
+    text = README.read_text()
+    _, sep, rest = text.partition("\n## Python API\n")
+    assert sep, "README.md has no '## Python API' section"
+    m = re.search(r"```python\n(.*?)```", rest, re.DOTALL)
+    assert m, "no ```python block after '## Python API'"
+    return m.group(1)
+
+
+def test_readme_example_runs_on_tiny_models(tiny_pair, near_draft_dir, tmp_path, monkeypatch):
+    code = readme_example()
+    preset = re.search(r"load_pair\((\"[^\"]+\")\)", code)
+    assert preset, "the README example loads a preset by name: load_pair(\"...\")"
+    code = code.replace(preset.group(0),
+                        f"load_pair(target={str(tiny_pair.target_dir)!r}, draft={str(near_draft_dir)!r})")
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))  # the cost policy's measurement goes here
+    namespace: dict = {}
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        exec(compile(code, "README.md:Python API", "exec"), namespace)  # noqa: S102 - the README example
+    from specdec import Generation
+
+    generations = [v for v in namespace.values() if isinstance(v, Generation)]
+    assert generations, "the example produced no Generation"
+    for out in generations:
+        assert out.num_tokens > 0 and out.text == namespace["pair"].tokenizer.decode(
+            out.token_ids, skip_special_tokens=True)
+        assert 0 <= out.num_accepted <= out.num_drafted and out.block_efficiency >= 1
+        assert out.tokens_per_s > 0 and len(out.rounds) == out.num_rounds
+    assert namespace["out"].text in stdout.getvalue()
+    assert list((tmp_path / "costs").glob("quick-*.json"))  # the default cost policy timed and cached
+
+
+@pytest.fixture(scope="module")
+def fp32_pair(tiny_pair, near_draft_dir):
+    from specdec import load_pair
+
+    return load_pair(target=str(tiny_pair.target_dir), draft=str(near_draft_dir), dtype="float32", threads=1)
+
+
+def _target_only(pair, n, **kw):
+    from specdec.bench.prompts import encode_prompt
+    from specdec.decoding import autoregressive_generate
+
+    ids = encode_prompt(pair.tokenizer, PROMPT)
+    return autoregressive_generate(pair.loaded.target.backend, ids, n, eos_ids=pair.loaded.eos_ids,
+                                   vocab_size=pair.loaded.vocab_size, **kw)
+
+
+def test_greedy_generation_equals_target_only_for_each_drafter_and_policy(fp32_pair, tmp_path, monkeypatch):
+    from specdec import Generation, generate
+    from specdec.metrics import GenerationResult
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    ref = _target_only(fp32_pair, 24)
+    runs = [generate(fp32_pair, PROMPT, max_new_tokens=24, k=3),
+            generate(fp32_pair, PROMPT, max_new_tokens=24, policy="heuristic"),
+            generate(fp32_pair, PROMPT, max_new_tokens=24),  # cost policy
+            generate(fp32_pair, PROMPT, max_new_tokens=24, drafter="ngram", k=2)]
+    for out in runs:
+        assert isinstance(out, Generation) and isinstance(out, GenerationResult)
+        assert out.token_ids == ref.token_ids and out.finish_reason == ref.finish_reason
+        assert out.dtype == "float32" and out.temperature == 0.0
+    fixed, heuristic, cost, ngram = runs
+    assert (fixed.policy, fixed.k, fixed.drafter) == ("fixed", 3, "model")
+    assert fixed.num_drafted > 0 and 0 < fixed.num_accepted <= fixed.num_drafted
+    assert {r.k for r in fixed.rounds} <= {0, 1, 2, 3}
+    assert (heuristic.policy, heuristic.k) == ("heuristic", 4) and (cost.policy, cost.k) == ("cost", 16)
+    assert ngram.drafter == "ngram"
+    # token ids as the prompt give the same output as its text
+    ids = fp32_pair.tokenizer(PROMPT)["input_ids"]
+    assert generate(fp32_pair, ids, max_new_tokens=24, k=3).token_ids == ref.token_ids
+
+
+def test_sampled_generation_is_reproducible_by_seed(fp32_pair):
+    from specdec import generate
+
+    a = generate(fp32_pair, PROMPT, max_new_tokens=20, k=4, temperature=0.9, top_k=50, seed=3)
+    b = generate(fp32_pair, PROMPT, max_new_tokens=20, k=4, temperature=0.9, top_k=50, seed=3)
+    c = generate(fp32_pair, PROMPT, max_new_tokens=20, k=4, temperature=0.9, top_k=50, seed=4)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 20 and a.temperature == 0.9
+    assert c.token_ids != a.token_ids  # another seed, another sample (20 tokens from a 1000-token vocab)
+    assert a.num_drafted > 0
+
+
+def test_the_cost_policy_reuses_its_cached_costs_and_remeasures_on_request(fp32_pair, tmp_path, monkeypatch):
+    from specdec import generate, quick_costs
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = quick_costs.quick_measure
+
+    def counting(pair, **kw):
+        calls.append(kw["max_n"])
+        return real(pair, **kw)
+
+    monkeypatch.setattr(quick_costs, "quick_measure", counting)
+    generate(fp32_pair, PROMPT, max_new_tokens=4)
+    generate(fp32_pair, PROMPT, max_new_tokens=4)
+    assert calls == [17]  # measured once, then read from the cache
+    generate(fp32_pair, PROMPT, max_new_tokens=4, remeasure_costs=True)
+    assert calls == [17, 17]
+    (stored,) = (tmp_path / "costs").glob("quick-*.json")
+    import json
+
+    costs = json.loads(stored.read_text())["costs"]
+    assert sorted(int(n) for n in costs["target_forward_s"]) == [1, 2, 3, 5, 9, 17]
+    assert costs["draft_step_s"] > 0
+    # given costs are used as they are: nothing is measured
+    generate(fp32_pair, PROMPT, max_new_tokens=4, costs={"draft_step_s": 0.01, "target_forward_s": {1: 0.02}})
+    assert calls == [17, 17]
+
+
+def test_default_dtype_and_target_only_pairs(tiny_pair):
+    from specdec import generate, load_pair
+    from specdec.precision import default_dtype
+
+    pair = load_pair(target=str(tiny_pair.target_dir), threads=1)  # dtype "auto"
+    assert pair.dtype == default_dtype("cpu") and pair.draft is None
+    assert next(pair.loaded.target.hf_model.parameters()).dtype.__repr__().endswith(pair.dtype)
+    out = generate(pair, "abc abc abc abc abc abc", max_new_tokens=8, drafter="ngram", k=2)
+    assert out.dtype == pair.dtype and out.num_tokens > 0
+    with pytest.raises(ValueError, match="no draft model"):
+        generate(pair, PROMPT, max_new_tokens=4, k=2)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"policy": "bandit"}, "unknown policy 'bandit'"),
+    ({"k": 0}, "K must be >= 1"),
+    ({"drafter": "oracle"}, "unknown drafter 'oracle'"),
+    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"max_new_tokens": 100000, "k": 2}, "exceeds the target's context"),
+])
+def test_bad_arguments_raise_one_line(fp32_pair, kwargs, needle):
+    from specdec import generate
+
+    with pytest.raises(ValueError) as err:
+        generate(fp32_pair, PROMPT, **kwargs)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_pair_arguments(tiny_pair):
+    from specdec import generate, load_pair
+
+    with pytest.raises(ValueError, match="a draft needs a target"):
+        load_pair(draft=str(tiny_pair.draft_dir))
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_pair(target=str(tiny_pair.target_dir), dtype="int3")
+    pair = load_pair(target=str(tiny_pair.target_dir), dtype="float32")
+    with pytest.raises(ValueError, match="prompt is empty"):
+        generate(pair, "   ", drafter="ngram", k=2)
+
+
+def test_import_specdec_does_not_import_torch():
+    code = ("import sys, specdec; assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert {'load_pair', 'generate'} <= set(dir(specdec)); "
+            "specdec.load_pair; assert 'torch' in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([sys.executable, "-c", "import specdec; specdec.nope"], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert p.returncode != 0 and "has no attribute 'nope'" in p.stderr
+
+
+def test_quick_costs_time_a_handful_of_shapes_and_cache_them_per_setup(fp32_pair, tmp_path):
+    from specdec.costs import CostCurve
+    from specdec.quick_costs import cached_quick_costs, model_fingerprint, quick_measure, quick_ns
+
+    assert quick_ns(17) == [1, 2, 3, 5, 9, 17] and quick_ns(6) == [1, 2, 3, 5, 6] and quick_ns(1) == [1]
+    with pytest.raises(ValueError):
+        quick_ns(0)
+    ticks = iter(range(10**6))
+    costs = quick_measure(fp32_pair.loaded, max_n=9, clock=lambda: next(ticks) * 0.001)
+    assert sorted(costs["target_forward_s"]) == [1, 2, 3, 5, 9] and costs["quick"]
+    assert costs["draft_step_s"] > 0 and costs["repeats"] == 2 and costs["draft_repeats"] == 6
+    CostCurve.from_costs(costs)  # what the cost policy reads
+    measured = []
+
+    def measure(pair, **kw):
+        measured.append(kw["max_n"])
+        return quick_measure(pair, **kw)
+
+    key = {"target": model_fingerprint(fp32_pair.target), "draft": None, "dtype": "float32", "threads": 1}
+    _, note = cached_quick_costs(fp32_pair.loaded, key, max_n=5, cache=tmp_path, measure=measure)
+    assert note.startswith("costs measured in") and measured == [5]
+    _, note = cached_quick_costs(fp32_pair.loaded, key, max_n=5, cache=tmp_path, measure=measure)
+    assert note.startswith("costs from") and "--remeasure-costs" in note and measured == [5]
+    cached_quick_costs(fp32_pair.loaded, key, max_n=9, cache=tmp_path, measure=measure)  # more than stored
+    cached_quick_costs(fp32_pair.loaded, key, max_n=5, cache=tmp_path, measure=measure, refresh=True)
+    cached_quick_costs(fp32_pair.loaded, {**key, "dtype": "bfloat16"}, max_n=5, cache=tmp_path, measure=measure)
+    assert measured == [5, 9, 5, 5] and len(list((tmp_path / "costs").glob("quick-*.json"))) == 2
+    # a model file that changes is another setup
+    fp = model_fingerprint(str(fp32_pair.target))
+    assert fp and all(len(entry) == 3 for entry in fp) and model_fingerprint(None) is None
+    from specdec.models import resolve
+
+    sha = resolve("qwen2.5-coder:target").chunks.sha256
+    assert model_fingerprint("qwen2.5-coder:target") == {"sha256": sha}  # the GGUF's content, not its path

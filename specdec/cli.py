@@ -32,7 +32,8 @@ DraftBackendOpt = Annotated[
     str | None, typer.Option("--draft-backend", help="Draft runtime (default: same as --backend).")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda (transformers).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | float16 | bfloat16 (transformers).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto | float32 | float16 | bfloat16 (transformers); auto: "
+                                       "bfloat16 on a CPU with native bf16 kernels, else float32.")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="Intra-op CPU threads (recorded).")]
 CompileOpt = Annotated[bool, typer.Option("--compile/--no-compile", help="Compiled static-cache forwards.")]
 QuantOpt = Annotated[str | None, typer.Option("--quant", help="int8: int8 weight-only linears (torchao), "
@@ -83,9 +84,7 @@ def generate(
     backend: BackendOpt = "transformers",
     draft_backend: DraftBackendOpt = None,
     device: DeviceOpt = "cpu",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (transformers). "
-                                       "auto: bfloat16 on a CPU with native bf16 kernels, else float32 "
-                                       "(exact: token-identical greedy output).")] = "auto",
+    dtype: DtypeOpt = "auto",
     threads: ThreadsOpt = None,
     compile: CompileOpt = False,
     trust_remote_code: RemoteOpt = False,

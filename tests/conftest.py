@@ -223,7 +223,6 @@ def tiny_sweep_config(tiny_pair, draft_dir, prompt_file, **kw):
         "target": str(tiny_pair.target_dir), "draft": str(draft_dir), "prompts": str(prompt_file),
         "ks": "1,2", "secondary_ks": "1", "max_new_tokens": 8, "peers": False, "policies": "none",
         "cost_repeats": 1, "warmup_tokens": 2, "threads": 1, "configs": "transformers-eager",
-        "secondary_policies": "none",
     }  # fmt: skip
     flags.update(kw)
     return S.make_config(flags)

@@ -495,29 +495,52 @@ def test_type_ks_time_a_types_best_k_on_every_prompt_of_it():
     assert S.make_config({**base, "type_ks": flags}).type_ks == ("draft:code=3", "ngram:natural=16")
 
 
+#: The original study's grid, one flag set away from the default plan (README, docs/STORE.md).
+ORIGINAL_GRID = {"ks": "1,2,4,8,16", "policies": "cost", "peers": True, "configs": "transformers-eager"}
+
+
 def test_default_plan_and_budget_fit_the_cpu():
+    """The main job: per primary prompt one target-only run (which yields the trace and the calibration block),
+    then each drafter at its trace's best K, the default cost policy and one A/A run, each between two
+    baselines; the configuration is the fastest exact transformers path of this machine."""
+    from specdec.bench.config import default_config
+
     cfg = S.make_config({})
     prompts = S.select_prompts(cfg)
     plan = S.build_plan(cfg, prompts)
     assert len(prompts) == 12 and all(p.id.endswith("-01") for p in prompts)
-    per_prompt = S.plan_summary(plan)
-    assert per_prompt == {
-        "baseline": 204, "aa": 12,
-        "draft K=1": 12, "draft K=2": 12, "draft K=4": 12, "draft K=8": 12, "draft K=16": 12,
-        "ngram K=1": 12, "ngram K=2": 12, "ngram K=4": 12, "ngram K=8": 12, "ngram K=16": 12,
-        "draft cost (K<=16)": 12, "ngram cost (K<=16)": 12, "hf_generate": 12,
-        "hf_assisted K=4": 12, "hf_prompt_lookup K=4": 12,
+    assert cfg.configs == (default_config(),) and cfg.peers is False
+    assert S.plan_summary(plan) == {
+        "baseline": 60, "aa": 12, "draft best (K<=16)": 12, "ngram best (K<=16)": 12, "draft cost (K<=16)": 12,
     }  # fmt: skip
-    assert len(plan) == 396  # README: "396 generations"
-    # the baseline brackets each prompt's runs: first and last, and one between every two others
+    assert len(plan) == 108
     for pid in {c.prompt.id for c in plan}:
         cells = [c for c in plan if c.prompt.id == pid]
-        assert [c.method for c in cells[0::2]] == ["baseline"] * 17 and len(cells) == 33
+        assert [c.method for c in cells[0::2]] == ["baseline"] * 5 and len(cells) == 9
         assert "baseline" not in [c.method for c in cells[1::2]]
+    # the original study's timed grid is one flag set away
+    original = S.make_config(ORIGINAL_GRID)
+    oplan = S.build_plan(original, S.select_prompts(original))
+    assert len(oplan) == 396
+    assert S.plan_summary(oplan)["draft K=16"] == 12 and S.plan_summary(oplan)["hf_assisted K=4"] == 12
+    for pid in {c.prompt.id for c in oplan}:
+        cells = [c for c in oplan if c.prompt.id == pid]
+        assert [c.method for c in cells[0::2]] == ["baseline"] * 17 and len(cells) == 33
     quick = S.make_config({}, quick=True)
     qplan = S.build_plan(quick, S.select_prompts(quick))
     assert {c.method for c in qplan} == {"baseline", "aa", "draft", "ngram"} and len(qplan) == 84
     assert [c.method for c in qplan].count("baseline") == 48  # 4 per prompt: around aa, draft K=4, ngram K=4
+
+
+def test_policies_can_name_one_drafting_method(tiny_pair, near_draft_dir, prompt_file):
+    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="",
+                            policies="best,ngram:cost", methods="baseline,draft,ngram")
+    groups = {(c.method, c.policy) for c in S.build_plan(cfg, S.select_prompts(cfg)) if c.method != "baseline"}
+    assert groups == {("draft", "best"), ("ngram", "best"), ("ngram", "cost")}
+    with pytest.raises(ValueError, match="not a drafting method"):
+        tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="aa:cost")
+    with pytest.raises(ValueError, match="unknown policy"):
+        tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="draft:sometimes")
 
 
 def _published_study() -> tuple[list[dict], CostCurve, str]:
@@ -543,7 +566,7 @@ def test_duration_estimate_against_the_published_study():
     its 184 runs took 2.30 h of generation; the estimate for exactly those cells must be within a factor 1.5
     of that, and the full default plan on the same measured costs is the README's "about 3 hours"."""
     runs, curve, sid = _published_study()
-    cfg = S.make_config({"threads": 2})
+    cfg = S.make_config({"threads": 2, **ORIGINAL_GRID})
     prepared = S.prepare(cfg)
     done = {r["cell_key"] for r in runs}
     cells = [c for c in prepared.plan if c.key(sid) in done]
@@ -558,11 +581,19 @@ def test_duration_estimate_against_the_published_study():
     total = t + w + S.cost_measurement_s(curve, S.cost_max_n(cfg), cfg.cost_repeats)
     # paired timing (a baseline between every two runs) roughly doubles the published plan's ~3 hours
     assert 4.8 * 3600 < total < 5.8 * 3600, S.format_duration(total)  # README: "~5 h 15 min"
-    quick = S.make_config({"threads": 2}, quick=True)
+    quick = S.make_config({"threads": 2, "configs": "transformers-eager"}, quick=True)
     qt, qw = S.estimate_plan_s(S.prepare(quick).plan, {"transformers-eager": curve}, max_new_tokens=32,
                                warmup_tokens=quick.warmup_tokens)
     q_total = qt + qw + S.cost_measurement_s(curve, S.cost_max_n(quick), quick.cost_repeats)
-    assert 16 * 60 < q_total < 28 * 60, S.format_duration(q_total)  # README: "~25 min"
+    assert 16 * 60 < q_total < 28 * 60, S.format_duration(q_total)  # fp32 --quick: ~25 min
+    # the main job (default plan) in bf16, priced with the bf16 reference costs: about half an hour
+    main = S.make_config({"threads": 2, "configs": "transformers-bf16"})
+    bf16 = S.REFERENCE_COSTS_BF16
+    mt, mw = S.estimate_plan_s(S.prepare(main).plan, {"transformers-bf16": bf16}, max_new_tokens=128,
+                               warmup_tokens=main.warmup_tokens)
+    m_total = (mt + mw + S.cost_measurement_s(bf16, S.cost_max_n(main), main.cost_repeats)
+               + 12 * S.instrumentation_s(bf16, max_n=S.cost_max_n(main), calibration_repeats=2, traces=True))
+    assert 25 * 60 < m_total < 35 * 60, S.format_duration(m_total)
 
 
 def test_estimate_follows_the_analytical_model():
@@ -859,7 +890,7 @@ def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, promp
     db = tmp_path / "cli.db"
     args = ["sweep", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--prompts",
             str(prompt_file), "--prompt-types", "code", "--ks", "1,2", "--max-new-tokens", "4", "--no-peers",
-            "--policies", "none", "--db", str(db), "--no-progress", "--threads", "1"]
+            "--policies", "none", "--configs", "transformers-eager", "--db", str(db), "--no-progress", "--threads", "1"]
     dry = runner.invoke(app, args + ["--dry-run"])
     assert dry.exit_code == 0, dry.output
     # code-01: aa, draft and ngram at K = 1, 2, each between two baselines (5 + 6)
@@ -1273,9 +1304,9 @@ def test_policy_best_times_each_drafter_at_the_k_its_trace_predicts(tmp_path, ti
     The row reads as that fixed-K cell (so the report pairs it with its prediction), its cell key stays the
     planned one (so --resume finds it done), and the K equals what the stored trace and block give."""
     from specdec.bench import sweep as S
-    from specdec.bench.probes import _stored_trace
     from specdec.costs import CostCurve
     from specdec.pricing import TraceModel
+    from specdec.traces import AcceptanceTrace
 
     cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="", policies="best",
                             secondary_policies="best", policy_k=6, methods="baseline,draft,ngram",
@@ -1290,9 +1321,12 @@ def test_policy_best_times_each_drafter_at_the_k_its_trace_predicts(tmp_path, ti
         assert all(r["policy"] == "fixed" and 1 <= r["k"] <= 6 and "|best|" in r["cell_key"] for r in runs)
         assert all(r["matches_baseline"] == 1 for r in runs)
         cal = st.calibration(sid)
+        traces = {t["prompt_id"]: t for t in st.traces(sid)}
         for r in runs:
-            loaded = type("L", (), {"label": r["config_label"]})()
-            trace, ctx = _stored_trace(loaded, type("S", (), {"store": st, "sweep_id": sid})(), r["prompt_id"])
+            t = traces[r["prompt_id"]]
+            trace = AcceptanceTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]), tuple(t["draft_ids"]),
+                                    tuple(t["draft_top_prob"]), t["max_new_tokens"])
+            ctx = t["draft_context"]
             curve = CostCurve.from_calibration([c for c in cal if c["prompt_id"] == r["prompt_id"]])
             k, _ = TraceModel(trace, curve, draft_context=ctx).best_fixed_k(r["method"], range(1, 7))
             assert r["k"] == k, (r["prompt_id"], r["method"])

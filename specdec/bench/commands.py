@@ -216,7 +216,7 @@ def costs(
     target: TargetOpt = None,
     draft: DraftOpt = None,
     device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "float32",
+    dtype: DtypeOpt = "auto",
     threads: ThreadsOpt = None,
     backend: BackendOpt = "transformers",
     draft_backend: DraftBackendOpt = None,
@@ -244,8 +244,9 @@ def costs(
     from specdec import models
     from specdec.bench.costs import measure_costs
     from specdec.loading import load_pair
-    from specdec.precision import draft_quant_arg
+    from specdec.precision import draft_quant_arg, resolve_dtype
 
+    dtype = resolve_dtype(dtype, device)  # auto: the rule `generate` follows (specdec.precision.default_dtype)
     if out is not None:  # checked before minutes of timing: never a results store, never overwritten silently
         from specdec.paths import check_output
 

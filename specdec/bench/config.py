@@ -47,6 +47,8 @@ __all__ = [
     "load_config_file",
     "make_config",
     "parse_type_ks",
+    "policies_for",
+    "policy_name",
     "to_json",
     "type_ks_entries",
     "type_ks_for",
@@ -116,11 +118,13 @@ class SweepConfig:
     calibration_repeats: int = setting(2, "Passes of the calibration block (target forwards of 1..17 tokens at "
                                        "each prompt's context, after its first baseline); 0 = off.")
     methods: tuple[str, ...] = setting(OUR_METHODS, "Our methods (baseline,aa,draft,ngram) and/or peer names.")
-    policies: tuple[str, ...] = setting((BEST_K, "cost"), "Policies timed for draft/ngram on primaries: best "
-                                        "(the fixed K the prompt's trace predicts fastest), heuristic, "
-                                        "confidence, cost, or 'none'; K <= --policy-k.")
-    secondary_policies: tuple[str, ...] = setting((BEST_K, "cost"), "Policies timed on the non-primary prompts "
-                                                  "('none' for none).")
+    policies: tuple[str, ...] = setting((BEST_K, "draft:cost"), "Policies timed on primaries, for every drafting "
+                                        "method or one (METHOD:POLICY): best (the fixed K the prompt's trace "
+                                        "predicts fastest), heuristic, confidence, cost, or 'none'; K <= "
+                                        "--policy-k.")
+    secondary_policies: tuple[str, ...] = setting((), "Policies also timed on the non-primary prompts ('none' "
+                                                  "for none), e.g. best,cost to time the main job's cells on "
+                                                  "every prompt of --prompts-per-type.")
     policy_k: int = setting(16, "Policies' starting (heuristic) or maximum (confidence, cost) K.")
     peers: bool = setting(False, "Also time the library peers that apply to each configuration (transformers "
                           "generate/assisted/prompt lookup).")
@@ -258,6 +262,18 @@ def type_ks_for(cfg: SweepConfig, method: str, prompt_type: str) -> tuple[int, .
     return tuple(k for m, t, k in type_ks_entries(cfg) if (m, t) == (method, prompt_type))
 
 
+def policy_name(entry: str) -> str:
+    """The policy of a `SweepConfig.policies` entry: ``"cost"`` for ``"cost"`` and for ``"draft:cost"``."""
+    return entry.split(":", 1)[1] if ":" in entry else entry
+
+
+def policies_for(cfg: SweepConfig, method: str, *, primary: bool = True) -> tuple[str, ...]:
+    """The policies timed for drafting `method` on a primary (or a non-primary) prompt: the entries without a
+    method and those of the form ``method:policy``."""
+    entries = cfg.policies if primary else cfg.secondary_policies
+    return tuple(dict.fromkeys(policy_name(e) for e in entries if ":" not in e or e.split(":", 1)[0] == method))
+
+
 def default_config(device: str = "cpu") -> str:
     """The runtime configuration ``auto`` stands for: ``transformers-bf16`` on a CPU with native bf16 kernels
     (`specdec.precision.default_dtype`), else ``transformers-eager`` (fp32); both are exact by design against
@@ -280,10 +296,15 @@ def _normalize_names(v: dict[str, Any]) -> None:
         policies = [p.lower() for p in _as_list(v[field], field)]
         if policies in (["none"], ["off"]):
             policies = []
-        bad = [p for p in policies if p not in POLICIES]
+        bad = [p for p in policies if policy_name(p) not in POLICIES]
         if bad:
             hint = " (fixed K is the --ks grid)" if "fixed" in bad else ""
-            raise ValueError(f"unknown policy {', '.join(bad)}; choose from {', '.join(POLICIES)}{hint}")
+            raise ValueError(f"unknown policy {', '.join(bad)}; choose from {', '.join(POLICIES)}, each optionally "
+                             f"for one drafting method (draft:cost){hint}")
+        for p in policies:
+            m = p.split(":", 1)[0] if ":" in p else None
+            if m is not None and (m not in METHODS or not METHODS[m].takes_k):
+                raise ValueError(f"policy {p!r} names {m!r}, which is not a drafting method")
         v[field] = tuple(dict.fromkeys(policies))
     configs = []
     for c in _as_list(v["configs"], "configs"):
@@ -330,6 +351,9 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
         v["threads"] = int(v["threads"])
         if v["threads"] < 1:
             raise ValueError(f"threads must be >= 1, got {v['threads']}")
+    from specdec.precision import resolve_dtype
+
+    v["dtype"] = resolve_dtype(v["dtype"], v["device"])  # auto: bf16 where the CPU has native kernels
     v["temperature"] = float(v["temperature"])
     v["top_p"] = float(v["top_p"])
     SamplingParams(v["temperature"], v["top_k"], v["top_p"])  # validates
@@ -337,7 +361,7 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     if v["pairing"] not in PAIRINGS:
         raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, got {v['pairing']!r}")
     v["traces"] = bool(v["traces"])
-    if BEST_K in (*v["policies"], *v["secondary_policies"]):
+    if BEST_K in {policy_name(p) for p in (*v["policies"], *v["secondary_policies"])}:
         why = ("sampled decoding (--temperature > 0)" if v["temperature"] > 0 else "--no-traces" if not v["traces"]
                else "--calibration-repeats 0" if v["calibration_repeats"] == 0 else None)
         if why:

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.bench.config import RUNTIME_CONFIGS, SweepConfig, check_available, type_ks_entries, type_ks_for
+from specdec.bench.config import (
+    RUNTIME_CONFIGS,
+    SweepConfig,
+    check_available,
+    policies_for,
+    type_ks_entries,
+    type_ks_for,
+)
 from specdec.bench.methods import METHODS, our_methods, peer_methods, reference_method
 from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
 from specdec.bench.store import cell_key, model_identity, sweep_id_for
@@ -134,7 +141,7 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
                 groups.extend((m, k, "fixed") for k in ks)
                 groups.extend((m, k, "fixed") for k in type_ks_for(cfg, m, prompt.type) if k not in ks)
             for m in drafting:
-                groups.extend((m, cfg.policy_k, p) for p in (cfg.policies if is_primary else cfg.secondary_policies))
+                groups.extend((m, cfg.policy_k, p) for p in policies_for(cfg, m, primary=is_primary))
             if is_primary:
                 for pm in peers:
                     groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))

@@ -7,7 +7,10 @@ heavy: the CLI, the bench and the backends all use it.
 
 from __future__ import annotations
 
-__all__ = ["one_line"]
+import contextlib
+from collections.abc import Iterator
+
+__all__ = ["cli_errors", "one_line", "user_errors"]
 
 
 def one_line(error: BaseException | str, *, with_type: bool = False, limit: int | None = None) -> str:
@@ -29,3 +32,26 @@ def one_line(error: BaseException | str, *, with_type: bool = False, limit: int 
     else:
         text = first or name
     return text if limit is None else text[:limit]
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exception types a command reports as bad input or an unusable setup (one line, exit status 2)
+    rather than as a crash: ValueError (and its subclasses: store, prompt-file, output-path errors), a model
+    that is not available or whose chunks are damaged, a backend that cannot load or run a model."""
+    from specdec.backends.base import BackendError
+    from specdec.models import ChunkAssemblyError, ModelNotAvailableError
+
+    return (ValueError, ModelNotAvailableError, ChunkAssemblyError, BackendError)
+
+
+@contextlib.contextmanager
+def cli_errors() -> Iterator[None]:
+    """Turn `user_errors` into one stderr line (``specdec: error: ...``) and exit status 2, in the format of
+    `specdec.cli.fail`, so the commands behave the same when mounted on another Typer app (tests)."""
+    import typer
+
+    try:
+        yield
+    except user_errors() as exc:
+        typer.echo(f"specdec: error: {one_line(exc)}", err=True)
+        raise typer.Exit(2) from None

@@ -21,6 +21,7 @@ from specdec.bench import methods as M
 from specdec.bench import sweep as S
 from specdec.bench.environment import machine_changes
 from specdec.bench.export import export_runs
+from specdec.bench.methods import peers_for
 from specdec.bench.prompts import Prompt, PromptFileError
 from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError
 from specdec.costs import CostCurve
@@ -404,11 +405,11 @@ def test_llama_prompt_lookup_is_recorded_as_skipped(tiny_tokenizer):
     prepared = S.Prepared([prompt], "t.gguf", "d.gguf", None, {}, "sid", [cell])
     row, rounds = S.execute(S.LoadedConfig(cfg, S.RUNTIME_CONFIGS["llamacpp"], pair), cell, prepared)
     assert row["error"].startswith("skipped: ") and rounds == [] and row["prompt_tokens"] > 0
-    assert "llama_prompt_lookup" in S.RUNTIME_CONFIGS["llamacpp"].peers()
-    assert S.RUNTIME_CONFIGS["mixed:llamacpp-draft"].peers() == ("hf_generate", "hf_prompt_lookup")
+    assert "llama_prompt_lookup" in peers_for(S.RUNTIME_CONFIGS["llamacpp"])
+    assert peers_for(S.RUNTIME_CONFIGS["mixed:llamacpp-draft"]) == ("hf_generate", "hf_prompt_lookup")
     # transformers' own generate()/assisted generation are measured on the eager model only
-    assert S.RUNTIME_CONFIGS["transformers-compiled"].peers() == ()
-    assert S.RUNTIME_CONFIGS["transformers-eager"].peers() == ("hf_generate", "hf_assisted", "hf_prompt_lookup")
+    assert peers_for(S.RUNTIME_CONFIGS["transformers-compiled"]) == ()
+    assert peers_for(S.RUNTIME_CONFIGS["transformers-eager"]) == ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 
 
 # ------------------------------------------------------------------------------------ plan and config
@@ -656,7 +657,7 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
 
 
 @pytest.mark.parametrize("db, flags", [
-    ("archive/study.db", {"threads": 2}),  # results/archive/README.md: specdec sweep --db results/archive/study.db --threads 2 --resume
+    ("archive/study.db", {"threads": 2, **ORIGINAL_GRID}),  # results/archive/README.md: its continue command
     ("policy2.db", {"threads": 2, "prompt_types": "natural,code,code_python,technical_ml", "ks": "2,16",
                     "methods": "baseline,draft", "policies": "cost", "peers": False, "repeats": 2,
                     "baseline_repeats": 3, "name": "policy-interleaved"}),
@@ -970,8 +971,8 @@ def test_sweep_options_come_from_one_declaration_per_setting(app, tmp_path):
 
 def test_shared_options_have_one_help_text_across_commands(app):
     """--pair, --target, --backend ... read the same in `generate`, `sweep` and `costs` (the declarations of
-    `specdec.cli.SHARED_OPTIONS`); only a default the command shows may follow."""
-    from specdec import cli
+    `specdec.options.SHARED_OPTIONS`); only a default the command shows may follow."""
+    from specdec import cli, options
 
     full = typer.Typer()
     full.command("generate")(cli.generate)
@@ -981,7 +982,7 @@ def test_shared_options_have_one_help_text_across_commands(app):
     group = typer.main.get_command(full)
     commands = {name: _options(group.commands[name]) for name in ("generate", "sweep", "costs")}
     checked = 0
-    for declared in cli.SHARED_OPTIONS.values():
+    for declared in options.SHARED_OPTIONS.values():
         info = declared.__metadata__[0]  # typer.Option("--name", help=...): the name is its first argument
         text, flag = info.help, info.default.split("/")[0]
         for cmd, opts in commands.items():

@@ -67,14 +67,14 @@ def merge(
     out: Annotated[Path, typer.Option("--out", help="The merged store (created, or added to).")],
 ) -> None:
     """Merge the shard stores of one sweep (specdec sweep --shard I/N) into one store."""
-    from specdec.bench.commands import _cli_errors
     from specdec.bench.machines import machine_label
     from specdec.bench.merge import merge_stores
     from specdec.bench.store import Store
+    from specdec.errors import cli_errors
 
-    with _cli_errors():
+    with cli_errors():
         res = merge_stores(out, shards, echo=typer.echo)
-    with _cli_errors(), Store(out, readonly=True) as st:
+    with cli_errors(), Store(out, readonly=True) as st:
         labels = {mid: machine_label(js) for mid, js in st.conn.execute("SELECT * FROM machines")}
     typer.echo(f"merged {len(shards)} store(s) into {out}: sweep {', '.join(res.sweep_ids)}, {res.added} runs "
                f"added ({res.duplicates} duplicate(s) kept once), shards {', '.join(res.shards) or 'unrecorded'}"

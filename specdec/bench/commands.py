@@ -9,10 +9,8 @@ and runtime options of every command are `specdec.cli`'s shared declarations.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -22,7 +20,8 @@ from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  
 from specdec.bench.control import LOCK_WAIT_S
 from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, field_settings, typer_command
 from specdec.bench.shard import shard_plan  # [shards]
-from specdec.cli import (
+from specdec.errors import cli_errors
+from specdec.options import (
     BackendOpt,
     CompileOpt,
     DeviceOpt,
@@ -36,28 +35,9 @@ from specdec.cli import (
     TargetOpt,
     ThreadsOpt,
 )
-from specdec.errors import one_line
 
 __all__ = ["RUN_SETTINGS", "costs", "export", "register", "sweep", "sweep_settings"]
 
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from specdec.backends.base import BackendError
-    from specdec.models import ChunkAssemblyError, ModelNotAvailableError
-
-    return (ValueError, ModelNotAvailableError, ChunkAssemblyError, BackendError)
-
-
-@contextlib.contextmanager
-def _cli_errors() -> Iterator[None]:
-    """Turn user errors into one stderr line + exit 2, in `specdec.cli.fail`'s format (so the commands behave
-    the same when mounted on another Typer app, e.g. in tests)."""
-    try:
-        yield
-    except _user_errors() as exc:
-        typer.echo(f"specdec: error: {one_line(exc)}", err=True)
-        raise typer.Exit(2) from None
 
 
 def _echo(msg: str) -> None:
@@ -104,7 +84,7 @@ def _sweep(**opts) -> None:
     """``specdec sweep``'s body: `opts` holds one value per option of `sweep_settings` (None: not given)."""
     from specdec.bench import sweep as S
 
-    with _cli_errors():
+    with cli_errors():
         file_values = S.load_config_file(opts["config"]) if opts["config"] is not None else {}
         flags = {f.name: opts[f.name] for f in dataclasses.fields(S.SweepConfig) if f.name in opts}
         cfg = S.make_config(flags, file=file_values, quick=opts["quick"])
@@ -250,13 +230,13 @@ def costs(
     if out is not None:  # checked before minutes of timing: never a results store, never overwritten silently
         from specdec.paths import check_output
 
-        with _cli_errors():
+        with cli_errors():
             out = check_output(out, force=force)
     if arch is not None:
         _arch_costs(arch, device=device, dtype=dtype, threads=threads, max_n=max_n, repeats=repeats,
                     context_tokens=context_tokens, as_json=as_json, out=out)
         return
-    with _cli_errors():
+    with cli_errors():
         target_spec, draft_spec = models.resolve_pair(pair, target, draft)
         typer.echo(f"loading {target_spec} and {draft_spec} ...", err=True)
         loaded = load_pair(target_spec, draft_spec, backend=backend, draft_backend=draft_backend, device=device,
@@ -300,7 +280,7 @@ def _arch_costs(names: str, *, device, dtype, threads, max_n, repeats, context_t
     from specdec.bench.sweep import machine_info
     from specdec.loading import set_threads
 
-    with _cli_errors():
+    with cli_errors():
         chosen = archs.resolve_archs(names)
         set_threads(threads)
         typer.echo(f"timing {', '.join(a.name for a in chosen)} ({archs.RANDOM_WEIGHTS_LABEL}) ...", err=True)
@@ -333,7 +313,7 @@ def export(
     """Export every run, joined with its sweep's configuration, to CSV, JSON Lines or Parquet."""
     from specdec.bench.export import EXPORT_FORMATS, export_runs
 
-    with _cli_errors():
+    with cli_errors():
         fmt = format
         if fmt is None:
             fmt = out.suffix.lower().lstrip(".")

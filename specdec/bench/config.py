@@ -92,7 +92,7 @@ class SweepConfig:
     """
 
     name: str | None = setting(None, "A label stored with the sweep (not part of its identity).", PANEL_STORE)
-    pair: str | None = setting(None, panel=PANEL_MODELS)  # help: specdec.cli.SHARED_OPTIONS
+    pair: str | None = setting(None, panel=PANEL_MODELS)  # help: specdec.options.SHARED_OPTIONS
     target: str | None = setting(None, panel=PANEL_MODELS)
     draft: str | None = setting(None, panel=PANEL_MODELS)
     prompt_types: tuple[str, ...] | str = setting("all", "'all' or comma-separated prompt types (of the built-in "

@@ -28,7 +28,7 @@ from specdec.policies import make_policy
 from specdec.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from specdec.bench.config import RuntimeConfig
+    from specdec.bench.runtimes import RuntimeConfig
 
 __all__ = [
     "LLAMA_PROMPT_LOOKUP_SKIP",

@@ -6,8 +6,6 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from specdec.bench.methods import peers_for
-
 __all__ = ["CONFIG_ALIASES", "RUNTIME_CONFIGS", "RuntimeConfig", "check_available", "config_for_backends"]
 
 
@@ -56,10 +54,6 @@ class RuntimeConfig:
             return "gguf"
         dtype = self.dtype or sweep_dtype
         return f"{dtype}+{self.quant}" if self.quant else dtype
-
-    def peers(self) -> tuple[str, ...]:
-        """The peer methods that apply to this configuration (`Method.applies`)."""
-        return peers_for(self)
 
 
 RUNTIME_CONFIGS: dict[str, RuntimeConfig] = {

@@ -43,7 +43,7 @@ import pandas as pd
 from specdec import stats
 from specdec.costs import CostCurve
 from specdec.metrics import RATES
-from specdec.pricing import TraceModel
+from specdec.pricing import DRAFTERS, TraceModel
 from specdec.report.load import ensure_prepared, is_missing, run_rate
 from specdec.report.model import CostInfo, cost_infos
 from specdec.report.speedup import paired_reference
@@ -73,7 +73,7 @@ __all__ = [
 
 #: The K grid predicted from every trace (free: no timed run needed).
 GRID = tuple(range(1, 17))
-_DRAFTERS = ("draft", "ngram")
+_DRAFTERS = DRAFTERS  # the draft model, prompt lookup, the suffix drafter: all replayed from one trace
 
 
 class PromptModel(TraceModel):
@@ -287,7 +287,7 @@ def catchup_summary(models: Sequence[PromptModel]) -> dict:
 
 def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",), policy_k: int = 16
                ) -> pd.DataFrame:
-    """Predicted decode speedup per prompt for K in `GRID` and the `policies`, both drafters.
+    """Predicted decode speedup per prompt for K in `GRID` and the `policies`, every drafter of `DRAFTERS`.
 
     Columns: config_label, prompt_id, prompt_type, method, policy, k, predicted (decode speedup),
     block_efficiency (tokens per target forward), mean_k (drafted tokens per round with K > 0).

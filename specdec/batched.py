@@ -26,6 +26,7 @@ import torch
 
 from specdec.backends.base import ContextOverflowError
 from specdec.batch_k import BatchKPolicy, FixedBatchK
+from specdec.decoding import _cut_block  # one rule for where a round's block ends (EOS kept, budget)
 from specdec.drafters import Draft, Drafter
 from specdec.metrics import GenerationResult, RoundRecord
 from specdec.sampling import SamplingParams, sample, warp
@@ -250,16 +251,6 @@ def _generators(sampling: SamplingParams, seed, n: int, device) -> list[torch.Ge
         g.manual_seed(int(s))
         out.append(g)
     return out
-
-
-def _cut_block(block: list[int], eos_ids: frozenset[int], remaining: int) -> tuple[list[int], bool]:
-    """A round's committed block cut at the first EOS (kept) and at the row's remaining budget."""
-    out = []
-    for t in block[:remaining]:
-        out.append(t)
-        if t in eos_ids:
-            return out, True
-    return out, False
 
 
 def generate_batch(

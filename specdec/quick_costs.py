@@ -16,8 +16,6 @@ dtype, quantization and threads, under ``<cache_dir>/costs/quick-<hash>.json``; 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -138,34 +136,10 @@ def cached_quick_costs(
     """
     import torch
 
-    from specdec.bench.environment import machine_info
-    from specdec.models import cache_dir
+    from specdec.bench.costs import cost_cache
 
-    machine = machine_info(key.get("device", "cpu"), key.get("threads"))
-    full_key = {**key, "format": _FORMAT, "torch_threads": torch.get_num_threads(),
-                **{k: machine.get(k) for k in ("cpu_model", "cpu_count", "torch", "transformers",
-                                               "llama_cpp_python")}}
-    digest = hashlib.sha256(json.dumps(full_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = (Path(cache) if cache is not None else cache_dir()) / "costs" / f"quick-{digest}.json"
-    if path.exists() and not refresh:
-        try:
-            stored = json.loads(path.read_text())
-            costs = stored["costs"]
-            if max(int(n) for n in costs["target_forward_s"]) >= max_n:
-                return costs, (f"costs from {path} (measured {stored.get('measured_at', '?')}; "
-                               "--remeasure-costs measures again)")
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable or partial: measure again and overwrite
-    t0 = time.perf_counter()
-    costs = (measure or quick_measure)(pair, max_n=max_n)
-    note = f"costs measured in {time.perf_counter() - t0:.1f} s ({len(costs['target_forward_s'])} target shapes)"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": full_key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                   "costs": costs}, default=str))
-        tmp.replace(path)
-        note += f", cached in {path}"
-    except OSError as exc:
-        note += f" (not cached: {exc})"
-    return costs, note
+    return cost_cache({**key, "format": _FORMAT, "torch_threads": torch.get_num_threads()}, max_n=max_n,
+                      cache=cache, prefix="quick-", refresh=refresh,
+                      reuse_hint="--remeasure-costs measures again",
+                      note_measured=lambda costs: f" ({len(costs['target_forward_s'])} target shapes)",
+                      measure=lambda: (measure or quick_measure)(pair, max_n=max_n))

@@ -276,8 +276,27 @@ def cached_costs(
         ``(costs, note)``: costs as `measure_costs` returns them (``target_forward_s`` keys may be strings
         after a round trip through JSON), and a one-line note saying where they came from.
     """
+    return cost_cache(key, max_n=max_n, cache=cache, reuse_hint="delete it to re-measure",
+                      measure=lambda: (measure or measure_costs)(pair, max_n=max_n, repeats=repeats))
+
+
+def cost_cache(key: dict[str, Any], *, max_n: int, measure: Callable[[], dict[str, Any]], cache=None,
+               prefix: str = "", refresh: bool = False, reuse_hint: str = "",
+               note_measured: Callable[[dict[str, Any]], str] = lambda costs: "") -> tuple[dict[str, Any], str]:
+    """The JSON cost cache both `cached_costs` and `specdec.quick_costs.cached_quick_costs` use: the costs
+    stored under ``<cache>/costs/<prefix><hash of key + machine>.json`` (default cache:
+    `specdec.models.cache_dir`) when they cover ``max_n`` target tokens and `refresh` is off, else
+    ``measure()``'s, written atomically (a temporary file renamed). The CPU model, core count and library
+    versions are added to `key`, so another machine or library never reuses them.
+
+    Returns:
+        ``(costs, note)``: the costs (``target_forward_s`` keys may be strings after JSON) and a one-line note
+        saying where they came from (``costs from <file> (measured ...; <reuse_hint>)`` or ``costs measured in
+        <s> s<note_measured(costs)>, cached in <file>``).
+    """
     import hashlib
     import json
+    import time
     from pathlib import Path
 
     from specdec.models import cache_dir
@@ -286,19 +305,18 @@ def cached_costs(
     full_key = {**key, **{k: machine.get(k) for k in ("cpu_model", "cpu_count", "torch", "transformers",
                                                        "llama_cpp_python")}}
     digest = hashlib.sha256(json.dumps(full_key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = Path(cache) if cache is not None else cache_dir()
-    path = path / "costs" / f"{digest}.json"
-    if path.exists():
+    path = (Path(cache) if cache is not None else cache_dir()) / "costs" / f"{prefix}{digest}.json"
+    if path.exists() and not refresh:
         try:
             stored = json.loads(path.read_text())
             costs = stored["costs"]
             if max(int(n) for n in costs["target_forward_s"]) >= max_n:
-                return costs, f"costs from {path} (measured {stored.get('measured_at', '?')}; delete it to re-measure)"
+                return costs, f"costs from {path} (measured {stored.get('measured_at', '?')}; {reuse_hint})"
         except (OSError, ValueError, KeyError, TypeError):
             pass  # unreadable or partial: measure again and overwrite
     t0 = time.perf_counter()
-    costs = (measure or measure_costs)(pair, max_n=max_n, repeats=repeats)
-    note = f"costs measured in {time.perf_counter() - t0:.1f} s"
+    costs = measure()
+    note = f"costs measured in {time.perf_counter() - t0:.1f} s{note_measured(costs)}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -1332,6 +1332,9 @@ def test_policy_best_times_each_drafter_at_the_k_its_trace_predicts(tmp_path, ti
             k, _ = TraceModel(trace, curve, draft_context=ctx).best_fixed_k(r["method"], range(1, 7))
             assert r["k"] == k, (r["prompt_id"], r["method"])
     assert any("the trace's best" in line for line in lines)
+    for r in runs:  # the console's summary line names the K that ran, not the planned maximum
+        assert any(line.startswith(f"[{r['config_label']}] {r['prompt_id']} {r['method']} K={r['k']}:")
+                   for line in lines), r["prompt_id"]
     again = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None, resume=True)
     assert again.ran == 0
 

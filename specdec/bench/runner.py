@@ -185,7 +185,8 @@ def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: SweepState) ->
         finished.setdefault(cell.cell, []).append(row)
         remaining[cell.cell] -= 1
         if remaining[cell.cell] == 0:
-            s.log(summary_line(cell, finished.pop(cell.cell), s.baseline_tps.get((loaded.label, cell.prompt.id))))
+            # the line names what ran (policy best: the fixed K its trace chose)
+            s.log(summary_line(run, finished.pop(cell.cell), s.baseline_tps.get((loaded.label, cell.prompt.id))))
     return False
 
 

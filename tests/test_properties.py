@@ -38,7 +38,7 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 
 import torch
-from conftest import build_tiny_model
+from conftest import ScriptedDrafter, build_tiny_model
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
@@ -46,9 +46,10 @@ from specdec.backends.base import ContextOverflowError
 from specdec.backends.hf import HFBackend
 from specdec.costs import CostCurve
 from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import Draft, ModelDrafter, PromptLookupDrafter, ScriptedDrafter
+from specdec.drafters import Draft, ModelDrafter, PromptLookupDrafter
 from specdec.policies import make_policy
 from specdec.sampling import SamplingParams, warp
+from specdec.suffix import SuffixDrafter
 from specdec.traces import compare_rounds, draft_pending, record_trace, replay
 
 
@@ -171,7 +172,21 @@ class NearTable(TableLM):
 # -- what a case is made of --------------------------------------------------------------------------------
 
 PAD_RULES = {"none": None, "plus1": lambda m: m + 1, "double": lambda m: 2 * m, "to9": lambda m: max(m, 9)}
-DRAFTERS = ("same", "near", "far", "ngram", "scripted")
+DRAFTERS = ("same", "near", "far", "ngram", "scripted", "suffix")
+
+
+class _Curve:
+    """A verification cost curve v(n) = 1 + slope (n - 1) for the suffix drafter's draft length."""
+
+    def __init__(self, slope: float) -> None:
+        self.slope = slope
+
+    def v(self, n: int) -> float:
+        return 1.0 + self.slope * (n - 1)
+
+
+#: The suffix drafter's cost curves: none (flat), flat, a mild slope, a steep one (nothing pays).
+SUFFIX_COSTS = {"none": None, "flat": _Curve(0.0), "sloped": _Curve(0.3), "steep": _Curve(1.0)}
 
 
 @st.composite
@@ -220,6 +235,8 @@ def drafters(draw, vocab: int):
                 "match": draw(st.sampled_from(["recent", "earliest"])), "continue_past_end": draw(st.booleans())}
     elif kind == "scripted":
         opts = {"salt": draw(st.integers(0, 5)), "right": draw(st.integers(0, 3))}
+    elif kind == "suffix":
+        opts = {"curve": draw(st.sampled_from(list(SUFFIX_COSTS))), "min_match": draw(st.integers(1, 3))}
     else:
         opts = {"draft_ctx_cut": draw(st.one_of(st.none(), st.integers(0, 20)))}
     return kind, opts
@@ -261,6 +278,8 @@ def build_drafter(case, oracle_ids=None):
     vocab = case["vocab"]
     if kind == "ngram":
         return PromptLookupDrafter(**opts), None, None
+    if kind == "suffix":
+        return SuffixDrafter(SUFFIX_COSTS[opts["curve"]], min_match=opts["min_match"]), None, None
     if kind == "scripted":
         salt, right = opts["salt"], opts["right"]
 

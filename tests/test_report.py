@@ -576,10 +576,13 @@ def _report_names_missing(path: Path, out: Path, *needles: str):
 
 
 def test_empty_db_file(tmp_path):
+    """A 0-byte store is what a WAL store's .db holds before its first checkpoint when copied without its
+    -wal file: the report names that in one line instead of reporting an empty sweep, and writes nothing."""
     path = tmp_path / "empty.db"
     path.write_bytes(b"")
-    res = _report_names_missing(path, tmp_path / "o", "the store holds no sweep", "not drawn")
-    assert not res.drawn
+    with pytest.raises(ValueError, match=r"empty.db: is empty \(no tables\) and empty.db-wal is missing") as err:
+        write_report(path, tmp_path / "o")
+    assert "\n" not in str(err.value) and not (tmp_path / "o" / "report.html").exists()
 
 
 def test_store_with_tables_but_nothing(tmp_path):

@@ -137,7 +137,7 @@ def test_achieved_share_and_roofline_arithmetic():
 def test_costs_command_reports_the_roofline(tiny_pair, near_draft_dir):
     from test_cli import run
 
-    p = run("costs", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--max-n", "2",
+    p = run("costs", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--dtype", "float32", "--max-n", "2",
             "--repeats", "1", "--bandwidth-mib", "4", "--threads", "1", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -147,7 +147,7 @@ def test_costs_command_reports_the_roofline(tiny_pair, near_draft_dir):
     assert roof["achieved_gbps"] == pytest.approx(roof["weight_bytes"] / out["target_step_s"] / 1e9)
     assert roof["bandwidth_gbps"] == out["bandwidth"]["gbps"] > 0
     assert roof["bandwidth_share"] == pytest.approx(roof["achieved_gbps"] / roof["bandwidth_gbps"])
-    p = run("costs", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--max-n", "2",
+    p = run("costs", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--dtype", "float32", "--max-n", "2",
             "--repeats", "1", "--bandwidth-mib", "4", "--threads", "1")
     assert p.returncode == 0, p.stderr
     assert "roofline: target weights 0.9 MB read per step" in p.stdout

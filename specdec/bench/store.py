@@ -67,6 +67,7 @@ __all__ = [
     "SweepNotFoundError",
     "canonical_json",
     "cell_key",
+    "connect",
     "columns",
     "model_identity",
     "sweep_id_for",

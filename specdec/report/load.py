@@ -169,9 +169,9 @@ def parse_json(text: Any) -> Any:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    """Read-only, checked by `specdec.bench.store_access.connect` (a damaged store, or one that lost its
-    ``-wal`` file, is one line naming the file)."""
-    from specdec.bench.store_access import connect
+    """Read-only, checked by the store's `connect` (a damaged store, or one that lost its ``-wal`` file, is one
+    line naming the file)."""
+    connect = store.connect
 
     try:
         con = connect(path, readonly=True, timeout_s=5.0)

@@ -1169,7 +1169,7 @@ def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path)
     assert n_prompts == len(SWEEP_PROMPTS)
     fixed = grid[grid["policy"] == "fixed"]
     assert sorted(set(fixed["k"])) == list(range(1, 17)) and set(fixed["method"]) == {"draft", "ngram", "suffix"}
-    assert len(fixed) == n_prompts * 2 * 16 and (grid["predicted"] > 0).all()
+    assert len(fixed) == n_prompts * 3 * 16 and (grid["predicted"] > 0).all()  # draft, ngram, suffix
     assert len(pvm) >= 10 and pvm["replay_exact"].all(), pvm[~pvm["replay_exact"]][["method", "policy", "k", "mismatch"]].to_string()
     assert (pvm["n_adjacent"] == 2).all() and (pvm["measured"] > 0).all() and (pvm["predicted"] > 0).all()
     cells = a[T.CELLS]

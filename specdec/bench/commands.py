@@ -118,8 +118,9 @@ def _sweep(**opts) -> None:
                          f"(specdec report names them)")
 
 
-sweep = typer_command(_sweep, sweep_settings(), "Run the benchmark sweep: every prompt x method x K, with "
-                      "peers, stored run by run in SQLite.")
+sweep = typer_command(_sweep, sweep_settings(), "Run the study on this machine: per prompt a target-only run "
+                      "(its acceptance trace and calibration block predict every K), then the cells they single "
+                      "out, each between two target-only runs; every run stored in SQLite as it finishes.")
 
 
 def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False, loader=None,

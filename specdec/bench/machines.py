@@ -3,7 +3,7 @@
 Before sharding, one sweep ran on one machine, so ``sweeps.machine_json`` described every run. A sweep
 split over N machines (``--shard I/N``, ``--executor ray``) and merged back (`specdec.bench.merge`) needs
 the machine per run and the cost curve per machine, because every speedup and every cost-model prediction
-must come from one machine (MEASUREMENT.md). Additions to schema version 1 (additive, so older stores
+must come from one machine (docs/METHOD.md). Additions to schema version 1 (additive, so older stores
 still load and older code still reads newer stores):
 
 - ``machines (machine_id PK, machine_json)``: each machine seen, its full `machine_info` description;

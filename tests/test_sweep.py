@@ -1344,3 +1344,37 @@ def test_policy_best_needs_greedy_traces_and_calibration(tiny_pair, near_draft_d
                     ({"calibration_repeats": 0}, "--calibration-repeats 0")):
         with pytest.raises(ValueError, match=why):
             tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", **kw)
+
+
+def test_a_resumed_prompt_takes_its_missing_trace_before_policy_best(tmp_path, tiny_pair, near_draft_dir,
+                                                                      prompt_file):
+    """A sweep stopped after a prompt's first target-only run was stored but before its trace and calibration
+    block were: --resume takes them from the stored run, and the prompt's `best` cells run instead of being
+    recorded as skipped."""
+    import sqlite3
+
+    from specdec.bench import sweep as S
+
+    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="", policies="best",
+                            policy_k=4, methods="baseline,draft,ngram", calibration_repeats=1,
+                            prompt_types="code")
+    db = tmp_path / "resume.db"
+    S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
+    con = sqlite3.connect(db)
+    pid = con.execute("SELECT prompt_id FROM traces ORDER BY prompt_id LIMIT 1").fetchone()[0]
+    best = [r[0] for r in con.execute("SELECT run_id FROM runs WHERE prompt_id = ? AND cell_key LIKE '%|best|%'",
+                                      (pid,))]
+    assert len(best) == 2
+    con.execute(f"DELETE FROM rounds WHERE run_id IN ({','.join('?' * len(best))})", best)
+    con.execute(f"DELETE FROM runs WHERE run_id IN ({','.join('?' * len(best))})", best)
+    con.execute("DELETE FROM traces WHERE prompt_id = ?", (pid,))
+    con.execute("DELETE FROM calibration WHERE prompt_id = ?", (pid,))
+    con.commit()
+    con.close()
+    again = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None, resume=True)
+    assert again.ran == 2 and again.skipped == 0
+    with Store(db) as st:
+        sid = st.sweeps()[0]["sweep_id"]
+        rows = [r for r in st.runs(sid, prompt_id=pid) if "|best|" in r["cell_key"]]
+        assert len(rows) == 2 and all(r["error"] is None and r["policy"] == "fixed" for r in rows)
+        assert any(t["prompt_id"] == pid for t in st.traces(sid))

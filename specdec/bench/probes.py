@@ -39,6 +39,7 @@ __all__ = [
     "best_k",
     "calibrate",
     "check_equal",
+    "measure_missed",
     "roofline",
     "stored_prompt_costs",
     "trace",
@@ -185,6 +186,27 @@ def best_k(loaded: LoadedConfig, s: SweepState, cell: PlannedRun) -> int:
         s.log(f"[{loaded.label}] {cell.prompt.id}: {cell.method} at K = {k}, the trace's best "
               f"(predicted {pred:.2f}x decode speedup)")
     return loaded.best_ks[key][0]
+
+
+def measure_missed(loaded: LoadedConfig, s: SweepState, prompt) -> bool:
+    """On ``--resume``: a prompt whose first target-only run is stored but whose trace or calibration block is
+    not (the sweep stopped between the two) gets them now, from that stored run (`FIRST_BASELINE` probes).
+
+    Returns:
+        True when a stored target-only run of this machine was found and its probes walked.
+    """
+    import json
+
+    rows = [r for r in s.store.runs(s.sweep_id, config_label=loaded.label, prompt_id=prompt.id)
+            if METHODS[r["method"]].reference and r["error"] is None and r["token_ids"] is not None
+            and (r.get("machine_id") or "") == (s.store.machine_id or "")]
+    if not rows:
+        return False
+    row = dict(min(rows, key=lambda r: r["repeat"]))
+    row["token_ids"] = json.loads(row["token_ids"]) if isinstance(row["token_ids"], str) else row["token_ids"]
+    cell = PlannedRun(loaded.label, prompt, row["method"], None, None, row["repeat"])
+    walk(FIRST_BASELINE, s, At(loaded, cell, row, row["run_id"]))
+    return True
 
 
 PROBES: tuple[Probe, ...] = (

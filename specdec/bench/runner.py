@@ -87,9 +87,16 @@ def _resolve(loaded: LoadedConfig, cell: PlannedRun, s: SweepState) -> tuple[Pla
     if cell.policy != BEST_K:
         return cell, None
     try:
-        return dataclasses.replace(cell, k=probes.best_k(loaded, s, cell), policy="fixed"), None
+        k = probes.best_k(loaded, s, cell)
     except ValueError as exc:
-        return cell, f"skipped: {one_line(exc)}"
+        # a resumed prompt may have its first baseline stored but not its trace or block: take them now
+        if not probes.measure_missed(loaded, s, cell.prompt):
+            return cell, f"skipped: {one_line(exc)}"
+        try:
+            k = probes.best_k(loaded, s, cell)
+        except ValueError as again:
+            return cell, f"skipped: {one_line(again)}"
+    return dataclasses.replace(cell, k=k, policy="fixed"), None
 
 
 def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared, *,

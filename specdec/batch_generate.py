@@ -519,7 +519,7 @@ def cli_generate_batch(**opts) -> None:
     limit = loaded.target.backend.max_length
     for e, p, n in zip(entries, ids, budgets, strict=True):
         if len(p) + n > limit:
-            fail(f"--prompts-file line {e.line}: prompt ({len(p)} tokens) + max_new_tokens ({n}) exceeds the "
+            fail(f"--prompts-file {o['prompts_file']}, line {e.line}: prompt ({len(p)} tokens) + max_new_tokens ({n}) exceeds the "
                  f"target's context of {limit} tokens")
     cost_key = {"target": model_fingerprint(target_spec), "draft": model_fingerprint(draft_spec),
                 "backend": backend, "draft_backend": o["draft_backend"], "device": o["device"], "dtype": dtype,

@@ -431,3 +431,33 @@ def test_cli_llamacpp_batched_greedy_equals_single_prompt_output(llama_loaded, s
         assert doc["backend"] == "llamacpp" and doc["dtype"] is None
         if drafter == "model":  # the draft is the target itself: every draft is accepted
             assert all(r["num_accepted"] == r["num_drafted"] > 0 for r in doc["rows"])
+
+
+# -- the batch cost policy's pricing ----------------------------------------------------------------------
+
+def test_batch_measure_times_the_batch_shapes(api_pair):
+    from specdec.batch_generate import _batch_ns, batch_measure
+    from specdec.costs import CostCurve
+
+    assert _batch_ns(3, 51) == [1, 3, 6, 9, 15, 27, 51] and _batch_ns(1, 17) == [1, 2, 3, 5, 9, 17]
+    assert _batch_ns(8, 128) == [1, 8, 16, 24, 40, 72, 128]
+    ticks = iter(range(10**6))
+    costs = batch_measure(api_pair.loaded, max_n=51, rows=3, repeats=1, clock=lambda: float(next(ticks)))
+    assert sorted(int(n) for n in costs["target_forward_s"]) == [1, 3, 6, 9, 15, 27, 51]
+    assert sorted(int(n) for n in costs["draft_forward_s"]) == [1, 3] and costs["rows"] == 3
+    curve = CostCurve.from_costs(costs)
+    assert curve.draft_forward(3) > 0 and curve.forward_s(51) > 0
+
+
+@pytest.mark.parametrize("cheap", [True, False])
+def test_batch_cost_policy_follows_the_prices(api_pair, singles, cheap):
+    """Flat target costs and free drafting: the policy drafts its largest K every round it can; costs linear in
+    the tokens with a dear draft: it never drafts. Either way the rows are the single-prompt output."""
+    ns = [1, 2, 3, 4, 6, 8, 10, 12, 16, 18]
+    costs = {"target_forward_s": {n: (1.0 if cheap else float(n)) for n in ns},
+             "draft_step_s": 0.0 if cheap else 5.0, "draft_forward_s": None if cheap else {1: 5.0, 2: 10.0}}
+    ids = [api_pair.tokenizer(t).input_ids for t in TEXTS[:2]]
+    run = run_batches(api_pair.loaded, ids, NEW, batch_size=2, drafter="model", policy="cost", k=5, costs=costs)
+    assert [r.token_ids for r in run.results] == singles[:2] and run.k == 5 and run.policy == "cost"
+    asked = [x.k_requested for r in run.results for x in r.rounds]
+    assert set(asked) == ({5} if cheap else {0})

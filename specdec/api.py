@@ -5,8 +5,10 @@
     pair = load_pair("qwen2.5-coder")          # or load_pair(target="dir, .gguf or hub id", draft="...")
     out = generate(pair, "def fib(n):", max_new_tokens=64)
     print(out.text, out.acceptance_rate, out.block_efficiency, out.tokens_per_s)
+    outs = generate(pair, ["def a():", "def b():", "x ="], batch_size=2)  # one Generation per prompt
 
-`load_pair` returns a `Pair` (the loaded models and what they are); `generate` returns a `Generation`,
+`load_pair` returns a `Pair` (the loaded models and what they are); `generate` returns a `Generation` (a list
+of them, in prompt order, for a list of prompts decoded `batch_size` at a time: `specdec.batch_generate`),
 a `specdec.metrics.GenerationResult` (new token ids, one `specdec.metrics.RoundRecord` per target forward,
 accepted/drafted counts, acceptance rate, block efficiency, tokens/s, TTFT) with the decoded text and the
 settings that produced it. The work is done by the same code as the ``specdec generate`` command:

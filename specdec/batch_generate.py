@@ -28,7 +28,8 @@ from specdec.sampling import SamplingParams
 
 __all__ = [
     "BATCH_DRAFTERS", "BATCH_POLICIES", "LLAMACPP_MAX_ROWS", "BatchRun", "PromptEntry", "batch_costs",
-    "batch_k_max", "batch_measure", "read_prompts_file", "run_batches",
+    "batch_k_max", "batch_measure", "batch_report", "cli_generate_batch", "print_batch", "read_prompts_file",
+    "resolve_batch_policy", "row_figures", "run_batches",
 ]  # fmt: skip
 
 #: llama.cpp serves at most this many sequences in one context (its ``LLAMA_MAX_SEQ``; a context with

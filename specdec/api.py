@@ -5,8 +5,10 @@
     pair = load_pair("qwen2.5-coder")          # or load_pair(target="dir, .gguf or hub id", draft="...")
     out = generate(pair, "def fib(n):", max_new_tokens=64)
     print(out.text, out.acceptance_rate, out.block_efficiency, out.tokens_per_s)
+    outs = generate(pair, ["def a():", "def b():", "x ="], batch_size=2)  # one Generation per prompt
 
-`load_pair` returns a `Pair` (the loaded models and what they are); `generate` returns a `Generation`,
+`load_pair` returns a `Pair` (the loaded models and what they are); `generate` returns a `Generation` (a list
+of them, in prompt order, for a list of prompts decoded `batch_size` at a time: `specdec.batch_generate`),
 a `specdec.metrics.GenerationResult` (new token ids, one `specdec.metrics.RoundRecord` per target forward,
 accepted/drafted counts, acceptance rate, block efficiency, tokens/s, TTFT) with the decoded text and the
 settings that produced it. The work is done by the same code as the ``specdec generate`` command:
@@ -142,8 +144,9 @@ def load_pair(
 
 def generate(
     pair: Pair,
-    prompt: str | Sequence[int],
+    prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
     *,
+    batch_size: int | None = None,
     max_new_tokens: int = 128,
     k: int | None = None,
     policy: str | None = None,
@@ -155,18 +158,30 @@ def generate(
     chat_template: bool = False,
     costs: dict | None = None,
     remeasure_costs: bool = False,
-) -> Generation:
-    """Continue `prompt` with speculative decoding on `pair`.
+) -> Generation | list[Generation]:
+    """Continue `prompt` with speculative decoding on `pair`; or, given a list of prompts, continue each of
+    them, `batch_size` at a time.
 
     Args:
         pair: from `load_pair`.
-        prompt: text (encoded by the pair's tokenizer, its special tokens included) or token ids.
+        prompt: text (encoded by the pair's tokenizer, its special tokens included) or token ids: returns one
+            `Generation`. A list of texts (or of token-id lists): returns a list of `Generation`, one per
+            prompt in prompt order, decoded B = `batch_size` at a time (in order; the last batch may be
+            smaller) by `specdec.batch_generate.run_batches` (`specdec.batched.generate_batch`: each row
+            commits its own accepted length, so a greedy row equals the single-prompt greedy output; prompt
+            i samples with seed ``seed + i``). Batches run the eager backends (not ``compile=True``).
+        batch_size: rows per batch for a list of prompts (>= 1; None: all of them at once, at most 256 on
+            llama.cpp); None or 1 for a single prompt.
         max_new_tokens: budget of new tokens (>= 0; never exceeded).
         k, policy: as ``specdec generate``: `k` alone is a fixed K; neither gives the ``cost`` policy (K
             chosen per round from the measured costs and a running acceptance estimate) with K <= 16;
             ``policy`` is one of ``fixed``, ``heuristic``, ``confidence``, ``cost`` (`specdec.policies`).
+            A list of prompts takes ``fixed`` (`specdec.batch_k.FixedBatchK`) or ``cost``
+            (`specdec.batch_k.BatchCostPolicy`, K <= `k`, or by default the largest K with B x (K + 1) <= 128
+            tokens, priced by `specdec.batch_generate.batch_costs`).
         drafter: ``"model"`` (the pair's draft model), ``"ngram"`` (prompt lookup, no draft model), or a
-            `specdec.drafters.Drafter` object.
+            `specdec.drafters.Drafter` object; a list of prompts takes ``"model"``, ``"ngram"`` or
+            ``"suffix"`` (`specdec.suffix.SuffixDrafter`, one per row).
         temperature, top_k, top_p: sampling (temperature 0 = greedy); seed: the sampler's seed (same seed,
             same tokens).
         chat_template: wrap a text prompt in the tokenizer's chat template (one user turn).
@@ -176,11 +191,14 @@ def generate(
         remeasure_costs: measure them again instead of reusing the cached measurement.
 
     Returns:
-        A `Generation`.
+        A `Generation`, or a list of them for a list of prompts.
 
     Raises:
         ValueError: an empty prompt, negative budget, K < 1, an unknown policy or drafter, ``"model"``
-            drafting on a pair loaded without a draft, invalid sampling settings.
+            drafting on a pair loaded without a draft, invalid sampling settings; for a list: a batch size
+            < 1 (or > 256 on llama.cpp), a policy other than fixed and cost, a compiled pair; `batch_size`
+            other than 1 with a single prompt.
+        TypeError: a drafter object with a list of prompts.
         specdec.backends.base.ContextOverflowError: prompt + budget exceed the target's context.
     """
     from specdec import policies
@@ -192,6 +210,12 @@ def generate(
 
     loaded = pair.loaded
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    if _is_prompt_list(prompt):
+        return _generate_list(pair, list(prompt), batch_size=batch_size, max_new_tokens=max_new_tokens, k=k,
+                              policy=policy, drafter=drafter, sampling=sampling, seed=seed,
+                              chat_template=chat_template, costs=costs, remeasure_costs=remeasure_costs)
+    if batch_size not in (None, 1):
+        raise ValueError(f"batch_size {batch_size} needs a list of prompts; one prompt runs alone")
     policy, k = _default_policy(policy, k)
     if policy not in policies.POLICY_NAMES:
         raise ValueError(f"unknown policy {policy!r}; choose one of: {', '.join(policies.POLICY_NAMES)}")
@@ -232,6 +256,55 @@ def generate(
     text = loaded.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     return Generation(**{f.name: getattr(result, f.name) for f in fields(GenerationResult)}, text=text, k=k,
                       policy=policy, drafter=drafter_name, dtype=pair.dtype, temperature=temperature)
+
+
+def _is_prompt_list(prompt) -> bool:
+    """Whether `prompt` is a list of prompts (texts or token-id lists) rather than one prompt.
+
+    Raises:
+        ValueError: a list mixing token ids with texts or token-id lists.
+    """
+    if isinstance(prompt, str) or not isinstance(prompt, Sequence) or len(prompt) == 0:
+        return False
+    nested = [isinstance(p, Sequence) for p in prompt]  # a str is a Sequence too
+    if any(nested) and not all(nested):
+        raise ValueError("a prompt list holds texts or token-id lists, not single token ids among them")
+    return all(nested)
+
+
+def _generate_list(pair: Pair, prompts: list, *, batch_size: int | None, max_new_tokens: int, k, policy,
+                   drafter, sampling, seed: int, chat_template: bool, costs, remeasure_costs: bool
+                   ) -> list[Generation]:
+    """`generate` for a list of prompts: `specdec.batch_generate.run_batches`, one `Generation` each."""
+    from specdec.batch_generate import LLAMACPP_MAX_ROWS, run_batches
+    from specdec.bench.prompts import encode_prompt
+
+    loaded = pair.loaded
+    if not isinstance(drafter, str):
+        raise TypeError("a list of prompts drafts with 'model', 'ngram' or 'suffix' (one drafter object cannot "
+                         "serve every row)")
+    if any(m is not None and m.compiled for m in (loaded.target, loaded.draft)):
+        raise ValueError("batched decoding runs the eager backend: load the pair without compile=True")
+    ids = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if not p.strip():
+                raise ValueError(f"prompt {i} is empty")
+            ids.append(encode_prompt(loaded.tokenizer, p, chat_template=chat_template))
+        else:
+            ids.append([int(t) for t in p])
+    if batch_size is None:
+        batch_size = min(len(ids), LLAMACPP_MAX_ROWS) if pair.backend == "llamacpp" else len(ids)
+    run = run_batches(loaded, ids, max_new_tokens, batch_size=batch_size, drafter=drafter, policy=policy, k=k,
+                      sampling=sampling, seed=seed, cost_key=pair.cost_key, costs=costs,
+                      refresh_costs=remeasure_costs)
+    out = []
+    for r in run.results:
+        text = loaded.tokenizer.decode(r.token_ids, skip_special_tokens=True)
+        out.append(Generation(**{f.name: getattr(r, f.name) for f in fields(GenerationResult)}, text=text,
+                              k=run.k, policy=run.policy, drafter=run.drafter, dtype=pair.dtype,
+                              temperature=sampling.temperature))
+    return out
 
 
 def _default_policy(policy: str | None, k: int | None) -> tuple[str, int]:

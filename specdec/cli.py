@@ -48,7 +48,7 @@ def fail(message: str) -> None:
 
 @app.command()
 def generate(
-    prompt: Annotated[str, typer.Option("--prompt", help="Text to continue.")],
+    prompt: Annotated[str | None, typer.Option("--prompt", help="Text to continue (or --prompts-file).")] = None,
     pair: PairOpt = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
@@ -86,12 +86,29 @@ def generate(
     remeasure_costs: Annotated[bool, typer.Option(
         "--remeasure-costs", help="Time the cost policy's forward shapes again instead of reusing the "
         "measurement cached for this machine, models, dtype and threads (a few seconds).")] = False,
+    prompts_file: Annotated[str | None, typer.Option(
+        "--prompts-file", help="Many prompts instead of --prompt: a .jsonl file (one object per line with a "
+        "\"prompt\" string and optionally \"max_new_tokens\") or a text file with one prompt per line (blank "
+        "lines skipped). Prints each text in file order, then a table of per-row figures.")] = None,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", help="With --prompts-file: decode this many prompts at once (in file order; the last "
+        "batch may be smaller), each row with its own accepted length. Eager backends only.")] = 1,
+    out: Annotated[str | None, typer.Option("--out", help="With --prompts-file: also write the JSON of the "
+                                            "per-row figures to this file.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file.")] = False,
 ) -> None:
-    """Generate from one prompt with speculative decoding and print the text and its statistics.
+    """Generate from one prompt (or, with --prompts-file, many, --batch-size at a time) with speculative
+    decoding and print the text and its statistics.
 
     The default dtype is `specdec.precision.default_dtype` (``--dtype auto``); the statistics name the dtype
     that ran. On a first run the default pair's GGUFs are assembled and converted in that dtype (a progress
-    line on stderr for each step)."""
+    line on stderr for each step). With ``--prompts-file``: `specdec.batch_generate.cli_generate_batch`."""
+    if prompts_file is not None or batch_size != 1 or out is not None or prompt is None:
+        if prompt is None and prompts_file is None:
+            fail("give --prompt TEXT, or --prompts-file FILE for many prompts")
+        from specdec.batch_generate import cli_generate_batch
+
+        return cli_generate_batch(**{n: v for n, v in locals().items() if n != "cli_generate_batch"})
     import time
 
     from specdec import models

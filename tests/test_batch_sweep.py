@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
+import pandas as pd
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -226,3 +227,100 @@ def test_batch_costs_price_k_from_the_calibration():
     assert costs.predicted_speedup([0.9] * 4, 0, drafting_model=True) == 1.0
     assert costs.predicted_speedup([1.0], 3, drafting_model=False) == pytest.approx(4.0)
     assert costs.draft_cost(2, 3) == pytest.approx(3 * (0.01 + 0.01 / 3))
+
+
+def test_llamacpp_configuration_end_to_end(tmp_path, smollm2_gguf):
+    """The llama.cpp configuration on the tiny GGUF (target and draft the same file: every draft accepted):
+    its batched backends are opened for max(B) rows, calibrated and timed; rows that differ from the
+    single-sequence output are counted (llama.cpp's batched kernels may flip a near tie), not fatal."""
+    pytest.importorskip("llama_cpp")
+    cfg = BS.make_batch_config(target=str(smollm2_gguf), draft=str(smollm2_gguf), batch_sizes="1,2",
+                               configs="llamacpp", groups="code", batches=1, max_new_tokens=4, max_k=2,
+                               calibration_repeats=1, threads=1, methods="draft")
+    res, _ = run(cfg, tmp_path / "l.db")
+    assert (res.ran, res.failed) == (2 * len(BS.run_sequence(["draft"])), 0)
+    with Store(tmp_path / "l.db", readonly=True) as store:
+        runs = BatchTables(store).runs(res.sweep_id)
+    assert {r["dtype"] for r in runs} == {"gguf"} and all(r["tokens_per_s"] > 0 for r in runs)
+    spec = [r for r in runs if r["method"] == "draft"]
+    assert all(r["alpha_pre"] == 1.0 for r in spec)
+    assert all(r["rows_mismatch_single"] is not None and r["rows_mismatch_batched"] is not None for r in runs)
+
+
+# -- the report --------------------------------------------------------------------------------------------
+
+
+def test_report_renders_the_batch_section_and_its_figure(tmp_path, tiny_pair, near_draft_dir):
+    """A store holding only a batch sweep: the report writes the section (a row per config x group x B x
+    method, the crossover table) and the speedup-against-B figure; a store without batch runs has neither."""
+    from specdec.report.render import write_report
+
+    cfg = tiny_cfg(tiny_pair, near_draft_dir, methods="ngram", single_reference=False)
+    db = tmp_path / "b.db"
+    run(cfg, db)
+    result = write_report(db, tmp_path / "rep")
+    html = result.html.read_text()
+    md = result.markdown.read_text()
+    assert "Speedup against batch size" in html and "Speedup against batch size" in md
+    for name in ("ngram/fixed", "ngram/cost", "aa"):
+        assert all(f"| transformers-eager | code | {b} | {name} |" in md for b in (1, 2)), name
+    assert "crossover B" in md
+    assert any(f"| transformers-eager | code | ngram/fixed | {x}" in md for x in ("B = 1", "B = 2", "none up to B = 2"))
+    (fig,) = [e for e in result.figures if e.kind == "batch"]
+    assert fig.skipped is None and fig.png.is_file() and fig.svg.is_file()
+    assert "batch__speedup_vs_b.png" in md
+
+    other = tmp_path / "empty.db"
+    Store(other).close()
+    plain = write_report(other, tmp_path / "rep2")
+    assert "Speedup against batch size" not in plain.html.read_text()
+    assert not [e for e in plain.figures if e.kind == "batch"]
+
+
+def _runs_frame(speedups: dict[int, list[float]]) -> pd.DataFrame:
+    """batch_runs rows: per B, one batch per speedup, each cell baseline (100 tok/s), draft/fixed, baseline."""
+    rows = []
+    for b, xs in speedups.items():
+        for j, x in enumerate(xs):
+            for seq, (m, p, tps) in enumerate([("baseline", None, 100.0), ("draft", "fixed", 100.0 * x),
+                                                ("baseline", None, 100.0)]):
+                rows.append({"sweep_id": "s", "config_label": "c", "group_name": "code", "batch_size": b,
+                             "batch_idx": j, "seq": seq, "method": m, "policy": p, "k": 2 if m == "draft" else None,
+                             "tokens_per_s": tps, "predicted_speedup": 1.5 if m == "draft" else 1.0,
+                             "num_accepted": 6, "row_rounds": 4 * b,
+                             "rows_mismatch_batched": 0, "rows_mismatch_single": 1 if j == 0 else 0,
+                             "error": None})
+    return pd.DataFrame(rows)
+
+
+def test_speedup_interval_and_crossover_from_paired_runs():
+    """Ratios pair each run with its own cell's baselines; the crossover is the first B whose interval lies
+    below 1 (not merely a center below 1)."""
+    from specdec.report.sections_batch import batch_ratios, batch_summary, crossovers
+
+    runs = _runs_frame({1: [1.5, 1.6, 1.4], 2: [1.1, 0.8, 1.2], 4: [0.7, 0.72, 0.69], 8: [0.5, 0.52, 0.49]})
+    s = batch_summary(batch_ratios(runs))
+    b1 = s[s["batch_size"] == 1].iloc[0]
+    assert b1["speedup"] == pytest.approx((1.5 * 1.6 * 1.4) ** (1 / 3)) and b1["lo"] > 1.0 and b1["n"] == 3
+    assert b1["mismatch_single"] == 1 and b1["ks"] == [2] and b1["predicted"] == pytest.approx(1.5)
+    assert s[s["batch_size"] == 2].iloc[0]["hi"] > 1.0  # center below 1 at B = 2 is not a crossover
+    (c,) = crossovers(s).itertuples()
+    assert c.crossover == "B = 4"
+    c2 = crossovers(batch_summary(batch_ratios(_runs_frame({1: [1.5, 1.6], 2: [1.2, 1.3]}))))
+    assert c2["crossover"].iloc[0] == "none up to B = 2"
+
+
+def test_the_batch_section_reads_only_the_store():
+    """sections_batch imports nothing from the bench but the store (the report reads the store only)."""
+    import ast
+    import importlib.util
+
+    with open(importlib.util.find_spec("specdec.report.sections_batch").origin) as f:
+        src = f.read()
+    bench = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec.bench"):
+            bench |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "specdec":
+            bench |= {f"specdec.{a.name}" for a in node.names if a.name == "bench"}
+    assert bench == {"specdec.bench.store"}

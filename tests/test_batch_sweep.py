@@ -324,3 +324,19 @@ def test_the_batch_section_reads_only_the_store():
         elif isinstance(node, ast.ImportFrom) and node.module == "specdec":
             bench |= {f"specdec.{a.name}" for a in node.names if a.name == "bench"}
     assert bench == {"specdec.bench.store"}
+
+
+def test_report_of_a_store_with_two_batch_sweeps_reports_the_newest(tmp_path, tiny_pair, near_draft_dir):
+    from specdec.report.sections_batch import batch_report
+
+    db = tmp_path / "b.db"
+    first, _ = run(tiny_cfg(tiny_pair, near_draft_dir, batch_sizes="1", batches=1, methods="ngram",
+                            single_reference=False), db)
+    second, _ = run(tiny_cfg(tiny_pair, near_draft_dir, batch_sizes="2", batches=1, methods="ngram",
+                             single_reference=False, max_new_tokens=5), db)
+    assert first.sweep_id != second.sweep_id
+    (sec,), _ = batch_report(db, tmp_path / "figs")
+    text = " ".join(b for b in sec.blocks if isinstance(b, str))
+    assert f"reports {second.sweep_id}" in text and f"left out: {first.sweep_id}" in text
+    table = next(b for b in sec.blocks if not isinstance(b, str))
+    assert {row[2] for row in table.rows} == {"2"}  # B = 2 only: the first sweep's B = 1 is left out

@@ -190,10 +190,16 @@ def batch_report(db: str | Path, fig_dir: Path) -> tuple[list[Section], list[Fig
     if runs.empty:
         return [], []
     sec = Section("Speedup against batch size", "batch")
+    ids = list(dict.fromkeys(runs["sweep_id"].astype(str)))
+    if len(ids) > 1:  # one batch sweep per section: its runs share their settings (the newest run's sweep)
+        newest = str(runs.iloc[-1]["sweep_id"])
+        sec.blocks.append(f"The store holds {len(ids)} batch sweeps; this section reports {newest}, the one "
+                          f"with the newest run (left out: {', '.join(i for i in ids if i != newest)}).")
+        runs = runs[runs["sweep_id"].astype(str) == newest]
     ratios = batch_ratios(runs)
     n_err = int(runs["error"].notna().sum())
     sec.blocks.append(
-        f"{len(runs)} batched runs ({n_err} failed) of {runs['sweep_id'].nunique()} batch sweep(s). Each "
+        f"{len(runs)} batched runs ({n_err} failed) of batch sweep {ids[-1] if len(ids) == 1 else newest}. Each "
         "speculative run is paired with the batched target-only runs on either side of it AT THE SAME B (never "
         "B single streams); speedup = aggregate tokens/s (all rows' new tokens over the batch's end-to-end "
         "seconds) over theirs; batches are the units of the intervals (95%, t on log ratios). Predicted: the "

@@ -168,7 +168,7 @@ def test_mismatching_rows_are_counted_not_fatal(tmp_path, tiny_pair, near_draft_
 
     def fake_generate(target, prompts, n, **kw):
         out = real_generate(target, prompts, n, **kw)
-        if kw.get("drafter") is not None and n > BS.PRE_TOKENS - 1 and len(out) > 1:
+        if kw.get("drafter") is not None and n > BS.PRE_TOKENS and len(out) > 1:  # timed runs, not pre-runs
             out[1].token_ids[-1] = (out[1].token_ids[-1] + 1) % 1000
         return out
 
@@ -340,3 +340,21 @@ def test_report_of_a_store_with_two_batch_sweeps_reports_the_newest(tmp_path, ti
     assert f"reports {second.sweep_id}" in text and f"left out: {first.sweep_id}" in text
     table = next(b for b in sec.blocks if not isinstance(b, str))
     assert {row[2] for row in table.rows} == {"2"}  # B = 2 only: the first sweep's B = 1 is left out
+
+
+def test_acceptance_is_pre_run_once_per_prompt_and_method(tmp_path, tiny_pair, near_draft_dir, monkeypatch):
+    """The fixed K of every cell is priced from its rows' pre-run acceptance, measured once per prompt and
+    drafting method however many cells hold the prompt (a greedy row does not depend on its batch)."""
+    real_generate = BS._generate
+    pre_rows: list[tuple[str, int]] = []
+
+    def spy(target, prompts, n, **kw):
+        if n == BS.PRE_TOKENS:
+            pre_rows.extend((kw["drafter"].name, len(p)) for p in prompts)
+        return real_generate(target, prompts, n, **kw)
+
+    monkeypatch.setattr(BS, "_generate", spy)
+    cfg = tiny_cfg(tiny_pair, near_draft_dir, single_reference=False)  # B = 1, 2 x 2 batches of 3 prompts
+    res, _ = run(cfg, tmp_path / "b.db")
+    assert res.failed == 0
+    assert sorted(name for name, _ in pre_rows) == ["model"] * 3 + ["ngram"] * 3

@@ -13,8 +13,9 @@ Pricing K. Per configuration the batched target forward of B rows x m tokens (B 
 1 .. max_k + 1) and the batched draft step of B rows are timed on a warm cache (median of `--calibration-
 repeats` passes, m interleaved up and down); `BatchCosts` turns them into ``target_cost(n)`` over n total
 tokens and ``draft_cost(B, K)``. The fixed K of a cell is `specdec.batch_k.best_batch_k` over the rows'
-acceptance rates measured by an untimed greedy pre-run of the same batch (`PRE_TOKENS` new tokens at
-K = `PRE_K`; it also warms the caches), raised to 1 when the pricing predicts no K pays (``k_best`` = 0
+acceptance rates measured by an untimed greedy pre-run (`PRE_TOKENS` new tokens at K = `PRE_K`, batched,
+once per prompt and method: a greedy row's tokens, so its acceptance, do not depend on the rows beside it),
+raised to 1 when the pricing predicts no K pays (``k_best`` = 0
 is stored). The predicted speedup of a run is the priced rate of its K over the priced rate of a plain
 batched step (``B / target_cost(B)``).
 
@@ -69,7 +70,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "mixed": PROMPT_TYPES,
 }
 DRAFT_METHODS = ("draft", "ngram")
-#: The untimed greedy pre-run that measures a batch's acceptance before its fixed-K run.
+#: The untimed greedy pre-run that measures each prompt's acceptance before its first fixed-K run.
 PRE_TOKENS = 16
 PRE_K = 4
 DEFAULT_BATCH_DB = "results/batch.db"
@@ -469,12 +470,14 @@ def estimate_s(cfg: BatchSweepConfig, *, alpha: float = 0.5, k: int = 3) -> dict
         n_runs = len(run_sequence(cfg.methods))
         for b in cfg.batch_sizes:
             per_cell = (n_runs - 2 * len(cfg.methods)) * base(b, t_tok)
-            per_cell += sum(2 * spec(b, t_tok, m) + spec(b, PRE_TOKENS, m) for m in cfg.methods)
+            per_cell += sum(2 * spec(b, t_tok, m) for m in cfg.methods)
             total += per_cell * cfg.batches * len(cfg.groups)
+        n_prompts = len({p.id for c in plan_cells(cfg) if c.config_label == label for p in c.prompts})
+        b_max = max(cfg.batch_sizes)
+        total += math.ceil(n_prompts / b_max) * sum(spec(b_max, PRE_TOKENS, m) for m in cfg.methods)
         total += cfg.calibration_repeats * sum(curve.forward_s(b * m) for b in cfg.batch_sizes
                                                for m in range(1, cfg.max_k + 2))
         if cfg.single_reference:
-            n_prompts = len({p.id for c in plan_cells(cfg) if c.config_label == label for p in c.prompts})
             total += n_prompts * base(1, t_tok)
         out[label] = total
     return out
@@ -618,6 +621,7 @@ def _run_config(cfg, label, cells, bt, sid, done, result, echo, loader, target_s
         costs = costs_from_rows(stored)
         eos, vocab = frozenset(pair.eos_ids), pair.vocab_size
         singles: dict[str, list[int]] = {}
+        acceptance: dict[tuple[str, str], float] = {}  # (method, prompt id) -> the pre-run's acceptance rate
 
         def drafter_of(method: str):
             if method == "draft":
@@ -659,8 +663,14 @@ def _run_config(cfg, label, cells, bt, sid, done, result, echo, loader, target_s
                     kw: dict[str, Any] = {"eos_ids": eos, "vocab_size": vocab}
                     if method in DRAFT_METHODS:
                         if method not in pre:
-                            pre_res = _generate(target_b, pids, PRE_TOKENS, drafter=drafter_of(method), k=PRE_K, **kw)
-                            alphas = [r.num_accepted / r.num_drafted if r.num_drafted else 0.0 for r in pre_res]
+                            todo = list(dict.fromkeys(p.id for p in cell.prompts if (method, p.id) not in acceptance))
+                            if todo:  # a greedy row's acceptance does not depend on its batch: once per prompt
+                                by_id = {p.id: x for p, x in zip(cell.prompts, pids, strict=True)}
+                                pre_res = _generate(target_b, [by_id[i] for i in todo], PRE_TOKENS,
+                                                    drafter=drafter_of(method), k=PRE_K, **kw)
+                                for i, r in zip(todo, pre_res, strict=True):
+                                    acceptance[method, i] = r.num_accepted / r.num_drafted if r.num_drafted else 0.0
+                            alphas = [acceptance[method, p.id] for p in cell.prompts]
                             pre[method] = (alphas, costs.best_k(alphas, cfg.max_k, drafting_model=method == "draft"))
                         alphas, k_best = pre[method]
                         model = method == "draft"

@@ -287,6 +287,7 @@ def _runs_frame(speedups: dict[int, list[float]]) -> pd.DataFrame:
                 rows.append({"sweep_id": "s", "config_label": "c", "group_name": "code", "batch_size": b,
                              "batch_idx": j, "seq": seq, "method": m, "policy": p, "k": 2 if m == "draft" else None,
                              "tokens_per_s": tps, "predicted_speedup": 1.5 if m == "draft" else 1.0,
+                             "new_tokens": 10, "total_s": 10 / tps, "prefill_s": 0.02,
                              "num_accepted": 6, "row_rounds": 4 * b,
                              "rows_mismatch_batched": 0, "rows_mismatch_single": 1 if j == 0 else 0,
                              "error": None})
@@ -303,6 +304,9 @@ def test_speedup_interval_and_crossover_from_paired_runs():
     b1 = s[s["batch_size"] == 1].iloc[0]
     assert b1["speedup"] == pytest.approx((1.5 * 1.6 * 1.4) ** (1 / 3)) and b1["lo"] > 1.0 and b1["n"] == 3
     assert b1["mismatch_single"] == 1 and b1["ks"] == [2] and b1["predicted"] == pytest.approx(1.5)
+    # decode-only: 10 tokens in 0.1 s - 0.02 s prefill against 10 / (1 / x) - 0.02 s, per batch
+    want = [(10 / (0.1 / x - 0.02)) / (10 / 0.08) for x in (1.5, 1.6, 1.4)]
+    assert b1["decode_speedup"] == pytest.approx((want[0] * want[1] * want[2]) ** (1 / 3))
     assert s[s["batch_size"] == 2].iloc[0]["hi"] > 1.0  # center below 1 at B = 2 is not a crossover
     (c,) = crossovers(s).itertuples()
     assert c.crossover == "B = 4"

@@ -46,10 +46,21 @@ def _name(method: str, policy) -> str:
     return method if not isinstance(policy, str) else f"{method}/{policy}"
 
 
+def _decode_tps(r) -> float:
+    """A run's new tokens over its end-to-end seconds minus the batch prefill (NaN-safe: 0 when unknown)."""
+    try:
+        d = float(r.total_s) - float(r.prefill_s)
+    except (TypeError, ValueError):
+        return 0.0
+    return float(r.new_tokens) / d if d > 0 and math.isfinite(d) else 0.0
+
+
 def batch_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per non-baseline run with a successful baseline on each side (or one, at a cell's edge):
     ``config_label, group_name, batch_size, batch_idx, method, policy, name, k, ratio, predicted,
-    base_tps, tps, accepted_per_row_round, rows, mismatch_batched, mismatch_single``."""
+    base_tps, tps, accepted_per_row_round, rows, mismatch_batched, mismatch_single``; ``decode_ratio`` is the
+    same ratio on decode tokens/s (new tokens over end-to-end minus the batch prefill), which a batch of long
+    prompts and few new tokens would otherwise dilute."""
     ok = runs[runs["error"].isna()] if len(runs) else runs
     out = []
     for key, cell in ok.groupby(["sweep_id", "config_label", "group_name", "batch_size", "batch_idx"], sort=True):
@@ -62,10 +73,15 @@ def batch_ratios(runs: pd.DataFrame) -> pd.DataFrame:
             if not nb:
                 continue
             base = math.exp(sum(math.log(x) for x in nb) / len(nb))
+            dnb = [_decode_tps(by_seq[j]) for j in (s - 1, s + 1) if j in by_seq and by_seq[j].method == "baseline"]
+            dnb = [x for x in dnb if x > 0]
+            d_self = _decode_tps(r)
+            decode_ratio = (d_self / math.exp(sum(math.log(x) for x in dnb) / len(dnb))
+                            if dnb and d_self > 0 else math.nan)
             out.append({
                 "config_label": key[1], "group_name": key[2], "batch_size": int(key[3]), "batch_idx": int(key[4]),
                 "method": r.method, "policy": r.policy, "name": _name(r.method, r.policy), "k": r.k,
-                "ratio": r.tokens_per_s / base, "predicted": r.predicted_speedup, "base_tps": base,
+                "ratio": r.tokens_per_s / base, "decode_ratio": decode_ratio, "predicted": r.predicted_speedup, "base_tps": base,
                 "tps": r.tokens_per_s,
                 "accepted_per_row_round": (r.num_accepted / r.row_rounds) if r.row_rounds else math.nan,
                 "rows": int(r.batch_size), "mismatch_batched": r.rows_mismatch_batched,
@@ -87,6 +103,8 @@ def batch_summary(ratios: pd.DataFrame) -> pd.DataFrame:
             "config_label": label, "group_name": group, "batch_size": int(b), "name": name,
             "method": g["method"].iloc[0], "policy": g["policy"].iloc[0], "n": iv.n, "speedup": iv.center,
             "lo": iv.lo, "hi": iv.hi, "tps": g["tps"].mean(), "base_tps": g["base_tps"].mean(),
+            "decode_speedup": geometric_mean(g["decode_ratio"].dropna()) if g["decode_ratio"].notna().any()
+            else math.nan,
             "accepted_per_row_round": g["accepted_per_row_round"].mean(),
             "predicted": geometric_mean(pred) if pred else math.nan, "ks": ks, "rows": int(g["rows"].sum()),
             "mismatch_batched": g["mismatch_batched"].sum(min_count=1),
@@ -202,7 +220,7 @@ def batch_report(db: str | Path, fig_dir: Path) -> tuple[list[Section], list[Fig
         f"{len(runs)} batched runs ({n_err} failed) of batch sweep {ids[-1] if len(ids) == 1 else newest}. Each "
         "speculative run is paired with the batched target-only runs on either side of it AT THE SAME B (never "
         "B single streams); speedup = aggregate tokens/s (all rows' new tokens over the batch's end-to-end "
-        "seconds) over theirs; batches are the units of the intervals (95%, t on log ratios). Predicted: the "
+        "seconds) over theirs (decode speedup: the same without the batch prefill, geometric mean); batches are the units of the intervals (95%, t on log ratios). Predicted: the "
         "batch pricing from this configuration's batched calibration at the pre-run's acceptance. Mismatching "
         "rows: rows whose greedy tokens differ from the batched / single-sequence target-only rows (counted, "
         "not fatal: batched bf16 and llama.cpp kernels may flip a near tie).")
@@ -212,11 +230,12 @@ def batch_report(db: str | Path, fig_dir: Path) -> tuple[list[Section], list[Fig
     summary = batch_summary(ratios).sort_values(
         ["config_label", "group_name", "batch_size", "name"],
         key=lambda c: c.map(lambda n: (_ORDER.get(n.split("/")[0], 9), n)) if c.name == "name" else c)
-    headers = ["config", "group", "B", "method", "K", "speedup [95% CI]", "tok/s spec", "tok/s target-only",
+    headers = ["config", "group", "B", "method", "K", "speedup [95% CI]", "decode speedup", "tok/s spec",
+               "tok/s target-only",
                "accepted / row-round", "predicted", "mismatch batched", "mismatch single"]
     table_rows = [[r.config_label, r.group_name, str(r.batch_size), r.name,
                    ",".join(map(str, r.ks)) if r.ks else ("policy" if r.policy == "cost" else "-"),
-                   _speedup_text(r), _x(r.tps, 1), _x(r.base_tps, 1),
+                   _speedup_text(r), _x(r.decode_speedup) + "x", _x(r.tps, 1), _x(r.base_tps, 1),
                    _x(r.accepted_per_row_round) if r.method != "aa" else "-",
                    _x(r.predicted) + "x" if r.method != "aa" else "-",
                    _mismatch(r.mismatch_batched, r.rows), _mismatch(r.mismatch_single, r.rows)]

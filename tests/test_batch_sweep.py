@@ -362,3 +362,14 @@ def test_acceptance_is_pre_run_once_per_prompt_and_method(tmp_path, tiny_pair, n
     res, _ = run(cfg, tmp_path / "b.db")
     assert res.failed == 0
     assert sorted(name for name, _ in pre_rows) == ["model"] * 3 + ["ngram"] * 3
+
+
+def test_a_configuration_that_cannot_load_leaves_the_sweep_interrupted(tmp_path, tiny_pair, near_draft_dir):
+    def loader(*a, **kw):
+        raise ValueError("no such model here")
+
+    cfg = tiny_cfg(tiny_pair, near_draft_dir, batch_sizes="1", batches=1)
+    with pytest.raises(ValueError, match="no such model"):
+        BS.run_batch_sweep(cfg, tmp_path / "b.db", echo=lambda _: None, loader=loader, prompts=POOL)
+    with Store(tmp_path / "b.db", readonly=True) as store:
+        assert store.conn.execute("SELECT status FROM batch_sweeps").fetchone()[0] == "interrupted"

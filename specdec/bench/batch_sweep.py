@@ -567,7 +567,7 @@ def run_batch_sweep(cfg: BatchSweepConfig, db: str | Path, *, resume: bool = Fal
                     result.skipped += len(keys)
                     continue
                 _run_config(cfg, label, mine, bt, sid, done, result, echo, loader, target_spec, draft_spec, torch)
-        except KeyboardInterrupt:
+        except BaseException:  # stopped (Ctrl-C, SIGTERM) or a configuration that cannot load: resumable
             bt.set_status(sid, "interrupted")
             result.status = "interrupted"
             raise

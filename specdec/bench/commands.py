@@ -331,3 +331,6 @@ def register(app: typer.Typer) -> None:
     app.command("costs")(costs)
     app.command("export")(export)
     app.command("merge")(merge)  # [shards] specdec/bench/cluster_commands.py
+    from specdec.bench.batch_commands import batch_sweep  # the batch axis: specdec/bench/batch_sweep.py
+
+    app.command("batch-sweep")(batch_sweep)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BATCH_TABLES",
     "ROUND_COLUMNS",
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
@@ -111,6 +112,36 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("draft_weight_bytes", "INTEGER"), ("bandwidth_gbps", "REAL"), ("bandwidth_json", "TEXT"),
     ),
 }  # fmt: skip
+#: The batch sweep's tables (`specdec.bench.batch_sweep`, written through `specdec.bench.store_batch`), declared
+#: apart from `TABLES` so that the single-stream schema (and the published stores pinned to it) is unchanged;
+#: they are created with the others when a store is opened for writing (a read-only older store reads them
+#: as empty). ``batch_sweeps``: one row per batch sweep (its id hashes the settings that give its rows their
+#: meaning); ``batch_runs``: one row per timed batched generation of B prompts, unique by ``cell_key``;
+#: ``batch_calibration``: the batched target forward of B rows x m tokens (role ``target``, n_tokens = m)
+#: and the batched draft step (role ``draft``, m = 1), timed on a warm cache, median and IQR of `repeats`.
+BATCH_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "batch_sweeps": (
+        ("sweep_id", "TEXT PRIMARY KEY"), ("config_json", "TEXT NOT NULL"), ("created_at", "TEXT"),
+        ("git_commit", "TEXT"), ("machine_json", "TEXT"), ("status", "TEXT"),
+    ),
+    "batch_runs": (
+        ("run_id", "INTEGER PRIMARY KEY"), ("sweep_id", "TEXT"), ("cell_key", "TEXT NOT NULL UNIQUE"),
+        ("config_label", "TEXT"), ("target", "TEXT"), ("draft", "TEXT"), ("dtype", "TEXT"), ("threads", "INTEGER"),
+        ("machine_id", "TEXT"), ("group_name", "TEXT"), ("batch_size", "INTEGER"), ("batch_idx", "INTEGER"),
+        ("seq", "INTEGER"), ("prompt_ids", "TEXT"), ("method", "TEXT"), ("policy", "TEXT"), ("k", "INTEGER"),
+        ("k_best", "INTEGER"), ("alpha_pre", "REAL"), ("max_new_tokens", "INTEGER"), ("new_tokens", "INTEGER"),
+        ("total_s", "REAL"), ("prefill_s", "REAL"), ("tokens_per_s", "REAL"), ("row_tps_p50", "REAL"),
+        ("row_tps_p95", "REAL"), ("num_rounds", "INTEGER"), ("row_rounds", "INTEGER"), ("num_drafted", "INTEGER"),
+        ("num_accepted", "INTEGER"), ("draft_s", "REAL"), ("forward_s", "REAL"), ("other_s", "REAL"),
+        ("predicted_speedup", "REAL"), ("rows_mismatch_batched", "INTEGER"), ("rows_mismatch_single", "INTEGER"),
+        ("token_ids", "TEXT"), ("error", "TEXT"), ("created_at", "TEXT"),
+    ),
+    "batch_calibration": (
+        ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("machine_id", "TEXT"), ("role", "TEXT"),
+        ("batch_size", "INTEGER"), ("n_tokens", "INTEGER"), ("context_tokens", "INTEGER"), ("seconds", "REAL"),
+        ("repeats", "INTEGER"), ("spread_s", "REAL"),
+    ),
+}  # fmt: skip
 #: Table-level constraints and indexes (not columns).
 _CONSTRAINTS = {
     "rounds": "PRIMARY KEY (run_id, round_idx)",
@@ -120,6 +151,7 @@ _CONSTRAINTS = {
     "traces": "PRIMARY KEY (sweep_id, config_label, prompt_id, machine_id)",
     "calibration": "PRIMARY KEY (sweep_id, config_label, prompt_id, machine_id, after_run_id, role, n_tokens)",
     "roofline": "PRIMARY KEY (sweep_id, config_label, machine_id)",
+    "batch_calibration": "PRIMARY KEY (sweep_id, config_label, machine_id, role, batch_size, n_tokens)",
 }
 _INDEXES = ("CREATE INDEX IF NOT EXISTS runs_by_sweep ON runs (sweep_id, config_label, prompt_id, method)",)
 
@@ -128,14 +160,14 @@ def columns(table: str) -> tuple[str, ...]:
     """Every column of `table` in the store, in table order (``run_id`` included for runs/rounds).
 
     Raises:
-        KeyError: an unknown table (see `TABLES`).
+        KeyError: an unknown table (see `TABLES` and `BATCH_TABLES`).
     """
-    return tuple(name for name, _ in TABLES[table])
+    return tuple(name for name, _ in (TABLES[table] if table in TABLES else BATCH_TABLES[table]))
 
 
 def _create_statements() -> list[str]:
     out = []
-    for table, cols in TABLES.items():
+    for table, cols in {**TABLES, **BATCH_TABLES}.items():
         parts = [f"{name} {decl}" for name, decl in cols]
         if table in _CONSTRAINTS:
             parts.append(_CONSTRAINTS[table])

@@ -232,3 +232,42 @@ def test_replayed_llamacpp_draft_without_the_ledger_loses():
     curve, traces = _llamacpp_traces()
     ratios = _by_type(curve, traces, "draft", probe_budget=math.inf)
     assert min(ratios.values()) < 0.97
+
+
+# -- padded verification on llama.cpp -------------------------------------------------------------------------
+
+
+def test_the_llamacpp_padded_configuration_pads_on_llamacpp():
+    from specdec.bench.runtimes import RUNTIME_CONFIGS
+
+    rc = RUNTIME_CONFIGS["llamacpp-padded"]
+    assert rc.pad_verify and not rc.compile
+    assert (rc.target_backend, rc.draft_backend) == ("llamacpp", "llamacpp")
+
+
+@pytest.mark.slow
+def test_llamacpp_padded_verification_is_exact_under_the_cost_policy(smollm2_gguf):
+    """The GGUF (SmolLM2-135M, llama.cpp): the cost policy with verification padded to a staircase curve's
+    cheapest shape commits target-only greedy's tokens, and the cache holds the committed sequence minus its
+    last token (the filler removed with the rejected drafts)."""
+    pytest.importorskip("llama_cpp")
+    from specdec.backends.llamacpp import load_llamacpp
+
+    vocab = 49152
+    staircase = CostCurve({1: 0.05, 2: 0.10, 3: 0.15, 5: 0.08, 9: 0.20}, 0.005)  # 2..4 tokens padded to 5
+    assert [staircase.padded_n(n) for n in (1, 2, 3, 4, 5)] == [1, 5, 5, 5, 5]
+    target = load_llamacpp(smollm2_gguf, n_ctx=512, n_threads=1)
+    draft = load_llamacpp(smollm2_gguf, n_ctx=512, n_threads=1)
+    try:
+        prompt = target.tokenize("red green blue red green blue red green")
+        ref = autoregressive_generate(target, prompt, 24)
+        for drafter, curve in ((ModelDrafter(draft, vocab), staircase),
+                               (PromptLookupDrafter(), staircase.with_draft_step(0.0))):
+            policy = CostPolicy.from_costs(curve, max_k=4, pad_verify=True)
+            out = speculative_generate(target, drafter, prompt, 24, policy=policy, pad_to=curve.padded_n)
+            assert out.token_ids == ref.token_ids, drafter.name
+            assert any(r.n_forward > r.k + 1 for r in out.rounds), drafter.name
+            assert target.cache_length == len(prompt) + 24 - 1
+    finally:
+        target.close()
+        draft.close()

@@ -171,6 +171,8 @@ class GenerationResult:
         rounds: one `RoundRecord` per target forward after prefill.
         prefill_s, total_s: seconds; see module docstring.
         ttft_s: seconds until the first new token was committed.
+        policy_note: what the K policy says about the run as a whole (`CostPolicy.note`: target-only from
+            the start because no K can pay, or the probes it took), or None.
     """
 
     method: str
@@ -181,6 +183,7 @@ class GenerationResult:
     prefill_s: float = 0.0
     total_s: float = 0.0
     ttft_s: float = 0.0
+    policy_note: str | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -497,6 +497,13 @@ class CostPolicy(_KOnly):
         self._last_tokens = self.tokens_per_s(a)[k] * self.round_cost_s[k]
         return k
 
+    def note(self) -> str:
+        """One line for the run's record (``runs.policy_note``): target-only from the start, or the probes."""
+        if self.target_only:
+            return ("target-only: no K can pay on the measured curve (v(K+1) + K c >= K + 1 for every K), "
+                    "0 probes")
+        return f"{self.probes} probes"
+
     def alpha_estimate(self) -> float | None:
         """The acceptance estimate the last `next_k` used (the prior before any decision)."""
         return self._last_alpha

@@ -96,6 +96,11 @@ def test_no_k_pays_means_target_only_with_no_probe_and_no_overhead(target, same_
     overhead = spec.total_s / base.total_s - 1.0
     assert overhead <= 0.01, overhead  # on the fake clock it is exactly 0
     assert spec.ttft_s == pytest.approx(base.ttft_s)
+    # the run's record says so (runs.policy_note)
+    from specdec.bench.methods import RunRecord
+
+    assert spec.policy_note.startswith("target-only: no K can pay")
+    assert RunRecord.from_result(spec).columns()["policy_note"] == spec.policy_note
 
 
 def test_a_curve_where_k_pays_is_still_found(target, same_draft):

@@ -276,3 +276,40 @@ def test_llamacpp_padded_verification_is_exact_under_the_cost_policy(smollm2_ggu
     finally:
         target.close()
         draft.close()
+
+
+# -- the benchmark the lead runs: a dry run on the tiny models --------------------------------------------
+
+
+def test_the_never_lose_benchmark_dry_runs_on_tiny_models(tiny_pair, near_draft_dir):
+    from conftest import load_benchmark
+
+    from specdec.bench.prompts import Prompt
+    from specdec.loading import load_pair
+
+    bench = load_benchmark("bench_never_lose")
+    loaded = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)
+    prompts = [Prompt("rep-01", "repetitive", "ping pong ping pong ping pong ping pong ping"),
+               Prompt("nat-01", "natural", "The weather today is")]
+    clock = FakeClock()
+
+    def tick():  # every clock read advances 10 ms
+        clock.t += 0.01
+        return clock.t
+
+    rows = bench.measure(loaded, prompts, NO_K_PAYS, max_new_tokens=8, repeats=2, clock=tick,
+                         echo=lambda m: None)
+    assert len(rows) == 2 * 2 * len(bench.METHODS)
+    assert all(r["exact"] for r in rows)
+    # no K pays: both methods decode target-only (zero speculative rounds), as the record says
+    assert all(r["speculative_rounds"] == 0 for r in rows)
+    assert all(r["policy_note"].startswith("target-only") for r in rows if r["method"] == "draft")
+    assert {(r["method"], r["repeat"]) for r in rows} == {(m, i) for m in bench.METHODS for i in (0, 1)}
+    summary = bench.summarize(rows)
+    assert set(summary) == set(bench.METHODS)
+    assert set(summary["draft"]) == {"repetitive", "natural", "all"} and summary["draft"]["all"]["n"] == 4
+    lines = []
+    bench.print_summary(summary, echo=lines.append)
+    assert any("repetitive" in line for line in lines)
+    with pytest.raises(ValueError, match="unknown method"):
+        bench._generate(loaded, "nope", [1, 2], 2, NO_K_PAYS, tick)

@@ -287,4 +287,6 @@ def speculative_generate(
             break
     result.finish_reason = finish
     result.total_s = now() - t0
+    note = getattr(policy, "note", None)
+    result.policy_note = note() if callable(note) else None
     return result

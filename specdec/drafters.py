@@ -66,7 +66,8 @@ class ModelDrafter:
 
     Keeps the same invariant as the target: its cache holds committed tokens, possibly minus some at the
     end. `propose` first feeds every committed token that is not yet cached (at least the last one; two after
-    an all-accepted round, when the draft never saw its K-th token), then drafts autoregressively.
+    an all-accepted round, when the draft never saw its K-th token; the whole prompt and output in the first
+    round that drafts, since `prefill` defers the prompt), then drafts autoregressively.
     `rollback` truncates the cache once, to the longest prefix shared with the committed sequence.
 
     Optional confidence stop (llama.cpp's ``--draft-p-min``; transformers'
@@ -92,15 +93,13 @@ class ModelDrafter:
         self._cached: list[int] = []
 
     def prefill(self, context: list[int]) -> None:
-        """Put `context` in the draft's cache; when the draft's own context cannot hold it plus the last
-        prompt token, the draft can never propose (`max_k` <= 0 from then on), so nothing is fed and the
-        speculative loop decodes with the target alone."""
+        """Start a generation with an empty draft cache: the prefill is deferred to the first `propose` that
+        drafts (its catch-up then feeds the whole committed sequence in one forward), so a generation that
+        never drafts (a cost policy that decodes plainly throughout) never runs the draft model, and its
+        time to first token holds no draft prefill. When the draft's own context cannot hold the prompt,
+        `max_k` <= 0 keeps the loop from ever asking it."""
         self.backend.reset()
         self._cached = []
-        if len(context) + 1 > self.backend.max_length:
-            return
-        self.backend.forward(list(context), logits=False)
-        self._cached = list(context)
 
     def max_k(self, committed_len: int) -> int:
         """Largest K that fits the draft's context: a round ends with committed[:-1] + last + d1..d_{k-1}

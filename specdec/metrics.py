@@ -18,8 +18,9 @@ token is the ``+1`` of each round):
 - **mean accepted tokens** = accepted / speculative rounds (rounds with K > 0). Excludes the bonus.
 - **block efficiency** = tokens committed / target forwards (rounds). *Includes* the recovered/bonus token,
   so it is >= 1; target-only decoding has exactly 1.
-- **prefill_s** = time to put the prompt (all but its last token) into both caches. **TTFT** = prefill_s plus
-  the first round, i.e. until the first new token is known. **decode_s** = total_s - prefill_s.
+- **prefill_s** = time to put the prompt (all but its last token) into the target's cache (a draft model's
+  prefill is deferred to the first round that drafts, whose draft_s then holds it). **TTFT** = prefill_s
+  plus the first round, i.e. until the first new token is known. **decode_s** = total_s - prefill_s.
 - **tokens_per_s** = new tokens / total_s (end to end, the figure speedups are quoted on);
   **decode_tokens_per_s** = new tokens / decode_s.
 """
@@ -170,6 +171,8 @@ class GenerationResult:
         rounds: one `RoundRecord` per target forward after prefill.
         prefill_s, total_s: seconds; see module docstring.
         ttft_s: seconds until the first new token was committed.
+        policy_note: what the K policy says about the run as a whole (`CostPolicy.note`: target-only from
+            the start because no K can pay, or the probes it took), or None.
     """
 
     method: str
@@ -180,6 +183,7 @@ class GenerationResult:
     prefill_s: float = 0.0
     total_s: float = 0.0
     ttft_s: float = 0.0
+    policy_note: str | None = None
 
     @property
     def num_tokens(self) -> int:

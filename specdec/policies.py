@@ -215,7 +215,23 @@ class CostPolicy(_KOnly):
     Two departures from that argmax: it drafts with a probe's K when the optimistic estimate `upper_alpha`
     (`explore_z` standard deviations above) would draft, and after `backoff` consecutive plain rounds it
     probes (`probe_plan`: the fewest plain rounds that keep one probe's expected overhead within
-    `probe_overhead`); it never probes when no K beats plain decoding even at alpha = 1.
+    `probe_overhead`).
+
+    So that the policy never loses to target-only decoding by more than a bounded fraction:
+
+    - only *viable* K are ever chosen or probed (`viable_ks`: K + 1 tokens, all accepted, beat K + 1 plain
+      steps on the priced round); when none is (``v(K + 1) + K c >= K + 1`` for every K, e.g. llama.cpp's
+      curve with a draft model), the policy is target-only from the first round and never probes
+      (`target_only`);
+    - a round is priced with the draft's catch-up (`CostCurve.round_s`'s ``pending``: the committed tokens
+      the draft has not cached, one more for every plain round since it last drafted, as
+      `specdec.traces.draft_pending` counts them);
+    - every speculative round, a probe (a round the point estimate would not take) or not, is taken only
+      while a ledger allows it (`probe_affordable`): the net loss of the speculative rounds so far (each
+      one's priced cost in target steps minus the tokens it committed; a round that won refunds) plus the
+      round's expected loss at the estimate must stay within `probe_allowance` target steps plus
+      `probe_budget` of the priced time so far. Probes taken: `probes`. Replayed on the stored llama.cpp
+      traces (tests/test_never_lose.py) no prompt type falls below 0.97x of target-only decoding.
 
     The estimate (`current_alpha`) is ``(w * prior_alpha + S) / (w + S + F)`` over decayed counts: after each
     round with K > 0, ``S <- decay * S + accepted``, ``F <- decay * F + rejected`` and (`forget_prior`)
@@ -240,6 +256,13 @@ class CostPolicy(_KOnly):
         pad_verify: the engine pads verification to the cheapest measured shape (`speculative_generate`'s
             ``pad_to=CostCurve.padded_n``): price a round's forward at ``curve.padded_value(K + 1)`` instead
             of ``T(K + 1)``, so K follows the curve the engine actually runs.
+        probe_budget: the most a round may bring the net loss of speculation to, as a fraction of the
+            priced time so far (> 0; 0.01: speculation costs at most about 1% plus `probe_allowance` over
+            target-only decoding; ``math.inf``: no ledger, probes follow `probe_plan`'s back-off alone).
+        probe_allowance: target steps of net loss allowed before any time has passed (>= 0), so that the
+            first rounds can test the prior.
+        draft_forward_s: ``{n: seconds}`` of one draft forward over n tokens (the catch-up after plain
+            rounds; `CostCurve.draft_forward_s`), or None: every catch-up priced at one draft step.
 
     Raises:
         ValueError: invalid costs or parameters.
@@ -262,11 +285,15 @@ class CostPolicy(_KOnly):
         forget_prior: bool = True,
         explore_z: float = 1.0,
         pad_verify: bool = False,
+        probe_budget: float = 0.01,
+        probe_allowance: float = 1.0,
+        draft_forward_s: Mapping[int, float] | None = None,
     ) -> None:
         self.max_k = _check_k(max_k, "max_k")
         if draft_step_s is None or not isinstance(target_forward_s, Mapping):
             raise ValueError("the cost policy needs draft_step_s (seconds) and target_forward_s {n: seconds}")
-        self.curve = CostCurve(target_forward_s, draft_step_s)  # validates both; n = 1 required
+        # validates all three; n = 1 required
+        self.curve = CostCurve(target_forward_s, draft_step_s, draft_forward_s or None)
         self.draft_step_s = float(self.curve.draft_step_s)
         self.target_forward_s = dict(self.curve.target_forward_s)
         if not (0.0 <= float(prior_alpha) <= 1.0):
@@ -293,11 +320,34 @@ class CostPolicy(_KOnly):
         self.c = self.curve.c  # Leviathan's c (dimensionless)
         self.pad_verify = bool(pad_verify)
         self.round_cost_s = [self.curve.round_s(k, padded=self.pad_verify) for k in range(self.max_k + 1)]
-        # Can any K beat plain decoding even at alpha = 1?  If not, probing is pointless.
-        self.speculation_can_win = any(
-            (k + 1) / self.round_cost_s[k] > 1.0 / self.round_cost_s[0] for k in range(1, self.max_k + 1)
+        # The K whose round can beat plain decoding at all (alpha = 1, no catch-up beyond one token): no
+        # other K is ever chosen or probed, and with none the policy is target-only from the start.
+        self.viable_ks = tuple(
+            k for k in range(1, self.max_k + 1) if (k + 1) / self.round_cost_s[k] > 1.0 / self.round_cost_s[0]
         )
+        self.speculation_can_win = bool(self.viable_ks)
+        if math.isnan(float(probe_budget)) or float(probe_budget) <= 0.0:
+            raise ValueError(f"probe_budget must be a fraction > 0 (inf: no ledger), got {probe_budget}")
+        self.probe_budget = float(probe_budget)
+        if not (math.isfinite(float(probe_allowance)) and float(probe_allowance) >= 0.0):
+            raise ValueError(f"probe_allowance must be finite and >= 0 target steps, got {probe_allowance}")
+        self.probe_allowance = float(probe_allowance)
+        self._cost_cache: dict[tuple[int, int], float] = {}
         self.start()
+
+    @property
+    def target_only(self) -> bool:
+        """True when no K can pay on the priced curve: every round is a plain target step, with no probe."""
+        return not self.speculation_can_win
+
+    def round_steps(self, k: int, pending: int = 1) -> float:
+        """A round of K drafts, priced in target steps (`CostCurve.round_s` / one step), with the draft's
+        catch-up over `pending` uncached tokens."""
+        key = (int(k), int(pending))
+        if key not in self._cost_cache:
+            s = self.curve.round_s(int(k), padded=self.pad_verify, pending=max(1, int(pending)))
+            self._cost_cache[key] = s / self.round_cost_s[0]
+        return self._cost_cache[key]
 
     @classmethod
     def from_costs(cls, costs: Mapping[str, Any] | CostCurve, **kw: Any) -> CostPolicy:
@@ -310,7 +360,10 @@ class CostPolicy(_KOnly):
                 value is invalid.
         """
         if isinstance(costs, CostCurve):
-            costs = {"draft_step_s": costs.draft_step_s, "target_forward_s": costs.target_forward_s}
+            costs = {"draft_step_s": costs.draft_step_s, "target_forward_s": costs.target_forward_s,
+                     "draft_forward_s": costs.draft_forward_s}
+        if costs.get("draft_forward_s") and "draft_forward_s" not in kw:
+            kw = {**kw, "draft_forward_s": costs["draft_forward_s"]}
         missing = [key for key in ("draft_step_s", "target_forward_s") if key not in costs]
         if missing:
             raise ValueError(f"costs lack {missing}: measure them with `specdec costs`")
@@ -331,6 +384,10 @@ class CostPolicy(_KOnly):
         self._last_alpha = self.current_alpha()
         self._last_k: int | None = None
         self._last_tokens: float | None = None
+        self._pending = 1  # tokens the draft's next catch-up forward feeds (`specdec.traces.draft_pending`)
+        self._elapsed = 0.0  # priced time of every observed round, in target steps
+        self._net_loss = 0.0  # priced steps of speculative rounds minus the tokens they committed
+        self.probes = 0  # probes taken in this generation
 
     def current_alpha(self) -> float:
         """The acceptance estimate from everything observed so far (dimensionless, in [0, 1])."""
@@ -349,18 +406,20 @@ class CostPolicy(_KOnly):
         return out
 
     def best_k(self, alpha: float) -> int:
-        """The K in 0..max_k maximising predicted tokens per second (ties -> smaller K)."""
+        """The K in 0 and `viable_ks` maximising predicted tokens per second (ties -> smaller K; a K outside
+        `viable_ks` never beats K = 0 at any alpha)."""
         rates = self.tokens_per_s(alpha)
         best = 0
-        for k, r in enumerate(rates):
-            if r > rates[best]:
+        for k in self.viable_ks:
+            if rates[k] > rates[best]:
                 best = k
         return best
 
     # -- the protocol ----------------------------------------------------------------------------------
 
     def probe_plan(self, alpha: float) -> tuple[int, int]:
-        """``(K, N)``: the K a probe asks for at acceptance `alpha` (tokens), and the plain rounds N before it:
+        """``(K, N)``: the K a probe asks for at acceptance `alpha` (tokens; the viable K with the highest
+        predicted rate, or `probe_k`), and the plain rounds N before it:
         the fewest that keep the probe's expected overhead within `probe_overhead`: a probe costs
         ``R = round_cost_s[K] / round_cost_s[0]`` plain steps for ``E = E(alpha, K)`` tokens, so N plain rounds
         and one probe lose ``(R - E) / (N + E)``, and ``N = ceil((R - E) / probe_overhead - E)`` clamped to
@@ -369,8 +428,9 @@ class CostPolicy(_KOnly):
         if self.probe_k is not None:
             k = self.probe_k
         else:
-            k = 1
-            for j in range(2, self.max_k + 1):
+            ks = self.viable_ks or (1,)
+            k = ks[0]
+            for j in ks[1:]:
                 if rates[j] > rates[k]:
                     k = j
         t1 = self.round_cost_s[0]
@@ -401,24 +461,48 @@ class CostPolicy(_KOnly):
         n = self.trials()
         return min(1.0, a + self.explore_z * math.sqrt(a * (1.0 - a) / (n + 1.0)))
 
+    def probe_loss(self, k: int, alpha: float) -> float:
+        """Expected loss of a probe of K drafts now at acceptance `alpha`, in target steps: its priced cost
+        (with the draft's current catch-up) minus the tokens it is expected to commit, E(alpha, K)."""
+        expected = (k + 1.0) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+        return self.round_steps(k, self._pending) - expected
+
+    def probe_affordable(self, k: int, alpha: float) -> bool:
+        """Whether a round of K drafts fits the ledger: net loss so far + `probe_loss(k, alpha)` <=
+        `probe_allowance` + `probe_budget` x (priced time so far + the round's cost)."""
+        if math.isinf(self.probe_budget):
+            return True
+        cost = self.round_steps(k, self._pending)
+        allowed = self.probe_allowance + self.probe_budget * (self._elapsed + cost)
+        return self._net_loss + self.probe_loss(k, alpha) <= allowed
+
     def next_k(self) -> int:
         a = self.current_alpha()
         k = self.best_k(a)
-        if k == 0 and self.explore_z > 0.0 and self.best_k(self.upper_alpha()) > 0:
-            k = self.probe_plan(self._probe_alpha())[0]  # the K a probe would use now
-        if k == 0:
-            probe_k, wait = self.probe_plan(self._probe_alpha())
-            if self.speculation_can_win and self._plain >= wait:
+        if k > 0 and not self.probe_affordable(k, a):
+            k = 0  # the ledger: speculation has lost more than it may; decode plainly (probes may follow)
+        if k == 0 and self.speculation_can_win:
+            pa = self._probe_alpha()
+            probe_k, wait = self.probe_plan(pa)
+            explore = self.explore_z > 0.0 and self.best_k(self.upper_alpha()) > 0
+            if (explore or self._plain >= wait) and self.probe_affordable(probe_k, a):
                 k = probe_k
-                self._plain = 0
-            else:
-                self._plain += 1
+                self.probes += 1
+        if k == 0:
+            self._plain += 1
         else:
             self._plain = 0
         self._last_alpha = a
         self._last_k = k
         self._last_tokens = self.tokens_per_s(a)[k] * self.round_cost_s[k]
         return k
+
+    def note(self) -> str:
+        """One line for the run's record (``runs.policy_note``): target-only from the start, or the probes."""
+        if self.target_only:
+            return ("target-only: no K can pay on the measured curve (v(K+1) + K c >= K + 1 for every K), "
+                    "0 probes")
+        return f"{self.probes} probes"
 
     def alpha_estimate(self) -> float | None:
         """The acceptance estimate the last `next_k` used (the prior before any decision)."""
@@ -440,6 +524,14 @@ class CostPolicy(_KOnly):
         return self.probe_plan(self._probe_alpha())[1]
 
     def observe(self, record: RoundRecord) -> None:
+        cost = self.round_steps(record.k, self._pending)
+        self._elapsed += cost
+        if record.k > 0:
+            self._net_loss += cost - record.num_emitted
+            full = record.num_accepted >= record.k and not record.draft_stopped
+            self._pending = 2 if full else 1
+        else:
+            self._pending += 1
         if record.k > 0:
             self._succ = self.decay * self._succ + record.num_accepted
             self._fail = self.decay * self._fail + (1.0 if record.rejected else 0.0)

@@ -266,7 +266,7 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
     return rounds
 
 
-def draft_pending(rounds: Sequence) -> list[int]:
+def draft_pending(rounds: Sequence, prompt_len: int | None = None) -> list[int]:
     """Tokens the draft model feeds in the first forward of each round: its catch-up (`ModelDrafter.propose`).
 
     The draft's cache ends a round holding the committed sequence up to its last token plus the draft tokens
@@ -275,19 +275,22 @@ def draft_pending(rounds: Sequence) -> list[int]:
     the new committed sequence. So the next round starts by feeding 1 token (the recovered or bonus token)
     after a round with a rejection or a confidence stop, 2 after an all-accepted round that drafted the K
     asked (d_k and the bonus token), and one more for every plain round (k = 0) in between, which feeds the
-    draft nothing. The first round feeds 1 (the prompt's last token; the prefill holds the rest). Prompt
-    lookup has no cache: this applies to the draft model only.
+    draft nothing. The first round feeds the prompt's last token alone when the draft's cache already holds
+    the rest (an eager draft prefill, as runs stored before `ModelDrafter.prefill` deferred it), or the
+    whole prompt when it is empty (`prompt_len`: `ModelDrafter` defers its prefill to the first round that
+    drafts). Prompt lookup has no cache: this applies to the draft model only.
 
     Args:
         rounds: `ReplayRound`s or `specdec.metrics.RoundRecord`s in order (``k`` drafted, ``num_accepted``,
             ``draft_stopped`` when present).
+        prompt_len: the prompt's tokens when the draft's prefill is deferred (None: prefilled eagerly).
 
     Returns:
         ``[len(rounds)]`` pending token counts (>= 1; a plain round's entry is what a draft forward would
         have fed there).
     """
     out: list[int] = []
-    pending = 1
+    pending = 1 if prompt_len is None else max(1, int(prompt_len))
     for r in rounds:
         out.append(pending)
         if r.k > 0:

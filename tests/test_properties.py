@@ -433,7 +433,8 @@ def run_greedy_case(case):
             assert draft_len == len(draft_ids) <= committed - 1
             assert draft_ids == full[: len(draft_ids)]
     if draft_backend is not None:  # the draft's catch-up per round, as the time model predicts it
-        assert draft_backend.feeds == [n for n, r in zip(draft_pending(out.rounds), out.rounds, strict=True)
+        pending = draft_pending(out.rounds, prompt_len=len(prompt))  # the draft's prefill is deferred
+        assert draft_backend.feeds == [n for n, r in zip(pending, out.rounds, strict=True)
                                        if r.k > 0]
     if pad is not None:  # target-only decoding with padded steps is the same oracle
         padded = autoregressive_generate(target, prompt, budget, eos_ids=eos, vocab_size=vocab, pad_to=pad)

@@ -108,8 +108,9 @@ class _LoggingDrafter(ModelDrafter):
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_draft_pending_is_what_the_engine_feeds(traces, target, near_draft, k):
     """`draft_pending` (the catch-up the time model prices) equals the tokens the real ModelDrafter feeds
-    at the start of each drafting round: 1 after a rejection, 2 after an all-accepted round, one more per plain
-    round in between (a scripted policy inserts plain rounds)."""
+    at the start of each drafting round: the whole prompt in the first (the draft's prefill is deferred), 1
+    after a rejection, 2 after an all-accepted round, one more per plain round in between (a scripted policy
+    inserts plain rounds)."""
     from specdec.policies import RoundPlan
     from specdec.traces import draft_pending
 
@@ -137,8 +138,9 @@ def test_draft_pending_is_what_the_engine_feeds(traces, target, near_draft, k):
             d = _LoggingDrafter(log, V)
             run = speculative_generate(target, d, prompt, trace.max_new_tokens, k=None if policy else k,
                                        policy=policy, vocab_size=V, eos_ids=eos)
-            pending = draft_pending(run.rounds)
+            pending = draft_pending(run.rounds, prompt_len=len(prompt))  # the draft prefill is deferred
             assert log.sizes == [p for p, r in zip(pending, run.rounds) if r.k > 0]
+            assert log.sizes[0] == len(prompt)  # the first drafting round feeds the whole prompt
             seen["all"] += sum(p == 2 for p in log.sizes)
             seen["plain"] += sum(p > 2 for p in log.sizes)
     assert seen["all"] > 0 and seen["plain"] > 0  # both kinds of catch-up occurred

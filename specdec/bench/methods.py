@@ -116,6 +116,7 @@ class RunRecord:
     draft_s: float | None = None
     verify_s: float | None = None
     rounds: list[dict] = field(default_factory=list)
+    policy_note: str | None = None
 
     @classmethod
     def from_result(cls, res: GenerationResult) -> RunRecord:
@@ -123,7 +124,7 @@ class RunRecord:
         return cls(
             list(res.token_ids), res.finish_reason, res.total_s, res.num_rounds, res.num_drafted,
             res.num_accepted, res.num_rejections, res.prefill_s, res.ttft_s, res.decode_s, res.draft_s,
-            res.verify_s, res.rounds_as_dicts(),
+            res.verify_s, res.rounds_as_dicts(), res.policy_note,
         )  # fmt: skip
 
     @classmethod
@@ -140,7 +141,7 @@ class RunRecord:
             "num_rounds": self.num_rounds, "num_drafted": self.num_drafted, "num_accepted": self.num_accepted,
             "num_rejections": self.num_rejections, "prefill_s": self.prefill_s, "ttft_s": self.ttft_s,
             "decode_s": self.decode_s, "total_s": self.total_s, "draft_s": self.draft_s,
-            "verify_s": self.verify_s,
+            "verify_s": self.verify_s, "policy_note": self.policy_note,
             "tokens_per_s": RATES["tokens_per_s"].of({"new_tokens": n, "total_s": self.total_s}),
         }  # fmt: skip
 

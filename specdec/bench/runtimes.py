@@ -77,6 +77,9 @@ RUNTIME_CONFIGS: dict[str, RuntimeConfig] = {
                       self_draft_quant="int8"),
         # fp32 eager with verification padded to the cheapest measured shape
         RuntimeConfig("transformers-padded", "transformers", "transformers", pad_verify=True),
+        # llama.cpp with verification padded the same way: exact there too (the filler's logits are not
+        # read and ``llama_memory_seq_rm`` drops its cache entries with the rejected drafts)
+        RuntimeConfig("llamacpp-padded", "llamacpp", "llamacpp", pad_verify=True),
     )
 }
 CONFIG_ALIASES = {

@@ -67,6 +67,8 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("machine_id", "TEXT"),
         # greedy runs that differ from the baseline: the first output position where they differ
         ("first_divergence", "INTEGER"),
+        # the K policy's note on the run (`specdec.policies.CostPolicy.note`), e.g. target-only from the start
+        ("policy_note", "TEXT"),
     ),
     "rounds": (
         ("run_id", "INTEGER REFERENCES runs(run_id)"), ("round_idx", "INTEGER"),

@@ -38,7 +38,7 @@ SCHEMA = {
     "calibration": ["sweep_id", "config_label", "prompt_id", "machine_id", "after_run_id", "role", "n_tokens",
                     "context_tokens", "seconds", "repeats", "spread_s"],
     "roofline": ["sweep_id", "config_label", "machine_id", "target_weight_bytes", "draft_weight_bytes",
-                 "bandwidth_gbps", "bandwidth_json"],
+                 "bandwidth_gbps", "bandwidth_json", "runtime_json"],
 }  # fmt: skip
 
 CONFIG = {"target": "t", "draft": "d", "max_new_tokens": 8, "temperature": 0.0}

@@ -250,9 +250,11 @@ def test_schema_declared_once_matches_the_published_store(tmp_path):
         # (runs.machine_id, the machine tables, rounds.forward_s, runs.first_divergence, traces and calibration
         # came later: opening an older store adds them, and the published stores were opened so - a checkout
         # does not change on first use)
+        # roofline.runtime_json came after the published store was last written: opening it adds the column
+        later = {("roofline", "runtime_json")}
         for table, cols in S.TABLES.items():
             got = [(r[1], r[2]) for r in conn.execute(f"PRAGMA table_info({table})")]
-            assert got == [(name, decl.split()[0]) for name, decl in cols], table
+            assert got == [(name, decl.split()[0]) for name, decl in cols if (table, name) not in later], table
     finally:
         conn.close()
 

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from specdec.agreement import agreement, compare_outputs, greedy_ids  # noqa: E402
-from specdec.backends import llamacpp as L  # noqa: E402
-from specdec.models import requant  # noqa: E402
+from specdec.agreement import agreement, compare_outputs, greedy_ids
+from specdec.backends import llamacpp as L
+from specdec.models import requant
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -229,6 +229,21 @@ def test_a_tiny_sweep_stores_the_type_that_ran_and_the_runtime_record(smollm2_gg
     assert q4["target"]["repack"] is L.repack_default()[0]
     assert set(q4["ggml_env"]) == {"GGML_CPU_TILED_MM", "GGML_CPU_TILED_MM_FORCE"}
     assert set(machine["ggml_env"]) == {"GGML_CPU_TILED_MM", "GGML_CPU_TILED_MM_FORCE"}
+
+    # the side-by-side table: every speculative cell against its own and the fastest target-only decoding
+    from conftest import load_benchmark
+
+    bench = load_benchmark("llamacpp_side_by_side")
+    table = bench.side_by_side(db)
+    assert {k: v["dtype"] for k, v in table["configs"].items()} == {"llamacpp": "gguf", "llamacpp-q4_0": "gguf:Q4_0"}
+    fastest = table["fastest"]
+    assert table["configs"][fastest]["baseline_tokens_per_s"] == max(
+        c["baseline_tokens_per_s"] for c in table["configs"].values())
+    cells = {(c["config_label"], c["method"], c["k"]): c for c in table["cells"]}
+    assert {("llamacpp", "draft", 2), ("llamacpp-q4_0", "draft", 2)} <= set(cells)
+    mine = cells[(fastest, "draft", 2)]
+    assert mine["speedup_own"] == pytest.approx(mine["speedup_fastest"]) and mine["speedup_own"] > 0
+    assert "<- fastest target-only" in bench.format_table(table)
 
 
 def test_an_existing_store_opens_and_gains_the_runtime_column(tmp_path):

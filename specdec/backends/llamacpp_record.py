@@ -45,7 +45,7 @@ def model_record(model: Any) -> dict[str, Any] | None:
     path = getattr(backend, "model_path", None)
     try:
         types = gguf_weight_types(path) if path else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, ImportError):  # a file gone, damaged, or no `gguf` package
         types = None
     return {
         "runtime": "llamacpp", "file": Path(path).name if path else None,

@@ -26,9 +26,10 @@ class RuntimeConfig:
             configuration's measured cost curve (`specdec.costs.CostCurve.padded_n`; output unchanged),
             and the cost policy prices K with the padded cost. Loading is unchanged.
         gguf_type: llama.cpp target only: the target's GGUF requantized (pure) to this ggml weight type,
-            made once into the model cache (`specdec.models.requant`). The draft keeps its shipped GGUF: the
-            configuration then differs from ``llamacpp`` by the target's kernels alone (a draft step is a
-            single-token forward, where a repacked GEMM gains little), and the draft's proposals are the same.
+            made once into the model cache (`specdec.models.requant`). The draft keeps its shipped GGUF, so the
+            configuration differs from ``llamacpp`` by one thing, the target: the draft's proposals and step
+            cost are the same in every ``llamacpp*`` configuration, and a change in acceptance or speed is the
+            target's (requantizing the draft too would change both at once).
     """
 
     label: str

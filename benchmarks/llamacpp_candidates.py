@@ -1,10 +1,15 @@
 """Benchmark: which llama.cpp target gives speculative decoding the cheapest verification on this CPU.
 
 For each candidate - the shipped GGUF with weight repacking off and on, and copies requantized from it with
-llama.cpp's own quantizer (Q4_0, IQ4_NL, Q8_0; pure, repacking on) - it prints the single step t(1) in ms
-and the verification cost curve v(n) = t(n) / t(1) on a warm cache, and the candidate's quality against the
-shipped file: greedy agreement over the first `--new` tokens of each built-in primary prompt. Prints
-figures; asserts nothing (timings on a shared machine are noisy).
+llama.cpp's own quantizer (Q4_0, IQ4_NL, Q8_0; pure, repacking on; made once into the model cache by
+`specdec.models.requant.requantized_gguf`, the files the ``llamacpp-q4_0`` ... sweep configurations run) -
+it prints the single step t(1) in ms and the verification cost curve v(n) = t(n) / t(1) on a warm cache, and
+the candidate's quality: greedy agreement over `--new` tokens of each built-in primary prompt
+(`specdec.agreement`: first divergence position, share of identical tokens) with the shipped file as it
+runs by default and, with `--fp32-reference`, with the fp32 transformers reference of the same target (the
+converted checkpoint, loaded through `specdec.loading`; slow: it loads 6 GB of fp32 weights for the 1.5B
+target). Every model sees the same prompt ids. Prints figures; asserts nothing (timings on a shared machine
+are noisy).
 
 Method: every candidate is loaded once; the timed forwards are interleaved - for each repetition, each n,
 each candidate in turn - so a drift of the machine's speed hits every candidate alike; the median over
@@ -12,6 +17,7 @@ each candidate in turn - so a drift of the machine's speed hits every candidate 
 Run it on a quiet machine: ggml's worker threads spin, so another busy process makes n >= 9 erratic.
 
     python benchmarks/llamacpp_candidates.py                       # the default pair's target
+    python benchmarks/llamacpp_candidates.py --fp32-reference --json candidates.json   # quality vs fp32 too
     python benchmarks/llamacpp_candidates.py --gguf model.gguf --types Q4_0,Q8_0 --reps 7 --json out.json
 """
 
@@ -28,68 +34,102 @@ NS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17)
 CONTEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n" * 2
 
 
-def candidates(src: Path, types: list[str], cache: Path, threads: int) -> list[tuple[str, Path, bool]]:
-    """(label, GGUF path, repack) per candidate; requantized files are made once into `cache`."""
-    from specdec.backends.llamacpp import requantize_gguf
+def candidates(src: Path, types: list[str], threads: int) -> list[tuple[str, Path, bool]]:
+    """(label, GGUF path, repack) per candidate; requantized files are made once into the model cache
+    (`specdec.models.requant.requantized_gguf`, the same files the sweep's ``llamacpp-<type>`` configurations
+    load)."""
+    from specdec.models.requant import check_gguf_type, requantized_gguf
 
     out = [(f"{src.stem} repack off", src, False), (f"{src.stem} repack on", src, True)]
     for t in types:
-        dst = cache / f"{src.stem}.{t}.gguf"
-        if not dst.exists():
-            t0 = time.perf_counter()
-            requantize_gguf(src, dst, t, threads=threads)
-            print(f"requantized {src.name} -> {dst.name} in {time.perf_counter() - t0:.1f} s", flush=True)
-        out.append((f"{t} (pure) repack on", dst, True))
+        name = check_gguf_type(t)
+        out.append((f"{name} (pure) repack on", requantized_gguf(src, name, threads=threads), True))
     return out
 
 
-def greedy(be, ids: list[int], n: int) -> list[int]:
-    """n greedy tokens after `ids` on a fresh cache (llama.cpp's own logits)."""
-    be.reset()
-    logits = be.forward(ids, last=1)
-    out = []
-    for _ in range(n):
-        tok = int(logits[-1].argmax())
-        out.append(tok)
-        logits = be.forward([tok])
-    return out
+def quality(backends: dict, prompt_ids: dict[str, list[int]], new: int, shipped: str,
+            fp32=None, vocab_size: int | None = None) -> dict:
+    """Greedy agreement of every candidate with the shipped file (label `shipped` of `backends`) and, when
+    `fp32` (a transformers backend of the same target) is given, with it (`specdec.agreement`).
+
+    Args:
+        backends: label -> loaded llama.cpp backend. prompt_ids: prompt id -> token ids (the same for every
+            model). new: greedy tokens per prompt. vocab_size: columns the fp32 reference scores.
+
+    Returns:
+        ``{"outputs": {label: [ids per prompt]}, "agreement": specdec.agreement.compare_outputs(...)}``; the
+        fp32 reference's own outputs are under ``"fp32 reference"``.
+    """
+    from specdec.agreement import compare_outputs, greedy_ids
+
+    outs = {label: [greedy_ids(be, ids, new) for ids in prompt_ids.values()] for label, be in backends.items()}
+    refs = {"shipped": outs[shipped]}
+    if fp32 is not None:
+        refs["fp32"] = [greedy_ids(fp32, ids, new, vocab_size) for ids in prompt_ids.values()]
+        outs["fp32 reference"] = refs["fp32"]
+    return {"outputs": outs, "agreement": compare_outputs(outs, refs, list(prompt_ids))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, default=None, help="source GGUF (default: the default pair's target)")
     ap.add_argument("--types", default="Q4_0,IQ4_NL,Q8_0", help="requantized candidates ('' for none)")
-    ap.add_argument("--cache", type=Path, default=None, help="where requantized files go (default: beside "
-                    "the model cache's GGUFs)")
+    ap.add_argument("--fp32-reference", action="store_true", help="also compare greedy output with the fp32 "
+                    "transformers reference of the target (its converted checkpoint; slow, GBs of weights)")
+    ap.add_argument("--fp32-spec", default=None, help="model spec of that reference (default: the default "
+                    "pair's target, or --gguf)")
+    ap.add_argument("--skip-timing", action="store_true", help="quality only (no t(1), v(n))")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--new", type=int, default=32, help="greedy tokens per prompt for the quality check")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     args = ap.parse_args()
 
-    from specdec.backends.llamacpp import gguf_weight_types, load_llamacpp
+    from specdec.backends.llamacpp import gguf_weight_types, load_llamacpp, repack_default
+    from specdec.backends.llamacpp_record import ggml_env
     from specdec.bench.environment import machine_info
     from specdec.bench.prompts import load_builtin
     from specdec.models.loaders import gguf_file
 
-    src = (args.gguf or gguf_file("qwen2.5-coder:target")).resolve()
-    cache = args.cache or src.parent / "requantized"
+    default_target = "qwen2.5-coder:target"
+    src = (args.gguf or gguf_file(default_target)).resolve()
     types = [t.strip() for t in args.types.split(",") if t.strip()]
-    cands = candidates(src, types, cache, args.threads)
+    cands = candidates(src, types, args.threads)
     loaded = [(label, load_llamacpp(path, n_ctx=1024, n_threads=args.threads, extra_buffers=repack), path)
               for label, path, repack in cands]
+    repack_on, _ = repack_default()
+    shipped = next(label for label, path, repack in cands if path == src and repack == repack_on)
 
     prompts = load_builtin(per_type=1)
-    quality = {}
-    ref = None
-    for label, be, _ in loaded:
-        outs = [greedy(be, be.tokenize(p.text), args.new) for p in prompts]
-        if ref is None:
-            ref = outs
-        same = sum(o == r for o, r in zip(outs, ref, strict=True))
-        prefix = statistics.mean(next((i for i, (a, b) in enumerate(zip(o, r, strict=True)) if a != b), len(r))
-                                 for o, r in zip(outs, ref, strict=True))
-        quality[label] = {"prompts_equal": same, "prompts": len(prompts), "mean_equal_prefix": prefix}
+    prompt_ids = {p.id: loaded[0][1].tokenize(p.text) for p in prompts}  # one tokenization for every model
+    fp32 = vocab = ref_model = None
+    if args.fp32_reference:
+        from specdec.compat import real_vocab_size
+        from specdec.loading import load_model
+
+        spec = args.fp32_spec or (str(args.gguf) if args.gguf else default_target)
+        print(f"loading the fp32 reference {spec} (transformers) ...", flush=True)
+        ref_model = load_model(spec, runtime="transformers", dtype="float32", threads=args.threads)
+        fp32, vocab = ref_model.backend, real_vocab_size(ref_model.tokenizer)
+    q = quality({label: be for label, be, _ in loaded}, prompt_ids, args.new, shipped, fp32, vocab)
+    fp32 = ref_model = None  # the reference's weights are not needed for the timing
+
+    agree = q["agreement"]
+    print(f"greedy agreement over {args.new} new tokens of {len(prompt_ids)} primary prompts "
+          f"(identical prompts, mean first divergence, mean identical share); reference 'shipped' = {shipped}")
+    refs = list(next(iter(agree.values())))
+    print(f"{'candidate':<38}" + "".join(f"{'vs ' + r:>30}" for r in refs))
+    for label, by_ref in agree.items():
+        cells = "".join(f"{a['prompts_identical']:>8}/{a['prompts']:<2}{a['mean_first_divergence']:8.1f}"
+                        f"{a['mean_identical_share']:11.2f}" for a in by_ref.values())
+        print(f"{label:<38}{cells}")
+    if args.skip_timing:
+        if args.json:
+            args.json.write_text(json.dumps({"machine": machine_info(), "threads": args.threads, "new": args.new,
+                                             "ggml_env": ggml_env(), "quality": q}, indent=1, default=str))
+        for _, be, _ in loaded:
+            be.close()
+        return
 
     warm = {}
     for label, be, _ in loaded:
@@ -115,20 +155,22 @@ def main() -> None:
         med = {n: statistics.median(v) for n, v in times[label].items()}
         rows.append({"candidate": label, "file": path.name, "repack": be.extra_buffers,
                      "weight_types": {k: v for k, v in list(gguf_weight_types(path).items())[:3]},
-                     "t1_ms": med[1] * 1e3, "v": {n: med[n] / med[1] for n in NS}, **quality[label]})
+                     "t1_ms": med[1] * 1e3, "v": {n: med[n] / med[1] for n in NS},
+                     "agreement": {r: {k: v for k, v in a.items() if k != "per_prompt"}
+                                   for r, a in agree[label].items()}})
         be.close()
     info = machine_info()
     print(f"machine: {info.get('cpu_model', platform.processor())}, threads {args.threads}, context "
           f"{len(warm[loaded[0][0]][0])} tokens, median of {args.reps} interleaved repetitions")
     head = "".join(f" v({n})".rjust(7) for n in NS[1:])
-    print(f"{'candidate':<38}{'t(1) ms':>8}{head}  greedy = shipped (prompts, mean equal prefix)")
+    print(f"{'candidate':<38}{'t(1) ms':>8}{head}")
     for r in rows:
         vs = "".join(f"{r['v'][n]:7.2f}" for n in NS[1:])
-        print(f"{r['candidate']:<38}{r['t1_ms']:8.1f}{vs}  {r['prompts_equal']}/{r['prompts']}, "
-              f"{r['mean_equal_prefix']:.1f} of {args.new}")
+        print(f"{r['candidate']:<38}{r['t1_ms']:8.1f}{vs}")
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "threads": args.threads, "reps": args.reps,
-                                         "rows": rows}, indent=1, default=str))
+                                         "new": args.new, "ggml_env": ggml_env(), "rows": rows, "quality": q},
+                                        indent=1, default=str))
 
 
 if __name__ == "__main__":

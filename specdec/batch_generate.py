@@ -487,6 +487,16 @@ def cli_generate_batch(**opts) -> None:
         fail("--max-new-tokens must be >= 0")
     if o["threads"] is not None and o["threads"] < 1:
         fail(f"--threads must be >= 1, got {o['threads']}")
+    gguf_type = o.get("gguf_type")
+    if gguf_type is not None:
+        from specdec.models.requant import check_gguf_type
+
+        if o["backend"] != "llamacpp":
+            fail("--gguf-type applies to the llama.cpp backend only (add --backend llamacpp)")
+        try:
+            gguf_type = check_gguf_type(gguf_type)
+        except ValueError as exc:
+            fail(str(exc))
     sampling = SamplingParams(temperature=o["temperature"], top_k=o["top_k"], top_p=o["top_p"])
     out_path = None
     if o["out"] is not None:
@@ -513,7 +523,8 @@ def cli_generate_batch(**opts) -> None:
     loaded = load_pair(target_spec, draft_spec, backend=backend, draft_backend=o["draft_backend"],
                        device=o["device"], dtype=dtype, threads=o["threads"], compile=False,
                        trust_remote_code=o["trust_remote_code"], quant=o["quant"], draft_dtype=o["draft_dtype"],
-                       draft_quant=draft_quant_arg(o["draft_quant"]))
+                       draft_quant=draft_quant_arg(o["draft_quant"]),
+                       **({"gguf_type": gguf_type} if gguf_type is not None else {}))
     tok = loaded.tokenizer
     ids = [encode_prompt(tok, e.text, chat_template=o["chat_template"]) for e in entries]
     budgets = [o["max_new_tokens"] if e.max_new_tokens is None else e.max_new_tokens for e in entries]
@@ -525,7 +536,8 @@ def cli_generate_batch(**opts) -> None:
     cost_key = {"target": model_fingerprint(target_spec), "draft": model_fingerprint(draft_spec),
                 "backend": backend, "draft_backend": o["draft_backend"], "device": o["device"], "dtype": dtype,
                 "threads": o["threads"], "compile": False,
-                **{n: o[n] for n in ("quant", "draft_dtype", "draft_quant") if o[n] is not None}}
+                **{n: o[n] for n in ("quant", "draft_dtype", "draft_quant") if o[n] is not None},
+                **({"gguf_type": gguf_type} if gguf_type is not None else {})}
     try:
         run = run_batches(loaded, ids, budgets, batch_size=b, drafter=drafter, policy=policy, k=k,
                           sampling=sampling, seed=o["seed"], cost_key=cost_key,

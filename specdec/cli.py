@@ -24,6 +24,7 @@ from specdec.options import (  # the shared option declarations
     DraftOpt,
     DraftQuantOpt,
     DtypeOpt,
+    GGUFTypeOpt,
     PairOpt,
     QuantOpt,
     RemoteOpt,
@@ -96,6 +97,7 @@ def generate(
     out: Annotated[str | None, typer.Option("--out", help="With --prompts-file: also write the JSON of the "
                                             "per-row figures to this file.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file.")] = False,
+    gguf_type: GGUFTypeOpt = None,
 ) -> None:
     """Generate from one prompt (or, with --prompts-file, many, --batch-size at a time) with speculative
     decoding and print the text and its statistics.
@@ -138,6 +140,15 @@ def generate(
         fail("--max-new-tokens must be >= 0")
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
+    if gguf_type is not None:
+        from specdec.models.requant import check_gguf_type
+
+        if backend != "llamacpp":
+            fail("--gguf-type applies to the llama.cpp backend only (add --backend llamacpp)")
+        try:
+            gguf_type = check_gguf_type(gguf_type)
+        except ValueError as exc:
+            fail(str(exc))
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     dtype = resolve_dtype(dtype, device)  # "auto": one rule, `specdec.precision.default_dtype`
     if drafter != "model" and target and not draft and not pair:
@@ -150,7 +161,7 @@ def generate(
     # input found after loading (a prompt too long for the context) is still the only line on stderr
     slow_load = any(_large_weights(s) for s in (target_spec, draft_spec) if s)
     if slow_load:
-        models.progress(f"loading {names} ({_runtime_label(backend, dtype, quant)}) ...")
+        models.progress(f"loading {names} ({_runtime_label(backend, dtype, quant, gguf_type)}) ...")
     loaded = load_pair(
         target_spec,
         draft_spec if drafter == "model" else None,
@@ -165,6 +176,7 @@ def generate(
         draft_dtype=draft_dtype,
         draft_quant=draft_quant_arg(draft_quant),
         other_tokenizer=other_tokenizer,
+        **({"gguf_type": gguf_type} if gguf_type is not None else {}),
     )
     if slow_load:
         models.progress(f"loaded in {time.perf_counter() - t_load:.1f} s")
@@ -182,8 +194,8 @@ def generate(
                 "draft_backend": draft_backend, "device": device, "dtype": dtype, "threads": threads,
                 "compile": compile,
                 # only when set, so that the costs cached for full-precision setups keep their keys
-                **{n: v for n, v in (("quant", quant), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant))
-                   if v is not None}}
+                **{n: v for n, v in (("quant", quant), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant),
+                                     ("gguf_type", gguf_type)) if v is not None}}
     costs, pad_to = (pad_costs(loaded, cost_key, k) if pad_verify else (None, None))
     if (policy == "cost" or drafter == "suffix") and costs is None:
         costs = quick_policy_costs(loaded, cost_key, k, refresh=remeasure_costs)
@@ -204,7 +216,7 @@ def generate(
     text = tok.decode(result.token_ids, skip_special_tokens=True)
     out = result.summary()
     out.update(text=text, k=k, drafter=drafter, policy=policy, prompt_tokens=len(prompt_ids), backend=backend,
-               dtype=loaded.target.dtype,
+               dtype=loaded.target.dtype, gguf_type=gguf_type,
                draft_dtype=loaded.draft.dtype if loaded.draft is not None else None, quant=quant)
     out["rounds_k"] = [r.k for r in result.rounds]
     out["rounds_alpha"] = [r.alpha_estimate for r in result.rounds]  # None for fixed K
@@ -236,7 +248,8 @@ def generate(
     print(
         f"\n[{result.num_tokens} tokens, {result.finish_reason}] {_fmt(result.tokens_per_s)} tok/s, "
         f"TTFT {result.ttft_s:.3f} s, rounds {result.num_rounds}, acceptance {_fmt(result.acceptance_rate)}, "
-        f"block efficiency {_fmt(result.block_efficiency)}; ran {_runtime_label(backend, loaded.target.dtype, quant)}",
+        f"block efficiency {_fmt(result.block_efficiency)}; ran "
+        f"{_runtime_label(backend, loaded.target.dtype, quant, gguf_type)}",
         file=sys.stderr if as_json else sys.stdout,
     )
     if pad_verify:
@@ -258,10 +271,11 @@ def generate(
         print(json.dumps(out))
 
 
-def _runtime_label(backend: str, dtype: str | None, quant: str | None) -> str:
-    """What ran, for the progress and statistics lines: ``transformers bfloat16``, ``llama.cpp GGUF``."""
+def _runtime_label(backend: str, dtype: str | None, quant: str | None, gguf_type: str | None = None) -> str:
+    """What ran, for the progress and statistics lines: ``transformers bfloat16``, ``llama.cpp GGUF``,
+    ``llama.cpp GGUF requantized to Q4_0``."""
     if backend == "llamacpp":
-        return "llama.cpp GGUF"
+        return "llama.cpp GGUF" + (f" requantized to {gguf_type}" if gguf_type else "")
     return f"{backend} {dtype}{' ' + quant if quant else ''}"
 
 

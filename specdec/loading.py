@@ -37,6 +37,8 @@ class LoadedModel:
     compile_s: float = 0.0
     #: the weights' dtype on the transformers runtime (``"auto"`` resolved); None on llama.cpp (the GGUF's)
     dtype: str | None = None
+    #: llama.cpp: the weight type the GGUF was requantized to (`specdec.models.requant`); None: as shipped
+    gguf_type: str | None = None
 
 
 @dataclass
@@ -105,6 +107,7 @@ def load_model(
     compile_mode: str = "onednn",
     quant: str | None = None,
     last_row_graphs: bool = False,
+    gguf_type: str | None = None,
 ) -> LoadedModel:
     """Load one model spec (preset member, hub id, local dir or .gguf) on a runtime.
 
@@ -124,6 +127,8 @@ def load_model(
             model's `dtype`; None keeps the checkpoint's weights.
         last_row_graphs: with `compile`, also compile the graphs that score only the last row of a forward
             (what a draft needs; `CompiledHFBackend`'s argument of that name).
+        gguf_type: llama.cpp only: run the GGUF requantized (pure) to this ggml weight type (``Q4_0``,
+            ``IQ4_NL``, ``Q8_0``; `specdec.models.requant.requantized_gguf`, made once into the model cache).
 
     Raises:
         ValueError: unknown runtime, dtype or quantization, options that do not apply, or bfloat16 on a CPU
@@ -144,6 +149,12 @@ def load_model(
         raise ValueError("--device cuda was asked for but torch sees no CUDA device")
     if quant is not None and (runtime != "transformers" or compile):
         raise ValueError("--quant applies to the eager transformers backend only (llama.cpp: pick a quantized GGUF)")
+    if gguf_type is not None:
+        from specdec.models.requant import check_gguf_type
+
+        if runtime != "llamacpp":
+            raise ValueError("--gguf-type applies to the llama.cpp backend only (--backend llamacpp)")
+        gguf_type = check_gguf_type(gguf_type)
     if runtime == "transformers":
         check_dtype_supported(dtype, device)
     t0 = time.perf_counter()
@@ -153,11 +164,15 @@ def load_model(
         if compile:
             raise ValueError("--compile applies to the transformers backend only")
         path = models.gguf_file(spec)
+        if gguf_type is not None:
+            from specdec.models.requant import requantized_gguf
+
+            path = requantized_gguf(path, gguf_type, threads=threads)
         backend = load_llamacpp(path, n_ctx=n_ctx, n_threads=threads)
         tok = models.hf_tokenizer(spec)
         # every token llama.cpp itself ends generation on, not only the tokenizer's EOS
         eos = eos_ids_for(tok) | backend.eog_ids()
-        return LoadedModel(spec, runtime, backend, tok, None, eos, time.perf_counter() - t0)
+        return LoadedModel(spec, runtime, backend, tok, None, eos, time.perf_counter() - t0, gguf_type=gguf_type)
     model, tok = models.load_hf(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     apply_quant(model, quant)
     if compile:
@@ -192,6 +207,7 @@ def load_pair(
     draft_dtype: str | None = None,
     draft_quant: str | None = "same",
     other_tokenizer: bool = False,
+    gguf_type: str | None = None,
 ) -> LoadedPair:
     """Load target and draft and check that they can be compared token by token.
 
@@ -203,6 +219,9 @@ def load_pair(
         draft_dtype: the draft's dtype (default: `dtype`). draft_quant: the draft's quantization (default
             ``"same"``: `quant`; None: full weights). A quantized copy of the target is a draft of itself:
             ``load_pair(T, T, dtype="bfloat16", draft_quant="int8")``.
+        gguf_type: the TARGET's GGUF requantized to this weight type (`load_model`); the draft runs its file
+            as shipped (its cost and its proposals stay those of the shipped draft; only the target and
+            its verification kernels change).
         other_tokenizer: the draft may have another tokenizer (`specdec.xdrafter`): the id check is
             skipped, ``info["vocab_overlap"]`` records what the vocabularies share, the draft keeps its
             own tokenizer (``pair.draft.tokenizer``) and the pair stops on the target's EOS ids only.
@@ -218,7 +237,8 @@ def load_pair(
     """
     set_threads(threads)
     kw = {"device": device, "threads": threads, "n_ctx": n_ctx, "trust_remote_code": trust_remote_code}
-    target = load_model(target_spec, runtime=backend, compile=compile, dtype=dtype, quant=quant, **kw)
+    target = load_model(target_spec, runtime=backend, compile=compile, dtype=dtype, quant=quant,
+                        **({"gguf_type": gguf_type} if gguf_type is not None else {}), **kw)
     draft = None
     vocab = real_vocab_size(target.tokenizer)
     if draft_spec is not None:

@@ -10,7 +10,7 @@ import typer
 
 __all__ = [
     "SHARED_OPTIONS", "BackendOpt", "CompileOpt", "DeviceOpt", "DraftBackendOpt", "DraftDtypeOpt", "DraftOpt",
-    "DraftQuantOpt", "DtypeOpt", "PairOpt", "QuantOpt", "RemoteOpt", "TargetOpt", "ThreadsOpt",
+    "DraftQuantOpt", "DtypeOpt", "GGUFTypeOpt", "PairOpt", "QuantOpt", "RemoteOpt", "TargetOpt", "ThreadsOpt",
 ]  # fmt: skip
 
 PairOpt = Annotated[str | None, typer.Option("--pair", help="Model preset (see `specdec models`).")]
@@ -34,6 +34,9 @@ DraftQuantOpt = Annotated[str | None, typer.Option(
 RemoteOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow model code from the hub (off by default).")
 ]
+GGUFTypeOpt = Annotated[str | None, typer.Option(
+    "--gguf-type", help="llama.cpp target only: run the target's GGUF requantized (pure) to this weight type: "
+    "Q4_0 | IQ4_NL | Q8_0 | Q4_K_M (made once into the model cache; the draft keeps its GGUF).")]
 #: The shared declarations by parameter name, for commands whose options are built from declarations
 #: (``specdec sweep``: `specdec.bench.settings.typer_command`): names and help text come from here.
 SHARED_OPTIONS = {

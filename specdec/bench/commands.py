@@ -30,6 +30,7 @@ from specdec.options import (
     DraftOpt,
     DraftQuantOpt,
     DtypeOpt,
+    GGUFTypeOpt,
     PairOpt,
     QuantOpt,
     TargetOpt,
@@ -218,10 +219,13 @@ def costs(
         "bandwidth (the roofline).")] = 512,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file (never a results "
                                         "store).")] = False,
+    gguf_type: GGUFTypeOpt = None,
 ) -> None:
     """Measure c (draft step / target step) and the target's forward-time curve on a warm cache, and the
     target's roofline: weight bytes read per step, achieved GB/s at n = 1 and its share of the machine's
-    memory bandwidth (a streaming copy; GB/s = 1e9 bytes/s)."""
+    memory bandwidth (a streaming copy; GB/s = 1e9 bytes/s). On llama.cpp it also states what ran: each
+    GGUF's tensor weight types, whether weights were repacked (and, where AMX kept repacking off, one line
+    saying so), and the ggml environment switches (``--json``: ``"runtime"``)."""
     from specdec import models
     from specdec.bench.costs import measure_costs
     from specdec.loading import load_pair
@@ -238,11 +242,21 @@ def costs(
                     context_tokens=context_tokens, as_json=as_json, out=out)
         return
     with cli_errors():
+        if gguf_type is not None:  # before any model loads
+            from specdec.models.requant import check_gguf_type
+
+            if backend != "llamacpp":
+                raise ValueError("--gguf-type applies to the llama.cpp backend only (add --backend llamacpp)")
+            gguf_type = check_gguf_type(gguf_type)
         target_spec, draft_spec = models.resolve_pair(pair, target, draft)
         typer.echo(f"loading {target_spec} and {draft_spec} ...", err=True)
         loaded = load_pair(target_spec, draft_spec, backend=backend, draft_backend=draft_backend, device=device,
                            dtype=dtype, threads=threads, compile=compile, quant=quant, draft_dtype=draft_dtype,
-                           draft_quant=draft_quant_arg(draft_quant))
+                           draft_quant=draft_quant_arg(draft_quant),
+                           **({"gguf_type": gguf_type} if gguf_type is not None else {}))
+        from specdec.backends.llamacpp_record import pair_record, record_lines
+
+        runtime = pair_record(loaded)
         result = measure_costs(loaded, max_n=max_n, repeats=repeats, context_tokens=context_tokens)
         from specdec.roofline import measure_bandwidth, roofline, weight_bytes
 
@@ -253,8 +267,8 @@ def costs(
             "target": target_spec, "draft": draft_spec, "backend": backend,
             "draft_backend": draft_backend or backend, "device": device, "dtype": dtype,
             "threads": threads, "compiled": compile, "quant": quant, "draft_dtype": draft_dtype or dtype,
-            "draft_quant": quant if draft_quant is None else draft_quant,
-            **result, "roofline": roof, "bandwidth": bandwidth,
+            "draft_quant": quant if draft_quant is None else draft_quant, "gguf_type": gguf_type,
+            **result, "roofline": roof, "bandwidth": bandwidth, "runtime": runtime,
         }  # fmt: skip
         typer.echo(json.dumps(out, sort_keys=True))
         return
@@ -273,6 +287,8 @@ def costs(
                f"{roof['achieved_gbps']:.2f} GB/s achieved at n = 1; machine bandwidth "
                f"{roof['bandwidth_gbps']:.2f} GB/s (streaming copy of {bandwidth['size_mib']:g} MiB, best of "
                f"{bandwidth['repeats']}): share {roof['bandwidth_share']:.2f}")
+    for line in record_lines(runtime):
+        typer.echo(line)
 
 
 def _arch_costs(names: str, *, device, dtype, threads, max_n, repeats, context_tokens, as_json, out) -> None:

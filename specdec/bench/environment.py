@@ -2,8 +2,8 @@
 
 Recorded with every sweep (``sweeps.machine_json``, ``sweeps.git_commit``) and folded into the key of the
 cost cache (`specdec.bench.costs.cached_costs`), so numbers from another machine are never mixed in silently.
-This module imports nothing from the rest of specdec (it is the leaf both the sweep and the cost measurement
-use).
+This module imports nothing from the rest of specdec but two leaves (`specdec.bench.machines`,
+`specdec.backends.llamacpp_record`), so both the sweep and the cost measurement can use it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from specdec.backends.llamacpp_record import ggml_env
 from specdec.bench.machines import host_id
 
 __all__ = ["MACHINE_KEYS", "git_commit", "machine_changes", "machine_info"]
@@ -61,7 +62,8 @@ def _version(module: str) -> str | None:
 
 def machine_info(device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
     """The machine and libraries: CPU model, logical cores, CPUs this process may use, torch threads, memory
-    (GiB), OS, Python / torch / transformers / llama-cpp-python / specdec versions, device name."""
+    (GiB), OS, Python / torch / transformers / llama-cpp-python / specdec versions, device name, and the
+    ggml environment switches (`specdec.backends.llamacpp_record.ggml_env`)."""
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -83,6 +85,8 @@ def machine_info(device: str = "cpu", threads: int | None = None) -> dict[str, A
         "device_name": _cpu_model(),
         # Load before the sweep: timings are only honest on an otherwise idle machine.
         "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        # ggml's CPU matmul switches (llama.cpp runs): they change which kernels a verification forward takes
+        "ggml_env": ggml_env(),
     }
     if str(device).startswith("cuda") and torch.cuda.is_available():
         idx = torch.device(device).index or 0

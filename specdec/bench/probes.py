@@ -74,8 +74,10 @@ class Probe:
 
 
 def roofline(s: SweepState, at: At) -> None:
-    """Store the configuration's weight bytes per step and (once per machine and store) the machine's memory
+    """Store the configuration's weight bytes per step, what its models run on (`pair_record`: weight types
+    and repacking on llama.cpp, the ggml environment) and (once per machine and store) the machine's memory
     bandwidth, measured by a streaming copy."""
+    from specdec.backends.llamacpp_record import pair_record
     from specdec.roofline import measure_bandwidth, weight_bytes
 
     pair, label = at.loaded.pair, at.loaded.label
@@ -84,7 +86,7 @@ def roofline(s: SweepState, at: At) -> None:
     known = s.store.bandwidth_gbps()
     bw = measure_bandwidth(threads=s.cfg.threads) if known is None else {"gbps": known,
                                                                          "method": "measured earlier"}
-    s.store.save_roofline(s.sweep_id, label, tb, db, bw)
+    s.store.save_roofline(s.sweep_id, label, tb, db, bw, runtime=pair_record(pair))
     s.log(f"[{label}] weights read per target step {tb / 1e9:.2f} GB; machine bandwidth "
           f"{bw['gbps']:.1f} GB/s (streaming copy)")
 

@@ -25,6 +25,11 @@ class RuntimeConfig:
         pad_verify: our speculative methods pad each verification forward to the cheapest shape on the
             configuration's measured cost curve (`specdec.costs.CostCurve.padded_n`; output unchanged),
             and the cost policy prices K with the padded cost. Loading is unchanged.
+        gguf_type: llama.cpp target only: the target's GGUF requantized (pure) to this ggml weight type,
+            made once into the model cache (`specdec.models.requant`). The draft keeps its shipped GGUF, so the
+            configuration differs from ``llamacpp`` by one thing, the target: the draft's proposals and step
+            cost are the same in every ``llamacpp*`` configuration, and a change in acceptance or speed is the
+            target's (requantizing the draft too would change both at once).
     """
 
     label: str
@@ -35,6 +40,7 @@ class RuntimeConfig:
     quant: str | None = None
     self_draft_quant: str | None = None
     pad_verify: bool = False
+    gguf_type: str | None = None
 
     def load_kwargs(self, sweep_dtype: str) -> dict:
         """The `specdec.loading.load_pair` arguments this configuration sets beyond the runtimes (only those
@@ -44,14 +50,17 @@ class RuntimeConfig:
             kw["quant"] = self.quant
         if self.self_draft_quant is not None:
             kw["draft_quant"] = self.self_draft_quant
+        if self.gguf_type is not None:
+            kw["gguf_type"] = self.gguf_type
         return kw
 
     def target_precision(self, sweep_dtype: str) -> str:
         """What the target's weights run in, as stored in ``runs.dtype``: the transformers dtype
         (``"bfloat16"``; ``"float32+int8"`` with int8 weight-only quantization) or ``"gguf"`` on llama.cpp
-        (the GGUF's own quantization, e.g. Q4_K_M). `sweep_dtype` is the sweep's ``--dtype``."""
+        (the GGUF's own quantization, e.g. Q4_K_M), ``"gguf:Q4_0"`` for a target requantized to Q4_0.
+        `sweep_dtype` is the sweep's ``--dtype``."""
         if self.target_backend == "llamacpp":
-            return "gguf"
+            return f"gguf:{self.gguf_type}" if self.gguf_type else "gguf"
         dtype = self.dtype or sweep_dtype
         return f"{dtype}+{self.quant}" if self.quant else dtype
 
@@ -80,6 +89,10 @@ RUNTIME_CONFIGS: dict[str, RuntimeConfig] = {
         # llama.cpp with verification padded the same way: exact there too (the filler's logits are not
         # read and ``llama_memory_seq_rm`` drops its cache entries with the rejected drafts)
         RuntimeConfig("llamacpp-padded", "llamacpp", "llamacpp", pad_verify=True),
+        # llama.cpp with the target requantized to a type whose verification forward runs repacked GEMM kernels
+        RuntimeConfig("llamacpp-q4_0", "llamacpp", "llamacpp", gguf_type="Q4_0"),
+        RuntimeConfig("llamacpp-iq4_nl", "llamacpp", "llamacpp", gguf_type="IQ4_NL"),
+        RuntimeConfig("llamacpp-q8_0", "llamacpp", "llamacpp", gguf_type="Q8_0"),
     )
 }
 CONFIG_ALIASES = {

@@ -87,14 +87,27 @@ class MeasurementTables:
         return [dict(r) for r in self.conn.execute(sql, (sweep_id,) if sweep_id else ()).fetchall()]
 
     def save_roofline(self, sweep_id: str, config_label: str, target_weight_bytes: int | None,
-                      draft_weight_bytes: int | None, bandwidth: Mapping[str, Any] | None) -> None:
-        """Store (replace) the roofline inputs of one configuration on this machine (`specdec.roofline`)."""
+                      draft_weight_bytes: int | None, bandwidth: Mapping[str, Any] | None,
+                      runtime: Mapping[str, Any] | None = None) -> None:
+        """Store (replace) the roofline inputs of one configuration on this machine (`specdec.roofline`) and
+        `runtime`, what its models ran on (`specdec.backends.llamacpp_record.pair_record`; JSON)."""
         with self.transaction():
             self.conn.execute(
-                "INSERT OR REPLACE INTO roofline VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO roofline (sweep_id, config_label, machine_id, target_weight_bytes, "
+                "draft_weight_bytes, bandwidth_gbps, bandwidth_json, runtime_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (sweep_id, config_label, self.machine_id or "", target_weight_bytes, draft_weight_bytes,
                  _clean(bandwidth.get("gbps")) if bandwidth else None,
-                 json.dumps(dict(bandwidth), sort_keys=True) if bandwidth else None))
+                 json.dumps(dict(bandwidth), sort_keys=True) if bandwidth else None,
+                 json.dumps(dict(runtime), sort_keys=True, default=str) if runtime else None))
+
+    def runtime_records(self, sweep_id: str) -> dict[str, dict]:
+        """What each configuration of `sweep_id` ran on (``roofline.runtime_json``), by config label (the
+        first machine's where several ran it; configurations without a record are left out)."""
+        out: dict[str, dict] = {}
+        for label, text in self.conn.execute("SELECT config_label, runtime_json FROM roofline WHERE sweep_id = ? "
+                                             "AND runtime_json IS NOT NULL ORDER BY rowid", (sweep_id,)):
+            out.setdefault(label, json.loads(text))
+        return out
 
     def bandwidth_gbps(self) -> float | None:
         """This machine's bandwidth as any sweep of this store measured it (None if never)."""

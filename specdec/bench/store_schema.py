@@ -109,9 +109,13 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     # The roofline inputs per configuration and machine (`specdec.roofline`): bytes of weights a target step
     # and a draft step read, and the machine's memory bandwidth by a streaming copy (GB/s = 1e9 bytes/s).
+    # runtime_json: what the models ran on (`specdec.backends.llamacpp_record.pair_record`: per model the
+    # runtime; on llama.cpp the GGUF's weight types, requantization type and weight repacking; the ggml
+    # environment), added by ALTER TABLE to older stores.
     "roofline": (
         ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("machine_id", "TEXT"), ("target_weight_bytes", "INTEGER"),
         ("draft_weight_bytes", "INTEGER"), ("bandwidth_gbps", "REAL"), ("bandwidth_json", "TEXT"),
+        ("runtime_json", "TEXT"),
     ),
 }  # fmt: skip
 #: The batch sweep's tables (`specdec.bench.batch_sweep`, written through `specdec.bench.store_batch`), declared

@@ -387,7 +387,8 @@ def models_cmd(
     header = ("preset", "draft -> target", "params", "offline now", "disk", "weights")
     cells = [
         (
-            r["name"] + (" (default)" if r.get("default") else ""),
+            r["name"] + (" (default)" if r.get("default") else "")
+            + (" (other tokenizer)" if r.get("other_tokenizer") else ""),
             f"{r['draft']} -> {r['target']}",
             f"{_human(r.get('draft_params'))} -> {_human(r.get('target_params'))}",
             "yes" if r.get("available_offline_now") else "no",

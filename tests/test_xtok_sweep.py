@@ -212,3 +212,58 @@ def test_suffix_corpus_never_sees_its_own_prompts_output(tiny_pair, near_draft_d
     assert loaded.runtime("a", "suffix").corpus == ()  # the per-prompt drafter has none
     with pytest.raises(ValueError, match="--xtok-draft"):
         loaded.runtime("a", "xtok")
+
+
+# ------------------------------------------------------------------------------------------- the report
+
+
+def test_drafter_table_per_type_from_the_sweep(xtok_sweep):
+    from specdec.report import analyze, load_store
+    from specdec.report.drafters import drafter_ratio_table, drafter_table
+    from specdec.report.vocab import ALL_PROMPTS
+
+    cfg, db, _result, runs, _lines = xtok_sweep
+    data = load_store(db)
+    table = drafter_table(data.runs, data.rounds)
+    types = {p.type for p in S.select_prompts(cfg)}
+    got = {(r.prompt_type, r.method, r.k) for r in table.itertuples()}
+    for t in [*types, ALL_PROMPTS]:
+        for m in ("draft", "ngram", "suffix", "suffix_corpus"):
+            assert (t, m, "best") in got, (t, m)
+        assert (t, "xtok", "2") in got
+    # best-K cells pool every K the traces chose into one row per type; tokens per target forward >= 1
+    assert len(table) == len(got) and (table["tokens_per_forward"] >= 1).all()
+    assert (table["n_prompts"] >= 1).all() and table["speedup"].gt(0).all()
+    pooled = table[(table["prompt_type"] == ALL_PROMPTS) & (table["method"] == "draft")].iloc[0]
+    assert pooled["n_prompts"] == len(S.select_prompts(cfg))
+    ks = {int(r["k"]) for r in runs if r["method"] == "draft"}
+    assert pooled["ks"] == (str(min(ks)) if len(ks) == 1 else f"{min(ks)}-{max(ks)}")
+    ratios = drafter_ratio_table(data.runs)
+    line = ratios[(ratios["comparison"] == "suffix vs prompt lookup") & (ratios["prompt_type"] == ALL_PROMPTS)]
+    assert len(line) == 1 and line.iloc[0]["k"] == "best" and line.iloc[0]["ratio"] > 0
+    assert line.iloc[0]["n_prompts"] == len(S.select_prompts(cfg))
+    assert set(ratios["comparison"]) == {"suffix vs prompt lookup", "suffix with corpus vs suffix"}
+    a = analyze(data)
+    assert len(a.table("drafters")) == len(table)
+
+
+def test_drafter_ratio_is_paired_per_prompt():
+    """Suffix twice as fast as its baselines and prompt lookup as fast as its own (on a machine twice as
+    slow): paired, the ratio is 2 on every prompt whatever the drift between the two."""
+    from specdec.report.drafters import drafter_ratio_table
+
+    rows, rid = [], 0
+    for p in ("p1", "p2", "p3"):
+        for method, tps, base in (("suffix", 20.0, 10.0), ("ngram", 5.0, 5.0)):
+            for m, v in (("baseline", base), (method, tps), ("baseline", base)):
+                rid += 1
+                policy = None if m == "baseline" else "fixed"
+                rows.append({"run_id": rid, "sweep_id": "s", "config_label": "c", "pair": "x", "target": "t",
+                             "prompt_id": p, "prompt_type": "code", "method": m, "policy": policy,
+                             "k": None if m == "baseline" else 4, "repeat": 0, "tokens_per_s": v, "error": None,
+                             "cell_key": f"s|c|{p}|{m}|{'-' if m == 'baseline' else 4}|{policy or '-'}|0"})
+    import pandas as pd
+
+    out = drafter_ratio_table(pd.DataFrame(rows))
+    r = out[(out["prompt_type"] == "code")].iloc[0]
+    assert r["k"] == "4" and r["n_prompts"] == 3 and abs(r["ratio"] - 2.0) < 1e-9

@@ -374,6 +374,10 @@ for _m in (
     Method("ngram", speculative(_prompt_lookup_drafter), takes_k=True),
     Method("ngram_hf", speculative(_hf_rule_prompt_lookup_drafter), takes_k=True, default=False),
     Method("suffix", speculative(_suffix_drafter), takes_k=True, default=False),
+    Method("xtok", speculative(_cross_tokenizer_drafter, free_drafts=False), takes_k=True, drafts_with_model=True,
+           default=False, cross_tokenizer=True),
+    Method("suffix_corpus", speculative(_suffix_corpus_drafter), takes_k=True, default=False, uses_corpus=True,
+           replay_as="suffix"),
     Method("hf_generate", _hf_peer("hf_generate"), peer=True, applies=_eager_transformers_target),
     Method("hf_assisted", _hf_peer("hf_assisted"), peer=True, takes_k=True, drafts_with_model=True,
            applies=lambda rc: _eager_transformers_target(rc) and rc.draft_backend == "transformers"),
@@ -381,10 +385,6 @@ for _m in (
            applies=_eager_transformers_target),
     Method("llama_prompt_lookup", _skipped, peer=True, takes_k=True,
            applies=lambda rc: rc.target_backend == "llamacpp", skip=LLAMA_PROMPT_LOOKUP_SKIP),
-    Method("xtok", speculative(_cross_tokenizer_drafter, free_drafts=False), takes_k=True, drafts_with_model=True,
-           default=False, cross_tokenizer=True),
-    Method("suffix_corpus", speculative(_suffix_corpus_drafter), takes_k=True, default=False, uses_corpus=True,
-           replay_as="suffix"),
 ):
     register(_m)
 

@@ -8,6 +8,7 @@ byte-level BPE with 600 ids). Nothing asserts on wall time.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -267,3 +268,45 @@ def test_drafter_ratio_is_paired_per_prompt():
     out = drafter_ratio_table(pd.DataFrame(rows))
     r = out[(out["prompt_type"] == "code")].iloc[0]
     assert r["k"] == "4" and r["n_prompts"] == 3 and abs(r["ratio"] - 2.0) < 1e-9
+
+
+def test_suffix_corpus_in_the_sweep_holds_the_other_prompts_outputs_only(tiny_pair, near_draft_dir, prompt_file,
+                                                                         tmp_path, monkeypatch):
+    """Every suffix_corpus drafter the sweep builds gets, as corpus, target-only outputs of prompts other than
+    the one it drafts for; the later prompts get the earlier ones'."""
+    import specdec.suffix as SX
+
+    seen: list[tuple[tuple, list]] = []  # (corpus, first prefill context) per drafter
+
+    class Recording(SX.SuffixDrafter):
+        def __init__(self, cost=None, **kw):
+            self._rec = (tuple(tuple(c) for c in kw.get("corpus", ())), [])
+            seen.append(self._rec)
+            super().__init__(cost, **kw)
+
+        def prefill(self, context):
+            if not self._rec[1]:
+                self._rec[1].extend(context)
+            return super().prefill(context)
+
+    monkeypatch.setattr(SX, "SuffixDrafter", Recording)
+    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, methods="baseline,suffix_corpus", ks="2",
+                            secondary_ks="2", max_new_tokens=8)
+    result = S.run_sweep(cfg, db=tmp_path / "c.db", progress=False, echo=lambda _: None)
+    with Store(tmp_path / "c.db") as st:
+        runs = st.runs(result.sweep_id)
+    from transformers import AutoTokenizer
+
+    from specdec.bench.prompts import encode_prompt
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_pair.target_dir))
+    # the engine prefills the drafter with the prompt minus its last token
+    prompt_of = {tuple(encode_prompt(tok, p.text, chat_template=False)[:-1]): p.id for p in S.select_prompts(cfg)}
+    assert result.failed == 0, [r["error"] for r in runs if r["error"]]
+    base = {r["prompt_id"]: tuple(json.loads(r["token_ids"]) if isinstance(r["token_ids"], str) else r["token_ids"])
+            for r in runs if r["method"] == "baseline" and r["repeat"] == 0}
+    assert set(base) == set(prompt_of.values())
+    timed = [(corpus, prompt_of[tuple(ctx)]) for corpus, ctx in seen if tuple(ctx) in prompt_of]
+    assert len(timed) >= len(base) and any(corpus for corpus, _ in timed)  # later prompts drafted from a corpus
+    for corpus, pid in timed:
+        assert set(corpus) <= {out for q, out in base.items() if q != pid}, pid  # never its own output

@@ -193,7 +193,10 @@ def load_config(rc: RuntimeConfig, s: SweepState) -> LoadedConfig:
         except BaseException:
             free(pair)
             raise
-        s.log(f"[{rc.label}] cross-tokenizer draft: {loaded.xtok.info['vocab_overlap']}")
+        o = loaded.xtok.info["vocab_overlap"]
+        s.log(f"[{rc.label}] cross-tokenizer draft: {o['shared']} tokens spelled alike in both vocabularies "
+              f"({o['fraction_of_target']:.0%} of the target's {o['target_size']}, {o['fraction_of_draft']:.0%} of "
+              f"the draft's {o['draft_size']})")
     compile_s = sum(m.compile_s for m in (pair.target, pair.draft) if m is not None)
     s.log(f"[{rc.label}] loaded in {time.perf_counter() - t0:.1f} s"
           + (f" (of which {compile_s:.1f} s compiling, before any timing)" if rc.compile else ""))

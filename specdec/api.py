@@ -166,7 +166,10 @@ def generate(
             chosen per round from the measured costs and a running acceptance estimate) with K <= 16;
             ``policy`` is one of ``fixed``, ``heuristic``, ``confidence``, ``cost`` (`specdec.policies`).
         drafter: ``"model"`` (the pair's draft model), ``"ngram"`` (prompt lookup, no draft model), or a
-            `specdec.drafters.Drafter` object.
+            `specdec.drafters.Drafter` object. A draft with another tokenizer (a pair loaded with
+            ``other_tokenizer``, e.g. preset ``qwen2.5-coder+smollm2``) drafts text through
+            `specdec.xdrafter.cross_tokenizer_drafter`, at fixed K = 4 unless told otherwise (not the cost
+            policy, whose measurement assumes one vocabulary).
         temperature, top_k, top_p: sampling (temperature 0 = greedy); seed: the sampler's seed (same seed,
             same tokens).
         chat_template: wrap a text prompt in the tokenizer's chat template (one user turn).
@@ -180,7 +183,8 @@ def generate(
 
     Raises:
         ValueError: an empty prompt, negative budget, K < 1, an unknown policy or drafter, ``"model"``
-            drafting on a pair loaded without a draft, invalid sampling settings.
+            drafting on a pair loaded without a draft, invalid sampling settings, the cost policy with a
+            draft of another tokenizer.
         specdec.backends.base.ContextOverflowError: prompt + budget exceed the target's context.
     """
     from specdec import policies
@@ -192,7 +196,12 @@ def generate(
 
     loaded = pair.loaded
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    policy, k = _default_policy(policy, k)
+    # a draft with another tokenizer (e.g. preset qwen2.5-coder+smollm2) drafts text; its default is fixed K
+    cross = drafter == "model" and loaded.info.get("vocab_overlap") is not None
+    policy, k = _default_policy(policy or ("fixed" if cross else None), k)
+    if cross and policy == "cost":
+        raise ValueError("the cost policy's measurement assumes one vocabulary; with a draft of another "
+                         "tokenizer use policy fixed, heuristic or confidence")
     if policy not in policies.POLICY_NAMES:
         raise ValueError(f"unknown policy {policy!r}; choose one of: {', '.join(policies.POLICY_NAMES)}")
     if k < 1:
@@ -200,7 +209,12 @@ def generate(
     if drafter == "model":
         if loaded.draft is None:
             raise ValueError("this pair has no draft model: load one, or use drafter='ngram'")
-        the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size)
+        if cross:
+            from specdec.xdrafter import cross_tokenizer_drafter
+
+            the_drafter = cross_tokenizer_drafter(loaded, sampling)
+        else:
+            the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size)
     elif drafter == "ngram":
         the_drafter = PromptLookupDrafter()
     elif isinstance(drafter, str):

@@ -310,3 +310,38 @@ def test_suffix_corpus_in_the_sweep_holds_the_other_prompts_outputs_only(tiny_pa
     assert len(timed) >= len(base) and any(corpus for corpus, _ in timed)  # later prompts drafted from a corpus
     for corpus, pid in timed:
         assert set(corpus) <= {out for q, out in base.items() if q != pid}, pid  # never its own output
+
+
+def test_api_drafts_text_with_a_flagged_preset_pair(tiny_pair, other_draft_dir, monkeypatch):
+    """load_pair of a preset flagged other_tokenizer, then generate(): the draft drafts text (string-level
+    match), fixed K by default, the greedy output is the target's own; the cost policy is refused."""
+    import specdec
+    from specdec.models import presets
+
+    target, draft = str(tiny_pair.target_dir), str(other_draft_dir)
+    monkeypatch.setitem(presets.PRESETS, "tiny+other", presets.Preset(
+        "tiny+other", draft, target, "test pair", offline=True, other_tokenizer=True))
+    pair = specdec.load_pair("tiny+other", dtype="float32", threads=1)
+    ref = specdec.generate(pair, "hello world the quick brown fox", max_new_tokens=16, drafter="ngram", k=1)
+    g = specdec.generate(pair, "hello world the quick brown fox", max_new_tokens=16)
+    assert g.policy == "fixed" and g.k == 4 and g.num_drafted > 0
+    assert g.token_ids == ref.token_ids
+    with pytest.raises(ValueError, match="one vocabulary"):
+        specdec.generate(pair, "hello", max_new_tokens=4, policy="cost")
+
+
+def test_cli_generate_drafts_text_with_a_flagged_preset_pair(tiny_pair, other_draft_dir, monkeypatch):
+    """``specdec generate --pair <preset flagged other_tokenizer>`` without --other-tokenizer: the draft
+    drafts text, the output is target-only decoding's."""
+    from specdec.cli import app
+    from specdec.models import presets
+
+    monkeypatch.setitem(presets.PRESETS, "tiny+other", presets.Preset(
+        "tiny+other", str(other_draft_dir), str(tiny_pair.target_dir), "test pair", offline=True,
+        other_tokenizer=True))
+    res = CliRunner().invoke(app, ["generate", "--pair", "tiny+other", "--prompt", "hello world the quick brown fox",
+                                   "--max-new-tokens", "16", "--baseline", "--json", "--threads", "1",
+                                   "--dtype", "float32"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    assert out["identical_to_baseline"] and out["num_drafted"] > 0

@@ -345,3 +345,33 @@ def test_cli_generate_drafts_text_with_a_flagged_preset_pair(tiny_pair, other_dr
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout[res.stdout.index("{"):])
     assert out["identical_to_baseline"] and out["num_drafted"] > 0
+
+
+def test_suffix_corpus_added_on_resume_drafts_from_every_other_stored_output(tiny_pair, near_draft_dir,
+                                                                             prompt_file, tmp_path, monkeypatch):
+    """``--resume`` with suffix_corpus added: its corpus holds every other prompt's stored target-only output."""
+    import specdec.suffix as SX
+
+    seen: list[tuple] = []
+
+    class Recording(SX.SuffixDrafter):
+        def __init__(self, cost=None, **kw):
+            seen.append(tuple(tuple(c) for c in kw.get("corpus", ())))
+            super().__init__(cost, **kw)
+
+    db = tmp_path / "r.db"
+    first = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, methods="baseline,ngram", ks="1",
+                              secondary_ks="1", max_new_tokens=6)
+    S.run_sweep(first, db=db, progress=False, echo=lambda _: None)
+    monkeypatch.setattr(SX, "SuffixDrafter", Recording)
+    more = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, methods="baseline,ngram,suffix_corpus", ks="1",
+                             secondary_ks="1", max_new_tokens=6)
+    result = S.run_sweep(more, db=db, resume=True, progress=False, echo=lambda _: None)
+    with Store(db) as st:
+        runs = st.runs(result.sweep_id)
+    outs = {r["prompt_id"]: tuple(json.loads(r["token_ids"])) for r in runs
+            if r["method"] == "baseline" and r["repeat"] == 0}
+    n = len(S.select_prompts(more))
+    assert result.failed == 0 and len(outs) == n
+    timed = seen[1:]  # the first is the warm-up
+    assert len(timed) == n and all(len(c) == n - 1 and set(c) <= set(outs.values()) for c in timed)

@@ -181,7 +181,10 @@ def generate(
             tokens, priced by `specdec.batch_generate.batch_costs`).
         drafter: ``"model"`` (the pair's draft model), ``"ngram"`` (prompt lookup, no draft model), or a
             `specdec.drafters.Drafter` object; a list of prompts takes ``"model"``, ``"ngram"`` or
-            ``"suffix"`` (`specdec.suffix.SuffixDrafter`, one per row).
+            ``"suffix"`` (`specdec.suffix.SuffixDrafter`, one per row). A draft with another tokenizer (a pair
+            loaded with ``other_tokenizer``, e.g. preset ``qwen2.5-coder+smollm2``) drafts text through
+            `specdec.xdrafter.cross_tokenizer_drafter`, one prompt at a time, at fixed K = 4 unless told
+            otherwise (not the cost policy, whose measurement assumes one vocabulary).
         temperature, top_k, top_p: sampling (temperature 0 = greedy); seed: the sampler's seed (same seed,
             same tokens).
         chat_template: wrap a text prompt in the tokenizer's chat template (one user turn).
@@ -195,9 +198,10 @@ def generate(
 
     Raises:
         ValueError: an empty prompt, negative budget, K < 1, an unknown policy or drafter, ``"model"``
-            drafting on a pair loaded without a draft, invalid sampling settings; for a list: a batch size
-            < 1 (or > 256 on llama.cpp), a policy other than fixed and cost, a compiled pair; `batch_size`
-            other than 1 with a single prompt.
+            drafting on a pair loaded without a draft, invalid sampling settings, the cost policy with a
+            draft of another tokenizer; for a list: a batch size < 1 (or > 256 on llama.cpp), a policy other
+            than fixed and cost, a compiled pair, a draft of another tokenizer; `batch_size` other than 1
+            with a single prompt.
         TypeError: a drafter object with a list of prompts.
         specdec.backends.base.ContextOverflowError: prompt + budget exceed the target's context.
     """
@@ -210,13 +214,21 @@ def generate(
 
     loaded = pair.loaded
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    # a draft with another tokenizer (e.g. preset qwen2.5-coder+smollm2) drafts text; its default is fixed K
+    cross = drafter == "model" and loaded.info.get("vocab_overlap") is not None
     if _is_prompt_list(prompt):
+        if cross:
+            raise ValueError("a draft with another tokenizer drafts one prompt at a time; pass one prompt, or "
+                             "drafter='ngram' / 'suffix' for a list")
         return _generate_list(pair, list(prompt), batch_size=batch_size, max_new_tokens=max_new_tokens, k=k,
                               policy=policy, drafter=drafter, sampling=sampling, seed=seed,
                               chat_template=chat_template, costs=costs, remeasure_costs=remeasure_costs)
     if batch_size not in (None, 1):
         raise ValueError(f"batch_size {batch_size} needs a list of prompts; one prompt runs alone")
-    policy, k = _default_policy(policy, k)
+    policy, k = _default_policy(policy or ("fixed" if cross else None), k)
+    if cross and policy == "cost":
+        raise ValueError("the cost policy's measurement assumes one vocabulary; with a draft of another "
+                         "tokenizer use policy fixed, heuristic or confidence")
     if policy not in policies.POLICY_NAMES:
         raise ValueError(f"unknown policy {policy!r}; choose one of: {', '.join(policies.POLICY_NAMES)}")
     if k < 1:
@@ -224,7 +236,12 @@ def generate(
     if drafter == "model":
         if loaded.draft is None:
             raise ValueError("this pair has no draft model: load one, or use drafter='ngram'")
-        the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size)
+        if cross:
+            from specdec.xdrafter import cross_tokenizer_drafter
+
+            the_drafter = cross_tokenizer_drafter(loaded, sampling)
+        else:
+            the_drafter = ModelDrafter(loaded.draft.backend, loaded.vocab_size)
     elif drafter == "ngram":
         the_drafter = PromptLookupDrafter()
     elif isinstance(drafter, str):

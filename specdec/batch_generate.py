@@ -525,6 +525,9 @@ def cli_generate_batch(**opts) -> None:
                        trust_remote_code=o["trust_remote_code"], quant=o["quant"], draft_dtype=o["draft_dtype"],
                        draft_quant=draft_quant_arg(o["draft_quant"]),
                        **({"gguf_type": gguf_type} if gguf_type is not None else {}))
+    if drafter == "model" and loaded.info.get("vocab_overlap") is not None:
+        fail("a draft with another tokenizer drafts one prompt at a time (--prompt); with --prompts-file use "
+             "--drafter ngram or suffix, or a draft that shares the target's tokenizer")
     tok = loaded.tokenizer
     ids = [encode_prompt(tok, e.text, chat_template=o["chat_template"]) for e in entries]
     budgets = [o["max_new_tokens"] if e.max_new_tokens is None else e.max_new_tokens for e in entries]

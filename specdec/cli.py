@@ -121,6 +121,12 @@ def generate(
     from specdec.precision import draft_quant_arg, resolve_dtype
     from specdec.sampling import SamplingParams
 
+    # A preset whose draft has another tokenizer (qwen2.5-coder+smollm2) drafts text without the flag.
+    if not other_tokenizer and drafter == "model":
+        try:
+            other_tokenizer = models.other_tokenizer_pair(*models.resolve_pair(pair, target, draft))
+        except ValueError:
+            pass  # reported below, where the pair is resolved for loading
     # Validate everything cheap before any model loads.
     if other_tokenizer and ((policy or "").strip().lower() == "cost" or drafter != "model" or pad_verify):
         fail("--other-tokenizer needs --drafter model, and neither --policy cost nor --pad-verify (their cost "
@@ -418,7 +424,8 @@ def models_cmd(
     header = ("preset", "draft -> target", "params", "offline now", "disk", "weights")
     cells = [
         (
-            r["name"] + (" (default)" if r.get("default") else ""),
+            r["name"] + (" (default)" if r.get("default") else "")
+            + (" (other tokenizer)" if r.get("other_tokenizer") else ""),
             f"{r['draft']} -> {r['target']}",
             f"{_human(r.get('draft_params'))} -> {_human(r.get('target_params'))}",
             "yes" if r.get("available_offline_now") else "no",

@@ -224,7 +224,9 @@ def load_pair(
             its verification kernels change).
         other_tokenizer: the draft may have another tokenizer (`specdec.xdrafter`): the id check is
             skipped, ``info["vocab_overlap"]`` records what the vocabularies share, the draft keeps its
-            own tokenizer (``pair.draft.tokenizer``) and the pair stops on the target's EOS ids only.
+            own tokenizer (``pair.draft.tokenizer``) and the pair stops on the target's EOS ids only. Set by
+            itself for the pair of a preset whose draft has another tokenizer
+            (`specdec.models.presets.other_tokenizer_pair`, e.g. ``qwen2.5-coder+smollm2``).
         Other arguments as in `load_model`; with `compile` the target is compiled in ``onednn`` mode and
             the draft in ``inductor`` mode (`specdec.backends.compiled`).
 
@@ -235,6 +237,9 @@ def load_pair(
         specdec.compat.IncompatibleTokenizersError: the tokenizers differ (one line).
         specdec.models.ModelNotAvailableError, ValueError: as `load_model`.
     """
+    from specdec.models.presets import other_tokenizer_pair
+
+    other_tokenizer = other_tokenizer or other_tokenizer_pair(target_spec, draft_spec)
     set_threads(threads)
     kw = {"device": device, "threads": threads, "n_ctx": n_ctx, "trust_remote_code": trust_remote_code}
     target = load_model(target_spec, runtime=backend, compile=compile, dtype=dtype, quant=quant,

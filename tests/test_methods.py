@@ -14,7 +14,7 @@ from specdec.peer_pairs import PEER_PAIRS
 
 def test_registry_holds_every_timed_method_once():
     assert list(M.METHODS) == ["baseline", "aa", "baseline_padded", "draft", "ngram", "ngram_hf", "suffix",
-                               "hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup"]
+                               "xtok", "suffix_corpus", "hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup"]
     assert not M.METHODS["suffix"].default and M.METHODS["suffix"].takes_k
     assert not M.METHODS["baseline_padded"].default and not M.METHODS["baseline_padded"].takes_k
     assert M.reference_method().name == "baseline"

@@ -813,7 +813,7 @@ def test_probes_run_at_their_moment_in_order():
     with pytest.raises(ValueError, match="e failed"):
         probes.walk(probes.RUN, state, at, [probes.Probe("e", probes.RUN, probe("e", fail=True))])
     assert [p.moment for p in probes.PROBES] == [probes.CONFIGURATION, probes.RUN, probes.FIRST_BASELINE,
-                                                 probes.FIRST_BASELINE]
+                                                 probes.FIRST_BASELINE, probes.FIRST_BASELINE]
 
 
 def test_hf_peer_generate_matches_our_baseline(tiny_pair, near_draft_dir):

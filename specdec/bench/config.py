@@ -46,6 +46,7 @@ __all__ = [
     "default_config",
     "load_config_file",
     "make_config",
+    "method_ks",
     "parse_type_ks",
     "policies_for",
     "policy_name",
@@ -149,6 +150,11 @@ class SweepConfig:
     cost_context_tokens: int = setting(64, "Tokens in the warm cache the cost curve is timed on.", cli=False)
     ngram_max: int = setting(3, "Largest n-gram our prompt-lookup drafter matches.", cli=False)
     ngram_min: int = setting(1, "Smallest n-gram our prompt-lookup drafter matches.", cli=False)
+    xtok_draft: str | None = setting(None, "Draft model with ANOTHER tokenizer for method xtok (smollm2, a .gguf or "
+                                     "a checkpoint directory), loaded beside the pair on the draft's backend; "
+                                     "it drafts text the target's tokenizer re-tokenizes (exact).", PANEL_MODELS)
+    xtok_ks: tuple[int, ...] = setting((4,), "Fixed K of method xtok on every prompt: no acceptance trace of a "
+                                       "cross-tokenizer draft is recorded, so policy best cannot choose its K.")
     skip_long_prompts: bool = setting(False, "Leave out prompts whose tokens + max new tokens exceed a model's "
                                       "context (named in one line); otherwise such a plan is refused before "
                                       "any run.", flags=("--skip-long-prompts",))
@@ -269,9 +275,19 @@ def policy_name(entry: str) -> str:
 
 def policies_for(cfg: SweepConfig, method: str, *, primary: bool = True) -> tuple[str, ...]:
     """The policies timed for drafting `method` on a primary (or a non-primary) prompt: the entries without a
-    method and those of the form ``method:policy``."""
+    method and those of the form ``method:policy``; never `BEST_K` for a cross-tokenizer method (no trace of
+    it is recorded to choose K from: it runs at `method_ks` instead)."""
     entries = cfg.policies if primary else cfg.secondary_policies
-    return tuple(dict.fromkeys(policy_name(e) for e in entries if ":" not in e or e.split(":", 1)[0] == method))
+    out = dict.fromkeys(policy_name(e) for e in entries if ":" not in e or e.split(":", 1)[0] == method)
+    if method in METHODS and METHODS[method].cross_tokenizer:
+        out.pop(BEST_K, None)
+    return tuple(out)
+
+
+def method_ks(cfg: SweepConfig, method: str) -> tuple[int, ...]:
+    """The fixed K a method gets on every prompt besides the K grids: `SweepConfig.xtok_ks` for a
+    cross-tokenizer method (`Method.cross_tokenizer`), none for the others."""
+    return cfg.xtok_ks if method in METHODS and METHODS[method].cross_tokenizer else ()
 
 
 def default_config(device: str = "cpu") -> str:
@@ -319,13 +335,40 @@ def _normalize_names(v: dict[str, Any]) -> None:
     v["configs"] = tuple(dict.fromkeys(configs))
 
 
+def _check_xtok(v: dict[str, Any]) -> None:
+    """A cross-tokenizer method needs ``xtok_draft``; the sweep's own pair must share the target's tokenizer
+    (its draft method, traces and calibration feed the draft target ids).
+
+    Raises:
+        ValueError: one line saying what to give instead.
+    """
+    from specdec.models.presets import other_tokenizer_pair, resolve_pair
+
+    xtok = v.get("xtok_draft")
+    v["xtok_draft"] = (str(xtok).strip() or None) if xtok is not None else None
+    cross = [m for m in v["methods"] if METHODS[m].cross_tokenizer]
+    if cross and v["xtok_draft"] is None:
+        raise ValueError(f"method {cross[0]} needs --xtok-draft: a draft model with another tokenizer (smollm2, a "
+                         f".gguf file or a checkpoint directory)")
+    try:
+        target, draft = resolve_pair(v.get("pair"), v.get("target"), v.get("draft"))
+    except ValueError:
+        return  # `prepare` reports it
+    if other_tokenizer_pair(target, draft):
+        raise ValueError(f"draft {draft} has another tokenizer than the target; a sweep's pair shares the target's "
+                         f"(its draft method and traces feed the draft target ids): give --target {target} "
+                         f"--xtok-draft {draft} --methods ...,xtok")
+
+
 def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     """Coerce and validate raw values (from defaults, QUICK, a TOML file and flags)."""
     v = dict(values)
     v["ks"] = _int_list(v["ks"], "ks", allow_empty=True)
     v["secondary_ks"] = _int_list(v["secondary_ks"], "secondary_ks", allow_empty=True)
     v["peer_ks"] = _int_list(v["peer_ks"], "peer_ks", allow_empty=True)
+    v["xtok_ks"] = _int_list(v["xtok_ks"], "xtok_ks", allow_empty=False)
     _normalize_names(v)
+    _check_xtok(v)
     v["type_ks"] = parse_type_ks(v["type_ks"], v["methods"])
     pt = v["prompt_types"]
     if isinstance(pt, (list, tuple)):

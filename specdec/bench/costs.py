@@ -24,7 +24,8 @@ from specdec.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCurve
 from specdec.loading import LoadedPair
 
 __all__ = [
-    "cached_costs", "calibration_block", "context_ids", "forward_times", "measure_costs", "verification_steps",
+    "cached_costs", "calibration_block", "context_ids", "cross_tokenizer_draft_costs", "forward_times",
+    "measure_costs", "verification_steps",
 ]
 
 # Text whose tokens fill the warm context: the content does not change the timing, only its length does.
@@ -193,6 +194,55 @@ def measure_costs(
         out["draft_forward_s"] = d_fwd
         out["draft_forward_spread_s"] = d_iqr
     return out
+
+
+def cross_tokenizer_draft_costs(
+    draft,
+    target_step_s: float,
+    *,
+    repeats: int = 3,
+    context_tokens: int = 64,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """The step time and cost c of a draft with another tokenizer than the target, timed on its OWN token ids.
+
+    A cross-tokenizer draft (`specdec.xdrafter`) runs on its own vocabulary: its warm context is the filler
+    text encoded with ITS tokenizer (`context_ids`), never target ids (which may lie outside its vocabulary
+    or mean other text). Its step is one forward of 1 token scoring the last row, as `measure_costs` times a
+    draft; c = that step / the target's step (the draft cost the time model and the cost policy price).
+    One drafted token of it may spell more or less text than one target token: c is per draft token.
+
+    Args:
+        draft: the draft's `specdec.loading.LoadedModel` (backend and tokenizer; its cache is reset).
+        target_step_s: the target's 1-token step, seconds (`measure_costs`' ``target_step_s``), > 0.
+        repeats: timed forwards, times `DRAFT_REPEAT_FACTOR` (after one untimed warm-up).
+        context_tokens: tokens in the warm cache (clipped to the draft's context).
+        clock: seconds; injectable for tests.
+
+    Returns:
+        ``{"draft_step_s": s, "draft_step_spread_s": IQR s, "c": draft_step_s / target_step_s,
+        "context_tokens": int, "draft_repeats": int}``.
+
+    Raises:
+        ValueError: ``target_step_s <= 0``, ``repeats`` or ``context_tokens`` < 1, or a draft context under
+            2 tokens.
+    """
+    from specdec.compat import real_vocab_size
+
+    if not target_step_s or target_step_s <= 0:
+        raise ValueError(f"the target's step time must be > 0 s, got {target_step_s}")
+    if repeats < 1 or context_tokens < 1:
+        raise ValueError("repeats and context_tokens must be >= 1")
+    room = draft.backend.max_length - 1
+    if room < 1:
+        raise ValueError("the draft's context is too short to time a step")
+    n = min(context_tokens, room)
+    vocab = min(real_vocab_size(draft.tokenizer), draft.backend.vocab_size)
+    context = context_ids(draft.tokenizer, vocab, n)[:n]
+    reps = DRAFT_REPEAT_FACTOR * repeats
+    med, iqr = forward_times(draft.backend, context, [1], repeats=reps, clock=clock, last=1)
+    return {"draft_step_s": med[1], "draft_step_spread_s": iqr[1], "c": med[1] / target_step_s,
+            "context_tokens": n, "draft_repeats": reps}
 
 
 def calibration_block(

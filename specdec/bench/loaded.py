@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specdec.bench.config import RuntimeConfig, SweepConfig
-from specdec.bench.costs import measure_costs
+from specdec.bench.costs import cross_tokenizer_draft_costs, measure_costs
 from specdec.bench.estimate import estimate_plan_s, format_duration
-from specdec.bench.methods import Runtime
+from specdec.bench.methods import METHODS, Runtime
 from specdec.bench.plan import PlannedRun, Prepared, cost_max_n
 from specdec.bench.prompts import Prompt, encode_prompt
 from specdec.costs import CostCurve
@@ -34,7 +34,9 @@ __all__ = [
     "announce",
     "fitting",
     "free",
+    "free_models",
     "load_config",
+    "load_xtok",
     "measure_config_costs",
     "measure_here",
 ]
@@ -58,6 +60,12 @@ class LoadedConfig:
         baseline_ids: prompt id -> our stored baseline's token ids (None: none yet), for the equality check.
         best_ks: (prompt id, method) -> (K, predicted decode speedup) of policy ``best``
             (`specdec.bench.probes.best_k`).
+        xtok: the target with the sweep's cross-tokenizer draft (``--xtok-draft``; `load_xtok`), a
+            `specdec.loading.LoadedPair` in ``load_pair(..., other_tokenizer=True)``'s shape, or None.
+        xtok_costs: that draft's step time and c, timed on its own token ids
+            (`specdec.bench.costs.cross_tokenizer_draft_costs`), or None before they are measured.
+        outputs: prompt id -> its first target-only output (target ids) stored so far: the corpus of the
+            OTHER prompts' runs of a corpus-drafting method (`Runtime.corpus`).
     """
 
     cfg: SweepConfig
@@ -68,20 +76,41 @@ class LoadedConfig:
     prompt_costs: dict[str, CostCurve] = field(default_factory=dict)
     baseline_ids: dict[str, list[int] | None] = field(default_factory=dict)
     best_ks: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    xtok: Any = None
+    xtok_costs: dict | None = None
+    outputs: dict[str, list[int]] = field(default_factory=dict)
     _ids: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
     def label(self) -> str:
         return self.rc.label
 
-    def runtime(self, prompt_id: str | None = None) -> Runtime:
-        """What the methods run on: the pair, the sampling settings, the measured costs (the prompt's own
-        calibration block once it has one, else the configuration's), n-gram sizes."""
+    def runtime(self, prompt_id: str | None = None, method: str | None = None) -> Runtime:
+        """What `method` runs on: the pair, the sampling settings, the measured costs (the prompt's own
+        calibration block once it has one, else the configuration's), n-gram sizes.
+
+        A cross-tokenizer method (`Method.cross_tokenizer`) gets `xtok` as its pair and the costs with its
+        draft's own step time (None while that is not measured); a corpus-drafting method
+        (`Method.uses_corpus`) gets the stored target-only outputs of every prompt but `prompt_id`.
+
+        Raises:
+            ValueError: a cross-tokenizer method without a loaded cross-tokenizer draft.
+        """
         costs = self.prompt_costs.get(prompt_id) if prompt_id is not None else None
         if costs is None:
             costs = CostCurve.from_costs(self.costs) if self.costs else None
-        return Runtime(self.pair, self.cfg.sampling, costs, self.cfg.ngram_max, self.cfg.ngram_min,
-                       ignore_eos=not self.cfg.sampling.greedy, pad_verify=self.rc.pad_verify)
+        m = METHODS.get(method) if method is not None else None
+        pair, corpus = self.pair, ()
+        if m is not None and m.cross_tokenizer:
+            if self.xtok is None:
+                raise ValueError(f"method {method} needs a draft with another tokenizer (--xtok-draft)")
+            pair = self.xtok
+            step = (self.xtok_costs or {}).get("draft_step_s")
+            costs = costs.with_draft_step(step) if costs is not None and step else None
+        if m is not None and m.uses_corpus:
+            corpus = tuple(tuple(ids) for pid, ids in self.outputs.items() if pid != prompt_id and ids)
+        return Runtime(pair, self.cfg.sampling, costs, self.cfg.ngram_max, self.cfg.ngram_min,
+                       ignore_eos=not self.cfg.sampling.greedy, pad_verify=self.rc.pad_verify, corpus=corpus)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """`prompt`'s token ids on this configuration's tokenizer (encoded once)."""
@@ -95,7 +124,13 @@ def free(pair) -> None:
     """Drop a loaded pair's models (and llama.cpp contexts) so the next configuration fits in memory."""
     if pair is None:
         return
-    for m in (pair.target, pair.draft):
+    free_models(pair.target, pair.draft)
+
+
+def free_models(*models) -> None:
+    """Close the backends of `models` (`specdec.loading.LoadedModel`, None skipped: llama.cpp frees its
+    context) and collect, so the next configuration fits in memory."""
+    for m in models:
         if m is None:
             continue
         close = getattr(m.backend, "close", None)  # llama.cpp frees its context; transformers has none
@@ -120,8 +155,30 @@ def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:
                          context_tokens=cfg.cost_context_tokens)
 
 
+def load_xtok(cfg: SweepConfig, rc: RuntimeConfig, pair) -> Any:
+    """The sweep's cross-tokenizer draft (``cfg.xtok_draft``) loaded beside the loaded `pair`, on the draft's
+    backend with the draft's dtype, compiled as a draft is: a `specdec.loading.LoadedPair` of the same target
+    (not loaded again) in ``load_pair(..., other_tokenizer=True)``'s shape. It stops on the pair's EOS ids
+    (target ids), the stop set of the target-only runs it is compared with.
+
+    Raises:
+        What `specdec.loading.load_model` raises (an unavailable model: one line).
+    """
+    from specdec.compat import check_vocab_fits, real_vocab_size, vocab_overlap
+    from specdec.loading import LoadedPair, load_model
+
+    kw = rc.load_kwargs(cfg.dtype)
+    draft = load_model(cfg.xtok_draft, runtime=rc.draft_backend, device=cfg.device, dtype=kw["dtype"],
+                       threads=cfg.threads, compile=rc.compile, compile_mode="inductor", last_row_graphs=True,
+                       quant=kw.get("quant"))
+    check_vocab_fits(real_vocab_size(draft.tokenizer), draft=draft.backend)
+    return LoadedPair(pair.target, draft, pair.vocab_size, pair.eos_ids,
+                      {"vocab_overlap": vocab_overlap(pair.target.tokenizer, draft.tokenizer).summary()})
+
+
 def load_config(rc: RuntimeConfig, s: SweepState) -> LoadedConfig:
-    """Load configuration `rc`'s models once (raises what the loader raises)."""
+    """Load configuration `rc`'s models once, and the cross-tokenizer draft when a method of the sweep
+    drafts with it (raises what the loader raises)."""
     cfg, p = s.cfg, s.prepared
     s.log(f"[{rc.label}] loading target {p.target} ({rc.target_backend}) and draft "
           f"{p.target + ' quantized ' + rc.self_draft_quant if rc.self_draft_quant else p.draft} "
@@ -129,6 +186,17 @@ def load_config(rc: RuntimeConfig, s: SweepState) -> LoadedConfig:
     t0 = time.perf_counter()
     pair = _load_pair(cfg, rc, p, s.loader)
     loaded = LoadedConfig(cfg, rc, pair, threads=int(cfg.threads or torch.get_num_threads()))
+    if cfg.xtok_draft is not None and any(METHODS[m].cross_tokenizer for m in cfg.methods):
+        s.log(f"[{rc.label}] loading the cross-tokenizer draft {cfg.xtok_draft} ({rc.draft_backend}) ...")
+        try:
+            loaded.xtok = load_xtok(cfg, rc, pair)
+        except BaseException:
+            free(pair)
+            raise
+        o = loaded.xtok.info["vocab_overlap"]
+        s.log(f"[{rc.label}] cross-tokenizer draft: {o['shared']} tokens spelled alike in both vocabularies "
+              f"({o['fraction_of_target']:.0%} of the target's {o['target_size']}, {o['fraction_of_draft']:.0%} of "
+              f"the draft's {o['draft_size']})")
     compile_s = sum(m.compile_s for m in (pair.target, pair.draft) if m is not None)
     s.log(f"[{rc.label}] loaded in {time.perf_counter() - t0:.1f} s"
           + (f" (of which {compile_s:.1f} s compiling, before any timing)" if rc.compile else ""))
@@ -147,6 +215,16 @@ def measure_config_costs(loaded: LoadedConfig, s: SweepState) -> None:
         costs = s.store.load_costs(sid, rc.label)
         s.log(f"[{rc.label}] costs measured in {time.perf_counter() - t0:.1f} s")
     loaded.costs = costs
+    if loaded.xtok is not None:
+        try:
+            x = cross_tokenizer_draft_costs(loaded.xtok.draft, costs["target_step_s"], repeats=cfg.cost_repeats,
+                                            context_tokens=cfg.cost_context_tokens)
+        except Exception as exc:  # noqa: BLE001 - xtok then runs without costs (its cost policy fails alone)
+            s.log(f"[{rc.label}] cross-tokenizer draft step not timed: {exc}")
+        else:
+            loaded.xtok_costs = x
+            s.log(f"[{rc.label}] cross-tokenizer draft {cfg.xtok_draft}: step {x['draft_step_s'] * 1e3:.1f} ms on "
+                  f"its own tokens, c = {x['c']:.3f}")
     curve = CostCurve.from_costs(costs)
     c_txt = f"{curve.c:.3f}" if curve.c is not None else "n/a"
     d_txt = f"{curve.draft_step_s * 1e3:.1f} ms" if curve.draft_step_s is not None else "n/a"
@@ -210,6 +288,8 @@ def fitting(loaded: LoadedConfig, cells: list[PlannedRun], s: SweepState) -> lis
     limits = {"target": loaded.pair.target.backend.max_length}
     if loaded.pair.draft is not None:
         limits["draft"] = loaded.pair.draft.backend.max_length
+    if loaded.xtok is not None:  # counted in target tokens: a rough bound for the draft's own tokens
+        limits["cross-tokenizer draft"] = loaded.xtok.draft.backend.max_length
     too_long: dict[str, str] = {}
     for prompt in {c.prompt.id: c.prompt for c in cells}.values():
         n = len(loaded.prompt_ids(prompt))

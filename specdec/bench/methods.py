@@ -67,6 +67,12 @@ class Runtime:
         pad_verify: our speculative methods pad verification to the cheapest shape of `costs`
             (`RuntimeConfig.pad_verify`; ``speculative_generate(pad_to=costs.padded_n)``), and the cost
             policy prices K with the padded cost. The baseline is never padded.
+        corpus: earlier target-only outputs (target token ids) a corpus-drafting method matches besides the
+            prompt (``suffix_corpus``); never the current prompt's own.
+
+    For a cross-tokenizer method (`Method.cross_tokenizer`), `pair` is the target with the cross-tokenizer
+    draft (``load_pair(..., other_tokenizer=True)``'s shape: ``pair.draft.tokenizer`` is the draft's own) and
+    `costs` carries that draft's step time, measured on its own token ids.
     """
 
     pair: Any
@@ -76,6 +82,7 @@ class Runtime:
     ngram_min: int = 1
     ignore_eos: bool = False
     pad_verify: bool = False
+    corpus: tuple[tuple[int, ...], ...] = ()
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -162,6 +169,13 @@ class Method:
         default: planned when ``--methods`` is not given.
         aa: a target-only run timed as if it were a method (A/A): its paired ratio to the neighbouring
             baselines measures the noise floor of every speedup.
+        cross_tokenizer: drafts with the sweep's cross-tokenizer draft (``--xtok-draft``) instead of the
+            pair's draft: the runner hands it a `Runtime` holding that draft; no acceptance trace of it is
+            recorded, so policy ``best`` is not planned for it (it runs at ``--xtok-ks``).
+        uses_corpus: its drafter matches the target-only outputs of the sweep's other prompts
+            (`Runtime.corpus`).
+        replay_as: the drafter whose trace replay chooses this method's K under policy ``best``
+            (`specdec.pricing.DRAFTERS`); None: the method's own name.
     """
 
     name: str
@@ -174,6 +188,9 @@ class Method:
     skip: str | None = None
     default: bool = True
     aa: bool = False
+    cross_tokenizer: bool = False
+    uses_corpus: bool = False
+    replay_as: str | None = None
 
 
 #: Every timed method by name, in plan order (`register` adds one).
@@ -283,6 +300,8 @@ def speculative(make_drafter: Callable[[Runtime], Drafter], *, free_drafts: bool
 def _model_drafter(rt: Runtime) -> Drafter:
     if rt.pair.draft is None:
         raise ValueError("the draft method needs a draft model")
+    if getattr(rt.pair, "info", {}).get("vocab_overlap") is not None:
+        raise ValueError("the draft has another tokenizer than the target: time it with method xtok")
     return ModelDrafter(rt.pair.draft.backend, rt.pair.vocab_size)
 
 
@@ -296,6 +315,28 @@ def _suffix_drafter(rt: Runtime) -> Drafter:
     from specdec.suffix import SuffixDrafter
 
     return SuffixDrafter(rt.costs)
+
+
+def _suffix_corpus_drafter(rt: Runtime) -> Drafter:
+    """The cost-aware suffix drafter with a corpus: the target-only outputs of the sweep's other prompts
+    (`Runtime.corpus`), matched besides the prompt and the output so far."""
+    from specdec.suffix import SuffixDrafter
+
+    return SuffixDrafter(rt.costs, corpus=rt.corpus)
+
+
+def _cross_tokenizer_drafter(rt: Runtime) -> Drafter:
+    """The draft with another tokenizer (`specdec.xdrafter.cross_tokenizer_drafter`: string-level exact match
+    under greedy decoding, token-level intersection under sampling); `rt.pair` holds it as its draft.
+
+    Raises:
+        ValueError: the runtime has no draft model.
+    """
+    from specdec.xdrafter import cross_tokenizer_drafter
+
+    if rt.pair.draft is None:
+        raise ValueError("method xtok needs a draft with another tokenizer (--xtok-draft)")
+    return cross_tokenizer_drafter(rt.pair, rt.sampling)
 
 
 def _hf_rule_prompt_lookup_drafter(rt: Runtime) -> Drafter:
@@ -334,6 +375,10 @@ for _m in (
     Method("ngram", speculative(_prompt_lookup_drafter), takes_k=True),
     Method("ngram_hf", speculative(_hf_rule_prompt_lookup_drafter), takes_k=True, default=False),
     Method("suffix", speculative(_suffix_drafter), takes_k=True, default=False),
+    Method("xtok", speculative(_cross_tokenizer_drafter, free_drafts=False), takes_k=True, drafts_with_model=True,
+           default=False, cross_tokenizer=True),
+    Method("suffix_corpus", speculative(_suffix_corpus_drafter), takes_k=True, default=False, uses_corpus=True,
+           replay_as="suffix"),
     Method("hf_generate", _hf_peer("hf_generate"), peer=True, applies=_eager_transformers_target),
     Method("hf_assisted", _hf_peer("hf_assisted"), peer=True, takes_k=True, drafts_with_model=True,
            applies=lambda rc: _eager_transformers_target(rc) and rc.draft_backend == "transformers"),

@@ -17,6 +17,7 @@ from specdec.bench.config import (
     RUNTIME_CONFIGS,
     SweepConfig,
     check_available,
+    method_ks,
     policies_for,
     type_ks_entries,
     type_ks_for,
@@ -118,7 +119,8 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
 
     Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
     `secondary_ks` and `secondary_policies` only; every prompt also gets its type's `type_ks` (after its grid,
-    a K already in the grid not repeated). Baseline runs of a prompt are numbered 0, 1, ... in plan order (their ``repeat``).
+    a K already in the grid not repeated) and its method's `method_ks` (a cross-tokenizer draft's fixed K).
+    Baseline runs of a prompt are numbered 0, 1, ... in plan order (their ``repeat``).
     """
     prim = primary_ids(prompts)
     types = {p.type for p in prompts}
@@ -140,6 +142,8 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
             for m in drafting:
                 groups.extend((m, k, "fixed") for k in ks)
                 groups.extend((m, k, "fixed") for k in type_ks_for(cfg, m, prompt.type) if k not in ks)
+                groups.extend((m, k, "fixed") for k in method_ks(cfg, m)
+                              if k not in ks and k not in type_ks_for(cfg, m, prompt.type))
             for m in drafting:
                 groups.extend((m, cfg.policy_k, p) for p in policies_for(cfg, m, primary=is_primary))
             if is_primary:
@@ -205,6 +209,7 @@ def cost_max_n(cfg: SweepConfig) -> int:
     """Largest forward the cost curve covers: n = 1..17 always (K up to 16), more when a cell uses K > 16
     (its verification forward scores K + 1 tokens)."""
     ks = list(cfg.ks) + list(cfg.secondary_ks) + list(cfg.peer_ks) + [k for _, _, k in type_ks_entries(cfg)]
+    ks += [k for m in cfg.methods for k in method_ks(cfg, m)]
     if cfg.policies or cfg.secondary_policies:
         ks.append(cfg.policy_k)
     return max([17] + [k + 1 for k in ks])

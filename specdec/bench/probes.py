@@ -8,8 +8,9 @@ runner calls it:
 - `RUN`, after each timed run and before it is stored: `check_equal` (greedy output equal to our
   baseline's, the first divergence), which sets columns of the run's row;
 - `FIRST_BASELINE`, after a prompt's first successful target-only run is stored: `trace` (its acceptance
-  trace, greedy sweeps) and `calibrate` (a calibration block at its context, whose costs the cost policy of
-  the prompt's later runs decides with).
+  trace, greedy sweeps), `calibrate` (a calibration block at its context, whose costs the cost policy of
+  the prompt's later runs decides with) and `corpus` (its output, drafted from by the other prompts' runs
+  of a corpus-drafting method).
 
 A probe with a `Probe.failure` text is context, not a result: its error is logged in one line and the sweep
 goes on. `walk` runs the probes of one moment in `PROBES` order.
@@ -39,8 +40,10 @@ __all__ = [
     "best_k",
     "calibrate",
     "check_equal",
+    "corpus",
     "measure_missed",
     "roofline",
+    "stored_outputs",
     "stored_prompt_costs",
     "trace",
     "walk",
@@ -137,6 +140,32 @@ def calibrate(s: SweepState, at: At) -> None:
     loaded.prompt_costs[pid] = CostCurve.from_costs(block)
 
 
+def corpus(s: SweepState, at: At) -> None:
+    """Keep the prompt's first target-only output as corpus for the OTHER prompts' runs of a corpus-drafting
+    method (`LoadedConfig.outputs`; the prompt's own runs never see it)."""
+    if any(METHODS[m].uses_corpus for m in at.loaded.cfg.methods) and at.row.get("token_ids"):
+        at.loaded.outputs.setdefault(at.cell.prompt.id, list(at.row["token_ids"]))
+
+
+def stored_outputs(loaded: LoadedConfig, s: SweepState) -> None:
+    """On ``--resume``, for a sweep with a corpus-drafting method: the first target-only output of every
+    prompt the store holds for this configuration (`corpus`), so the corpus holds the outputs stored so far."""
+    import json
+
+    if not any(METHODS[m].uses_corpus for m in loaded.cfg.methods):
+        return
+    first: dict[str, tuple[int, list[int]]] = {}
+    for r in s.store.runs(s.sweep_id, config_label=loaded.label):
+        m = METHODS.get(r["method"])
+        if m is None or not m.reference or r["error"] is not None or r["token_ids"] is None:
+            continue
+        ids = json.loads(r["token_ids"]) if isinstance(r["token_ids"], str) else list(r["token_ids"])
+        if r["prompt_id"] not in first or r["repeat"] < first[r["prompt_id"]][0]:
+            first[r["prompt_id"]] = (r["repeat"], ids)
+    for pid, (_, ids) in first.items():
+        loaded.outputs.setdefault(pid, ids)
+
+
 def stored_prompt_costs(loaded: LoadedConfig, s: SweepState) -> None:
     """On ``--resume``: the calibration blocks this machine stored earlier for this configuration, so that
     the cost policy of a resumed prompt decides with the same costs as its earlier runs (and its replay)."""
@@ -176,6 +205,7 @@ def best_k(loaded: LoadedConfig, s: SweepState, cell: PlannedRun) -> int:
     from specdec.pricing import TraceModel
 
     key = (cell.prompt.id, cell.method)
+    replayed = METHODS[cell.method].replay_as or cell.method
     if key not in loaded.best_ks:
         trace, ctx = _stored_trace(loaded, s, cell.prompt.id)
         curve = loaded.prompt_costs.get(cell.prompt.id)
@@ -183,7 +213,7 @@ def best_k(loaded: LoadedConfig, s: SweepState, cell: PlannedRun) -> int:
             raise ValueError(f"no acceptance trace and calibration block of {cell.prompt.id} to choose K from")
         model = TraceModel(trace, curve, ngram=(loaded.cfg.ngram_max, loaded.cfg.ngram_min), draft_context=ctx,
                            padded=loaded.rc.pad_verify)
-        loaded.best_ks[key] = model.best_fixed_k(cell.method, range(1, int(cell.k) + 1))
+        loaded.best_ks[key] = model.best_fixed_k(replayed, range(1, int(cell.k) + 1))
         k, pred = loaded.best_ks[key]
         s.log(f"[{loaded.label}] {cell.prompt.id}: {cell.method} at K = {k}, the trace's best "
               f"(predicted {pred:.2f}x decode speedup)")
@@ -216,6 +246,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("equality", RUN, check_equal),
     Probe("trace", FIRST_BASELINE, trace, "acceptance trace not recorded"),
     Probe("calibration", FIRST_BASELINE, calibrate, "calibration block not timed"),
+    Probe("corpus", FIRST_BASELINE, corpus),
 )
 
 

@@ -35,6 +35,7 @@ from specdec.bench.loaded import (
     announce,
     fitting,
     free,
+    free_models,
     load_config,
     measure_config_costs,
     measure_here,
@@ -64,7 +65,8 @@ def _row(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> dict[str
     cfg, rc, sid = loaded.cfg, loaded.rc, prepared.sweep_id
     return {
         "sweep_id": sid, "cell_key": cell.key(sid), "config_label": cell.config_label,
-        "pair": prepared.pair_name, "target": prepared.target, "draft": prepared.draft,
+        "pair": prepared.pair_name, "target": prepared.target,
+        "draft": cfg.xtok_draft if METHODS[cell.method].cross_tokenizer else prepared.draft,
         "target_backend": rc.target_backend, "draft_backend": rc.draft_backend, "compiled": int(rc.compile),
         "device": cfg.device, "dtype": rc.target_precision(cfg.dtype), "threads": loaded.threads,
         "prompt_id": cell.prompt.id, "prompt_type": cell.prompt.type, "chat_template": int(cfg.chat_template),
@@ -77,7 +79,7 @@ def _row(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared) -> dict[str
 def _run(loaded: LoadedConfig, cell: PlannedRun, ids: list[int], n: int) -> RunRecord:
     """Run `cell`'s method on prompt `ids` for `n` new tokens (raises what the method raises)."""
     request = RunRequest(ids, n, cell.k, cell.policy, loaded.cfg.seed + cell.repeat)
-    return METHODS[cell.method].run(loaded.runtime(cell.prompt.id), request)
+    return METHODS[cell.method].run(loaded.runtime(cell.prompt.id, cell.method), request)
 
 
 def _resolve(loaded: LoadedConfig, cell: PlannedRun, s: SweepState) -> tuple[PlannedRun, str | None]:
@@ -171,6 +173,7 @@ def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: SweepState) ->
     """Warm up and run one configuration's remaining cells; True when `max_runs` stopped the sweep."""
     announce(loaded, cells, s.log)
     probes.stored_prompt_costs(loaded, s)
+    probes.stored_outputs(loaded, s)
     warmed: set[tuple] = set()
     remaining: dict[tuple, int] = {}  # runs left per cell: its summary line comes after its last repeat
     for c in cells:
@@ -222,9 +225,10 @@ def _run_configs(todo: list[PlannedRun], s: SweepState) -> bool:
             if cells and _run_config(loaded, cells, s):
                 return True
         finally:
-            pair, loaded = loaded.pair, None
+            pair, xtok, loaded = loaded.pair, loaded.xtok, None
             free(pair)
-            del pair
+            free_models(xtok.draft if xtok is not None else None)
+            del pair, xtok
     return False
 
 

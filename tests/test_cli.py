@@ -364,3 +364,4 @@ def test_generate_prints_the_cost_policys_note(tiny_pair, tmp_path):
     assert p.returncode == 0, p.stderr
     notes = [x for x in p.stdout.splitlines() if x.startswith("cost policy: ")]
     assert len(notes) == 1 and ("probes" in notes[0] or "target-only" in notes[0]), p.stdout
+    assert " rounds" in notes[0] and "drafted in " in notes[0], notes[0]

@@ -147,19 +147,15 @@ def batch_measure(pair, *, max_n: int, rows: int, repeats: int = 2, context_toke
         ValueError: `max_n`, `rows`, `repeats` or `context_tokens` < 1, or a context window too short for
             `max_n` tokens.
     """
-    from specdec.bench.costs import context_ids, forward_times
+    from specdec.bench.costs import forward_times
     from specdec.costs import DRAFT_REPEAT_FACTOR
+    from specdec.quick_costs import time_target_forwards
 
     if min(max_n, rows, repeats, context_tokens) < 1:
         raise ValueError("max_n, rows, repeats and context_tokens must be >= 1")
     ns = _batch_ns(rows, max_n)
-    models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
-    room = min(m.backend.max_length for m in models) - max_n
-    if room < 1:
-        raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
-    ctx_len = min(context_tokens, room)
-    context = context_ids(pair.tokenizer, pair.vocab_size, ctx_len)[:ctx_len]
-    t_fwd, t_iqr = forward_times(pair.target.backend, context, ns, repeats=repeats, clock=clock)
+    ctx_len, context, t_fwd, t_iqr = time_target_forwards(pair, ns, max_n, repeats=repeats,
+                                                          context_tokens=context_tokens, clock=clock)
     out: dict[str, Any] = {
         "target_step_s": t_fwd[1], "draft_step_s": None, "draft_forward_s": None, "target_forward_s": t_fwd,
         "target_forward_spread_s": t_iqr, "repeats": repeats, "context_tokens": ctx_len, "max_n": max_n,

@@ -63,19 +63,14 @@ def quick_measure(pair, *, max_n: int, repeats: int = 2, context_tokens: int = 3
         ValueError: ``max_n``, ``repeats`` or ``context_tokens`` < 1, or a context window too short for
             ``max_n`` tokens.
     """
-    from specdec.bench.costs import context_ids, forward_times
+    from specdec.bench.costs import forward_times
     from specdec.costs import DRAFT_REPEAT_FACTOR
 
     if repeats < 1 or context_tokens < 1:
         raise ValueError("repeats and context_tokens must be >= 1")
     ns = quick_ns(max_n)
-    models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
-    room = min(m.backend.max_length for m in models) - max_n
-    if room < 1:
-        raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
-    ctx_len = min(context_tokens, room)
-    context = context_ids(pair.tokenizer, pair.vocab_size, ctx_len)[:ctx_len]
-    t_fwd, t_iqr = forward_times(pair.target.backend, context, ns, repeats=repeats, clock=clock)
+    ctx_len, context, t_fwd, t_iqr = time_target_forwards(pair, ns, max_n, repeats=repeats,
+                                                          context_tokens=context_tokens, clock=clock)
     out: dict[str, Any] = {
         "target_step_s": t_fwd[1], "draft_step_s": None, "c": None, "target_forward_s": t_fwd,
         "target_forward_spread_s": t_iqr, "repeats": repeats, "draft_repeats": None,
@@ -87,6 +82,30 @@ def quick_measure(pair, *, max_n: int, repeats: int = 2, context_tokens: int = 3
         out.update(draft_step_s=d_fwd[1], draft_repeats=reps,
                    c=d_fwd[1] / t_fwd[1] if t_fwd[1] > 0 else None)
     return out
+
+
+def time_target_forwards(pair, ns, max_n: int, *, repeats: int, context_tokens: int,
+                         clock: Callable[[], float] = time.perf_counter):
+    """The shared start of a quick cost measurement: a context of ``min(context_tokens, room)`` tokens, where
+    room is what the target's and the draft's windows leave after a `max_n`-token forward, and the target's
+    forward times over it for every n in `ns` (`specdec.bench.costs.forward_times`, warm cache).
+
+    Returns:
+        ``(context length asked for, context ids, {n: median seconds}, {n: IQR seconds})``.
+
+    Raises:
+        ValueError: a context window too short for `max_n` tokens.
+    """
+    from specdec.bench.costs import context_ids, forward_times
+
+    models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
+    room = min(m.backend.max_length for m in models) - max_n
+    if room < 1:
+        raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
+    ctx_len = min(context_tokens, room)
+    context = context_ids(pair.tokenizer, pair.vocab_size, ctx_len)[:ctx_len]
+    t_fwd, t_iqr = forward_times(pair.target.backend, context, ns, repeats=repeats, clock=clock)
+    return ctx_len, context, t_fwd, t_iqr
 
 
 def model_fingerprint(spec: str | None) -> Any:

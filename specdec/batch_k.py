@@ -78,8 +78,10 @@ def best_batch_k(
 class BatchKPolicy(Protocol):
     """Chooses the batch's K each round; rows are the original prompt indices still decoding."""
 
-    def start(self, n_rows: int) -> None:
-        """A new batch of `n_rows` rows (forget everything observed)."""
+    def start(self, n_rows: int, *, context_lens: Sequence[int] | None = None,
+              budgets: Sequence[int] | None = None) -> None:
+        """A new batch of `n_rows` rows (forget everything observed); `context_lens` are the rows' prompt
+        lengths in tokens and `budgets` their new-token budgets (None: unknown)."""
         ...
 
     def next_k(self, rows: Sequence[int]) -> int:
@@ -107,7 +109,7 @@ class FixedBatchK:
             raise ValueError(f"K must be >= 1, got {k}")
         self.k = int(k)
 
-    def start(self, n_rows: int) -> None:
+    def start(self, n_rows: int, *, context_lens=None, budgets=None) -> None:
         pass
 
     def next_k(self, rows) -> int:
@@ -121,21 +123,48 @@ class FixedBatchK:
 
 
 class BatchCostPolicy:
-    """K from `best_batch_k` with a decayed per-row acceptance estimate.
+    """K from the batch's priced rate with a decayed per-row acceptance estimate, never losing more than a
+    bounded amount to batched target-only decoding.
 
-    Row i's estimate is ``(w * prior_alpha + S_i) / (w + S_i + F_i)``, where after each of its rounds with
-    K > 0 ``S_i <- decay * S_i + accepted`` and ``F_i <- decay * F_i + rejected`` (1 when a rejected
-    draft ended the round's output, else 0): the alpha-hat of `specdec.metrics`, decayed. Rounds with K = 0
-    carry no evidence, so once the batch's K is 0 it stays 0 for that batch (no probing, unlike
-    `specdec.policies.CostPolicy`): a deliberate simplification for a first batch-aware rule.
+    Each round over the B live rows it takes the K in ``0..max_k`` maximising expected committed tokens per
+    second, ``sum_i E(a_i, K) / (target_cost(B (K + 1)) + draft_cost(B, K))`` (`best_batch_k`; K = 0 is one
+    plain step per row), where row i's estimate is ``(w * prior_alpha + S_i) / (w + S_i + F_i)``, after each
+    of its rounds with K > 0 ``S_i <- decay * S_i + accepted`` and ``F_i <- decay * F_i + rejected`` (the
+    alpha-hat of `specdec.metrics`, decayed). Rounds with K = 0 carry no evidence.
+
+    So that speculation never loses more than a bounded amount (the batch form of
+    `specdec.policies.CostPolicy`'s rules):
+
+    - **the draft's catch-up is priced.** With a draft model (`draft_cost` given) the draft caches nothing
+      before a row's first drafting round (`specdec.batched.BatchedModelDrafter` defers its prefill), so
+      that round feeds the row's whole context (`start`'s ``context_lens``) and every token committed since;
+      later rounds feed 1 or 2 tokens per row, more after plain rounds. A catch-up of P tokens over the
+      batch costs ``c_B (target_cost(P) - target_cost(B))`` more than the draft step `draft_cost` prices,
+      ``c_B = draft_cost(B, 1) / target_cost(B)`` (the draft's cost relative to the target's at one token
+      per row).
+    - **a catch-up is an investment.** It is made only when the time the chosen K is expected to save over
+      the rows' remaining budgets (``sum_i remaining_i x (target_cost(B) / B - round / sum_i E(a_i, K))``)
+      is at least `invest_margin` times its price; otherwise the round is plain (so a batch that never
+      drafts never runs the draft model).
+    - **a ledger.** A speculative round is taken only while the net loss of the speculative rounds so far
+      (each one's priced cost, catch-up included, minus the plain-decoding time of the tokens it committed,
+      ``tokens x target_cost(B) / B``) plus the round's expected loss stays within ``probe_allowance`` plain
+      steps plus the investments made plus ``probe_budget`` of the priced time so far. Rounds are priced at
+      the shapes actually run (the tokens every row verified).
 
     Args:
         target_cost: seconds of one target forward over n tokens in total (e.g. a measured
-            `specdec.costs.CostCurve`'s ``target`` evaluated at n).
+            `specdec.costs.CostCurve`'s ``forward_s``).
         max_k: largest K (>= 1).
-        draft_cost: ``draft_cost(B, K)`` seconds of drafting, None for free drafting.
+        draft_cost: ``draft_cost(B, K)`` seconds of drafting K tokens for B rows (one draft step per token,
+            the catch-up of 1 token per row included), None for free drafting (prompt lookup, suffix).
         prior_alpha, prior_weight, decay: the estimate's prior (in [0, 1]), its weight in pseudo-trials
             (>= 0) and the per-round decay in (0, 1].
+        probe_budget: the net loss allowed as a fraction of the priced time (> 0; ``math.inf``: no ledger).
+        probe_allowance: plain batch steps of net loss allowed before any time has passed (>= 0).
+        invest_margin: how many times its price a catch-up must be expected to save (>= 0; 0: always make
+            it).
+        default_budget: new tokens assumed left per row when `start` gets no budgets (>= 1).
 
     Raises:
         ValueError: a parameter out of range.
@@ -143,7 +172,8 @@ class BatchCostPolicy:
 
     def __init__(self, target_cost: Callable[[int], float], max_k: int = 8, *,
                  draft_cost: Callable[[int, int], float] | None = None, prior_alpha: float = 0.6,
-                 prior_weight: float = 2.0, decay: float = 0.8) -> None:
+                 prior_weight: float = 2.0, decay: float = 0.8, probe_budget: float = 0.01,
+                 probe_allowance: float = 1.0, invest_margin: float = 2.0, default_budget: int = 128) -> None:
         if int(max_k) < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         if not 0.0 <= prior_alpha <= 1.0:
@@ -152,15 +182,40 @@ class BatchCostPolicy:
             raise ValueError(f"prior_weight must be finite and >= 0, got {prior_weight}")
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if math.isnan(probe_budget) or probe_budget <= 0.0:
+            raise ValueError(f"probe_budget must be a fraction > 0 (inf: no ledger), got {probe_budget}")
+        if not (math.isfinite(probe_allowance) and probe_allowance >= 0.0):
+            raise ValueError(f"probe_allowance must be finite and >= 0 plain steps, got {probe_allowance}")
+        if not (math.isfinite(invest_margin) and invest_margin >= 0.0):
+            raise ValueError(f"invest_margin must be finite and >= 0, got {invest_margin}")
+        if int(default_budget) < 1:
+            raise ValueError(f"default_budget must be >= 1 token, got {default_budget}")
         self.target_cost = target_cost
         self.draft_cost = draft_cost
         self.max_k = int(max_k)
         self.prior_alpha, self.prior_weight, self.decay = float(prior_alpha), float(prior_weight), float(decay)
+        self.probe_budget, self.probe_allowance = float(probe_budget), float(probe_allowance)
+        self.invest_margin, self.default_budget = float(invest_margin), int(default_budget)
         self.start(0)
 
-    def start(self, n_rows: int) -> None:
+    def start(self, n_rows: int, *, context_lens: Sequence[int] | None = None,
+              budgets: Sequence[int] | None = None) -> None:
         self._succ = [0.0] * n_rows
         self._fail = [0.0] * n_rows
+        # tokens the draft's next catch-up feeds per row: the whole context before the deferred prefill
+        if self.draft_cost is not None and context_lens is not None:
+            self._pending = [max(1, int(n)) for n in context_lens]
+        else:
+            self._pending = [1] * n_rows
+        self._left = [int(n) for n in budgets] if budgets is not None else [self.default_budget] * n_rows
+        self._elapsed = 0.0  # priced seconds of every settled round
+        self._net_loss = 0.0  # priced seconds of speculative rounds minus the plain time of their tokens
+        self._invested = 0.0  # catch-up seconds taken as investments (they raise the allowance)
+        self._round: tuple[int, int, float] | None = None  # (K, B, catch-up seconds) of the round in flight
+        self._round_tokens = 0  # tokens committed in the round in flight
+        self._round_verified = 0  # tokens the target verified in it (sum of K_i + 1)
+        self.invested_rounds = 0  # catch-ups dearer than a draft step made (the draft's deferred prefill)
+        self.declined = 0  # rounds made plain because a catch-up would not pay or the ledger was spent
 
     def alpha(self, row: int) -> float:
         """Row `row`'s acceptance estimate in [0, 1]."""
@@ -168,15 +223,86 @@ class BatchCostPolicy:
         den = w + self._succ[row] + self._fail[row]
         return (w * self.prior_alpha + self._succ[row]) / den if den > 0.0 else self.prior_alpha
 
+    def catch_up_s(self, rows: Sequence[int]) -> float:
+        """Priced seconds the draft's next catch-up adds over one draft step, for the live `rows`."""
+        if self.draft_cost is None or not rows:
+            return 0.0
+        b = len(rows)
+        p = sum(self._pending[r] for r in rows)
+        if p <= b:
+            return 0.0
+        t1 = float(self.target_cost(b))
+        c_b = float(self.draft_cost(b, 1)) / t1
+        return max(0.0, c_b * (float(self.target_cost(p)) - t1))
+
+    def _settle(self) -> None:
+        """Price the round in flight (if any) into the ledger and clear its counters."""
+        if self._round is None:
+            self._round_tokens = self._round_verified = 0
+            return
+        k, b, extra = self._round
+        t1 = float(self.target_cost(b))
+        if k == 0:
+            self._elapsed += t1
+        else:
+            n = max(self._round_verified, b)
+            cost = float(self.target_cost(n)) + float(self.draft_cost(b, k) if self.draft_cost else 0.0) + extra
+            self._elapsed += cost
+            self._net_loss += cost - self._round_tokens * t1 / b
+        self._round = None
+        self._round_tokens = self._round_verified = 0
+
     def next_k(self, rows) -> int:
-        return best_batch_k([self.alpha(r) for r in rows], self.target_cost, max_k=self.max_k,
-                            draft_cost=self.draft_cost)
+        self._settle()
+        rows = list(rows)
+        if not rows:
+            return 0
+        alphas = [self.alpha(r) for r in rows]
+        k = best_batch_k(alphas, self.target_cost, max_k=self.max_k, draft_cost=self.draft_cost)
+        extra = 0.0
+        if k > 0:
+            b = len(rows)
+            t1 = float(self.target_cost(b))
+            round_s = float(self.target_cost(b * (k + 1))) + float(self.draft_cost(b, k) if self.draft_cost else 0.0)
+            expected = sum(expected_committed(a, k) for a in alphas)
+            extra = self.catch_up_s(rows)
+            if extra > 0.0:
+                left = sum(max(0, self._left[r]) for r in rows)
+                saved = left * (t1 / b - round_s / expected)
+                if saved < self.invest_margin * extra:
+                    k, extra = 0, 0.0
+            if k > 0 and not math.isinf(self.probe_budget):
+                loss = round_s - expected * t1 / b
+                allowed = (self.probe_allowance * t1 + self._invested + extra
+                           + self.probe_budget * (self._elapsed + round_s + extra))
+                if self._net_loss + loss > allowed:
+                    k, extra = 0, 0.0
+            if k == 0:
+                self.declined += 1
+            elif extra > 0.0:
+                self._invested += extra
+                if extra > float(self.draft_cost(len(rows), 1)):  # more than a draft step: a prefill
+                    self.invested_rounds += 1
+        self._round = (k, len(rows), extra)
+        return k
 
     def alpha_estimate(self, rows) -> float | None:
         return sum(self.alpha(r) for r in rows) / len(rows) if rows else None
 
     def observe(self, row, record) -> None:
+        self._round_tokens += record.num_emitted
+        self._round_verified += record.k + 1
+        self._left[row] -= record.num_emitted
+        if record.k > 0:
+            self._pending[row] = 2 if record.num_accepted >= record.k else 1
+        else:
+            self._pending[row] += record.num_emitted
         if record.k <= 0:
             return
         self._succ[row] = self.decay * self._succ[row] + record.num_accepted
         self._fail[row] = self.decay * self._fail[row] + (1.0 if record.rejected else 0.0)
+
+    def note(self) -> str:
+        """One line for the run's record: catch-ups made and rounds declined."""
+        return (f"{self.invested_rounds} draft catch-ups over a step made, {self.declined} rounds declined to "
+                "plain")

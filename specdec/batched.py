@@ -154,8 +154,11 @@ class PerRowDrafters:
 class BatchedModelDrafter:
     """A draft model on a `BatchedBackend`: `specdec.drafters.ModelDrafter` for B rows in batched forwards.
 
-    Per round: one forward catches every drafting row up on its committed tokens not yet cached (1, 2 after
-    an all-accepted round, more after rounds where the row did not draft), scoring only the last one; then
+    The draft's prefill is deferred, as `specdec.drafters.ModelDrafter` defers it: `prefill` starts every
+    row empty and runs nothing, so a batch whose K policy never drafts never pays for the draft model.
+    Per round: one forward catches every drafting row up on its committed tokens not yet cached (the whole
+    prompt in the row's first drafting round; then 1, 2 after an all-accepted round, more after rounds
+    where the row did not draft), scoring only the last one; then
     ``max(ks) - 1`` single-token forwards, row i feeding its previous draft token while it has fewer than
     ``ks[i]`` (rows that are done feed nothing). Greedy drafts take the argmax; sampled drafts draw from
     ``warp(logits)`` with the row's generator, in the order `ModelDrafter` draws them, so a row's drafts
@@ -175,11 +178,11 @@ class BatchedModelDrafter:
         self._cached: list[list[int]] = []
 
     def prefill(self, contexts):
-        """Rows whose context plus the last prompt token do not fit the draft's context get an empty cache
-        and never draft (`max_k` <= 0), as `ModelDrafter.prefill`."""
-        fits = [len(c) + 1 <= self.backend.max_length for c in contexts]
-        self._cached = [list(c) if ok else [] for c, ok in zip(contexts, fits, strict=True)]
-        self.backend.prefill([list(c) for c in self._cached])
+        """Start one empty row per context; nothing runs (the first drafting round of a row feeds its whole
+        committed sequence). A row whose context plus the last prompt token does not fit the draft's context
+        never drafts (`max_k` <= 0), as `ModelDrafter.prefill`."""
+        self._cached = [[] for _ in contexts]
+        self.backend.prefill([[] for _ in contexts])
 
     def max_k(self, committed_lens):
         return [self.backend.max_length - n + 1 for n in committed_lens]
@@ -344,7 +347,7 @@ def generate_batch(
         return clock()
 
     t0 = now()
-    policy.start(b)
+    policy.start(b, context_lens=[len(p) for p in prompts], budgets=budgets)
     committed = {i: list(prompts[i]) for i in live}
     target.prefill([committed[i][:-1] for i in live])
     if drafter is not None:

@@ -328,6 +328,116 @@ def test_batch_cost_policy_estimates_per_row_and_drives_the_loop(target, btarget
     assert all(r.k == 0 for o in out for r in o.rounds)
 
 
+class CountingBackend:
+    """Wraps a batched backend and counts the tokens fed to its forwards and prefills."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.forward_tokens = 0
+        self.prefill_tokens = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def rows(self):
+        return self.inner.rows
+
+    @property
+    def cache_lengths(self):
+        return self.inner.cache_lengths
+
+    def prefill(self, contexts):
+        self.prefill_tokens += sum(len(c) for c in contexts)
+        self.inner.prefill(contexts)
+
+    def forward(self, tokens, *, last=None):
+        self.forward_tokens += sum(len(t) for t in tokens)
+        return self.inner.forward(tokens, last=last)
+
+
+def test_batched_draft_defers_its_prefill_to_its_first_drafting_round(target, btarget, bnear, prompts):
+    rows = prompts[:4]
+    draft = CountingBackend(bnear)
+    never = BatchCostPolicy(lambda n: float(n), max_k=4, draft_cost=lambda b, k: 0.1 * k)
+    out = generate_batch(btarget, rows, 6, drafter=BatchedModelDrafter(draft, V), policy=never, vocab_size=V)
+    assert all(r.k == 0 for o in out for r in o.rounds)
+    assert draft.prefill_tokens == 0 and draft.forward_tokens == 0  # a batch that never drafts never runs the draft
+    draft = CountingBackend(bnear)
+    out = generate_batch(btarget, rows, 6, drafter=BatchedModelDrafter(draft, V), k=2, vocab_size=V)
+    assert draft.prefill_tokens == 0
+    # the first drafting round feeds every row's whole prompt (the deferred prefill), then 1-2 tokens per row
+    assert draft.forward_tokens >= sum(len(p) for p in rows)
+    for p, o in zip(rows, out):
+        assert o.token_ids == autoregressive_generate(target, p, 6, vocab_size=V).token_ids
+
+
+def _drive(policy, rows, rounds, accept):
+    """Run `policy` for `rounds` rounds over `rows`, each row accepting ``accept(k)`` of its K drafts; returns
+    the K chosen per round."""
+    ks = []
+    for _ in range(rounds):
+        k = policy.next_k(rows)
+        ks.append(k)
+        for r in rows:
+            a = min(k, accept(k))
+            kind = "bonus" if a == k else "recovered"
+            policy.observe(r, RoundRecord(k, a, (True,) * a + ((False,) if a < k else ()), kind, a + 1))
+    return ks
+
+
+def test_batch_cost_policy_prices_the_deferred_draft_prefill_as_an_investment():
+    def cost(n):
+        return 1.0 + 0.05 * (n - 1)  # a flat curve: speculation pays at a high acceptance
+
+    def draft(b, k):
+        return 0.1 * k
+
+    # long prompts, short budgets: the draft's prefill (about 0.1 x 250 tokens of the target's curve) cannot be
+    # paid back in 4 tokens per row, so the policy stays plain and never runs the draft
+    short = BatchCostPolicy(cost, max_k=4, draft_cost=draft, prior_alpha=0.9)
+    short.start(2, context_lens=[500, 500], budgets=[4, 4])
+    assert _drive(short, [0, 1], 4, lambda k: k) == [0, 0, 0, 0]
+    assert short.invested_rounds == 0 and short.declined == 4
+    # the same prompts with 400 tokens left per row: the prefill pays, made once, then speculation goes on
+    long = BatchCostPolicy(cost, max_k=4, draft_cost=draft, prior_alpha=0.9)
+    long.start(2, context_lens=[500, 500], budgets=[400, 400])
+    ks = _drive(long, [0, 1], 6, lambda k: k)
+    assert all(k > 0 for k in ks) and long.invested_rounds == 1
+    # after an all-accepted round the catch-up is 2 tokens per row: priced, but less than a draft step
+    assert 0.0 < long.catch_up_s([0, 1]) < draft(2, 1)
+    # without a draft model (free drafting) nothing is pending
+    free = BatchCostPolicy(cost, max_k=4, prior_alpha=0.9)
+    free.start(2, context_lens=[500, 500], budgets=[4, 4])
+    assert free.catch_up_s([0, 1]) == 0.0 and free.next_k([0, 1]) > 0
+
+
+def test_batch_cost_policy_ledger_bounds_the_loss_of_a_wrong_estimate():
+    def cost(n):
+        return 1.0 + 0.1 * (n - 1)
+
+    # a prior held fixed (huge weight): the estimate never learns that nothing is accepted, only the ledger
+    # can stop speculating
+    stubborn = {"max_k": 4, "prior_alpha": 0.8, "prior_weight": 1e9, "decay": 1.0}
+    policy = BatchCostPolicy(cost, **stubborn)
+    policy.start(4, budgets=[1000] * 4)
+    rows = [0, 1, 2, 3]
+    ks = _drive(policy, rows, 300, lambda k: 0)
+    spec = [k for k in ks if k > 0]
+    assert 0 < len(spec) < 20
+    priced = sum(cost(4 * (k + 1)) for k in ks)  # every round commits 1 token per row, as a plain step does
+    plain = len(ks) * cost(4)
+    bound = policy.probe_allowance * cost(4) + policy.probe_budget * priced + max(cost(4 * (k + 1)) for k in ks)
+    assert priced - plain <= bound
+    unbounded = BatchCostPolicy(cost, **stubborn, probe_budget=math.inf)
+    unbounded.start(4, budgets=[1000] * 4)
+    assert all(k > 0 for k in _drive(unbounded, rows, 50, lambda k: 0))  # negative control: no ledger
+    with pytest.raises(ValueError):
+        BatchCostPolicy(cost, probe_budget=0.0)
+    with pytest.raises(ValueError):
+        BatchCostPolicy(cost, invest_margin=-1.0)
+
+
 # -- joint law of sampled rows on a synthetic table model --------------------------------------------------
 
 VOCAB3 = 3

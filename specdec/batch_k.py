@@ -146,11 +146,15 @@ class BatchCostPolicy:
       the rows' remaining budgets (``sum_i remaining_i x (target_cost(B) / B - round / sum_i E(a_i, K))``)
       is at least `invest_margin` times its price; otherwise the round is plain (so a batch that never
       drafts never runs the draft model).
+    - **optimism before going plain.** When the estimate says K = 0 but the rows' estimates plus
+      `explore_z` standard deviations (`upper_alpha`) would draft, and the draft's catch-up costs no more
+      than a step, the round drafts at that K (a probe, `probes`): one unlucky round after the prefill was
+      paid must not end speculation for the batch.
     - **a ledger.** A speculative round is taken only while the net loss of the speculative rounds so far
       (each one's priced cost, catch-up included, minus the plain-decoding time of the tokens it committed,
-      ``tokens x target_cost(B) / B``) plus the round's expected loss stays within ``probe_allowance`` plain
-      steps plus the investments made plus ``probe_budget`` of the priced time so far. Rounds are priced at
-      the shapes actually run (the tokens every row verified).
+      ``tokens x target_cost(B) / B``) plus the round's expected loss at the estimate stays within
+      ``probe_allowance`` plain steps plus the investments made plus ``probe_budget`` of the priced time so
+      far. Rounds are priced at the shapes actually run (the tokens every row verified).
 
     Args:
         target_cost: seconds of one target forward over n tokens in total (e.g. a measured
@@ -165,6 +169,7 @@ class BatchCostPolicy:
         invest_margin: how many times its price a catch-up must be expected to save (>= 0; 0: always make
             it).
         default_budget: new tokens assumed left per row when `start` gets no budgets (>= 1).
+        explore_z: standard deviations of optimism before going plain (>= 0; 0: decide at the estimate).
 
     Raises:
         ValueError: a parameter out of range.
@@ -173,7 +178,8 @@ class BatchCostPolicy:
     def __init__(self, target_cost: Callable[[int], float], max_k: int = 8, *,
                  draft_cost: Callable[[int, int], float] | None = None, prior_alpha: float = 0.6,
                  prior_weight: float = 2.0, decay: float = 0.8, probe_budget: float = 0.01,
-                 probe_allowance: float = 1.0, invest_margin: float = 2.0, default_budget: int = 128) -> None:
+                 probe_allowance: float = 1.0, invest_margin: float = 2.0, default_budget: int = 128,
+                 explore_z: float = 1.0) -> None:
         if int(max_k) < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         if not 0.0 <= prior_alpha <= 1.0:
@@ -190,12 +196,15 @@ class BatchCostPolicy:
             raise ValueError(f"invest_margin must be finite and >= 0, got {invest_margin}")
         if int(default_budget) < 1:
             raise ValueError(f"default_budget must be >= 1 token, got {default_budget}")
+        if not (math.isfinite(explore_z) and explore_z >= 0.0):
+            raise ValueError(f"explore_z must be finite and >= 0, got {explore_z}")
         self.target_cost = target_cost
         self.draft_cost = draft_cost
         self.max_k = int(max_k)
         self.prior_alpha, self.prior_weight, self.decay = float(prior_alpha), float(prior_weight), float(decay)
         self.probe_budget, self.probe_allowance = float(probe_budget), float(probe_allowance)
         self.invest_margin, self.default_budget = float(invest_margin), int(default_budget)
+        self.explore_z = float(explore_z)
         self.start(0)
 
     def start(self, n_rows: int, *, context_lens: Sequence[int] | None = None,
@@ -215,6 +224,7 @@ class BatchCostPolicy:
         self._round_tokens = 0  # tokens committed in the round in flight
         self._round_verified = 0  # tokens the target verified in it (sum of K_i + 1)
         self.invested_rounds = 0  # catch-ups dearer than a draft step made (the draft's deferred prefill)
+        self.probes = 0  # rounds drafted on the optimistic estimate only (`upper_alpha`)
         self.declined = 0  # rounds made plain because a catch-up would not pay or the ledger was spent
 
     def alpha(self, row: int) -> float:
@@ -252,38 +262,56 @@ class BatchCostPolicy:
         self._round = None
         self._round_tokens = self._round_verified = 0
 
+    def upper_alpha(self, row: int) -> float:
+        """Row `row`'s estimate plus `explore_z` standard deviations of a Beta posterior on its trials
+        (``n = w + S + F``): ``a + z sqrt(a (1 - a) / (n + 1))``, capped at 1."""
+        a = self.alpha(row)
+        n = self.prior_weight + self._succ[row] + self._fail[row]
+        return min(1.0, a + self.explore_z * math.sqrt(a * (1.0 - a) / (n + 1.0)))
+
+    def _draft_step(self, b: int) -> float:
+        return float(self.draft_cost(b, 1)) if self.draft_cost is not None else 0.0
+
     def next_k(self, rows) -> int:
         self._settle()
         rows = list(rows)
         if not rows:
             return 0
+        b = len(rows)
+        step = self._draft_step(b)
+        extra = self.catch_up_s(rows)
+        invest = extra > step  # the deferred prefill, or a catch-up after a plain stretch
         alphas = [self.alpha(r) for r in rows]
         k = best_batch_k(alphas, self.target_cost, max_k=self.max_k, draft_cost=self.draft_cost)
-        extra = 0.0
+        explore = False
+        if k == 0 and self.explore_z > 0.0 and not invest:
+            # optimism while the draft is cheap to resume: one unlucky round must not end speculation
+            k = best_batch_k([self.upper_alpha(r) for r in rows], self.target_cost, max_k=self.max_k,
+                             draft_cost=self.draft_cost)
+            explore = k > 0
         if k > 0:
-            b = len(rows)
             t1 = float(self.target_cost(b))
             round_s = float(self.target_cost(b * (k + 1))) + float(self.draft_cost(b, k) if self.draft_cost else 0.0)
             expected = sum(expected_committed(a, k) for a in alphas)
-            extra = self.catch_up_s(rows)
-            if extra > 0.0:
+            if invest:
                 left = sum(max(0, self._left[r]) for r in rows)
                 saved = left * (t1 / b - round_s / expected)
                 if saved < self.invest_margin * extra:
-                    k, extra = 0, 0.0
+                    k = 0
             if k > 0 and not math.isinf(self.probe_budget):
-                loss = round_s - expected * t1 / b
-                allowed = (self.probe_allowance * t1 + self._invested + extra
+                loss = round_s + (0.0 if invest else extra) - expected * t1 / b
+                allowed = (self.probe_allowance * t1 + self._invested + (extra if invest else 0.0)
                            + self.probe_budget * (self._elapsed + round_s + extra))
                 if self._net_loss + loss > allowed:
-                    k, extra = 0, 0.0
+                    k = 0
             if k == 0:
                 self.declined += 1
-            elif extra > 0.0:
+            elif invest:
                 self._invested += extra
-                if extra > float(self.draft_cost(len(rows), 1)):  # more than a draft step: a prefill
-                    self.invested_rounds += 1
-        self._round = (k, len(rows), extra)
+                self.invested_rounds += 1
+            elif explore:
+                self.probes += 1
+        self._round = (k, b, extra if k > 0 else 0.0)
         return k
 
     def alpha_estimate(self, rows) -> float | None:
@@ -304,5 +332,5 @@ class BatchCostPolicy:
 
     def note(self) -> str:
         """One line for the run's record: catch-ups made and rounds declined."""
-        return (f"{self.invested_rounds} draft catch-ups over a step made, {self.declined} rounds declined to "
-                "plain")
+        return (f"{self.invested_rounds} draft catch-ups over a step made, {self.probes} probes, {self.declined} "
+                "rounds declined to plain")

@@ -25,6 +25,7 @@ Policies (build them by name with `make_policy`):
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -228,7 +229,8 @@ class CostPolicy(_KOnly):
       `specdec.traces.draft_pending` counts them);
     - every speculative round, a probe (a round the point estimate would not take) or not, is taken only
       while a ledger allows it (`probe_affordable`): the net loss of the speculative rounds so far (each
-      one's priced cost in target steps minus the tokens it committed; a round that won refunds) plus the
+      one's priced cost in target steps minus the tokens it committed; a round that won refunds; the
+      measured loss instead when the timed rounds show a larger one, `net_loss`) plus the
       round's expected loss at the estimate must stay within `probe_allowance` target steps plus
       `probe_budget` of the priced time so far. Probes taken: `probes`. Replayed on the stored llama.cpp
       traces (tests/test_never_lose.py) no prompt type falls below 0.97x of target-only decoding.
@@ -387,6 +389,9 @@ class CostPolicy(_KOnly):
         self._pending = 1  # tokens the draft's next catch-up forward feeds (`specdec.traces.draft_pending`)
         self._elapsed = 0.0  # priced time of every observed round, in target steps
         self._net_loss = 0.0  # priced steps of speculative rounds minus the tokens they committed
+        self._plain_s: list[float] = []  # measured seconds of the latest plain rounds (the step as it runs)
+        self._spec_s = 0.0  # measured seconds of the speculative rounds
+        self._spec_tokens = 0  # tokens those rounds committed
         self.probes = 0  # probes taken in this generation
 
     def current_alpha(self) -> float:
@@ -467,14 +472,29 @@ class CostPolicy(_KOnly):
         expected = (k + 1.0) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
         return self.round_steps(k, self._pending) - expected
 
+    #: Plain rounds measured before their median serves as the measured target step of the ledger.
+    MEASURED_PLAIN_ROUNDS = 3
+
+    def net_loss(self) -> float:
+        """The ledger's net loss of speculation so far, in target steps: the priced one (each speculative
+        round's priced cost minus the tokens it committed), or, once `MEASURED_PLAIN_ROUNDS` plain rounds
+        have been timed, the larger of it and the measured one (the speculative rounds' measured seconds over
+        the median measured plain round, minus their tokens). The measured form catches a verification
+        dearer in the decoding loop than in the calibration (rounds replayed from traces carry no times and
+        keep the priced form)."""
+        if len(self._plain_s) < self.MEASURED_PLAIN_ROUNDS:
+            return self._net_loss
+        step = statistics.median(self._plain_s)
+        return max(self._net_loss, self._spec_s / step - self._spec_tokens)
+
     def probe_affordable(self, k: int, alpha: float) -> bool:
-        """Whether a round of K drafts fits the ledger: net loss so far + `probe_loss(k, alpha)` <=
+        """Whether a round of K drafts fits the ledger: `net_loss()` + `probe_loss(k, alpha)` <=
         `probe_allowance` + `probe_budget` x (priced time so far + the round's cost)."""
         if math.isinf(self.probe_budget):
             return True
         cost = self.round_steps(k, self._pending)
         allowed = self.probe_allowance + self.probe_budget * (self._elapsed + cost)
-        return self._net_loss + self.probe_loss(k, alpha) <= allowed
+        return self.net_loss() + self.probe_loss(k, alpha) <= allowed
 
     def next_k(self) -> int:
         a = self.current_alpha()
@@ -526,6 +546,13 @@ class CostPolicy(_KOnly):
     def observe(self, record: RoundRecord) -> None:
         cost = self.round_steps(record.k, self._pending)
         self._elapsed += cost
+        measured = record.draft_s + record.verify_s + record.other_s
+        if measured > 0.0:
+            if record.k > 0:
+                self._spec_s += measured
+                self._spec_tokens += record.num_emitted
+            else:
+                self._plain_s = [*self._plain_s[-31:], measured]
         if record.k > 0:
             self._net_loss += cost - record.num_emitted
             full = record.num_accepted >= record.k and not record.draft_stopped

@@ -412,6 +412,21 @@ def test_batch_cost_policy_prices_the_deferred_draft_prefill_as_an_investment():
     assert free.catch_up_s([0, 1]) == 0.0 and free.next_k([0, 1]) > 0
 
 
+def test_batch_cost_policy_probes_on_its_optimistic_estimate_after_an_unlucky_round():
+    def cost(n):
+        return 1.0 + 0.4 * (n - 1)  # K = 1 pays above alpha = 0.4
+
+    ks = {}
+    for z in (1.0, 0.0):
+        policy = BatchCostPolicy(cost, max_k=4, explore_z=z)
+        policy.start(1, budgets=[100])
+        first = policy.next_k([0])
+        policy.observe(0, RoundRecord(first, 0, (False,), "recovered", 1))  # every draft rejected once
+        assert policy.alpha(0) == pytest.approx(0.4)  # at the estimate K = 1 only breaks even
+        ks[z] = policy.next_k([0])
+    assert ks[1.0] == 1 and ks[0.0] == 0  # z = 0 is the control: one round ends speculation
+
+
 def test_batch_cost_policy_ledger_bounds_the_loss_of_a_wrong_estimate():
     def cost(n):
         return 1.0 + 0.1 * (n - 1)

@@ -13,6 +13,7 @@ Three kinds of evidence:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sqlite3
@@ -167,6 +168,36 @@ def test_without_the_ledger_the_same_drafter_loses_more():
             p.observe(_rec(k, 0))
         losses.append(seconds / tokens - 1.0)
     assert losses[0] < 0.011 < losses[1]
+
+
+def _real_loss(timed: bool) -> tuple[float, float, CostPolicy]:
+    """3000 rounds of a drafter that is never right, priced by the policy on K_PAYS (verification nearly
+    free) while the loop's forwards really cost ``n`` target steps for n tokens; returns (the real loss in
+    target steps, the real time in steps, the policy). `timed`: the records carry the measured seconds."""
+    t1 = K_PAYS.target_step_s
+    p = CostPolicy.from_costs(CostCurve(K_PAYS.target_forward_s, 0.0))
+    p.start()
+    steps = tokens = 0.0
+    for _ in range(3000):
+        k = p.next_k()
+        real = (k + 1) * t1  # the dearer verification the calibration did not see
+        steps += real / t1
+        r = _rec(k, 0)
+        if timed:
+            r = dataclasses.replace(r, verify_s=real, forward_s=real)
+        tokens += r.num_emitted
+        p.observe(r)
+    return steps - tokens, steps, p
+
+
+def test_the_measured_ledger_bounds_a_verification_dearer_than_priced():
+    # the priced ledger sees ~0.02 steps lost per rejected round (its curve verifies 17 tokens for 1.2 steps);
+    # the loop pays K steps: once plain rounds are timed the ledger counts what the rounds really cost
+    loss, steps, p = _real_loss(timed=True)
+    worst = max(k for k in p.viable_ks) + 1
+    assert loss <= 1.0 + 0.01 * steps + worst
+    untimed_loss, untimed_steps, _ = _real_loss(timed=False)  # negative control: the priced ledger only
+    assert untimed_loss > 1.0 + 0.01 * untimed_steps + worst
 
 
 def test_policy_rejects_a_bad_budget():

@@ -438,7 +438,10 @@ def test_cost_policy_on_a_bad_draft_goes_plain_probes_and_stays_exact(tiny_token
     prompt = tiny_tokenizer(PROMPTS[0]).input_ids
     ref = autoregressive_generate(target, prompt, 80, vocab_size=V).token_ids
     policy = make_policy("cost", 8, costs=CHEAP_DRAFT)
-    out = speculative_generate(target, ModelDrafter(far_draft, V), prompt, 80, policy=policy, vocab_size=V)
+    # a clock that stands still: the rounds carry no measured time, so the ledger prices them on CHEAP_DRAFT
+    # (the tiny models' real times are not that curve)
+    out = speculative_generate(target, ModelDrafter(far_draft, V), prompt, 80, policy=policy, vocab_size=V,
+                               clock=lambda: 0.0)
     assert out.token_ids == ref
     ks = [r.k_requested for r in out.rounds]
     assert ks[0] > 0 and 0 in ks

@@ -153,8 +153,11 @@ class BatchCostPolicy:
     - **a ledger.** A speculative round is taken only while the net loss of the speculative rounds so far
       (each one's priced cost, catch-up included, minus the plain-decoding time of the tokens it committed,
       ``tokens x target_cost(B) / B``) plus the round's expected loss at the estimate stays within
-      ``probe_allowance`` plain steps plus the investments made plus ``probe_budget`` of the priced time so
-      far. Rounds are priced at the shapes actually run (the tokens every row verified).
+      ``probe_allowance`` plain steps (at most `allowance_fraction` of the longest budget) plus the
+      investments made plus ``probe_budget`` of the priced time so far. While a row's estimate rests on
+      fewer than `PROBE_EVIDENCE` trials, or for a probe, while nothing was invested in the draft, the
+      round is priced as if every draft failed, and K is shortened until that worst case fits. Rounds are priced at the shapes actually run (the tokens
+      every row verified).
 
     Args:
         target_cost: seconds of one target forward over n tokens in total (e.g. a measured
@@ -170,6 +173,8 @@ class BatchCostPolicy:
             it).
         default_budget: new tokens assumed left per row when `start` gets no budgets (>= 1).
         explore_z: standard deviations of optimism before going plain (>= 0; 0: decide at the estimate).
+        allowance_fraction: the allowance is at most this fraction of the longest budget, in plain steps
+            (>= 0).
 
     Raises:
         ValueError: a parameter out of range.
@@ -179,7 +184,7 @@ class BatchCostPolicy:
                  draft_cost: Callable[[int, int], float] | None = None, prior_alpha: float = 0.6,
                  prior_weight: float = 2.0, decay: float = 0.8, probe_budget: float = 0.01,
                  probe_allowance: float = 1.0, invest_margin: float = 2.0, default_budget: int = 128,
-                 explore_z: float = 1.0) -> None:
+                 explore_z: float = 1.0, allowance_fraction: float = 0.02) -> None:
         if int(max_k) < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         if not 0.0 <= prior_alpha <= 1.0:
@@ -205,6 +210,9 @@ class BatchCostPolicy:
         self.probe_budget, self.probe_allowance = float(probe_budget), float(probe_allowance)
         self.invest_margin, self.default_budget = float(invest_margin), int(default_budget)
         self.explore_z = float(explore_z)
+        if not (math.isfinite(allowance_fraction) and allowance_fraction >= 0.0):
+            raise ValueError(f"allowance_fraction must be finite and >= 0, got {allowance_fraction}")
+        self.allowance_fraction = float(allowance_fraction)
         self.start(0)
 
     def start(self, n_rows: int, *, context_lens: Sequence[int] | None = None,
@@ -217,6 +225,9 @@ class BatchCostPolicy:
         else:
             self._pending = [1] * n_rows
         self._left = [int(n) for n in budgets] if budgets is not None else [self.default_budget] * n_rows
+        # the ledger's allowance in plain steps: `probe_allowance`, at most `allowance_fraction` of the longest
+        # budget (so that a short generation is not allowed a larger share of its time)
+        self._allowance_steps = min(self.probe_allowance, self.allowance_fraction * max(self._left, default=0))
         self._elapsed = 0.0  # priced seconds of every settled round
         self._net_loss = 0.0  # priced seconds of speculative rounds minus the plain time of their tokens
         self._invested = 0.0  # catch-up seconds taken as investments (they raise the allowance)
@@ -269,6 +280,13 @@ class BatchCostPolicy:
         n = self.prior_weight + self._succ[row] + self._fail[row]
         return min(1.0, a + self.explore_z * math.sqrt(a * (1.0 - a) / (n + 1.0)))
 
+    #: Decayed trials (prior included) a row needs before its estimate, not the worst case, prices the ledger.
+    PROBE_EVIDENCE = 3.0
+
+    def trials(self, row: int) -> float:
+        """Row `row`'s acceptance trials behind its estimate, ``w + S + F``."""
+        return self.prior_weight + self._succ[row] + self._fail[row]
+
     def _draft_step(self, b: int) -> float:
         return float(self.draft_cost(b, 1)) if self.draft_cost is not None else 0.0
 
@@ -299,11 +317,22 @@ class BatchCostPolicy:
                 if saved < self.invest_margin * extra:
                     k = 0
             if k > 0 and not math.isinf(self.probe_budget):
-                loss = round_s + (0.0 if invest else extra) - expected * t1 / b
-                allowed = (self.probe_allowance * t1 + self._invested + (extra if invest else 0.0)
-                           + self.probe_budget * (self._elapsed + round_s + extra))
-                if self._net_loss + loss > allowed:
-                    k = 0
+                # once a prefill was invested in, its rounds are judged at the estimate (abandoning it at the
+                # first rejection would waste it)
+                thin = self._invested == 0.0 and (explore or min(self.trials(r) for r in rows) < self.PROBE_EVIDENCE)
+                while k > 0:
+                    round_s = (float(self.target_cost(b * (k + 1)))
+                               + float(self.draft_cost(b, k) if self.draft_cost else 0.0))
+                    if thin:  # the estimate is the prior or a guess: price the round as if all drafts fail
+                        loss = round_s + (0.0 if invest else extra) - t1
+                    else:
+                        loss = (round_s + (0.0 if invest else extra)
+                                - sum(expected_committed(a, k) for a in alphas) * t1 / b)
+                    allowed = (self._allowance_steps * t1 + self._invested + (extra if invest else 0.0)
+                               + self.probe_budget * (self._elapsed + round_s + extra))
+                    if self._net_loss + loss <= allowed:
+                        break
+                    k = k - 1 if thin else 0  # a shorter draft risks less
             if k == 0:
                 self.declined += 1
             elif invest:

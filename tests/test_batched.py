@@ -315,7 +315,8 @@ def test_batch_cost_policy_estimates_per_row_and_drives_the_loop(target, btarget
     assert policy.next_k([1]) == 0
     assert policy.next_k([0, 1]) == brute_k([policy.alpha(0), policy.alpha(1)], cost, 6)
     assert policy.alpha_estimate([0, 1]) == pytest.approx((policy.alpha(0) + policy.alpha(1)) / 2)
-    policy = BatchCostPolicy(cost, max_k=6, prior_alpha=0.9)
+    # a prior worth 4 trials: the ledger judges the first rounds at the estimate, not at the worst case
+    policy = BatchCostPolicy(cost, max_k=6, prior_alpha=0.9, prior_weight=4.0)
     rows = prompts[:3]
     out = generate_batch(btarget, rows, 20, drafter=BatchedModelDrafter(bnear, V), policy=policy, vocab_size=V)
     for p, o in zip(rows, out):
@@ -408,7 +409,7 @@ def test_batch_cost_policy_prices_the_deferred_draft_prefill_as_an_investment():
     assert 0.0 < long.catch_up_s([0, 1]) < draft(2, 1)
     # without a draft model (free drafting) nothing is pending
     free = BatchCostPolicy(cost, max_k=4, prior_alpha=0.9)
-    free.start(2, context_lens=[500, 500], budgets=[4, 4])
+    free.start(2, context_lens=[500, 500], budgets=[400, 400])
     assert free.catch_up_s([0, 1]) == 0.0 and free.next_k([0, 1]) > 0
 
 
@@ -425,6 +426,23 @@ def test_batch_cost_policy_probes_on_its_optimistic_estimate_after_an_unlucky_ro
         assert policy.alpha(0) == pytest.approx(0.4)  # at the estimate K = 1 only breaks even
         ks[z] = policy.next_k([0])
     assert ks[1.0] == 1 and ks[0.0] == 0  # z = 0 is the control: one round ends speculation
+
+
+def test_batch_cost_policy_prices_a_round_on_the_prior_at_its_worst_case():
+    def cost(n):
+        return 1.0 + 0.2 * (n - 1)  # 8 rows: 1 token each 2.4 s, 2 tokens each 4.0 s
+
+    # on the prior alone (2 trials) a round is priced as if every draft failed: K = 1 then loses 1.6 s, 0.67
+    # plain steps, more than the allowance of a 32-token budget (2% of it: 0.64 steps), so the batch decodes
+    # plainly; with 128 tokens (allowance 1 step) it drafts, and so does a prior worth 3 trials, judged at its
+    # estimate
+    for budget, weight, want in ((32, 2.0, 0), (128, 2.0, 1), (32, 3.0, 1)):
+        policy = BatchCostPolicy(cost, max_k=4, prior_alpha=0.9, prior_weight=weight, explore_z=0.0)
+        policy.start(8, budgets=[budget] * 8)
+        assert min(policy.next_k(list(range(8))), 1) == want, (budget, weight)
+    flat = BatchCostPolicy(lambda n: 1.0 + 0.01 * (n - 1), max_k=4, prior_alpha=0.9)
+    flat.start(8, budgets=[32] * 8)
+    assert flat.next_k(list(range(8))) >= 1  # a cheap worst case fits: it drafts from the first round
 
 
 def test_batch_cost_policy_ledger_bounds_the_loss_of_a_wrong_estimate():

@@ -90,10 +90,18 @@ def batch_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+#: The group name of the rows that pool every group's batches (per configuration, B and method/policy).
+POOLED = "all groups"
+
+
 def batch_summary(ratios: pd.DataFrame) -> pd.DataFrame:
     """Per (configuration, group, B, method/policy): the speedup over batched target-only (geometric mean
     over batches, 95% interval), mean aggregate tokens/s of both, accepted tokens per row-round, the
-    geometric mean of the predicted speedups, the fixed K(s) used and the mismatching rows."""
+    geometric mean of the predicted speedups, the fixed K(s) used and the mismatching rows; with more than
+    one group, also one row per (configuration, B, method/policy) over the batches of every group (group
+    `POOLED`)."""
+    if len(ratios) and ratios["group_name"].nunique() > 1:
+        ratios = pd.concat([ratios, ratios.assign(group_name=POOLED)], ignore_index=True)
     rows = []
     for (label, group, b, name), g in ratios.groupby(["config_label", "group_name", "batch_size", "name"], sort=True):
         iv = ratio_interval(g["ratio"])

@@ -156,8 +156,9 @@ class BatchCostPolicy:
       ``probe_allowance`` plain steps (at most `allowance_fraction` of the longest budget) plus the
       investments made plus ``probe_budget`` of the priced time so far. While a row's estimate rests on
       fewer than `PROBE_EVIDENCE` trials, or for a probe, while nothing was invested in the draft, the
-      round is priced as if every draft failed, and K is shortened until that worst case fits. Rounds are priced at the shapes actually run (the tokens
-      every row verified).
+      round is priced as if every draft failed, and K is shortened until that worst case fits. A round is
+      priced at its widest row's shape, B x max_i(K_i + 1): an upper bound on a ragged round (llama.cpp
+      runs one pass per token depth, or pads).
 
     Args:
         target_cost: seconds of one target forward over n tokens in total (e.g. a measured
@@ -234,6 +235,7 @@ class BatchCostPolicy:
         self._round: tuple[int, int, float] | None = None  # (K, B, catch-up seconds) of the round in flight
         self._round_tokens = 0  # tokens committed in the round in flight
         self._round_verified = 0  # tokens the target verified in it (sum of K_i + 1)
+        self._round_width = 0  # the widest row's K_i + 1 in it
         self.invested_rounds = 0  # catch-ups dearer than a draft step made (the draft's deferred prefill)
         self.probes = 0  # rounds drafted on the optimistic estimate only (`upper_alpha`)
         self.declined = 0  # rounds made plain because a catch-up would not pay or the ledger was spent
@@ -259,19 +261,20 @@ class BatchCostPolicy:
     def _settle(self) -> None:
         """Price the round in flight (if any) into the ledger and clear its counters."""
         if self._round is None:
-            self._round_tokens = self._round_verified = 0
+            self._round_tokens = self._round_verified = self._round_width = 0
             return
         k, b, extra = self._round
         t1 = float(self.target_cost(b))
         if k == 0:
             self._elapsed += t1
         else:
-            n = max(self._round_verified, b)
+            # a ragged round runs at its widest row's shape (llama.cpp: padded, or one pass per token depth)
+            n = max(b * self._round_width, self._round_verified, b)
             cost = float(self.target_cost(n)) + float(self.draft_cost(b, k) if self.draft_cost else 0.0) + extra
             self._elapsed += cost
             self._net_loss += cost - self._round_tokens * t1 / b
         self._round = None
-        self._round_tokens = self._round_verified = 0
+        self._round_tokens = self._round_verified = self._round_width = 0
 
     def upper_alpha(self, row: int) -> float:
         """Row `row`'s estimate plus `explore_z` standard deviations of a Beta posterior on its trials
@@ -349,6 +352,7 @@ class BatchCostPolicy:
     def observe(self, row, record) -> None:
         self._round_tokens += record.num_emitted
         self._round_verified += record.k + 1
+        self._round_width = max(self._round_width, record.k + 1)
         self._left[row] -= record.num_emitted
         if record.k > 0:
             self._pending[row] = 2 if record.num_accepted >= record.k else 1

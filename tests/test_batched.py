@@ -586,6 +586,38 @@ def llama(smollm2_gguf):
         be.close()
 
 
+def test_llamacpp_ragged_rows_are_padded_and_the_fillers_removed(llama):
+    """A forward whose rows feed 3, 1 and 0 tokens: the fillers that make it one micro-batch leave no trace -
+    every row's scored logits are those of its own sequence fed alone (single-sequence backend, same
+    positions), and llama.cpp's cache holds exactly the real tokens of each row afterwards."""
+    single, bt, _ = llama
+    ctxs = [single.tokenize(t) for t in LLAMA_TEXTS[:3]]
+    feeds = [[11, 12, 13], [14], []]
+    got = {}
+    decode = bt._decode
+    fed = []
+    for pad in (True, False):
+        bt.pad_ragged = pad
+        bt.prefill(ctxs)
+        bt._decode = lambda entries: fed.append(len(entries)) or decode(entries)
+        try:
+            got[pad] = bt.forward(feeds)
+        finally:
+            del bt._decode
+        assert fed.pop() == (6 if pad else 4)  # padded: 3 + 3 tokens, one micro-batch
+        assert bt.cache_lengths == [len(c) + len(f) for c, f in zip(ctxs, feeds)]
+        assert bt.valid_counts() == bt.cache_lengths  # no filler left in llama.cpp's cache
+        assert bt.forward([[7], [7], [7]])[0].shape[0] == 1  # and the rows go on from their real lengths
+    bt.pad_ragged = True
+    for i, (ctx, feed) in enumerate(zip(ctxs, feeds)):
+        assert got[True][i].shape == (len(feed), bt.vocab_size)
+        if feed:
+            single.reset()
+            ref = single.forward(ctx + feed)[-len(feed):]
+            assert torch.allclose(got[True][i], ref, atol=1e-3), i
+            assert torch.allclose(got[True][i], got[False][i], atol=1e-3), i
+
+
 def divergence_margin(single, prompt, out, ref) -> str:
     """Where `out` first leaves `ref`, and the oracle's top-2 logit margin there."""
     j = next((j for j, (x, y) in enumerate(zip(out.token_ids, ref.token_ids)) if x != y), None)

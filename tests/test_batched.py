@@ -329,24 +329,13 @@ def test_batch_cost_policy_estimates_per_row_and_drives_the_loop(target, btarget
     assert all(r.k == 0 for o in out for r in o.rounds)
 
 
-class CountingBackend:
-    """Wraps a batched backend and counts the tokens fed to its forwards and prefills."""
+class CountingBackend(Recorder):
+    """A `Recorder` that also counts the tokens fed to the backend's forwards and prefills."""
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.forward_tokens = 0
         self.prefill_tokens = 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    @property
-    def rows(self):
-        return self.inner.rows
-
-    @property
-    def cache_lengths(self):
-        return self.inner.cache_lengths
 
     def prefill(self, contexts):
         self.prefill_tokens += sum(len(c) for c in contexts)

@@ -280,8 +280,7 @@ class BatchCostPolicy:
         """Row `row`'s estimate plus `explore_z` standard deviations of a Beta posterior on its trials
         (``n = w + S + F``): ``a + z sqrt(a (1 - a) / (n + 1))``, capped at 1."""
         a = self.alpha(row)
-        n = self.prior_weight + self._succ[row] + self._fail[row]
-        return min(1.0, a + self.explore_z * math.sqrt(a * (1.0 - a) / (n + 1.0)))
+        return min(1.0, a + self.explore_z * math.sqrt(a * (1.0 - a) / (self.trials(row) + 1.0)))
 
     #: Decayed trials (prior included) a row needs before its estimate, not the worst case, prices the ledger.
     PROBE_EVIDENCE = 3.0

@@ -242,9 +242,8 @@ class BatchCostPolicy:
 
     def alpha(self, row: int) -> float:
         """Row `row`'s acceptance estimate in [0, 1]."""
-        w = self.prior_weight
-        den = w + self._succ[row] + self._fail[row]
-        return (w * self.prior_alpha + self._succ[row]) / den if den > 0.0 else self.prior_alpha
+        den = self.trials(row)
+        return (self.prior_weight * self.prior_alpha + self._succ[row]) / den if den > 0.0 else self.prior_alpha
 
     def catch_up_s(self, rows: Sequence[int]) -> float:
         """Priced seconds the draft's next catch-up adds over one draft step, for the live `rows`."""
@@ -255,8 +254,7 @@ class BatchCostPolicy:
         if p <= b:
             return 0.0
         t1 = float(self.target_cost(b))
-        c_b = float(self.draft_cost(b, 1)) / t1
-        return max(0.0, c_b * (float(self.target_cost(p)) - t1))
+        return max(0.0, self._drafting_s(b, 1) / t1 * (float(self.target_cost(p)) - t1))
 
     def _settle(self) -> None:
         """Price the round in flight (if any) into the ledger and clear its counters."""
@@ -270,7 +268,7 @@ class BatchCostPolicy:
         else:
             # a ragged round runs at its widest row's shape (llama.cpp: padded, or one pass per token depth)
             n = max(b * self._round_width, self._round_verified, b)
-            cost = float(self.target_cost(n)) + float(self.draft_cost(b, k) if self.draft_cost else 0.0) + extra
+            cost = float(self.target_cost(n)) + self._drafting_s(b, k) + extra
             self._elapsed += cost
             self._net_loss += cost - self._round_tokens * t1 / b
         self._round = None
@@ -289,8 +287,13 @@ class BatchCostPolicy:
         """Row `row`'s acceptance trials behind its estimate, ``w + S + F``."""
         return self.prior_weight + self._succ[row] + self._fail[row]
 
-    def _draft_step(self, b: int) -> float:
-        return float(self.draft_cost(b, 1)) if self.draft_cost is not None else 0.0
+    def _drafting_s(self, b: int, k: int) -> float:
+        """Priced seconds of drafting K tokens for b rows (0 for free drafting)."""
+        return float(self.draft_cost(b, k)) if self.draft_cost is not None else 0.0
+
+    def _round_s(self, b: int, k: int) -> float:
+        """Priced seconds of a round of K drafts over b rows at the full shape, catch-up aside."""
+        return float(self.target_cost(b * (k + 1))) + self._drafting_s(b, k)
 
     def next_k(self, rows) -> int:
         self._settle()
@@ -298,7 +301,7 @@ class BatchCostPolicy:
         if not rows:
             return 0
         b = len(rows)
-        step = self._draft_step(b)
+        step = self._drafting_s(b, 1)
         extra = self.catch_up_s(rows)
         invest = extra > step  # the deferred prefill, or a catch-up after a plain stretch
         alphas = [self.alpha(r) for r in rows]
@@ -311,7 +314,7 @@ class BatchCostPolicy:
             explore = k > 0
         if k > 0:
             t1 = float(self.target_cost(b))
-            round_s = float(self.target_cost(b * (k + 1))) + float(self.draft_cost(b, k) if self.draft_cost else 0.0)
+            round_s = self._round_s(b, k)
             expected = sum(expected_committed(a, k) for a in alphas)
             if invest:
                 left = sum(max(0, self._left[r]) for r in rows)
@@ -323,8 +326,7 @@ class BatchCostPolicy:
                 # first rejection would waste it)
                 thin = self._invested == 0.0 and (explore or min(self.trials(r) for r in rows) < self.PROBE_EVIDENCE)
                 while k > 0:
-                    round_s = (float(self.target_cost(b * (k + 1)))
-                               + float(self.draft_cost(b, k) if self.draft_cost else 0.0))
+                    round_s = self._round_s(b, k)
                     if thin:  # the estimate is the prior or a guess: price the round as if all drafts fail
                         loss = round_s + (0.0 if invest else extra) - t1
                     else:

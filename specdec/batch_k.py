@@ -130,7 +130,10 @@ class BatchCostPolicy:
     second, ``sum_i E(a_i, K) / (target_cost(B (K + 1)) + draft_cost(B, K))`` (`best_batch_k`; K = 0 is one
     plain step per row), where row i's estimate is ``(w * prior_alpha + S_i) / (w + S_i + F_i)``, after each
     of its rounds with K > 0 ``S_i <- decay * S_i + accepted`` and ``F_i <- decay * F_i + rejected`` (the
-    alpha-hat of `specdec.metrics`, decayed). Rounds with K = 0 carry no evidence.
+    alpha-hat of `specdec.metrics`, decayed). Rounds with K = 0 carry no evidence. A row that drafted nothing
+    in a round with K > 0 (a free drafter found no match, or the row's budget left no room) is *dry*: it is
+    expected to commit 1 token (alpha 0) until it drafts again or a plain round passes, so that one row's prior
+    does not keep a batch drafting for rows that cannot draft.
 
     So that speculation never loses more than a bounded amount (the batch form of
     `specdec.policies.CostPolicy`'s rules):
@@ -185,7 +188,7 @@ class BatchCostPolicy:
                  draft_cost: Callable[[int, int], float] | None = None, prior_alpha: float = 0.6,
                  prior_weight: float = 2.0, decay: float = 0.8, probe_budget: float = 0.01,
                  probe_allowance: float = 1.0, invest_margin: float = 2.0, default_budget: int = 128,
-                 explore_z: float = 1.0, allowance_fraction: float = 0.02) -> None:
+                 explore_z: float = 1.0, allowance_fraction: float = 0.01) -> None:
         if int(max_k) < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         if not 0.0 <= prior_alpha <= 1.0:
@@ -220,6 +223,7 @@ class BatchCostPolicy:
               budgets: Sequence[int] | None = None) -> None:
         self._succ = [0.0] * n_rows
         self._fail = [0.0] * n_rows
+        self._dry = [False] * n_rows  # drafted nothing in the last round with K > 0
         # tokens the draft's next catch-up feeds per row: the whole context before the deferred prefill
         if self.draft_cost is not None and context_lens is not None:
             self._pending = [max(1, int(n)) for n in context_lens]
@@ -265,6 +269,7 @@ class BatchCostPolicy:
         t1 = float(self.target_cost(b))
         if k == 0:
             self._elapsed += t1
+            self._dry = [False] * len(self._dry)  # after a plain round every row may have something to draft
         else:
             # a ragged round runs at its widest row's shape (llama.cpp: padded, or one pass per token depth)
             n = max(b * self._round_width, self._round_verified, b)
@@ -282,6 +287,11 @@ class BatchCostPolicy:
 
     #: Decayed trials (prior included) a row needs before its estimate, not the worst case, prices the ledger.
     PROBE_EVIDENCE = 3.0
+
+    def expected_alpha(self, row: int) -> float:
+        """The acceptance a round's expected gain uses for row `row`: 0 while the row is dry (it commits
+        1 token whatever K is), else `alpha`."""
+        return 0.0 if self._dry[row] else self.alpha(row)
 
     def trials(self, row: int) -> float:
         """Row `row`'s acceptance trials behind its estimate, ``w + S + F``."""
@@ -304,13 +314,13 @@ class BatchCostPolicy:
         step = self._drafting_s(b, 1)
         extra = self.catch_up_s(rows)
         invest = extra > step  # the deferred prefill, or a catch-up after a plain stretch
-        alphas = [self.alpha(r) for r in rows]
+        alphas = [self.expected_alpha(r) for r in rows]
         k = best_batch_k(alphas, self.target_cost, max_k=self.max_k, draft_cost=self.draft_cost)
         explore = False
         if k == 0 and self.explore_z > 0.0 and not invest:
             # optimism while the draft is cheap to resume: one unlucky round must not end speculation
-            k = best_batch_k([self.upper_alpha(r) for r in rows], self.target_cost, max_k=self.max_k,
-                             draft_cost=self.draft_cost)
+            k = best_batch_k([0.0 if self._dry[r] else self.upper_alpha(r) for r in rows], self.target_cost,
+                             max_k=self.max_k, draft_cost=self.draft_cost)
             explore = k > 0
         if k > 0:
             t1 = float(self.target_cost(b))
@@ -324,7 +334,9 @@ class BatchCostPolicy:
             if k > 0 and not math.isinf(self.probe_budget):
                 # once a prefill was invested in, its rounds are judged at the estimate (abandoning it at the
                 # first rejection would waste it)
-                thin = self._invested == 0.0 and (explore or min(self.trials(r) for r in rows) < self.PROBE_EVIDENCE)
+                # (a dry row is already priced at its worst case, 1 token)
+                thin = self._invested == 0.0 and (explore or min(
+                    (self.trials(r) for r in rows if not self._dry[r]), default=math.inf) < self.PROBE_EVIDENCE)
                 while k > 0:
                     round_s = self._round_s(b, k)
                     if thin:  # the estimate is the prior or a guess: price the round as if all drafts fail
@@ -355,6 +367,8 @@ class BatchCostPolicy:
         self._round_verified += record.k + 1
         self._round_width = max(self._round_width, record.k + 1)
         self._left[row] -= record.num_emitted
+        if self._round is not None and self._round[0] > 0:
+            self._dry[row] = record.k <= 0
         if record.k > 0:
             self._pending[row] = 2 if record.num_accepted >= record.k else 1
         else:

@@ -422,7 +422,7 @@ def test_batch_cost_policy_prices_a_round_on_the_prior_at_its_worst_case():
         return 1.0 + 0.2 * (n - 1)  # 8 rows: 1 token each 2.4 s, 2 tokens each 4.0 s
 
     # on the prior alone (2 trials) a round is priced as if every draft failed: K = 1 then loses 1.6 s, 0.67
-    # plain steps, more than the allowance of a 32-token budget (2% of it: 0.64 steps), so the batch decodes
+    # plain steps, more than the allowance of a 32-token budget (1% of it: 0.32 steps), so the batch decodes
     # plainly; with 128 tokens (allowance 1 step) it drafts, and so does a prior worth 3 trials, judged at its
     # estimate
     for budget, weight, want in ((32, 2.0, 0), (128, 2.0, 1), (32, 3.0, 1)):
@@ -432,6 +432,29 @@ def test_batch_cost_policy_prices_a_round_on_the_prior_at_its_worst_case():
     flat = BatchCostPolicy(lambda n: 1.0 + 0.01 * (n - 1), max_k=4, prior_alpha=0.9)
     flat.start(8, budgets=[32] * 8)
     assert flat.next_k(list(range(8))) >= 1  # a cheap worst case fits: it drafts from the first round
+
+
+def test_batch_cost_policy_counts_a_row_that_drafted_nothing_as_one_token():
+    def cost(n):
+        return 1.0 + 0.3 * (n - 1)  # 4 rows: 1 token each 1.9 s, 2 tokens each 3.1 s
+
+    # rows 1..3 found no match (a free drafter drafted nothing for them), row 0 accepted everything: at the
+    # rows' estimates K = 1 would pay, but only row 0 can draft, so the batch decodes plainly
+    rows = [0, 1, 2, 3]
+    policy = BatchCostPolicy(cost, max_k=4, prior_alpha=0.9, prior_weight=4.0)
+    policy.start(4, budgets=[100] * 4)
+    k = policy.next_k(rows)
+    assert k > 0
+    policy.observe(0, RoundRecord(k, k, (True,) * k, "bonus", k + 1))
+    for r in rows[1:]:
+        policy.observe(r, RoundRecord(0, 0, (), "bonus", 1))
+    assert policy.expected_alpha(1) == 0.0 and policy.alpha(1) == pytest.approx(0.9)
+    assert best_batch_k([policy.alpha(r) for r in rows], cost, max_k=4) > 0  # control: the estimates draft
+    assert policy.next_k(rows) == 0
+    # the plain round passes: every row may have a match again, and the batch drafts
+    for r in rows:
+        policy.observe(r, RoundRecord(0, 0, (), "bonus", 1))
+    assert policy.next_k(rows) > 0 and policy.expected_alpha(1) == pytest.approx(0.9)
 
 
 def test_batch_cost_policy_ledger_bounds_the_loss_of_a_wrong_estimate():

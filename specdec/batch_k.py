@@ -11,6 +11,7 @@ device, so K shrinks as B grows; on a CPU it grows almost linearly and speculati
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -79,9 +80,10 @@ class BatchKPolicy(Protocol):
     """Chooses the batch's K each round; rows are the original prompt indices still decoding."""
 
     def start(self, n_rows: int, *, context_lens: Sequence[int] | None = None,
-              budgets: Sequence[int] | None = None) -> None:
+              budgets: Sequence[int] | None = None, timed: bool = False) -> None:
         """A new batch of `n_rows` rows (forget everything observed); `context_lens` are the rows' prompt
-        lengths in tokens and `budgets` their new-token budgets (None: unknown)."""
+        lengths in tokens and `budgets` their new-token budgets (None: unknown); `timed`: the rounds' records
+        will carry their wall-clock seconds (the decoding loop; not a replay)."""
         ...
 
     def next_k(self, rows: Sequence[int]) -> int:
@@ -109,7 +111,7 @@ class FixedBatchK:
             raise ValueError(f"K must be >= 1, got {k}")
         self.k = int(k)
 
-    def start(self, n_rows: int, *, context_lens=None, budgets=None) -> None:
+    def start(self, n_rows: int, *, context_lens=None, budgets=None, timed=False) -> None:
         pass
 
     def next_k(self, rows) -> int:
@@ -162,6 +164,15 @@ class BatchCostPolicy:
       round is priced as if every draft failed, and K is shortened until that worst case fits. A round is
       priced at its widest row's shape, B x max_i(K_i + 1): an upper bound on a ragged round (llama.cpp
       runs one pass per token depth, or pads).
+    - **measured rounds.** Rounds carry their wall-clock seconds (`RoundRecord` draft_s + verify_s +
+      other_s). Once `MEASURED_PLAIN_ROUNDS` plain rounds are timed, the ledger's net loss is the larger of
+      the priced one and the measured one (the speculative rounds' measured seconds, brought to the priced
+      scale by the median measured/priced ratio of the plain rounds, minus the plain time of their tokens),
+      and speculative rounds are priced ``overhead()`` times their curve price: the median measured/priced
+      ratio of the speculative rounds over that of the plain rounds (at least 1). So a round dearer in the
+      decoding loop than in the calibration (logits of every verified position, per-row verification,
+      cache trimming) stops speculation that the curve alone would keep. A timed batch opens with
+      `reference_rounds` plain rounds so that the reference exists before the first speculative round.
 
     Args:
         target_cost: seconds of one target forward over n tokens in total (e.g. a measured
@@ -179,6 +190,8 @@ class BatchCostPolicy:
         explore_z: standard deviations of optimism before going plain (>= 0; 0: decide at the estimate).
         allowance_fraction: the allowance is at most this fraction of the longest budget, in plain steps
             (>= 0).
+        reference_rounds: plain rounds a timed batch (`start`'s ``timed``) opens with, so that the measured
+            ledger has its reference from the start (>= 0).
 
     Raises:
         ValueError: a parameter out of range.
@@ -188,7 +201,7 @@ class BatchCostPolicy:
                  draft_cost: Callable[[int, int], float] | None = None, prior_alpha: float = 0.6,
                  prior_weight: float = 2.0, decay: float = 0.8, probe_budget: float = 0.01,
                  probe_allowance: float = 1.0, invest_margin: float = 2.0, default_budget: int = 128,
-                 explore_z: float = 1.0, allowance_fraction: float = 0.01) -> None:
+                 explore_z: float = 1.0, allowance_fraction: float = 0.01, reference_rounds: int = 3) -> None:
         if int(max_k) < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         if not 0.0 <= prior_alpha <= 1.0:
@@ -217,10 +230,16 @@ class BatchCostPolicy:
         if not (math.isfinite(allowance_fraction) and allowance_fraction >= 0.0):
             raise ValueError(f"allowance_fraction must be finite and >= 0, got {allowance_fraction}")
         self.allowance_fraction = float(allowance_fraction)
+        if int(reference_rounds) < 0:
+            raise ValueError(f"reference_rounds must be >= 0, got {reference_rounds}")
+        self.reference_rounds = int(reference_rounds)
         self.start(0)
 
     def start(self, n_rows: int, *, context_lens: Sequence[int] | None = None,
-              budgets: Sequence[int] | None = None) -> None:
+              budgets: Sequence[int] | None = None, timed: bool = False) -> None:
+        # a timed batch opens with `reference_rounds` plain rounds: the measured reference of the ledger
+        self._reference = self.reference_rounds if timed else 0
+        self._plain_rounds = 0  # plain rounds settled
         self._succ = [0.0] * n_rows
         self._fail = [0.0] * n_rows
         self._dry = [False] * n_rows  # drafted nothing in the last round with K > 0
@@ -240,6 +259,11 @@ class BatchCostPolicy:
         self._round_tokens = 0  # tokens committed in the round in flight
         self._round_verified = 0  # tokens the target verified in it (sum of K_i + 1)
         self._round_width = 0  # the widest row's K_i + 1 in it
+        self._round_measured = 0.0  # measured seconds of the round in flight (0: not timed)
+        self._plain_ratio: list[float] = []  # measured / priced seconds of the latest timed plain rounds
+        self._spec_ratio: list[float] = []  # the same for speculative rounds
+        self._spec_measured_s = 0.0  # measured seconds of the timed speculative rounds
+        self._spec_plain_s = 0.0  # priced plain-decoding seconds of the tokens those rounds committed
         self.invested_rounds = 0  # catch-ups dearer than a draft step made (the draft's deferred prefill)
         self.probes = 0  # rounds drafted on the optimistic estimate only (`upper_alpha`)
         self.declined = 0  # rounds made plain because a catch-up would not pay or the ledger was spent
@@ -264,20 +288,50 @@ class BatchCostPolicy:
         """Price the round in flight (if any) into the ledger and clear its counters."""
         if self._round is None:
             self._round_tokens = self._round_verified = self._round_width = 0
+            self._round_measured = 0.0
             return
         k, b, extra = self._round
         t1 = float(self.target_cost(b))
+        measured = self._round_measured
         if k == 0:
             self._elapsed += t1
+            self._plain_rounds += 1
             self._dry = [False] * len(self._dry)  # after a plain round every row may have something to draft
+            if measured > 0.0 and t1 > 0.0:
+                self._plain_ratio = [*self._plain_ratio[-31:], measured / t1]
         else:
             # a ragged round runs at its widest row's shape (llama.cpp: padded, or one pass per token depth)
             n = max(b * self._round_width, self._round_verified, b)
             cost = float(self.target_cost(n)) + self._drafting_s(b, k) + extra
             self._elapsed += cost
-            self._net_loss += cost - self._round_tokens * t1 / b
+            plain = self._round_tokens * t1 / b
+            self._net_loss += cost - plain
+            if measured > 0.0 and cost > 0.0:
+                self._spec_ratio = [*self._spec_ratio[-31:], measured / cost]
+                self._spec_measured_s += measured
+                self._spec_plain_s += plain
         self._round = None
         self._round_tokens = self._round_verified = self._round_width = 0
+        self._round_measured = 0.0
+
+    #: Timed plain rounds before measured times enter the ledger and the speculative rounds' price.
+    MEASURED_PLAIN_ROUNDS = 3
+
+    def net_loss(self) -> float:
+        """The ledger's net loss of speculation so far, in priced seconds: the priced one, or once
+        `MEASURED_PLAIN_ROUNDS` plain rounds were timed the larger of it and the measured one."""
+        if len(self._plain_ratio) < self.MEASURED_PLAIN_ROUNDS:
+            return self._net_loss
+        rho = statistics.median(self._plain_ratio)
+        return max(self._net_loss, self._spec_measured_s / rho - self._spec_plain_s)
+
+    def overhead(self) -> float:
+        """How many times its curve price a speculative round costs in the decoding loop, relative to a plain
+        round: the median measured/priced ratio of the timed speculative rounds over the plain rounds' (>= 1;
+        1 before `MEASURED_PLAIN_ROUNDS` plain rounds and one speculative round were timed)."""
+        if len(self._plain_ratio) < self.MEASURED_PLAIN_ROUNDS or not self._spec_ratio:
+            return 1.0
+        return max(1.0, statistics.median(self._spec_ratio) / statistics.median(self._plain_ratio))
 
     def upper_alpha(self, row: int) -> float:
         """Row `row`'s estimate plus `explore_z` standard deviations of a Beta posterior on its trials
@@ -311,20 +365,30 @@ class BatchCostPolicy:
         if not rows:
             return 0
         b = len(rows)
+        if self._plain_rounds < self._reference:  # the measured reference first
+            self._round = (0, b, 0.0)
+            return 0
         step = self._drafting_s(b, 1)
         extra = self.catch_up_s(rows)
         invest = extra > step  # the deferred prefill, or a catch-up after a plain stretch
+        kappa = self.overhead()
+        extra *= kappa
+
+        def target_cost(n: int) -> float:  # a speculative round's shape at its measured overhead
+            return float(self.target_cost(n)) * (kappa if n > b else 1.0)
+
+        draft_cost = None if self.draft_cost is None else (lambda bb, kk: kappa * float(self.draft_cost(bb, kk)))
         alphas = [self.expected_alpha(r) for r in rows]
-        k = best_batch_k(alphas, self.target_cost, max_k=self.max_k, draft_cost=self.draft_cost)
+        k = best_batch_k(alphas, target_cost, max_k=self.max_k, draft_cost=draft_cost)
         explore = False
         if k == 0 and self.explore_z > 0.0 and not invest:
             # optimism while the draft is cheap to resume: one unlucky round must not end speculation
-            k = best_batch_k([0.0 if self._dry[r] else self.upper_alpha(r) for r in rows], self.target_cost,
-                             max_k=self.max_k, draft_cost=self.draft_cost)
+            k = best_batch_k([0.0 if self._dry[r] else self.upper_alpha(r) for r in rows], target_cost,
+                             max_k=self.max_k, draft_cost=draft_cost)
             explore = k > 0
         if k > 0:
             t1 = float(self.target_cost(b))
-            round_s = self._round_s(b, k)
+            round_s = kappa * self._round_s(b, k)
             expected = sum(expected_committed(a, k) for a in alphas)
             if invest:
                 left = sum(max(0, self._left[r]) for r in rows)
@@ -338,7 +402,7 @@ class BatchCostPolicy:
                 thin = self._invested == 0.0 and (explore or min(
                     (self.trials(r) for r in rows if not self._dry[r]), default=math.inf) < self.PROBE_EVIDENCE)
                 while k > 0:
-                    round_s = self._round_s(b, k)
+                    round_s = kappa * self._round_s(b, k)
                     if thin:  # the estimate is the prior or a guess: price the round as if all drafts fail
                         loss = round_s + (0.0 if invest else extra) - t1
                     else:
@@ -346,23 +410,26 @@ class BatchCostPolicy:
                                 - sum(expected_committed(a, k) for a in alphas) * t1 / b)
                     allowed = (self._allowance_steps * t1 + self._invested + (extra if invest else 0.0)
                                + self.probe_budget * (self._elapsed + round_s + extra))
-                    if self._net_loss + loss <= allowed:
+                    if self.net_loss() + loss <= allowed:
                         break
                     k = k - 1 if thin else 0  # a shorter draft risks less
             if k == 0:
                 self.declined += 1
             elif invest:
-                self._invested += extra
+                self._invested += extra / kappa  # at the curve price, as the ledger counts it
                 self.invested_rounds += 1
             elif explore:
                 self.probes += 1
-        self._round = (k, b, extra if k > 0 else 0.0)
+        self._round = (k, b, extra / kappa if k > 0 else 0.0)  # the ledger prices at the curve (see net_loss)
         return k
 
     def alpha_estimate(self, rows) -> float | None:
         return sum(self.alpha(r) for r in rows) / len(rows) if rows else None
 
     def observe(self, row, record) -> None:
+        # the round's wall-clock seconds (one batched round: every row carries the same)
+        measured = (record.draft_s or 0.0) + (record.verify_s or 0.0) + (record.other_s or 0.0)
+        self._round_measured = max(self._round_measured, measured)
         self._round_tokens += record.num_emitted
         self._round_verified += record.k + 1
         self._round_width = max(self._round_width, record.k + 1)

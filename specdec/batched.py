@@ -347,7 +347,7 @@ def generate_batch(
         return clock()
 
     t0 = now()
-    policy.start(b, context_lens=[len(p) for p in prompts], budgets=budgets)
+    policy.start(b, context_lens=[len(p) for p in prompts], budgets=budgets, timed=True)
     committed = {i: list(prompts[i]) for i in live}
     target.prefill([committed[i][:-1] for i in live])
     if drafter is not None:

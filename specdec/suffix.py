@@ -5,7 +5,8 @@ Prompt lookup (`specdec.drafters.PromptLookupDrafter`) matches the last 1-3 toke
 suffix drafter follows SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975) and SAM-decoding (Hu et al.
 2024, arXiv 2411.10666): it keeps a suffix automaton (Blumer et al. 1985) of prompt + output, built online
 in amortized O(1) per token, finds the *longest* suffix of the committed text that occurred before, and
-proposes what followed that occurrence. How many tokens it proposes depends on how well its drafts fared:
+proposes what followed its most recent earlier occurrence (the automaton gives the first; the most recent is
+found among the last token's earlier positions). How many tokens it proposes depends on how well its drafts fared:
 it counts, per match-length bucket, the draft tokens it offered and the ones the target accepted, estimates
 a per-token acceptance alpha for the current match length (a Beta(1, 1) prior), and picks the K that
 maximizes expected tokens per unit of round time,
@@ -148,15 +149,32 @@ class SuffixDrafter:
         min_match: matches shorter than this never draft (default 1: the statistics decide).
         corpus: earlier outputs (token lists) to match as well; their drafts are counted apart.
         prior: Beta prior (accepted, rejected) pseudo-counts of each bucket's acceptance (default 1, 1).
+        length_prior: accepted pseudo-counts per token of the match beyond the first, added to the prior of
+            the match length's bucket (at the bucket's shortest length): a suffix that already repeated L
+            tokens is evidence that the next ones repeat too (default 1: a 16-token match starts at alpha
+            16/17; 0: the plain prior for every length).
+        occurrence: which earlier occurrence of the matched suffix drafts: ``"recent"`` (the most recent
+            one, as prompt lookup takes: generated text repeats what it said last) or ``"first"`` (the
+            automaton's first occurrence). Corpus matches always draft from their first occurrence.
 
     Raises:
-        ValueError: min_match < 1 or a negative prior.
+        ValueError: min_match < 1, a negative prior or an unknown occurrence.
     """
+
+    #: Earlier occurrences of the last token checked for the most recent match before the first is taken.
+    MAX_CANDIDATES = 64
 
     name = "suffix"
 
     def __init__(self, cost=None, *, min_match: int = 1, corpus: Iterable[Sequence[int]] = (),
-                 prior: tuple[float, float] = (1.0, 1.0)) -> None:
+                 prior: tuple[float, float] = (1.0, 1.0), occurrence: str = "recent",
+                 length_prior: float = 1.0) -> None:
+        if occurrence not in ("recent", "first"):
+            raise ValueError(f"occurrence must be 'recent' or 'first', got {occurrence!r}")
+        self.occurrence = occurrence
+        if not length_prior >= 0.0:
+            raise ValueError(f"length_prior must be >= 0, got {length_prior}")
+        self.length_prior = float(length_prior)
         if min_match < 1:
             raise ValueError(f"min_match must be >= 1, got {min_match}")
         if min(prior) < 0:
@@ -182,6 +200,9 @@ class SuffixDrafter:
         the timed one, and a trace replay reproduces it)."""
         self.stats = SuffixStats()
         self._sam = SuffixAutomaton(context)
+        self._positions: dict[int, list[int]] = {}  # token -> its indices in the text, ascending
+        for i, t in enumerate(self._sam.tokens):
+            self._positions.setdefault(t, []).append(i)
         self._cstate, self._cmatched = 0, 0
         if self._corpus is not None:
             for t in context:
@@ -207,6 +228,8 @@ class SuffixDrafter:
             start = self._corpus.first_end[self._cstate] + 1
         if length < self.min_match or start <= 0:
             return Draft([], None)
+        if source == "prompt" and self.occurrence == "recent":
+            start = self._recent_start(length, start)
         want = self._choose_k(length, k)
         if want == 0:
             return Draft([], None)
@@ -240,9 +263,26 @@ class SuffixDrafter:
     # -- internals ------------------------------------------------------------------------------------
     def _catch_up(self, committed: Sequence[int]) -> None:
         for t in committed[len(self._sam.tokens):]:
+            self._positions.setdefault(int(t), []).append(len(self._sam.tokens))
             self._sam.append(t)
             if self._corpus is not None:
                 self._cstate, self._cmatched = self._corpus.step(self._cstate, self._cmatched, t)
+
+    def _recent_start(self, length: int, first_start: int) -> int:
+        """The index after the most recent earlier occurrence of the text's last `length` tokens (checking at
+        most `MAX_CANDIDATES` earlier positions of the last token; else `first_start`)."""
+        toks = self._sam.tokens
+        n = len(toks)
+        suffix = toks[n - length:]
+        positions = self._positions.get(toks[-1], [])
+        # the last position is the suffix itself
+        for j in range(len(positions) - 2, max(-1, len(positions) - 2 - self.MAX_CANDIDATES), -1):
+            e = positions[j]
+            if e < length - 1:
+                break
+            if toks[e - length + 1:e + 1] == suffix:
+                return e + 1
+        return first_start
 
     def _corpus_copy(self, start: int, k: int) -> list[int]:
         out = []
@@ -257,6 +297,7 @@ class SuffixDrafter:
         s = 0 if source == "prompt" else 1
         b = _bucket(length)
         a0, r0 = self.prior
+        a0 += self.length_prior * (_BUCKETS[b] - 1)  # the match itself: L - 1 tokens already repeated
         acc = self._accepted[s][b]
         rej = self._offered[s][b] - acc
         return (acc + a0) / (acc + rej + a0 + r0)

@@ -452,13 +452,18 @@ def test_batch_measure_times_the_batch_shapes(api_pair):
 
 @pytest.mark.parametrize("cheap", [True, False])
 def test_batch_cost_policy_follows_the_prices(api_pair, singles, cheap):
-    """Flat target costs and free drafting: the policy drafts its largest K every round it can; costs linear in
-    the tokens with a dear draft: it never drafts. Either way the rows are the single-prompt output."""
+    """Flat target costs and free drafting: after its timed reference rounds the policy drafts its largest K;
+    costs linear in the tokens with a dear draft: it never drafts. Either way the rows are the single-prompt
+    output."""
     ns = [1, 2, 3, 4, 6, 8, 10, 12, 16, 18]
     costs = {"target_forward_s": {n: (1.0 if cheap else float(n)) for n in ns},
              "draft_step_s": 0.0 if cheap else 5.0, "draft_forward_s": None if cheap else {1: 5.0, 2: 10.0}}
     ids = [api_pair.tokenizer(t).input_ids for t in TEXTS[:2]]
     run = run_batches(api_pair.loaded, ids, NEW, batch_size=2, drafter="model", policy="cost", k=5, costs=costs)
     assert [r.token_ids for r in run.results] == singles[:2] and run.k == 5 and run.policy == "cost"
-    asked = [x.k_requested for r in run.results for x in r.rounds]
-    assert set(asked) == ({5} if cheap else {0})
+    asked = [x.k_requested for x in run.results[0].rounds]
+    # three timed plain rounds (the measured reference), then the priced choice; later rounds are priced at
+    # the overhead the loop measured, which these made-up prices do not predict
+    assert asked[:3] == [0, 0, 0] and asked[3] == (5 if cheap else 0)
+    if not cheap:
+        assert set(asked) == {0}

@@ -457,6 +457,65 @@ def test_batch_cost_policy_counts_a_row_that_drafted_nothing_as_one_token():
     assert policy.next_k(rows) > 0 and policy.expected_alpha(1) == pytest.approx(0.9)
 
 
+def _drive_timed(policy, rows, rounds, accept, cost, spec_factor):
+    """`_drive` with wall-clock seconds in the records: a plain round takes its curve price, a speculative one
+    `spec_factor` times it (a round dearer in the decoding loop than in the calibration)."""
+    ks = []
+    for _ in range(rounds):
+        k = policy.next_k(rows)
+        ks.append(k)
+        seconds = cost(len(rows) * (k + 1)) * (spec_factor if k > 0 else 1.0)
+        for r in rows:
+            a = min(k, accept(k))
+            kind = "bonus" if a == k else "recovered"
+            policy.observe(r, RoundRecord(k, a, (True,) * a + ((False,) if a < k else ()), kind, a + 1,
+                                          verify_s=seconds))
+    return ks
+
+
+def test_batch_cost_policy_prices_speculative_rounds_at_their_measured_overhead():
+    def cost(n):
+        return 1.0 + 0.1 * (n - 1)  # 4 rows: K = 1 costs 1.7 s against 1.3 s plain
+
+    rows = [0, 1, 2, 3]
+    ks = {}
+    for factor in (1.0, 1.6):
+        policy = BatchCostPolicy(cost, max_k=4, prior_alpha=0.5, prior_weight=4.0)
+        policy.start(4, budgets=[1000] * 4, timed=True)
+        ks[factor] = _drive_timed(policy, rows, 60, lambda k: min(k, 1), cost, factor)
+        assert ks[factor][:3] == [0, 0, 0]  # the timed reference: three plain rounds first
+        if factor > 1.0:
+            assert policy.overhead() == pytest.approx(factor)
+    # on the curve, 2 tokens per row for a K = 1 round pay (2 x 1.3 > 1.7 s): the control drafts throughout
+    assert all(k > 0 for k in ks[1.0][3:])
+    # 1.6x dearer in the loop (2.72 s for 2 tokens a row) they do not: after the first measured round, plain
+    assert sum(k > 0 for k in ks[1.6]) <= 2 and ks[1.6][-1] == 0
+    untimed = BatchCostPolicy(cost, max_k=4, prior_alpha=0.5, prior_weight=4.0)
+    untimed.start(4, budgets=[1000] * 4)
+    assert untimed.next_k(rows) > 0  # rounds without times (replays): no reference rounds
+    with pytest.raises(ValueError, match="reference_rounds"):
+        BatchCostPolicy(cost, reference_rounds=-1)
+
+
+def test_batch_cost_policy_ledger_counts_the_measured_loss():
+    def cost(n):
+        return 1.0 + 0.1 * (n - 1)
+
+    # a prior held fixed at a high acceptance, every draft accepted on the curve's terms but 3x dearer in the
+    # loop, and no overhead pricing (its median is dominated by cheap rounds): the measured ledger stops it
+    policy = BatchCostPolicy(cost, max_k=1, prior_alpha=0.9, prior_weight=1e9, decay=1.0)
+    policy.start(2, budgets=[1000] * 2, timed=True)
+    policy.overhead = lambda: 1.0  # isolate the ledger
+    ks = _drive_timed(policy, [0, 1], 200, lambda k: 0, cost, 3.0)
+    assert 0 < sum(k > 0 for k in ks) < 10
+    assert policy.net_loss() > policy._net_loss  # the measured loss is the larger
+    priced_only = BatchCostPolicy(cost, max_k=1, prior_alpha=0.9, prior_weight=1e9, decay=1.0)
+    priced_only.start(2, budgets=[1000] * 2)  # untimed: the same rounds, priced only
+    priced_only.overhead = lambda: 1.0
+    assert sum(k > 0 for k in _drive_timed(priced_only, [0, 1], 200, lambda k: 0, cost, 1.0)) > \
+        sum(k > 0 for k in ks)
+
+
 def test_batch_cost_policy_ledger_bounds_the_loss_of_a_wrong_estimate():
     def cost(n):
         return 1.0 + 0.1 * (n - 1)

@@ -74,20 +74,31 @@ def test_a_flat_cost_curve_drafts_the_whole_repeat():
     assert d.propose(seq, 8, GREEDY, None).tokens == [1, 2, 3, 4, 1, 2, 3, 4]
 
 
-def test_rejections_shrink_the_draft_until_it_stops():
-    d = SuffixDrafter(Sloped())
+def _rounds_until_it_stops(d, limit=200):
+    """Rounds of always-rejected drafts on a long repeat until `d` drafts nothing (None: it never stops)."""
     seq = [1, 2, 3, 4] * 10
     d.prefill(seq[:-1])
-    assert len(d.propose(seq, 8, GREEDY, None).tokens) >= 1  # prior alpha 0.5 pays for K = 1 on this curve
-    for i in range(6):
+    assert len(d.propose(seq, 8, GREEDY, None).tokens) >= 1  # the prior pays for K >= 1 on this curve
+    for i in range(limit):
         seq = seq + [100 + i]  # a token never seen before: the draft's first token is rejected
         d.rollback(seq)
         seq = seq + [1, 2, 3, 4] * 3
-        d.propose(seq, 8, GREEDY, None)
-    assert d.stats.accepted["prompt"] == 0 and d.stats.offered["prompt"] >= 2
-    length, _ = SuffixAutomaton(seq).longest_repeat()
-    assert d.alpha(length) < 0.5
-    assert d.propose(seq, 8, GREEDY, None).tokens == []
+        if not d.propose(seq, 8, GREEDY, None).tokens:
+            assert d.stats.accepted["prompt"] == 0 and d.stats.offered["prompt"] >= 2
+            length, _ = SuffixAutomaton(seq).longest_repeat()
+            assert d.alpha(length) < 0.5
+            return i + 1
+    return None
+
+
+def test_rejections_shrink_the_draft_until_it_stops():
+    # a 16+ token match starts at alpha 16/17 (the match is evidence), so it takes more rejections to stop
+    # than with the plain Beta(1, 1) prior
+    with_length = _rounds_until_it_stops(SuffixDrafter(Sloped()))
+    plain = _rounds_until_it_stops(SuffixDrafter(Sloped(), length_prior=0.0))
+    assert plain is not None and with_length is not None and plain < with_length
+    with pytest.raises(ValueError, match="length_prior"):
+        SuffixDrafter(length_prior=-1.0)
 
 
 def test_a_draft_cut_by_the_end_of_generation_counts_only_what_was_verified():
@@ -113,6 +124,38 @@ def test_corpus_matches_are_drafted_and_counted_apart():
     seq2 = [14, 15, 16]
     d.prefill(seq2[:-1])
     assert d.propose(seq2, 4, GREEDY, None).tokens == []
+
+
+def brute_recent_start(seq, length):
+    """The index after the most recent earlier occurrence of `seq`'s last `length` tokens."""
+    n = len(seq)
+    for end in range(n - 2, length - 2, -1):
+        if seq[end - length + 1:end + 1] == seq[n - length:]:
+            return end + 1
+    return None
+
+
+def test_the_most_recent_occurrence_drafts_by_default():
+    seq = [1, 2, 7, 7, 1, 2, 8, 8, 1, 2]  # "1 2" followed by 7 7 first, 8 8 most recently
+    recent, first = SuffixDrafter(Flat()), SuffixDrafter(Flat(), occurrence="first")
+    for d in (recent, first):
+        d.prefill(seq[:-1])
+    assert recent.propose(seq, 2, GREEDY, None).tokens == [8, 8]
+    assert first.propose(seq, 2, GREEDY, None).tokens == [7, 7]
+    with pytest.raises(ValueError, match="occurrence"):
+        SuffixDrafter(occurrence="last")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_recent_start_matches_brute_force(seed):
+    rng = random.Random(seed)
+    seq = [rng.randrange(rng.randint(1, 3)) for _ in range(rng.randint(2, 80))]
+    d = SuffixDrafter(Flat())
+    d.prefill(seq[:-1])
+    d.propose(seq, 1, GREEDY, None)  # catches the drafter up on the whole sequence
+    length, end = d._sam.longest_repeat()
+    if length:
+        assert d._recent_start(length, end + 1) == brute_recent_start(seq, length)
 
 
 def test_bad_arguments_are_refused():

@@ -5,11 +5,12 @@ Prompt lookup (`specdec.drafters.PromptLookupDrafter`) matches the last 1-3 toke
 suffix drafter follows SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975) and SAM-decoding (Hu et al.
 2024, arXiv 2411.10666): it keeps a suffix automaton (Blumer et al. 1985) of prompt + output, built online
 in amortized O(1) per token, finds the *longest* suffix of the committed text that occurred before, and
-proposes what followed its most recent earlier occurrence (the automaton gives the first; the most recent is
-found among the last token's earlier positions). How many tokens it proposes depends on how well its drafts fared:
-it counts, per match-length bucket, the draft tokens it offered and the ones the target accepted, estimates
-a per-token acceptance alpha for the current match length (a Beta(1, 1) prior), and picks the K that
-maximizes expected tokens per unit of round time,
+proposes what followed its most recent earlier occurrence (the automaton gives the first; the most recent
+is found among the last token's earlier positions). How many tokens it proposes depends on how well its
+drafts fared: it counts, per match-length bucket, the draft tokens it offered and the ones the target
+accepted, estimates a per-token acceptance alpha for the current match length (a Beta(1, 1) prior plus
+L - 1 accepted pseudo-counts for a bucket of matches of L tokens or more: the match itself is evidence), and
+picks the K that maximizes expected tokens per unit of round time,
 
     E(K) / v(K + 1),   E(K) = (1 - alpha^(K+1)) / (1 - alpha)      (Leviathan et al. 2023, eq. 1),
 
@@ -158,7 +159,7 @@ class SuffixDrafter:
             automaton's first occurrence). Corpus matches always draft from their first occurrence.
 
     Raises:
-        ValueError: min_match < 1, a negative prior or an unknown occurrence.
+        ValueError: min_match < 1, a negative prior or length_prior, or an unknown occurrence.
     """
 
     #: Earlier occurrences of the last token checked for the most recent match before the first is taken.

@@ -372,7 +372,7 @@ class BatchCostPolicy:
         extra = self.catch_up_s(rows)
         invest = extra > step  # the deferred prefill, or a catch-up after a plain stretch
         kappa = self.overhead()
-        extra *= kappa
+        paid = kappa * extra  # the catch-up at the loop's measured overhead (`extra`: its curve price)
 
         def target_cost(n: int) -> float:  # a speculative round's shape at its measured overhead
             return float(self.target_cost(n)) * (kappa if n > b else 1.0)
@@ -393,7 +393,7 @@ class BatchCostPolicy:
             if invest:
                 left = sum(max(0, self._left[r]) for r in rows)
                 saved = left * (t1 / b - round_s / expected)
-                if saved < self.invest_margin * extra:
+                if saved < self.invest_margin * paid:
                     k = 0
             if k > 0 and not math.isinf(self.probe_budget):
                 # once a prefill was invested in, its rounds are judged at the estimate (abandoning it at the
@@ -404,23 +404,23 @@ class BatchCostPolicy:
                 while k > 0:
                     round_s = kappa * self._round_s(b, k)
                     if thin:  # the estimate is the prior or a guess: price the round as if all drafts fail
-                        loss = round_s + (0.0 if invest else extra) - t1
+                        loss = round_s + (0.0 if invest else paid) - t1
                     else:
-                        loss = (round_s + (0.0 if invest else extra)
+                        loss = (round_s + (0.0 if invest else paid)
                                 - sum(expected_committed(a, k) for a in alphas) * t1 / b)
-                    allowed = (self._allowance_steps * t1 + self._invested + (extra if invest else 0.0)
-                               + self.probe_budget * (self._elapsed + round_s + extra))
+                    allowed = (self._allowance_steps * t1 + self._invested + (paid if invest else 0.0)
+                               + self.probe_budget * (self._elapsed + round_s + paid))
                     if self.net_loss() + loss <= allowed:
                         break
                     k = k - 1 if thin else 0  # a shorter draft risks less
             if k == 0:
                 self.declined += 1
             elif invest:
-                self._invested += extra / kappa  # at the curve price, as the ledger counts it
+                self._invested += extra  # at the curve price, as the ledger counts it
                 self.invested_rounds += 1
             elif explore:
                 self.probes += 1
-        self._round = (k, b, extra / kappa if k > 0 else 0.0)  # the ledger prices at the curve (see net_loss)
+        self._round = (k, b, extra if k > 0 else 0.0)  # the ledger prices at the curve (see net_loss)
         return k
 
     def alpha_estimate(self, rows) -> float | None:

@@ -40,6 +40,7 @@ def best_batch_k(
     *,
     max_k: int,
     draft_cost: Callable[[int, int], float] | None = None,
+    caps: Sequence[int] | None = None,
 ) -> int:
     """The K in ``0..max_k`` maximising expected committed tokens per second over the batch (ties: smaller K).
 
@@ -49,28 +50,36 @@ def best_batch_k(
         max_k: largest K considered (>= 0).
         draft_cost: seconds of drafting K tokens for B rows, ``draft_cost(B, K)`` (>= 0; ``draft_cost(B, 0)``
             is taken as 0 whatever it returns). None: free drafting (prompt lookup).
+        caps: per row, the most tokens it can draft this round (>= 0; a free drafter's proposal length, known
+            before the round); row i drafts ``min(K, caps[i])`` and the round verifies
+            ``B x (min(K, max(caps)) + 1)`` tokens (ragged rows padded to the widest). None: no limit.
 
     Returns:
         K; 0 when no K > 0 beats plain decoding (``B / target_cost(B)`` tokens per second).
 
     Raises:
-        ValueError: no rows, an alpha outside [0, 1], max_k < 0, or a cost that is not finite and positive
-            (target) / non-negative (draft).
+        ValueError: no rows, an alpha outside [0, 1], max_k < 0, caps not one non-negative entry per row, or a
+            cost that is not finite and positive (target) / non-negative (draft).
     """
     if not alphas:
         raise ValueError("best_batch_k needs at least one row")
     if max_k < 0:
         raise ValueError(f"max_k must be >= 0, got {max_k}")
     b = len(alphas)
+    if caps is None:
+        caps = [max_k] * b
+    elif len(caps) != b or min(caps) < 0:
+        raise ValueError(f"caps must hold one count >= 0 per row ({b} rows), got {list(caps)}")
     best_k, best_rate = 0, -1.0
-    for k in range(max_k + 1):
-        t = float(target_cost(b * (k + 1)))
+    for k in range(min(max_k, max(caps)) + 1):
+        width = min(k, max(caps)) + 1
+        t = float(target_cost(b * width))
         if not (math.isfinite(t) and t > 0.0):
-            raise ValueError(f"target_cost({b * (k + 1)}) = {t}: must be finite and > 0")
+            raise ValueError(f"target_cost({b * width}) = {t}: must be finite and > 0")
         d = float(draft_cost(b, k)) if (draft_cost is not None and k > 0) else 0.0
         if not (math.isfinite(d) and d >= 0.0):
             raise ValueError(f"draft_cost({b}, {k}) = {d}: must be finite and >= 0")
-        rate = sum(expected_committed(float(a), k) for a in alphas) / (t + d)
+        rate = sum(expected_committed(float(a), min(k, c)) for a, c in zip(alphas, caps, strict=True)) / (t + d)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k
@@ -86,8 +95,10 @@ class BatchKPolicy(Protocol):
         will carry their wall-clock seconds (the decoding loop; not a replay)."""
         ...
 
-    def next_k(self, rows: Sequence[int]) -> int:
-        """K for this round of the live `rows` (0: a plain step)."""
+    def next_k(self, rows: Sequence[int], available: Sequence[int] | None = None) -> int:
+        """K for this round of the live `rows` (0: a plain step); `available`, where the drafter is free to
+        ask before the round (`specdec.batched.PerRowDrafters.preview`), is the most tokens each row (in
+        `rows` order) has to draft this round (None: not known)."""
         ...
 
     def alpha_estimate(self, rows: Sequence[int]) -> float | None:
@@ -114,7 +125,7 @@ class FixedBatchK:
     def start(self, n_rows: int, *, context_lens=None, budgets=None, timed=False) -> None:
         pass
 
-    def next_k(self, rows) -> int:
+    def next_k(self, rows, available=None) -> int:
         return self.k
 
     def alpha_estimate(self, rows) -> float | None:
@@ -132,10 +143,13 @@ class BatchCostPolicy:
     second, ``sum_i E(a_i, K) / (target_cost(B (K + 1)) + draft_cost(B, K))`` (`best_batch_k`; K = 0 is one
     plain step per row), where row i's estimate is ``(w * prior_alpha + S_i) / (w + S_i + F_i)``, after each
     of its rounds with K > 0 ``S_i <- decay * S_i + accepted`` and ``F_i <- decay * F_i + rejected`` (the
-    alpha-hat of `specdec.metrics`, decayed). Rounds with K = 0 carry no evidence. A row that drafted nothing
-    in a round with K > 0 (a free drafter found no match, or the row's budget left no room) is *dry*: it is
-    expected to commit 1 token (alpha 0) until it drafts again or a plain round passes, so that one row's prior
-    does not keep a batch drafting for rows that cannot draft.
+    alpha-hat of `specdec.metrics`, decayed). Rounds with K = 0 carry no evidence. A free drafter (prompt
+    lookup, suffix) says before the round how many tokens each row has to draft (``next_k``'s `available`,
+    from `specdec.batched.PerRowDrafters.preview`): row i then commits ``E(a_i, min(K, available_i))``, a row
+    without a match exactly 1 token, and a round where no row has a match is plain. So the estimate is the
+    acceptance of a drafted token, and the batch drafts only when rows that can draft pay for the rows that
+    cannot. Without `available`, a row that drafted nothing in a round with K > 0 is *dry*: it is expected to
+    commit 1 token (alpha 0) until it drafts again or a plain round passes.
 
     So that speculation never loses more than a bounded amount (the batch form of
     `specdec.policies.CostPolicy`'s rules):
@@ -359,13 +373,21 @@ class BatchCostPolicy:
         """Priced seconds of a round of K drafts over b rows at the full shape, catch-up aside."""
         return float(self.target_cost(b * (k + 1))) + self._drafting_s(b, k)
 
-    def next_k(self, rows) -> int:
+    def next_k(self, rows, available=None) -> int:
         self._settle()
         rows = list(rows)
         if not rows:
             return 0
         b = len(rows)
+        if available is not None and len(available) != b:
+            raise ValueError(f"available must hold one count per live row ({b}), got {len(available)}")
         if self._plain_rounds < self._reference:  # the measured reference first
+            self._round = (0, b, 0.0)
+            return 0
+        # rows' draft caps: what a free drafter has to draft (known), else unlimited with dry rows at alpha 0
+        caps = [max(0, int(n)) for n in available] if available is not None else [self.max_k] * b
+        known = available is not None
+        if max(caps) == 0:  # nothing to draft in any row: a plain round, which costs nothing to decide
             self._round = (0, b, 0.0)
             return 0
         step = self._drafting_s(b, 1)
@@ -377,39 +399,42 @@ class BatchCostPolicy:
         def target_cost(n: int) -> float:  # a speculative round's shape at its measured overhead
             return float(self.target_cost(n)) * (kappa if n > b else 1.0)
 
+        def round_s(k: int) -> float:  # a round of K at the measured overhead, at its widest row, catch-up aside
+            return kappa * self._round_s(b, min(k, max(caps)))
+
+        def expected(k: int, alphas: Sequence[float]) -> float:
+            return sum(expected_committed(a, min(k, c)) for a, c in zip(alphas, caps, strict=True))
+
         draft_cost = None if self.draft_cost is None else (lambda bb, kk: kappa * float(self.draft_cost(bb, kk)))
-        alphas = [self.expected_alpha(r) for r in rows]
-        k = best_batch_k(alphas, target_cost, max_k=self.max_k, draft_cost=draft_cost)
+        alphas = [self.alpha(r) if known else self.expected_alpha(r) for r in rows]
+        drafting = [r for r, a, c in zip(rows, alphas, caps, strict=True) if c > 0 and (known or not self._dry[r])]
+        k = best_batch_k(alphas, target_cost, max_k=self.max_k, draft_cost=draft_cost, caps=caps)
         explore = False
         if k == 0 and self.explore_z > 0.0 and not invest:
             # optimism while the draft is cheap to resume: one unlucky round must not end speculation
-            k = best_batch_k([0.0 if self._dry[r] else self.upper_alpha(r) for r in rows], target_cost,
-                             max_k=self.max_k, draft_cost=draft_cost)
+            k = best_batch_k([self.upper_alpha(r) if r in drafting else 0.0 for r in rows], target_cost,
+                             max_k=self.max_k, draft_cost=draft_cost, caps=caps)
             explore = k > 0
         if k > 0:
             t1 = float(self.target_cost(b))
-            round_s = kappa * self._round_s(b, k)
-            expected = sum(expected_committed(a, k) for a in alphas)
             if invest:
                 left = sum(max(0, self._left[r]) for r in rows)
-                saved = left * (t1 / b - round_s / expected)
+                saved = left * (t1 / b - round_s(k) / expected(k, alphas))
                 if saved < self.invest_margin * paid:
                     k = 0
             if k > 0 and not math.isinf(self.probe_budget):
                 # once a prefill was invested in, its rounds are judged at the estimate (abandoning it at the
                 # first rejection would waste it)
-                # (a dry row is already priced at its worst case, 1 token)
-                thin = self._invested == 0.0 and (explore or min(
-                    (self.trials(r) for r in rows if not self._dry[r]), default=math.inf) < self.PROBE_EVIDENCE)
+                # (a row with nothing to draft, or a dry one, is already priced at its worst case, 1 token)
+                thin = self._invested == 0.0 and (
+                    explore or min((self.trials(r) for r in drafting), default=math.inf) < self.PROBE_EVIDENCE)
                 while k > 0:
-                    round_s = kappa * self._round_s(b, k)
                     if thin:  # the estimate is the prior or a guess: price the round as if all drafts fail
-                        loss = round_s + (0.0 if invest else paid) - t1
+                        loss = round_s(k) + (0.0 if invest else paid) - t1
                     else:
-                        loss = (round_s + (0.0 if invest else paid)
-                                - sum(expected_committed(a, k) for a in alphas) * t1 / b)
+                        loss = round_s(k) + (0.0 if invest else paid) - expected(k, alphas) * t1 / b
                     allowed = (self._allowance_steps * t1 + self._invested + (paid if invest else 0.0)
-                               + self.probe_budget * (self._elapsed + round_s + paid))
+                               + self.probe_budget * (self._elapsed + round_s(k) + paid))
                     if self.net_loss() + loss <= allowed:
                         break
                     k = k - 1 if thin else 0  # a shorter draft risks less

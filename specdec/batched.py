@@ -129,16 +129,43 @@ class PerRowDrafters:
     def __init__(self, factory: Callable[[], Drafter]) -> None:
         self.factory = factory
         self.drafters: list[Drafter] = []
-        self.name = factory().name
+        sample = factory()
+        self.name = sample.name
+        #: drafting costs nothing, so the loop may ask what each row has to draft before choosing K (`preview`)
+        self.free = bool(getattr(sample, "free", False))
+        # a shorter K proposes a prefix of a longer K's proposal: a preview's drafts serve the round itself
+        self._prefix_drafts = bool(getattr(sample, "prefix_drafts", False))
+        self._previewed: tuple[list[int], list[int], list[Draft]] | None = None
 
     def prefill(self, contexts):
         self.drafters = [self.factory() for _ in contexts]
         for d, ctx in zip(self.drafters, contexts, strict=True):
             d.prefill(list(ctx))
 
+    def preview(self, committed: list[list[int]], ks: list[int], sampling: SamplingParams) -> list[int]:
+        """For a free drafter (`free`): how many tokens row i would draft at up to ``ks[i]``, before the round's
+        K is chosen (`specdec.batch_k.BatchCostPolicy` prices rows without a match at 1 token). Where shorter
+        drafts are prefixes of longer ones the proposals serve this round's `propose`.
+
+        Raises:
+            TypeError: the drafter is not free (drafting it would cost a draft forward).
+        """
+        if not self.free:
+            raise TypeError(f"drafter {self.name!r} is not free: its drafts cannot be previewed")
+        drafts = [d.propose(c, k, sampling, None) for d, c, k in zip(self.drafters, committed, ks, strict=True)]
+        if self._prefix_drafts:
+            self._previewed = ([len(c) for c in committed], list(ks), drafts)
+        return [len(d.tokens) for d in drafts]
+
     def propose(self, committed, ks, sampling, generators):
-        return [d.propose(c, k, sampling, g) for d, c, k, g in zip(self.drafters, committed, ks, generators,
-                                                                  strict=True)]
+        previewed, self._previewed = self._previewed, None
+        out = []
+        for j, (d, c, k, g) in enumerate(zip(self.drafters, committed, ks, generators, strict=True)):
+            if previewed is not None and previewed[0][j] == len(c) and k <= previewed[1][j]:
+                out.append(Draft(previewed[2][j].tokens[:max(0, k)], None))
+            else:
+                out.append(d.propose(c, k, sampling, g))
+        return out
 
     def rollback(self, committed):
         for d, c in zip(self.drafters, committed, strict=True):
@@ -363,11 +390,18 @@ def generate_batch(
             ks = [0] * len(live)
             drafts = [Draft([], None) for _ in live]
         else:
-            k_req = max(0, int(policy.next_k(live)))
-            alpha_est = policy.alpha_estimate(live)
             supply = drafter.max_k([len(committed[i]) for i in live])
-            ks = [max(0, min(k_req, rem - 1, target.max_length - len(committed[i]), s))
-                  for i, rem, s in zip(live, remaining, supply, strict=True)]
+            caps = [max(0, min(rem - 1, target.max_length - len(committed[i]), s))
+                    for i, rem, s in zip(live, remaining, supply, strict=True)]
+            # a free drafter says what each row has to draft before the policy chooses K (policies with a max_k)
+            policy_max = getattr(policy, "max_k", None)
+            available = None
+            if policy_max is not None and getattr(drafter, "free", False):
+                available = drafter.preview([committed[i] for i in live], [min(c, policy_max) for c in caps],
+                                            sampling)
+            k_req = max(0, int(policy.next_k(live, available)))
+            alpha_est = policy.alpha_estimate(live)
+            ks = [min(k_req, c) for c in caps]
             drafts = drafter.propose([committed[i] for i in live], ks, sampling, [gens[i] for i in live])
         t_draft = now()
         logits = target.forward([[committed[i][-1]] + d.tokens for i, d in zip(live, drafts, strict=True)])

@@ -185,6 +185,8 @@ class PromptLookupDrafter:
     """
 
     name = "ngram"
+    free = True  # no model: a batch may ask what each row would draft before choosing K
+    prefix_drafts = True  # the proposal at a smaller K is the prefix of the one at a larger K
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, *, match: str = "recent",
                  continue_past_end: bool = True) -> None:

@@ -166,6 +166,7 @@ class SuffixDrafter:
     MAX_CANDIDATES = 64
 
     name = "suffix"
+    free = True  # no model: a batch may ask what each row would draft before choosing K
 
     def __init__(self, cost=None, *, min_match: int = 1, corpus: Iterable[Sequence[int]] = (),
                  prior: tuple[float, float] = (1.0, 1.0), occurrence: str = "recent",

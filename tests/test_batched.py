@@ -20,7 +20,7 @@ import specdec.verification as ver
 from specdec.backends.base import BackendError, ContextOverflowError
 from specdec.backends.hf_batched import BatchedHFBackend
 from specdec.batch_k import BatchCostPolicy, FixedBatchK, best_batch_k, expected_committed
-from specdec.batched import BatchedModelDrafter, PerRowDrafters, generate_batch
+from specdec.batched import GREEDY, BatchedModelDrafter, PerRowDrafters, generate_batch
 from specdec.decoding import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.metrics import RoundRecord
@@ -457,6 +457,108 @@ def test_batch_cost_policy_counts_a_row_that_drafted_nothing_as_one_token():
     assert policy.next_k(rows) > 0 and policy.expected_alpha(1) == pytest.approx(0.9)
 
 
+def test_best_batch_k_prices_each_row_at_what_it_has_to_draft():
+    def cost(n):
+        return 1.0 + 0.1 * (n - 1)
+
+    alphas, caps = [0.9, 0.9, 0.5, 0.2], [3, 0, 1, 0]
+
+    def rate(k):  # rows draft min(K, cap); the round is padded to the widest row
+        width = min(k, max(caps)) + 1
+        return sum(expected_committed(a, min(k, c)) for a, c in zip(alphas, caps)) / cost(4 * width)
+
+    want = max(range(4), key=lambda k: (rate(k), -k))
+    assert best_batch_k(alphas, cost, max_k=8, caps=caps) == want > 0
+    assert best_batch_k(alphas, cost, max_k=8) > want  # control: without caps every row drafts K
+    assert best_batch_k(alphas, cost, max_k=8, caps=[0] * 4) == 0  # nothing to draft: plain
+    # a row with nothing to draft commits one token whatever its acceptance
+    assert best_batch_k([0.9, 1.0], cost, max_k=8, caps=[2, 0]) == best_batch_k([0.9, 0.0], cost, max_k=8,
+                                                                               caps=[2, 0])
+    for bad in ([1, 2], [1, -1, 0, 0]):
+        with pytest.raises(ValueError, match="caps"):
+            best_batch_k(alphas, cost, max_k=4, caps=bad)
+
+
+def test_batch_cost_policy_drafts_only_for_rows_with_something_to_draft():
+    def cost(n):
+        return 1.0 + 0.3 * (n - 1)  # 4 rows: 1 token each 1.9 s, 2 tokens each 3.1 s
+
+    def policy():
+        p = BatchCostPolicy(cost, max_k=4, prior_alpha=0.9, prior_weight=4.0)
+        p.start(4, budgets=[100] * 4)
+        return p
+
+    rows = [0, 1, 2, 3]
+    assert policy().next_k(rows) > 0  # control: unknown matches, the estimates draft
+    assert policy().next_k(rows, [4, 4, 4, 4]) > 0
+    assert policy().next_k(rows, [4, 0, 0, 0]) == 0  # one row's draft cannot pay for three plain rows
+    p = policy()
+    assert p.next_k(rows, [0, 0, 0, 0]) == 0 and p.declined == 0  # no row has a match: plain, nothing declined
+    with pytest.raises(ValueError, match="available"):
+        policy().next_k(rows, [1, 1])
+
+
+class _NoModel:
+    """A drafter without the `free` flag (drafting it would cost): it proposes its scripted token K times."""
+
+    name = "scripted"
+
+    def prefill(self, context):
+        pass
+
+    def max_k(self, n):
+        return 1 << 30
+
+    def propose(self, committed, k, sampling, generator, min_confidence=None):
+        from specdec.drafters import Draft
+        return Draft([7] * max(0, k), None)
+
+    def rollback(self, committed):
+        pass
+
+
+def test_per_row_drafters_preview_what_each_row_would_draft(prompts):
+    rows = [prompts[1], prompts[0], prompts[4]]  # repetitive, no repeat, short repeat
+    d = PerRowDrafters(PromptLookupDrafter)
+    assert d.free
+    d.prefill([p[:-1] for p in rows])
+    one = PromptLookupDrafter()
+    direct = [one.propose(p, 4, GREEDY, None).tokens for p in rows]
+    assert d.preview(rows, [4, 4, 4], GREEDY) == [len(t) for t in direct]
+    assert any(direct) and not all(direct)
+    # the round then drafts a prefix of the preview, as a direct proposal at that K
+    got = d.propose(rows, [2, 0, 3], GREEDY, [None] * 3)
+    assert [g.tokens for g in got] == [one.propose(p, k, GREEDY, None).tokens for p, k in zip(rows, [2, 0, 3])]
+    scripted = PerRowDrafters(_NoModel)
+    assert not scripted.free
+    scripted.prefill([p[:-1] for p in rows])
+    with pytest.raises(TypeError, match="not free"):
+        scripted.preview(rows, [2, 2, 2], GREEDY)
+
+
+def test_batch_cost_policy_sees_prompt_lookup_matches_and_stays_exact(target, btarget, prompts):
+    class Spy(BatchCostPolicy):
+        def next_k(self, rows, available=None):
+            self.seen.append(None if available is None else list(available))
+            return super().next_k(rows, available)
+
+    policy = Spy(lambda n: 1.0 + 0.02 * (n - 1), max_k=4, prior_alpha=0.9)
+    policy.seen = []
+    rows = prompts[:5]
+    out = generate_batch(btarget, rows, 12, drafter=PerRowDrafters(PromptLookupDrafter), policy=policy,
+                         vocab_size=V)
+    for p, o in zip(rows, out):
+        assert o.token_ids == autoregressive_generate(target, p, 12, vocab_size=V).token_ids
+    assert policy.seen and all(a is not None for a in policy.seen)
+    assert any(r.k > 0 for o in out for r in o.rounds)
+    for j, avail in enumerate(policy.seen):  # no row drafts more than it had to draft
+        live = [o for o in out if o.num_rounds > j]
+        assert len(live) == len(avail)
+        assert all(o.rounds[j].k <= a for o, a in zip(live, avail))
+        if max(avail) == 0:
+            assert all(o.rounds[j].k_requested == 0 for o in live)
+
+
 def _drive_timed(policy, rows, rounds, accept, cost, spec_factor):
     """`_drive` with wall-clock seconds in the records: a plain round takes its curve price, a speculative one
     `spec_factor` times it (a round dearer in the decoding loop than in the calibration)."""
@@ -687,6 +789,28 @@ def test_llamacpp_ragged_rows_are_padded_and_the_fillers_removed(llama):
             ref = single.forward(ctx + feed)[-len(feed):]
             assert torch.allclose(got[True][i], ref, atol=1e-3), i
             assert torch.allclose(got[True][i], got[False][i], atol=1e-3), i
+
+
+def test_llamacpp_keep_moves_live_rows_into_consecutive_sequence_ids(llama):
+    """After rows finish, the live rows hold sequence ids 0..n-1 (llama.cpp runs only consecutive ids in
+    one micro-batch), the moved rows keep their caches, and their next logits equal their own sequence fed
+    alone, bitwise."""
+    single, bt, _ = llama
+    ctxs = [single.tokenize(t) for t in LLAMA_TEXTS[:5]]
+    bt.prefill(ctxs)
+    bt.keep([1, 3, 4])  # rows 0 and 2 finished: ids 3 and 4 move into the freed 0 and 2
+    assert sorted(bt._seqs) == [0, 1, 2] and bt.cache_lengths == [len(ctxs[i]) for i in (1, 3, 4)]
+    assert bt.valid_counts() == bt.cache_lengths
+    assert [int(bt._lib.llama_memory_seq_pos_max(bt._mem, s)) for s in (3, 4)] == [-1, -1]  # freed
+    feeds = [[21, 22], [23, 24], [25, 26]]
+    got = bt.forward(feeds)
+    for row, i in enumerate((1, 3, 4)):
+        single.reset()
+        ref = single.forward(ctxs[i] + feeds[row])[-2:]
+        assert torch.equal(got[row], ref), i
+    assert bt.valid_counts() == [len(ctxs[i]) + 2 for i in (1, 3, 4)]
+    bt.keep([2, 0])  # reordered and shrunk: still consecutive, in any order
+    assert sorted(bt._seqs) == [0, 1] and bt.valid_counts() == bt.cache_lengths
 
 
 def divergence_margin(single, prompt, out, ref) -> str:

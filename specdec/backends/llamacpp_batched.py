@@ -163,7 +163,7 @@ class BatchedLlamaCppBackend:
                 raise ContextOverflowError(
                     f"row {i}: {self._lengths[i]} cached + {len(t)} new tokens exceed the context of {self.max_length}"
                 )
-        entries, counts = [], []
+        entries, counts = [], {}
         # Ragged rows are padded to the longest: with one KV stream per row llama.cpp splits a batch into
         # micro-batches of equally many tokens per sequence, so rows of 2 and 1 tokens run as two passes over
         # the weights, and 8 rows of 1..5 tokens as five. Filler tokens (the row's last token repeated) sit
@@ -178,10 +178,15 @@ class BatchedLlamaCppBackend:
         pad = self.pad_ragged and 0 < fillers <= real and all(
             not t or start + width <= self.max_length for start, t in zip(self._lengths, tokens, strict=True))
         padded_rows = []
-        for seq, start, row in zip(self._seqs, self._lengths, tokens, strict=True):
+        # entries go in increasing sequence id: with one KV stream per sequence llama.cpp puts only consecutive
+        # sequence ids in one micro-batch (`keep` keeps the live ids 0..rows-1), and logits come back in
+        # entry order
+        order = sorted(range(self.rows), key=self._seqs.__getitem__)
+        for i in order:
+            seq, start, row = self._seqs[i], self._lengths[i], tokens[i]
             n = len(row)
             first = n - min(last, n) if last else 0
-            counts.append(n - first)
+            counts[i] = n - first
             entries.extend((seq, start + j, t, j >= first) for j, t in enumerate(row))
             if pad and 0 < n < width:
                 entries.extend((seq, start + j, row[-1], False) for j in range(n, width))
@@ -197,11 +202,13 @@ class BatchedLlamaCppBackend:
             if not self._lib.llama_memory_seq_rm(self._mem, seq, end, -1):
                 raise BackendError(f"llama.cpp cannot remove the filler tokens of sequence {seq}")
         self._lengths = [n + len(t) for n, t in zip(before, tokens, strict=True)]
-        out, at = [], 0
-        for c in counts:
-            out.append(torch.stack(flat[at:at + c]) if c else torch.empty(0, self.vocab_size))
+        out: list[torch.Tensor | None] = [None] * self.rows
+        at = 0
+        for i in order:
+            c = counts[i]
+            out[i] = torch.stack(flat[at:at + c]) if c else torch.empty(0, self.vocab_size)
             at += c
-        return out
+        return out  # type: ignore[return-value]
 
     def truncate(self, lengths: list[int]) -> None:
         """Roll row i back to ``lengths[i]`` tokens: ``llama_memory_seq_rm(mem, seq_i, lengths[i], -1)`` for
@@ -223,7 +230,14 @@ class BatchedLlamaCppBackend:
                 self._lengths[i] = int(want)
 
     def keep(self, rows: list[int]) -> None:
-        """Keep rows `rows` (renumbered in that order); the others' sequences are removed whole.
+        """Keep rows `rows` (renumbered in that order); the others' sequences are removed whole, and the live
+        rows' sequence ids are kept to ``0..len(rows)-1``: a live sequence above that range moves into a freed
+        id (``llama_memory_seq_cp`` across streams copies the whole stream, cell for cell, so the row's keys
+        stay in the same cells and its logits are unchanged).
+
+        Why: with one KV stream per sequence, llama.cpp splits a batch into micro-batches of *consecutive*
+        sequence ids (``split_equal`` with ``sequential``), so ids 0, 1, 2, 4, 5 would run as two passes over
+        the weights every round after row 3 finished.
 
         Raises:
             ValueError: an index out of range or repeated.
@@ -234,6 +248,13 @@ class BatchedLlamaCppBackend:
             self._lib.llama_memory_seq_rm(self._mem, self._seqs[r], -1, -1)
         self._seqs = [self._seqs[r] for r in rows]
         self._lengths = [self._lengths[r] for r in rows]
+        n = len(rows)
+        holes = sorted(set(range(n)) - set(self._seqs))
+        for hole, i in zip(holes, sorted((i for i in range(n) if self._seqs[i] >= n), key=self._seqs.__getitem__),
+                           strict=True):
+            self._lib.llama_memory_seq_cp(self._mem, self._seqs[i], hole, -1, -1)
+            self._lib.llama_memory_seq_rm(self._mem, self._seqs[i], -1, -1)
+            self._seqs[i] = hole
 
     def reset(self) -> None:
         """Drop every row (``llama_memory_clear``)."""

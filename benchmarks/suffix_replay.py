@@ -16,7 +16,6 @@ Prints figures only; the timed comparison is `specdec sweep --methods baseline,n
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import numpy as np
@@ -25,7 +24,7 @@ import pandas as pd
 from specdec import stats
 from specdec.report.load import load_store, prepare_runs
 from specdec.report.model import cost_infos
-from specdec.report.predicted import machine_curves, prompt_models, stored_curves
+from specdec.report.tables import Inputs
 from specdec.suffix import SuffixDrafter
 from specdec.traces import replay
 
@@ -40,12 +39,8 @@ def replay_grid(db: str) -> pd.DataFrame:
     """Per traced prompt, method in `METHODS` and K in the grid: the predicted decode speedup and tokens per
     target forward. Columns: config_label, prompt_id, prompt_type, method, k, predicted, per_forward."""
     st = load_store(db)
-    runs = prepare_runs(st.runs)
-    cfg = st.sweep.get("config_json") if st.sweep else None
-    cfg = json.loads(cfg) if isinstance(cfg, str) else (cfg or {})
-    ngram = (int(cfg.get("ngram_max", 3)), int(cfg.get("ngram_min", 1)))
-    models = prompt_models(runs, st.rounds, st.traces, st.calibration, stored_curves(cost_infos(st.costs)), ngram,
-                           machine_costs=machine_curves(st.machine_costs))
+    # the report's own inputs: each prompt priced with its calibration, as the report's predictions are
+    models = Inputs(prepare_runs(st.runs), st.rounds, cost_infos(st.costs), store=st).prompt_models()
     rows = []
     for m in models:
         if m.curve is None:

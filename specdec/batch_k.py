@@ -407,7 +407,7 @@ class BatchCostPolicy:
 
         draft_cost = None if self.draft_cost is None else (lambda bb, kk: kappa * float(self.draft_cost(bb, kk)))
         alphas = [self.alpha(r) if known else self.expected_alpha(r) for r in rows]
-        drafting = [r for r, a, c in zip(rows, alphas, caps, strict=True) if c > 0 and (known or not self._dry[r])]
+        drafting = [r for r, c in zip(rows, caps, strict=True) if c > 0 and (known or not self._dry[r])]
         k = best_batch_k(alphas, target_cost, max_k=self.max_k, draft_cost=draft_cost, caps=caps)
         explore = False
         if k == 0 and self.explore_z > 0.0 and not invest:

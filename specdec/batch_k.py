@@ -17,7 +17,7 @@ from typing import Protocol
 
 from specdec.metrics import RoundRecord
 
-__all__ = ["BatchCostPolicy", "BatchKPolicy", "FixedBatchK", "best_batch_k", "expected_committed"]
+__all__ = ["BatchCostPolicy", "BatchKPolicy", "FixedBatchK", "batch_committed", "best_batch_k", "expected_committed"]
 
 
 def expected_committed(alpha: float, k: int) -> float:
@@ -32,6 +32,12 @@ def expected_committed(alpha: float, k: int) -> float:
     if k < 0:
         raise ValueError(f"K must be >= 0, got {k}")
     return float(k + 1) if alpha == 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def batch_committed(alphas: Sequence[float], k: int, caps: Sequence[int]) -> float:
+    """Expected tokens a round of K commits over the batch when row i drafts ``min(K, caps[i])`` tokens at
+    acceptance ``alphas[i]``: ``sum_i E(alphas[i], min(K, caps[i]))`` (`expected_committed`)."""
+    return sum(expected_committed(float(a), min(k, c)) for a, c in zip(alphas, caps, strict=True))
 
 
 def best_batch_k(
@@ -71,15 +77,14 @@ def best_batch_k(
     elif len(caps) != b or min(caps) < 0:
         raise ValueError(f"caps must hold one count >= 0 per row ({b} rows), got {list(caps)}")
     best_k, best_rate = 0, -1.0
-    for k in range(min(max_k, max(caps)) + 1):
-        width = min(k, max(caps)) + 1
-        t = float(target_cost(b * width))
+    for k in range(min(max_k, max(caps)) + 1):  # no row drafts past the largest cap: no wider K to price
+        t = float(target_cost(b * (k + 1)))
         if not (math.isfinite(t) and t > 0.0):
-            raise ValueError(f"target_cost({b * width}) = {t}: must be finite and > 0")
+            raise ValueError(f"target_cost({b * (k + 1)}) = {t}: must be finite and > 0")
         d = float(draft_cost(b, k)) if (draft_cost is not None and k > 0) else 0.0
         if not (math.isfinite(d) and d >= 0.0):
             raise ValueError(f"draft_cost({b}, {k}) = {d}: must be finite and >= 0")
-        rate = sum(expected_committed(float(a), min(k, c)) for a, c in zip(alphas, caps, strict=True)) / (t + d)
+        rate = batch_committed(alphas, k, caps) / (t + d)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k
@@ -399,11 +404,8 @@ class BatchCostPolicy:
         def target_cost(n: int) -> float:  # a speculative round's shape at its measured overhead
             return float(self.target_cost(n)) * (kappa if n > b else 1.0)
 
-        def round_s(k: int) -> float:  # a round of K at the measured overhead, at its widest row, catch-up aside
-            return kappa * self._round_s(b, min(k, max(caps)))
-
-        def expected(k: int, alphas: Sequence[float]) -> float:
-            return sum(expected_committed(a, min(k, c)) for a, c in zip(alphas, caps, strict=True))
+        def round_s(k: int) -> float:  # a round of K at the measured overhead, catch-up aside
+            return kappa * self._round_s(b, k)
 
         draft_cost = None if self.draft_cost is None else (lambda bb, kk: kappa * float(self.draft_cost(bb, kk)))
         alphas = [self.alpha(r) if known else self.expected_alpha(r) for r in rows]
@@ -419,7 +421,7 @@ class BatchCostPolicy:
             t1 = float(self.target_cost(b))
             if invest:
                 left = sum(max(0, self._left[r]) for r in rows)
-                saved = left * (t1 / b - round_s(k) / expected(k, alphas))
+                saved = left * (t1 / b - round_s(k) / batch_committed(alphas, k, caps))
                 if saved < self.invest_margin * paid:
                     k = 0
             if k > 0 and not math.isinf(self.probe_budget):
@@ -432,7 +434,7 @@ class BatchCostPolicy:
                     if thin:  # the estimate is the prior or a guess: price the round as if all drafts fail
                         loss = round_s(k) + (0.0 if invest else paid) - t1
                     else:
-                        loss = round_s(k) + (0.0 if invest else paid) - expected(k, alphas) * t1 / b
+                        loss = round_s(k) + (0.0 if invest else paid) - batch_committed(alphas, k, caps) * t1 / b
                     allowed = (self._allowance_steps * t1 + self._invested + (paid if invest else 0.0)
                                + self.probe_budget * (self._elapsed + round_s(k) + paid))
                     if self.net_loss() + loss <= allowed:

@@ -3,8 +3,10 @@
 For each candidate - the shipped GGUF with weight repacking off and on, and copies requantized from it with
 llama.cpp's own quantizer (Q4_0, IQ4_NL, Q8_0; pure, repacking on; made once into the model cache by
 `specdec.models.requant.requantized_gguf`, the files the ``llamacpp-q4_0`` ... sweep configurations run) -
-it prints the single step t(1) in ms and the verification cost curve v(n) = t(n) / t(1) on a warm cache, and
-the candidate's quality: greedy agreement over `--new` tokens of each built-in primary prompt
+it prints the single step t(1) in ms and the verification cost curve v(n) = t(n) / t(1) on a warm cache for
+n = 1..17, the roofline per width (`specdec.roofline.shape_roofline`: GOP/s each width reaches, counting the
+GGUF's weight-matrix FLOPs per token, and the v(n) kernels running every width at the best measured
+throughput would give), and the candidate's quality: greedy agreement over `--new` tokens of each built-in primary prompt
 (`specdec.agreement`: first divergence position, share of identical tokens) with the shipped file as it
 runs by default and, with `--fp32-reference`, with the fp32 transformers reference of the same target (the
 converted checkpoint, loaded through `specdec.loading`; slow: it loads 6 GB of fp32 weights for the 1.5B
@@ -30,7 +32,7 @@ import statistics
 import time
 from pathlib import Path
 
-NS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17)
+NS = tuple(range(1, 18))
 CONTEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n" * 2
 
 
@@ -85,11 +87,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     args = ap.parse_args()
 
-    from specdec.backends.llamacpp import gguf_weight_types, load_llamacpp, repack_default
+    from specdec.backends.llamacpp import gguf_matmul_flops, gguf_weight_types, load_llamacpp, repack_default
     from specdec.backends.llamacpp_record import ggml_env
     from specdec.bench.environment import machine_info
     from specdec.bench.prompts import load_builtin
     from specdec.models.loaders import gguf_file
+    from specdec.roofline import format_shape_roofline, measure_bandwidth, shape_roofline, weight_bytes
 
     default_target = "qwen2.5-coder:target"
     src = (args.gguf or gguf_file(default_target)).resolve()
@@ -150,12 +153,14 @@ def main() -> None:
                 times[label][n].append(time.perf_counter() - t0)
                 be.truncate(length)
 
+    bandwidth = measure_bandwidth(threads=args.threads)
     rows = []
     for label, be, path in loaded:
         med = {n: statistics.median(v) for n, v in times[label].items()}
+        roof = shape_roofline(med, gguf_matmul_flops(path), weight_bytes(path), bandwidth["gbps"])
         rows.append({"candidate": label, "file": path.name, "repack": be.extra_buffers,
                      "weight_types": {k: v for k, v in list(gguf_weight_types(path).items())[:3]},
-                     "t1_ms": med[1] * 1e3, "v": {n: med[n] / med[1] for n in NS},
+                     "t1_ms": med[1] * 1e3, "v": {n: med[n] / med[1] for n in NS}, "roofline": roof,
                      "agreement": {r: {k: v for k, v in a.items() if k != "per_prompt"}
                                    for r, a in agree[label].items()}})
         be.close()
@@ -167,8 +172,13 @@ def main() -> None:
     for r in rows:
         vs = "".join(f"{r['v'][n]:7.2f}" for n in NS[1:])
         print(f"{r['candidate']:<38}{r['t1_ms']:8.1f}{vs}")
+    print(f"\nroofline per width (machine bandwidth {bandwidth['gbps']:.1f} GB/s, streaming copy); v_roof: the "
+          "cost with every width at the peak throughput measured")
+    for r in rows:
+        print(format_shape_roofline(r["candidate"], r["roofline"]))
     if args.json:
         args.json.write_text(json.dumps({"machine": info, "threads": args.threads, "reps": args.reps,
+                                         "bandwidth": bandwidth,
                                          "new": args.new, "ggml_env": ggml_env(), "rows": rows, "quality": q},
                                         indent=1, default=str))
 

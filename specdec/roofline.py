@@ -13,6 +13,11 @@ machine's bandwidth, measured once with a streaming copy (STREAM's "copy" kernel
 - `measure_bandwidth`: best-of-N GB/s of ``dst.copy_(src)`` over buffers far larger than the last-level
   cache, counting the bytes read plus the bytes written.
 - `achieved_gbps`, `bandwidth_share`, `roofline`: the figures a run reports.
+- `shape_roofline`: the same question per verification width n (a forward of n tokens, the cost of K = n - 1):
+  the compute throughput a forward of n tokens reaches (GOP/s), and the verification cost v(n) = t(n) / t(1)
+  that kernels running every width at the best throughput measured would give. Where the measured v(n) sits
+  above that line, the kernels for that shape waste time; where the line itself is above what a drafter
+  needs, no kernel on this machine can help.
 
 Units: bytes; seconds; **GB/s = 1e9 bytes per second** (decimal, as STREAM and gpt-fast print them).
 """
@@ -29,7 +34,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["achieved_gbps", "bandwidth_share", "format_roofline", "measure_bandwidth", "roofline", "weight_bytes"]
+__all__ = ["achieved_gbps", "bandwidth_share", "format_roofline", "format_shape_roofline", "measure_bandwidth",
+           "roofline", "shape_roofline", "weight_bytes"]
 
 
 def _tensor_bytes(t: torch.Tensor, seen: set) -> int:
@@ -212,4 +218,71 @@ def format_roofline(rows: Iterable[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(f"{str(r.get('label', ''))[:40]:<40} {r['weight_bytes'] / 1e6:9.1f} {r['step_s'] * 1e3:9.2f} "
                      f"{r['achieved_gbps']:7.2f} {r['bandwidth_gbps']:8.2f} {r['bandwidth_share']:6.2f}")
+    return "\n".join(lines)
+
+
+def shape_roofline(step_s: dict[int, float], flops_per_token: float, weight_bytes: int | None = None,
+                   bandwidth_gbps: float | None = None) -> dict[str, Any]:
+    """The roofline per verification width: achieved compute throughput and the attainable v(n).
+
+    A forward of n tokens reads the weights once and computes ``n x flops_per_token``; on a roofline its time
+    is at least ``max(t_mem, n x F / P)``. Here t_mem is the measured single step t(1) (a step reads all the
+    weights; what bandwidth it reaches is the `roofline` question) and P the highest throughput any measured
+    width reached (``max_n n x F / t(n)``: what these kernels demonstrably do on this machine). So the
+    attainable cost is ``v_roof(n) = max(1, n x F / (P x t(1)))``, and widths up to ``n_knee = P x t(1) / F``
+    verify for one step with such kernels. A measured v(n) far above v_roof(n) is a kernel that runs that
+    shape badly (a per-row path below a tile size); v_roof(n) itself is what better kernels cannot beat
+    without more compute.
+
+    Args:
+        step_s: width n (>= 1) -> seconds of one forward of n tokens on a warm cache; must include n = 1.
+        flops_per_token: FLOPs of one token's forward (e.g. `specdec.backends.llamacpp.gguf_matmul_flops`).
+        weight_bytes: bytes of weights a forward reads (optional: adds achieved GB/s per width).
+        bandwidth_gbps: the machine's bandwidth in GB/s (optional, with weight_bytes: adds the step the
+            bandwidth allows, ``bound_step_s``).
+
+    Returns:
+        ``{"flops_per_token", "peak_gops", "peak_n", "t1_s", "n_knee", "bound_step_s" (or None),
+        "rows": [{"n", "t_s", "v", "gops", "gbps" (or None), "v_roof"} per width, ascending]}``;
+        GOP/s = 1e9 operations per second, GB/s = 1e9 bytes per second.
+
+    Raises:
+        ValueError: no n = 1, a width < 1, a time not finite and > 0, or flops_per_token <= 0.
+    """
+    if not (isinstance(flops_per_token, (int, float)) and math.isfinite(flops_per_token) and flops_per_token > 0):
+        raise ValueError(f"flops_per_token must be a positive number, got {flops_per_token!r}")
+    if 1 not in step_s:
+        raise ValueError("step_s must include the single step n = 1 (v(n) is relative to it)")
+    for n, t in step_s.items():
+        if int(n) != n or n < 1:
+            raise ValueError(f"widths must be integers >= 1, got {n!r}")
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise ValueError(f"the forward of {n} tokens must take a finite time > 0 seconds, got {t!r}")
+    t1 = float(step_s[1])
+    gops = {int(n): n * flops_per_token / t / 1e9 for n, t in step_s.items()}
+    peak_n = max(gops, key=lambda n: (gops[n], -n))
+    peak = gops[peak_n]
+    rows = []
+    for n in sorted(gops):
+        t = float(step_s[n])
+        rows.append({
+            "n": n, "t_s": t, "v": t / t1, "gops": gops[n],
+            "gbps": weight_bytes / t / 1e9 if weight_bytes is not None else None,
+            "v_roof": max(1.0, n * flops_per_token / (peak * 1e9 * t1)),
+        })  # fmt: skip
+    bound = (weight_bytes / (bandwidth_gbps * 1e9) if weight_bytes is not None and bandwidth_gbps else None)
+    return {"flops_per_token": float(flops_per_token), "peak_gops": peak, "peak_n": peak_n, "t1_s": t1,
+            "n_knee": peak * 1e9 * t1 / flops_per_token, "bound_step_s": bound, "rows": rows}
+
+
+def format_shape_roofline(label: str, r: dict[str, Any]) -> str:
+    """A text table of one `shape_roofline` result: per width ms, v(n), GOP/s, GB/s and the attainable v(n)."""
+    lines = [f"{label}: {r['flops_per_token'] / 1e9:.2f} GFLOP/token, peak {r['peak_gops']:.0f} GOP/s at n = "
+             f"{r['peak_n']}, t(1) {r['t1_s'] * 1e3:.1f} ms, knee n = {r['n_knee']:.1f}"
+             + (f", bandwidth bound {r['bound_step_s'] * 1e3:.1f} ms" if r["bound_step_s"] else ""),
+             f"{'n':>3} {'ms':>8} {'v(n)':>6} {'GOP/s':>7} {'GB/s':>6} {'v_roof':>6}"]
+    for row in r["rows"]:
+        gbps = f"{row['gbps']:6.1f}" if row["gbps"] is not None else f"{'-':>6}"
+        lines.append(f"{row['n']:3d} {row['t_s'] * 1e3:8.2f} {row['v']:6.2f} {row['gops']:7.0f} {gbps} "
+                     f"{row['v_roof']:6.2f}")
     return "\n".join(lines)

@@ -132,6 +132,10 @@ def test_runtime_configs_select_the_type_for_the_target():
     assert RUNTIME_CONFIGS["llamacpp"].target_precision("float32") == "gguf"
     assert "gguf_type" not in RUNTIME_CONFIGS["llamacpp"].load_kwargs("float32")
     assert config_for_backends("llamacpp", "llamacpp") == "llamacpp"  # --backend llamacpp: the shipped file
+    for label, t in (("llamacpp-q4_0-padded", "Q4_0"), ("llamacpp-iq4_nl-padded", "IQ4_NL")):
+        rc = RUNTIME_CONFIGS[label]
+        assert rc.pad_verify and rc.gguf_type == t and rc.target_precision("float32") == f"gguf:{t}"
+        assert not RUNTIME_CONFIGS[label.removesuffix("-padded")].pad_verify
 
 
 @pytest.mark.slow  # loads the tiny GGUF's tokenizer or pair: 10-50 s on a shared 2-core box

@@ -53,3 +53,41 @@ def test_a_loaded_backend_records_whether_it_repacked(smollm2_gguf):
         assert be.extra_buffers_note == repack_default()[1]
     with load_llamacpp(smollm2_gguf, n_ctx=128, n_threads=1, extra_buffers=False) as be:
         assert be.extra_buffers is False and "asked for" in be.extra_buffers_note
+
+
+def _write_gguf(path, tensors):
+    """A GGUF file holding `tensors` (name -> float32 array) and no metadata beyond the architecture."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    for name, shape in tensors.items():
+        w.add_tensor(name, np.zeros(shape, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_matmul_flops_count_the_embedding_only_when_it_is_the_output_layer(tmp_path):
+    from specdec.backends.llamacpp import gguf_matmul_flops
+
+    layer = {"blk.0.ffn_up.weight": (8, 4), "blk.0.attn_norm.weight": (4,)}  # 32 elements; a norm is no product
+    tied = _write_gguf(tmp_path / "tied.gguf", {"token_embd.weight": (10, 4), **layer})
+    untied = _write_gguf(tmp_path / "untied.gguf", {"token_embd.weight": (10, 4), "output.weight": (10, 4),
+                                                   **layer})
+    assert gguf_matmul_flops(tied) == 2 * (40 + 32)  # the table multiplies the last hidden state
+    assert gguf_matmul_flops(untied) == 2 * (40 + 32)  # the output layer once; the lookup table not at all
+    only_norms = _write_gguf(tmp_path / "norms.gguf", {"blk.0.attn_norm.weight": (4,)})
+    with pytest.raises(ValueError, match="no 2-d weight tensor"):
+        gguf_matmul_flops(only_norms)
+
+
+def test_matmul_flops_of_smollm2_match_its_published_shapes(smollm2_gguf):
+    from specdec.backends.llamacpp import gguf_matmul_flops
+
+    # SmolLM2-135M: hidden 576, 30 layers, 9 query and 3 key/value heads of 64, MLP 1536, vocab 49152, tied
+    h, layers, kv, mlp, vocab = 576, 30, 3 * 64, 1536, 49152
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * mlp
+    assert gguf_matmul_flops(smollm2_gguf) == 2 * (layers * per_layer + vocab * h)

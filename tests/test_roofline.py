@@ -179,3 +179,37 @@ def test_benchmark_script_prints_consistent_figures(tiny_pair, bf16_dir, capsys)
         assert gbps == pytest.approx(mb * 1e6 / (ms / 1e3) / 1e9, rel=0.15, abs=0.01)  # rounding of 0.x MB
         assert bw == pytest.approx(machine, abs=0.01) and share == pytest.approx(gbps / bw, abs=0.006)
     assert json.loads(lines[-1])["rows"] == json.loads(json.dumps(rows))
+
+
+def test_shape_roofline_finds_the_peak_and_the_attainable_curve():
+    from specdec.roofline import format_shape_roofline, shape_roofline
+
+    flops = 3e9  # per token
+    # 30 ms a step up to the knee; n = 8 at 120 ms is the best throughput (8 x 3e9 / 0.12 s = 200 GOP/s)
+    step = {1: 0.030, 2: 0.060, 4: 0.110, 8: 0.120, 16: 0.300}
+    r = shape_roofline(step, flops, weight_bytes=1_000_000_000, bandwidth_gbps=50.0)
+    assert r["peak_n"] == 8 and r["peak_gops"] == pytest.approx(200.0)
+    assert r["n_knee"] == pytest.approx(200e9 * 0.030 / 3e9)  # = 2 tokens for one step's time
+    by_n = {row["n"]: row for row in r["rows"]}
+    assert [row["n"] for row in r["rows"]] == [1, 2, 4, 8, 16]
+    assert by_n[2]["v"] == pytest.approx(2.0) and by_n[2]["gops"] == pytest.approx(100.0)
+    assert by_n[1]["v_roof"] == 1.0 and by_n[2]["v_roof"] == pytest.approx(1.0)
+    assert by_n[16]["v_roof"] == pytest.approx(16 * 3e9 / (200e9 * 0.030))  # 8.0: compute-bound
+    assert by_n[8]["v_roof"] == pytest.approx(by_n[8]["v"])  # the peak width sits on its own roof
+    assert all(row["v"] >= row["v_roof"] - 1e-12 for row in r["rows"])  # nothing beats the best kernel
+    assert by_n[1]["gbps"] == pytest.approx(1e9 / 0.030 / 1e9) and r["bound_step_s"] == pytest.approx(0.02)
+    text = format_shape_roofline("q4", r)
+    assert "peak 200 GOP/s at n = 8" in text and len(text.splitlines()) == 2 + len(step)
+
+
+@pytest.mark.parametrize("step, flops, match", [
+    ({2: 0.1}, 1e9, "n = 1"),
+    ({1: 0.1, 0: 0.1}, 1e9, "integers >= 1"),
+    ({1: 0.1, 2: float("nan")}, 1e9, "finite time"),
+    ({1: 0.1}, 0, "positive number"),
+])
+def test_shape_roofline_refuses_bad_input(step, flops, match):
+    from specdec.roofline import shape_roofline
+
+    with pytest.raises(ValueError, match=match):
+        shape_roofline(step, flops)

@@ -93,6 +93,10 @@ RUNTIME_CONFIGS: dict[str, RuntimeConfig] = {
         RuntimeConfig("llamacpp-q4_0", "llamacpp", "llamacpp", gguf_type="Q4_0"),
         RuntimeConfig("llamacpp-iq4_nl", "llamacpp", "llamacpp", gguf_type="IQ4_NL"),
         RuntimeConfig("llamacpp-q8_0", "llamacpp", "llamacpp", gguf_type="Q8_0"),
+        # the same targets verifying at the cheapest measured shape: their repacked GEMM runs rows in groups
+        # of 4, so 4 tokens can cost less than 3 (a K = 2 round padded to 4 rows)
+        RuntimeConfig("llamacpp-q4_0-padded", "llamacpp", "llamacpp", gguf_type="Q4_0", pad_verify=True),
+        RuntimeConfig("llamacpp-iq4_nl-padded", "llamacpp", "llamacpp", gguf_type="IQ4_NL", pad_verify=True),
     )
 }
 CONFIG_ALIASES = {

@@ -9,6 +9,10 @@ decoding is fastest (geometric mean over prompts of each prompt's median), and g
 geometric means over the prompts both ran. Greedy output equality is counted against the cell's own
 configuration (another configuration is another model).
 
+Per prompt type it also prints the fastest way to generate: each configuration's target-only tokens/s over
+the type's prompts, the fastest of them, and the speculative cell with the highest speedup over that fastest
+target-only decoding, with a 95% t-interval over the type's prompts (`specdec.stats.ratio_interval`).
+
 Caveat printed with the table: across configurations the ratio is unpaired (each configuration's runs were
 timed in its own block of the sweep), so machine drift between blocks enters it; within a configuration it
 is the sweep's paired comparison.
@@ -39,8 +43,12 @@ def side_by_side(db: Path, sweep_id: str | None = None) -> dict:
     Returns:
         ``{"sweep_id", "configs": {label: {"dtype", "baseline_tokens_per_s", "prompts"}}, "fastest": label,
         "cells": [{"config_label", "method", "policy", "k", "prompts", "tokens_per_s", "speedup_own",
-        "speedup_fastest", "identical", "checked"}]}`` (tokens/s: geometric means over prompts of per-prompt
-        medians; cells sorted by ``speedup_fastest``, best first).
+        "speedup_fastest", "identical", "checked"}], "types": {prompt_type: {"target_only": {label: tokens/s},
+        "fastest": label, "best": {"config_label", "method", "policy", "k", "tokens_per_s", "speedup", "lo",
+        "hi", "prompts"} or None}}}`` (tokens/s: geometric means over prompts of per-prompt medians; cells
+        sorted by ``speedup_fastest``, best first; per type, "best" is the speculative cell with the highest
+        geometric-mean speedup over that type's fastest target-only decoding, over every prompt of the type
+        both ran, with its 95% t-interval over those prompts).
 
     Raises:
         ValueError: the store holds no sweep, several and no `sweep_id`, or no successful target-only run.
@@ -54,14 +62,17 @@ def side_by_side(db: Path, sweep_id: str | None = None) -> dict:
                 raise ValueError(f"{db} holds {len(sweeps)} sweeps; pass --sweep-id (one of {', '.join(sweeps)})")
             sweep_id = sweeps[0]
         rows = conn.execute(
-            "SELECT config_label, dtype, prompt_id, method, policy, k, tokens_per_s, matches_baseline FROM runs "
+            "SELECT config_label, dtype, prompt_id, prompt_type, method, policy, k, tokens_per_s, matches_baseline "
+            "FROM runs "
             "WHERE sweep_id = ? AND error IS NULL AND tokens_per_s > 0", (sweep_id,)).fetchall()
     finally:
         conn.close()
     samples: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     equal: dict[tuple, list[int]] = defaultdict(list)
     dtypes: dict[str, str] = {}
+    ptype: dict[str, str] = {}
     for r in rows:
+        ptype[r["prompt_id"]] = r["prompt_type"]
         cell = (r["config_label"], r["method"], r["policy"], r["k"])
         samples[cell][r["prompt_id"]].append(float(r["tokens_per_s"]))
         dtypes.setdefault(r["config_label"], r["dtype"])
@@ -86,7 +97,38 @@ def side_by_side(db: Path, sweep_id: str | None = None) -> dict:
                       "speedup_fastest": _gmean(fast), "identical": sum(equal[(label, method, policy, k)]),
                       "checked": len(equal[(label, method, policy, k)])})
     cells.sort(key=lambda c: -c["speedup_fastest"] if math.isfinite(c["speedup_fastest"]) else math.inf)
-    return {"sweep_id": sweep_id, "configs": configs, "fastest": fastest, "cells": cells}
+    return {"sweep_id": sweep_id, "configs": configs, "fastest": fastest, "cells": cells,
+            "types": _by_type(samples, base, ptype)}
+
+
+def _by_type(samples: dict, base: dict, ptype: dict[str, str]) -> dict:
+    """Per prompt type: target-only tokens/s per configuration, the fastest, and the best speculative cell
+    against it (see `side_by_side`)."""
+    from specdec.stats import ratio_interval
+
+    out = {}
+    for t in sorted(set(ptype.values())):
+        prompts = {p for p, pt in ptype.items() if pt == t}
+        target_only = {label: _gmean([b[p] for p in prompts if p in b]) for label, b in base.items()
+                       if any(p in b for p in prompts)}
+        if not target_only:
+            continue
+        fastest = max(target_only, key=target_only.get)
+        best = None
+        for (label, method, policy, k), by_prompt in samples.items():
+            if method == BASELINE:
+                continue
+            ratios = [statistics.median(v) / base[fastest][p] for p, v in by_prompt.items()
+                      if p in prompts and p in base[fastest]]
+            if not ratios:
+                continue
+            ci = ratio_interval(ratios)
+            if best is None or ci.center > best["speedup"]:
+                best = {"config_label": label, "method": method, "policy": policy, "k": k,
+                        "tokens_per_s": _gmean([statistics.median(by_prompt[p]) for p in by_prompt if p in prompts]),
+                        "speedup": ci.center, "lo": ci.lo, "hi": ci.hi, "prompts": len(ratios)}
+        out[t] = {"target_only": target_only, "fastest": fastest, "best": best}
+    return out
 
 
 def format_table(result: dict, top: int = 30) -> str:
@@ -105,6 +147,14 @@ def format_table(result: dict, top: int = 30) -> str:
         same = f"{c['identical']}/{c['checked']}" if c["checked"] else "-"
         lines.append(f"  {c['config_label']:<24} {what:<22} {c['tokens_per_s']:8.2f} {c['speedup_own']:6.2f}x "
                      f"{c['speedup_fastest']:7.2f}x  {same}")
+    lines.append("per prompt type: the fastest target-only configuration and the speculative cell fastest against "
+                 "it (interval over the type's prompts; unpaired across configurations)")
+    for t, r in result.get("types", {}).items():
+        b = r["best"]
+        spec = "-" if b is None else (
+            f"{b['config_label']} {b['method']} {b['policy'] or ''} {b['tokens_per_s']:.1f} tok/s, "
+            f"{b['speedup']:.2f}x [{b['lo']:.2f}, {b['hi']:.2f}] ({b['prompts']} prompts)")
+        lines.append(f"  {t:<20} {r['fastest']} {r['target_only'][r['fastest']]:.1f} tok/s | {spec}")
     return "\n".join(lines)
 
 

@@ -321,3 +321,42 @@ def test_quality_of_a_requantized_target_on_tiny_models(smollm2_gguf, cache):
     finally:
         for be in (*backends.values(), reference):
             be.close()
+
+
+def test_side_by_side_per_type_picks_the_fastest_target_only_and_the_best_cell_against_it(tmp_path):
+    """A store made by hand: configuration "b" decodes code faster target-only, "a" prose; per type the table
+    must pick that configuration and price every speculative cell against it, over the type's prompts."""
+    import sqlite3
+
+    from conftest import load_benchmark
+
+    db = tmp_path / "side.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE sweeps (sweep_id TEXT)")
+    conn.execute("CREATE TABLE runs (sweep_id TEXT, config_label TEXT, dtype TEXT, prompt_id TEXT, prompt_type TEXT, "
+                 "method TEXT, policy TEXT, k INTEGER, tokens_per_s REAL, matches_baseline INTEGER, error TEXT)")
+    conn.execute("INSERT INTO sweeps VALUES ('s')")
+    rows = []
+    base = {("a", "code"): 10.0, ("b", "code"): 20.0, ("a", "prose"): 30.0, ("b", "prose"): 20.0}
+    spec = {("a", "code"): (24.0, 25.0, 26.0), ("b", "code"): (22.0, 22.0, 22.0),
+            ("a", "prose"): (36.0, 36.0), ("b", "prose"): (30.0, 30.0)}
+    for (cfg, t), values in spec.items():
+        for i, v in enumerate(values):
+            pid = f"{t}-{i}"
+            rows += [("s", cfg, "gguf", pid, t, "baseline", None, None, base[cfg, t], 1, None),
+                     ("s", cfg, "gguf", pid, t, "suffix", "cost", 16, v, 1, None),
+                     ("s", cfg, "gguf", pid, t, "baseline", None, None, base[cfg, t], 1, None)]
+    conn.executemany("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+    conn.commit()
+    conn.close()
+
+    bench = load_benchmark("llamacpp_side_by_side")
+    table = bench.side_by_side(db)
+    code, prose = table["types"]["code"], table["types"]["prose"]
+    assert code["fastest"] == "b" and prose["fastest"] == "a"
+    assert code["target_only"] == pytest.approx({"a": 10.0, "b": 20.0})
+    assert code["best"]["config_label"] == "a" and code["best"]["prompts"] == 3
+    assert code["best"]["speedup"] == pytest.approx((24 * 25 * 26) ** (1 / 3) / 20)  # against b, not its own a
+    assert code["best"]["lo"] < code["best"]["speedup"] < code["best"]["hi"]
+    assert prose["best"]["config_label"] == "a" and prose["best"]["speedup"] == pytest.approx(1.2)
+    assert "code" in bench.format_table(table) and "1.25x" in bench.format_table(table)

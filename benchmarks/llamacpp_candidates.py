@@ -6,8 +6,8 @@ llama.cpp's own quantizer (Q4_0, IQ4_NL, Q8_0; pure, repacking on; made once int
 it prints the single step t(1) in ms and the verification cost curve v(n) = t(n) / t(1) on a warm cache for
 n = 1..17, the roofline per width (`specdec.roofline.shape_roofline`: GOP/s each width reaches, counting the
 GGUF's weight-matrix FLOPs per token, and the v(n) kernels running every width at the best measured
-throughput would give), and the candidate's quality: greedy agreement over `--new` tokens of each built-in primary prompt
-(`specdec.agreement`: first divergence position, share of identical tokens) with the shipped file as it
+throughput would give), and the candidate's quality: greedy agreement over `--new` tokens of each built-in
+primary prompt (`specdec.agreement`: first divergence position, share of identical tokens) with the shipped file as it
 runs by default and, with `--fp32-reference`, with the fp32 transformers reference of the same target (the
 converted checkpoint, loaded through `specdec.loading`; slow: it loads 6 GB of fp32 weights for the 1.5B
 target). Every model sees the same prompt ids. Prints figures; asserts nothing (timings on a shared machine

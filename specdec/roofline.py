@@ -17,7 +17,7 @@ machine's bandwidth, measured once with a streaming copy (STREAM's "copy" kernel
   the compute throughput a forward of n tokens reaches (GOP/s), and the verification cost v(n) = t(n) / t(1)
   that kernels running every width at the best throughput measured would give. Where the measured v(n) sits
   above that line, the kernels for that shape waste time; where the line itself is above what a drafter
-  needs, no kernel on this machine can help.
+  needs, only a kernel faster than the best one measured (or more compute) can help.
 
 Units: bytes; seconds; **GB/s = 1e9 bytes per second** (decimal, as STREAM and gpt-fast print them).
 """
@@ -231,8 +231,8 @@ def shape_roofline(step_s: dict[int, float], flops_per_token: float, weight_byte
     width reached (``max_n n x F / t(n)``: what these kernels demonstrably do on this machine). So the
     attainable cost is ``v_roof(n) = max(1, n x F / (P x t(1)))``, and widths up to ``n_knee = P x t(1) / F``
     verify for one step with such kernels. A measured v(n) far above v_roof(n) is a kernel that runs that
-    shape badly (a per-row path below a tile size); v_roof(n) itself is what better kernels cannot beat
-    without more compute.
+    shape badly (a per-row path below a tile size); v_roof(n) itself is the floor for kernels no faster than
+    the best measured one.
 
     Args:
         step_s: width n (>= 1) -> seconds of one forward of n tokens on a warm cache; must include n = 1.

@@ -994,6 +994,22 @@ def test_a_prompt_without_a_calibration_block_is_priced_with_its_own_machines_co
     assert machine_curves(mc.iloc[:0]) == {}
 
 
+def test_a_trace_without_prompt_ids_is_refused_in_one_line_not_a_type_error():
+    """Older stores kept traces without the prompt's ids; replaying a model-free drafter needs them, so the
+    report names the prompt and the cause (it shows the message where the predicted grid would be)."""
+    from specdec.report.predicted import prompt_models
+
+    runs = pd.DataFrame([{"run_id": 1, "ok": True, "config_label": "c", "prompt_id": "p", "prompt_type": "code",
+                          "machine_id": "A", "method": "baseline"}])
+    traces = pd.DataFrame([{"config_label": "c", "prompt_id": "p", "machine_id": "A", "prompt_ids": None,
+                            "target_ids": "[10, 11]", "draft_ids": "[10, 11]", "draft_top_prob": None,
+                            "max_new_tokens": 2, "draft_context": None}])
+    calibration = pd.DataFrame(columns=["config_label", "prompt_id", "machine_id", "role", "n_tokens", "seconds"])
+    with pytest.raises(ValueError, match=r"trace of p \(c\) has no prompt token ids") as err:
+        prompt_models(runs, pd.DataFrame(), traces, calibration)
+    assert "\n" not in str(err.value)
+
+
 def test_padded_configs_read_from_the_rounds_as_the_runtime_declares_them():
     """Whether a configuration pads verification comes from the store (rounds.n_forward of our speculative
     runs), not from the harness's RUNTIME_CONFIGS; on the published stores both give the same answer."""

@@ -241,6 +241,10 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
             ng = _median(rr[rr["run_id"].isin(ng_ids)]["draft_s"])
         dec = [json.loads(x) if isinstance(x, str) else x for x in (t.prompt_ids, t.target_ids, t.draft_ids,
                                                                     t.draft_top_prob)]
+        if is_missing(dec[0]) or is_missing(dec[1]):
+            raise ValueError(f"the acceptance trace of {t.prompt_id} ({t.config_label}) has no "
+                             f"{'prompt' if is_missing(dec[0]) else 'target'} token ids (a store written before "
+                             "traces recorded them): its rounds cannot be replayed")
         trace = AcceptanceTrace(tuple(dec[0]), tuple(dec[1]), None if dec[2] is None else tuple(dec[2]),
                                 None if dec[3] is None else tuple(dec[3]), int(t.max_new_tokens))
         ctx = None if is_missing(t.draft_context) else int(t.draft_context)

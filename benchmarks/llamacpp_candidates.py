@@ -7,10 +7,10 @@ it prints the single step t(1) in ms and the verification cost curve v(n) = t(n)
 n = 1..17, the roofline per width (`specdec.roofline.shape_roofline`: GOP/s each width reaches, counting the
 GGUF's weight-matrix FLOPs per token, and the v(n) kernels running every width at the best measured
 throughput would give), and the candidate's quality: greedy agreement over `--new` tokens of each built-in
-primary prompt (`specdec.agreement`: first divergence position, share of identical tokens) with the shipped file as it
-runs by default and, with `--fp32-reference`, with the fp32 transformers reference of the same target (the
-converted checkpoint, loaded through `specdec.loading`; slow: it loads 6 GB of fp32 weights for the 1.5B
-target). Every model sees the same prompt ids. Prints figures; asserts nothing (timings on a shared machine
+primary prompt (`specdec.agreement`: first divergence position, share of identical tokens) with the shipped
+file as it runs by default and, with `--fp32-reference`, with the fp32 transformers reference of the same
+target (the converted checkpoint, loaded through `specdec.loading`; slow: it loads 6 GB of fp32 weights for
+the 1.5B target). Every model sees the same prompt ids. Prints figures; asserts nothing (timings on a shared machine
 are noisy).
 
 Method: every candidate is loaded once; the timed forwards are interleaved - for each repetition, each n,

@@ -78,18 +78,17 @@ def side_by_side(db: Path, sweep_id: str | None = None) -> dict:
         dtypes.setdefault(r["config_label"], r["dtype"])
         if r["matches_baseline"] is not None and r["method"] != BASELINE:
             equal[cell].append(int(r["matches_baseline"]))
-    base = {c[0]: {p: statistics.median(v) for p, v in by_prompt.items()}
-            for c, by_prompt in samples.items() if c[1] == BASELINE}
+    medians = {cell: {p: statistics.median(v) for p, v in by_prompt.items()} for cell, by_prompt in samples.items()}
+    base = {cell[0]: med for cell, med in medians.items() if cell[1] == BASELINE}
     if not base:
         raise ValueError(f"sweep {sweep_id} in {db} has no successful target-only ({BASELINE}) run")
     configs = {label: {"dtype": dtypes.get(label), "baseline_tokens_per_s": _gmean(list(b.values())),
                        "prompts": len(b)} for label, b in base.items()}
     fastest = max(configs, key=lambda label: configs[label]["baseline_tokens_per_s"])
     cells = []
-    for (label, method, policy, k), by_prompt in samples.items():
+    for (label, method, policy, k), med in medians.items():
         if method == BASELINE or label not in base:
             continue
-        med = {p: statistics.median(v) for p, v in by_prompt.items()}
         own = [med[p] / base[label][p] for p in med if p in base[label]]
         fast = [med[p] / base[fastest][p] for p in med if p in base[fastest]]
         cells.append({"config_label": label, "method": method, "policy": policy, "k": k, "prompts": len(med),
@@ -98,12 +97,13 @@ def side_by_side(db: Path, sweep_id: str | None = None) -> dict:
                       "checked": len(equal[(label, method, policy, k)])})
     cells.sort(key=lambda c: -c["speedup_fastest"] if math.isfinite(c["speedup_fastest"]) else math.inf)
     return {"sweep_id": sweep_id, "configs": configs, "fastest": fastest, "cells": cells,
-            "types": _by_type(samples, base, ptype)}
+            "types": _by_type(medians, base, ptype)}
 
 
-def _by_type(samples: dict, base: dict, ptype: dict[str, str]) -> dict:
+def _by_type(medians: dict, base: dict, ptype: dict[str, str]) -> dict:
     """Per prompt type: target-only tokens/s per configuration, the fastest, and the best speculative cell
-    against it (see `side_by_side`)."""
+    against it (see `side_by_side`). `medians`: cell -> prompt -> median tokens/s; `base`: the target-only
+    cells' medians by configuration."""
     from specdec.stats import ratio_interval
 
     out = {}
@@ -115,17 +115,16 @@ def _by_type(samples: dict, base: dict, ptype: dict[str, str]) -> dict:
             continue
         fastest = max(target_only, key=target_only.get)
         best = None
-        for (label, method, policy, k), by_prompt in samples.items():
+        for (label, method, policy, k), med in medians.items():
             if method == BASELINE:
                 continue
-            ratios = [statistics.median(v) / base[fastest][p] for p, v in by_prompt.items()
-                      if p in prompts and p in base[fastest]]
+            ratios = [m / base[fastest][p] for p, m in med.items() if p in prompts and p in base[fastest]]
             if not ratios:
                 continue
             ci = ratio_interval(ratios)
             if best is None or ci.center > best["speedup"]:
                 best = {"config_label": label, "method": method, "policy": policy, "k": k,
-                        "tokens_per_s": _gmean([statistics.median(by_prompt[p]) for p in by_prompt if p in prompts]),
+                        "tokens_per_s": _gmean([m for p, m in med.items() if p in prompts]),
                         "speedup": ci.center, "lo": ci.lo, "hi": ci.hi, "prompts": len(ratios)}
         out[t] = {"target_only": target_only, "fastest": fastest, "best": best}
     return out

@@ -267,7 +267,7 @@ def shape_roofline(step_s: dict[int, float], flops_per_token: float, weight_byte
         t = float(step_s[n])
         rows.append({
             "n": n, "t_s": t, "v": t / t1, "gops": gops[n],
-            "gbps": weight_bytes / t / 1e9 if weight_bytes is not None else None,
+            "gbps": achieved_gbps(weight_bytes, t) if weight_bytes is not None else None,
             "v_roof": max(1.0, n * flops_per_token / (peak * 1e9 * t1)),
         })  # fmt: skip
     bound = (weight_bytes / (bandwidth_gbps * 1e9) if weight_bytes is not None and bandwidth_gbps else None)

@@ -371,6 +371,22 @@ def _eog_ids(lib, model) -> frozenset[int]:
     return frozenset(i for i in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_is_eog(vocab, i))
 
 
+def _gguf_tensors(path: str | os.PathLike) -> tuple[Path, list]:
+    """The file's path and its tensor infos (``gguf.ReaderTensor``: name, type, shape, element and byte
+    counts), read from the header through the ``gguf`` package (memory-mapped, no weights copied).
+
+    Raises:
+        GGUFNotFoundError: `path` does not exist. ValueError: the file is not a readable GGUF.
+    """
+    from gguf import GGUFReader
+
+    p = _require_file(path)
+    try:
+        return p, list(GGUFReader(p).tensors)
+    except Exception as exc:  # gguf raises ValueError/struct errors on a damaged file
+        raise ValueError(f"{p}: not a readable GGUF file ({exc})") from exc
+
+
 def gguf_weight_types(path: str | os.PathLike) -> dict[str, int]:
     """Bytes of tensor data per ggml type in a GGUF file (e.g. ``{"Q4_K": 9.1e8, "Q6_K": 2.1e8, "F32": ...}``),
     read from the header and tensor infos through the ``gguf`` package (memory-mapped, no weights copied).
@@ -380,15 +396,9 @@ def gguf_weight_types(path: str | os.PathLike) -> dict[str, int]:
     Raises:
         GGUFNotFoundError: `path` does not exist. ValueError: the file is not a readable GGUF.
     """
-    from gguf import GGUFReader
-
-    p = _require_file(path)
-    try:
-        reader = GGUFReader(p)
-    except Exception as exc:  # gguf raises ValueError/struct errors on a damaged file
-        raise ValueError(f"{p}: not a readable GGUF file ({exc})") from exc
+    _, tensors = _gguf_tensors(path)
     out: dict[str, int] = {}
-    for t in reader.tensors:
+    for t in tensors:
         name = t.tensor_type.name
         out[name] = out.get(name, 0) + int(t.n_bytes)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
@@ -411,17 +421,10 @@ def gguf_matmul_flops(path: str | os.PathLike) -> int:
         GGUFNotFoundError: `path` does not exist. ValueError: the file is not a readable GGUF, or it has no
         2-d weight tensor.
     """
-    from gguf import GGUFReader
-
-    p = _require_file(path)
-    try:
-        reader = GGUFReader(p)
-    except Exception as exc:  # gguf raises ValueError/struct errors on a damaged file
-        raise ValueError(f"{p}: not a readable GGUF file ({exc})") from exc
-    names = {t.name for t in reader.tensors}
-    tied = "output.weight" not in names
+    p, tensors = _gguf_tensors(path)
+    tied = "output.weight" not in {t.name for t in tensors}
     total = 0
-    for t in reader.tensors:
+    for t in tensors:
         if len([d for d in t.shape if int(d) > 1]) < 2:
             continue
         if t.name == "token_embd.weight" and not tied:

@@ -36,14 +36,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     buckets = tuple(sorted({int(b) for b in args.buckets.split(",") if b.strip()}))
-    if not buckets or buckets[0] < 1:
-        raise SystemExit("bf16_frozen: --buckets needs widths >= 1")
+    if not buckets or buckets[0] != 1:
+        raise SystemExit("bf16_frozen: --buckets needs widths >= 1, among them 1 (v(n) is relative to t(1))")
 
     import torch
     import torch._inductor.config as inductor_config
     from transformers.utils import logging as hf_logging
 
     from specdec.backends.compiled import CompiledHFBackend
+    from specdec.bench.costs import interleaved_forward_times
     from specdec.loading import load_model
 
     hf_logging.disable_progress_bar()
@@ -59,28 +60,16 @@ def main() -> None:
           f"{time.perf_counter() - t0:.0f} s; resident memory {rss_gb():.1f} GB", flush=True)
 
     ids = [1000 + i for i in range(args.context)]
-    length = {}
-    for name, be in backends.items():
-        be.reset()
-        be.forward(ids, logits=False)
-        length[name] = be.cache_length
-    times: dict[tuple[str, int], list[float]] = {}
-    for _ in range(args.reps):
-        for n in buckets:
-            for name, be in backends.items():  # interleaved: both paths at one width back to back
-                t0 = time.perf_counter()
-                be.forward(ids[:n])
-                times.setdefault((name, n), []).append(time.perf_counter() - t0)
-                be.truncate(length[name])
+    # interleaved: both paths at one width back to back
+    times = interleaved_forward_times({name: (be, ids) for name, be in backends.items()}, buckets,
+                                      repeats=args.reps)
     print(f"{'path':<8}{'t(1) ms':>9}" + "".join(f"{'v(' + str(n) + ')':>8}" for n in buckets[1:]))
     for name in backends:
-        t1 = statistics.median(times[(name, 1)]) if (name, 1) in times else float("nan")
-        print(f"{name:<8}{t1 * 1e3:9.1f}" + "".join(f"{statistics.median(times[(name, n)]) / t1:8.2f}"
-                                                   for n in buckets[1:]))
+        med = {n: statistics.median(v) for n, v in times[name].items()}
+        print(f"{name:<8}{med[1] * 1e3:9.1f}" + "".join(f"{med[n] / med[1]:8.2f}" for n in buckets[1:]))
     logits = {}
-    for name, be in backends.items():
+    for name, be in backends.items():  # each cache still holds the prefilled context
         logits[name] = be.forward(ids[:1]).float()
-        be.truncate(length[name])
     diff = float((logits["eager"] - logits["frozen"]).abs().max())
     same = int(logits["eager"][-1].argmax()) == int(logits["frozen"][-1].argmax())
     print(f"next-token argmax equal: {same}; largest logit difference {diff:.3g}")

@@ -29,7 +29,6 @@ import argparse
 import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 NS = tuple(range(1, 18))
@@ -89,6 +88,7 @@ def main() -> None:
 
     from specdec.backends.llamacpp import gguf_matmul_flops, gguf_weight_types, load_llamacpp, repack_default
     from specdec.backends.llamacpp_record import ggml_env
+    from specdec.bench.costs import interleaved_forward_times
     from specdec.bench.environment import machine_info
     from specdec.bench.prompts import load_builtin
     from specdec.models.loaders import gguf_file
@@ -134,24 +134,9 @@ def main() -> None:
             be.close()
         return
 
-    warm = {}
-    for label, be, _ in loaded:
-        be.reset()
-        ids = be.tokenize(CONTEXT)
-        be.forward(ids, logits=False)
-        warm[label] = (ids, be.cache_length)
-        for _ in range(3):
-            be.forward(ids[:1])
-            be.truncate(be.cache_length - 1)
-    times: dict[str, dict[int, list[float]]] = {label: {n: [] for n in NS} for label, _, _ in loaded}
-    for _ in range(args.reps):
-        for n in NS:
-            for label, be, _ in loaded:
-                ids, length = warm[label]
-                t0 = time.perf_counter()
-                be.forward(ids[:n])
-                times[label][n].append(time.perf_counter() - t0)
-                be.truncate(length)
+    contexts = {label: be.tokenize(CONTEXT) for label, be, _ in loaded}
+    times = interleaved_forward_times({label: (be, contexts[label]) for label, be, _ in loaded}, NS,
+                                      repeats=args.reps, warm_forwards=3)
 
     bandwidth = measure_bandwidth(threads=args.threads)
     rows = []
@@ -166,7 +151,7 @@ def main() -> None:
         be.close()
     info = machine_info()
     print(f"machine: {info.get('cpu_model', platform.processor())}, threads {args.threads}, context "
-          f"{len(warm[loaded[0][0]][0])} tokens, median of {args.reps} interleaved repetitions")
+          f"{len(contexts[loaded[0][0]])} tokens, median of {args.reps} interleaved repetitions")
     head = "".join(f" v({n})".rjust(7) for n in NS[1:])
     print(f"{'candidate':<38}{'t(1) ms':>8}{head}")
     for r in rows:

@@ -194,3 +194,42 @@ def test_a_resumed_prompt_decides_with_the_median_of_its_stored_blocks():
     assert set(loaded.prompt_costs) == {"p"}
     curve = loaded.prompt_costs["p"]
     assert curve.target_forward_s == {1: pytest.approx(0.2), 2: pytest.approx(0.3)} and curve.draft_step_s == 0.05
+
+
+def test_interleaved_forward_times_alternate_backends_and_roll_back():
+    """Each backend is prefilled once, warmed with single-token forwards, then timed width by width with the
+    backends alternating inside each width, every timed forward rolled back to the prefilled length."""
+    from specdec.bench.costs import interleaved_forward_times
+
+    log: list[tuple] = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name, self.cache_length = name, 0
+
+        def reset(self):
+            self.cache_length = 0
+            log.append((self.name, "reset"))
+
+        def forward(self, tokens, *, logits=True):
+            self.cache_length += len(tokens)
+            log.append((self.name, "forward", len(tokens)))
+
+        def truncate(self, length):
+            assert length <= self.cache_length
+            self.cache_length = length
+
+    ticks = iter(range(1000))
+    a, b = Fake("a"), Fake("b")
+    times = interleaved_forward_times({"a": (a, list(range(6))), "b": (b, list(range(5)))}, [1, 3], repeats=2,
+                                      warm_forwards=1, clock=lambda: float(next(ticks)))
+    assert log[:6] == [("a", "reset"), ("a", "forward", 6), ("a", "forward", 1),
+                       ("b", "reset"), ("b", "forward", 5), ("b", "forward", 1)]
+    timed = [(name, n) for name, _, n in log[6:]]
+    assert timed == [("a", 1), ("b", 1), ("a", 3), ("b", 3)] * 2
+    assert (a.cache_length, b.cache_length) == (6, 5)
+    assert times == {"a": {1: [1.0, 1.0], 3: [1.0, 1.0]}, "b": {1: [1.0, 1.0], 3: [1.0, 1.0]}}
+    with pytest.raises(ValueError, match="needs at least 4 context ids"):
+        interleaved_forward_times({"a": (a, [1, 2, 3])}, [4], repeats=1)
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        interleaved_forward_times({"a": (a, [1, 2, 3])}, [1], repeats=0)

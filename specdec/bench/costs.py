@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from specdec.backends.base import Backend
@@ -25,7 +25,7 @@ from specdec.loading import LoadedPair
 
 __all__ = [
     "cached_costs", "calibration_block", "context_ids", "cross_tokenizer_draft_costs", "forward_times",
-    "measure_costs", "verification_steps",
+    "interleaved_forward_times", "measure_costs", "verification_steps",
 ]
 
 # Text whose tokens fill the warm context: the content does not change the timing, only its length does.
@@ -118,6 +118,58 @@ def forward_times(
     med = {n: statistics.median(v) for n, v in samples.items()}
     iqr = {n: _iqr(v) for n, v in samples.items()}
     return med, iqr
+
+
+def interleaved_forward_times(
+    runs: Mapping[str, tuple[Backend, Sequence[int]]],
+    ns: Sequence[int],
+    *,
+    repeats: int,
+    warm_forwards: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, dict[int, list[float]]]:
+    """Time ``forward(ids[:n])`` of several backends on warm caches, interleaved across backends, so that a
+    drift of the machine's speed hits every backend alike (the candidate benchmarks compare them this way).
+
+    Each backend is reset and prefilled with its `ids`, then runs `warm_forwards` untimed single-token
+    forwards (each rolled back); then for each repetition, each n, each backend in turn: one forward of
+    ``ids[:n]``, rolled back (`truncate`) to the prefilled length.
+
+    Args:
+        runs: label -> (backend, the token ids of its warm context; ``len(ids) >= max(ns)`` and
+            ``len(ids) + max(ns) <= backend.max_length``).
+        ns: the token counts to time (>= 1). repeats: timed forwards per n and backend (>= 1).
+        warm_forwards: untimed single-token forwards after the prefill. clock: seconds.
+
+    Returns:
+        ``{label: {n: [seconds, one per repetition]}}``; each backend is left holding its prefilled context.
+
+    Raises:
+        ValueError: ``repeats < 1``, an n < 1, or an n longer than a backend's context ids.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not ns or min(ns) < 1:
+        raise ValueError(f"token counts must be >= 1, got {list(ns)}")
+    lengths = {}
+    for label, (backend, ids) in runs.items():
+        if max(ns) > len(ids):
+            raise ValueError(f"{label}: a {max(ns)}-token forward needs at least {max(ns)} context ids, got {len(ids)}")
+        backend.reset()
+        backend.forward(list(ids), logits=False)
+        lengths[label] = backend.cache_length
+        for _ in range(warm_forwards):
+            backend.forward(list(ids[:1]))
+            backend.truncate(lengths[label])
+    times: dict[str, dict[int, list[float]]] = {label: {n: [] for n in ns} for label in runs}
+    for _ in range(repeats):
+        for n in ns:
+            for label, (backend, ids) in runs.items():
+                t0 = clock()
+                backend.forward(list(ids[:n]))
+                times[label][n].append(clock() - t0)
+                backend.truncate(lengths[label])
+    return times
 
 
 def verification_steps(target_forward_s: dict[int, float]) -> dict[int, float]:

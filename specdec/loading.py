@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,7 @@ def load_model(
     quant: str | None = None,
     last_row_graphs: bool = False,
     gguf_type: str | None = None,
+    buckets: Sequence[int] | None = None,
 ) -> LoadedModel:
     """Load one model spec (preset member, hub id, local dir or .gguf) on a runtime.
 
@@ -121,7 +123,10 @@ def load_model(
             (`specdec.backends.compiled.CompiledHFBackend`), compiled here (``warmup``: every shape bucket;
             seconds in ``compile_s``, minutes on a CPU the first time, less with a warm inductor cache).
         compile_mode: `CompiledHFBackend`'s mode when compiling (``onednn`` packs the weights for
-            multi-token verification; `load_pair` compiles the draft with ``inductor``).
+            multi-token verification; `load_pair` compiles the draft with ``inductor``; ``frozen`` folds the
+            weights into each graph, one weight copy per graph).
+        buckets: with `compile`, the compiled token counts (default: ``FROZEN_BUCKETS`` in mode ``frozen``,
+            else ``DEFAULT_BUCKETS`` of `specdec.backends.compiled`).
         n_ctx: llama.cpp context size.
         quant: transformers only: ``"int8"`` = int8 weight-only linear layers (`specdec.precision`), in the
             model's `dtype`; None keeps the checkpoint's weights.
@@ -176,9 +181,11 @@ def load_model(
     model, tok = models.load_hf(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     apply_quant(model, quant)
     if compile:
-        from specdec.backends.compiled import CompiledHFBackend
+        from specdec.backends.compiled import DEFAULT_BUCKETS, FROZEN_BUCKETS, CompiledHFBackend
 
-        backend = CompiledHFBackend(model, mode=compile_mode, last_row_graphs=last_row_graphs)
+        if buckets is None:
+            buckets = FROZEN_BUCKETS if compile_mode == "frozen" else DEFAULT_BUCKETS
+        backend = CompiledHFBackend(model, mode=compile_mode, last_row_graphs=last_row_graphs, buckets=buckets)
         # Compile every shape bucket now, at load: compilation never lands inside a timed generation.
         compile_s = backend.warmup()
     else:
@@ -189,6 +196,17 @@ def load_model(
     eos = eos_ids_for(tok, getattr(model, "generation_config", None)) | _source_gguf_eog(spec)
     return LoadedModel(spec, runtime, backend, tok, model, eos, time.perf_counter() - t0, compile,
                        compile_s if compile else 0.0, dtype)
+
+
+def draft_compile_args(target_mode: str) -> dict:
+    """`load_model`'s compile arguments for a draft whose target compiles in `target_mode`: mode ``inductor``
+    (ATen GEMMs, which suit 1-2 token steps) with last-row graphs; mode ``frozen`` on ``FROZEN_DRAFT_BUCKETS``
+    when the target is frozen (a frozen draft steps ~3x faster in bf16, and each graph copies its weights)."""
+    if target_mode == "frozen":
+        from specdec.backends.compiled import FROZEN_DRAFT_BUCKETS
+
+        return {"compile_mode": "frozen", "last_row_graphs": True, "buckets": FROZEN_DRAFT_BUCKETS}
+    return {"compile_mode": "inductor", "last_row_graphs": True}
 
 
 def load_pair(
@@ -208,6 +226,7 @@ def load_pair(
     draft_quant: str | None = "same",
     other_tokenizer: bool = False,
     gguf_type: str | None = None,
+    compile_mode: str = "onednn",
 ) -> LoadedPair:
     """Load target and draft and check that they can be compared token by token.
 
@@ -227,8 +246,10 @@ def load_pair(
             own tokenizer (``pair.draft.tokenizer``) and the pair stops on the target's EOS ids only. Set by
             itself for the pair of a preset whose draft has another tokenizer
             (`specdec.models.presets.other_tokenizer_pair`, e.g. ``qwen2.5-coder+smollm2``).
-        Other arguments as in `load_model`; with `compile` the target is compiled in ``onednn`` mode and
-            the draft in ``inductor`` mode (`specdec.backends.compiled`).
+        compile_mode: with `compile`, the target's mode (`specdec.backends.compiled.MODES`); the draft is
+            compiled in ``inductor`` mode, or in ``frozen`` mode on ``FROZEN_DRAFT_BUCKETS`` when the target is
+            frozen (`draft_compile_args`).
+        Other arguments as in `load_model` (`specdec.backends.compiled`).
 
     Returns:
         A `LoadedPair`.
@@ -243,6 +264,7 @@ def load_pair(
     set_threads(threads)
     kw = {"device": device, "threads": threads, "n_ctx": n_ctx, "trust_remote_code": trust_remote_code}
     target = load_model(target_spec, runtime=backend, compile=compile, dtype=dtype, quant=quant,
+                        compile_mode=compile_mode,
                         **({"gguf_type": gguf_type} if gguf_type is not None else {}), **kw)
     draft = None
     vocab = real_vocab_size(target.tokenizer)
@@ -251,7 +273,7 @@ def load_pair(
         # GEMMs, compiled elementwise) measured 110 vs 129 ms per draft step against eager; oneDNN 122 vs 120
         # (benchmarks/bench_compiled.py, interleaved, 2 threads, default pair).
         draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile,
-                           compile_mode="inductor", last_row_graphs=True, dtype=draft_dtype or dtype,
+                           **draft_compile_args(compile_mode), dtype=draft_dtype or dtype,
                            quant=quant if draft_quant == "same" else draft_quant, **kw)
         from specdec.compat import IncompatibleTokenizersError, vocab_overlap
 

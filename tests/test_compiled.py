@@ -379,3 +379,66 @@ def test_c22_last_row_graphs(near_draft_dir, tiny_pair):
     ref = autoregressive_generate(eager, prompt, 16, vocab_size=V).token_ids
     out = speculative_generate(eager, ModelDrafter(backend, V), prompt, 16, k=4, vocab_size=V)
     assert out.token_ids == ref
+
+
+@slow
+def test_frozen_mode_folds_the_weights_and_stays_exact(tiny_pair, tiny_tokenizer, eager_target):
+    """mode="frozen": the compiled graphs hold the weights as constants (an in-place change of the model's
+    weights after warmup reaches the eager path, not the bucket graphs), logits match eager, greedy
+    speculative decoding equals greedy target-only decoding, and inductor's global freezing setting is
+    switched back off after the compile (other models compiled in the process are not frozen)."""
+    import torch._inductor.config as inductor_config
+
+    model = load_model(tiny_pair.target_dir)
+    backend = CompiledHFBackend(model, buckets=(1, 8), mode="frozen")
+    backend.warmup()
+    assert inductor_config.freezing is False
+    prompt = ids_of(tiny_tokenizer, PROMPTS[3])
+    for n in (1, 5):
+        for b in (backend, eager_target):
+            b.reset()
+            b.forward(prompt, logits=False)
+        torch.testing.assert_close(backend.forward(prompt[:n]), eager_target.forward(prompt[:n]),
+                                   atol=ATOL, rtol=ATOL)
+    ref = baseline(backend, prompt, 24)
+    for k in (1, 4, 7):
+        assert speculative_generate(backend, PromptLookupDrafter(), prompt, 24, k=k, vocab_size=V).token_ids == ref
+
+    tokens = prompt[:3]
+    backend.reset()
+    frozen_before = backend.forward(tokens)
+    backend.reset()
+    eager_before = backend.forward(prompt[:9])  # 9 > max(buckets): the eager path, the model's own weights
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.mul_(0.5)
+    backend.reset()
+    assert torch.equal(backend.forward(tokens), frozen_before)
+    backend.reset()
+    assert not torch.allclose(backend.forward(prompt[:9]), eager_before, atol=1e-3)
+
+
+@slow
+def test_load_pair_frozen_compiles_target_and_draft_frozen(tiny_pair, near_draft_dir, tiny_tokenizer):
+    """`load_pair(compile=True, compile_mode="frozen")` (the transformers-bf16-frozen configuration's models,
+    here in fp32): target frozen on FROZEN_BUCKETS, draft frozen on FROZEN_DRAFT_BUCKETS with last-row graphs;
+    greedy speculative decoding with the draft model equals greedy target-only decoding on the frozen target."""
+    from specdec.backends.compiled import FROZEN_BUCKETS, FROZEN_DRAFT_BUCKETS
+    from specdec.bench.runtimes import RUNTIME_CONFIGS
+    from specdec.loading import load_pair
+
+    rc = RUNTIME_CONFIGS["transformers-bf16-frozen"]
+    kw = rc.load_kwargs("float32")
+    assert rc.compile and kw == {"dtype": "bfloat16", "compile_mode": "frozen"}
+    pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), compile=True, compile_mode="frozen")
+    t, d = pair.target.backend, pair.draft.backend
+    assert (t.mode, t.buckets, t.last_row_graphs) == ("frozen", FROZEN_BUCKETS, False)
+    assert (d.mode, d.buckets, d.last_row_graphs) == ("frozen", FROZEN_DRAFT_BUCKETS, True)
+    for text in PROMPTS[:2]:
+        prompt = ids_of(tiny_tokenizer, text)
+        ref = autoregressive_generate(t, prompt, 24, vocab_size=pair.vocab_size).token_ids
+        for k in (2, 7, 15):
+            out = speculative_generate(t, ModelDrafter(d, pair.vocab_size), prompt, 24, k=k,
+                                       vocab_size=pair.vocab_size)
+            assert out.token_ids == ref

@@ -165,12 +165,12 @@ def load_xtok(cfg: SweepConfig, rc: RuntimeConfig, pair) -> Any:
         What `specdec.loading.load_model` raises (an unavailable model: one line).
     """
     from specdec.compat import check_vocab_fits, real_vocab_size, vocab_overlap
-    from specdec.loading import LoadedPair, load_model
+    from specdec.loading import LoadedPair, draft_compile_args, load_model
 
     kw = rc.load_kwargs(cfg.dtype)
+    compile_args = draft_compile_args(rc.compile_mode or "onednn") if rc.compile else {}
     draft = load_model(cfg.xtok_draft, runtime=rc.draft_backend, device=cfg.device, dtype=kw["dtype"],
-                       threads=cfg.threads, compile=rc.compile, compile_mode="inductor", last_row_graphs=True,
-                       quant=kw.get("quant"))
+                       threads=cfg.threads, compile=rc.compile, quant=kw.get("quant"), **compile_args)
     check_vocab_fits(real_vocab_size(draft.tokenizer), draft=draft.backend)
     return LoadedPair(pair.target, draft, pair.vocab_size, pair.eos_ids,
                       {"vocab_overlap": vocab_overlap(pair.target.tokenizer, draft.tokenizer).summary()})

@@ -110,6 +110,7 @@ def load_model(
     last_row_graphs: bool = False,
     gguf_type: str | None = None,
     buckets: Sequence[int] | None = None,
+    max_length: int | None = None,
 ) -> LoadedModel:
     """Load one model spec (preset member, hub id, local dir or .gguf) on a runtime.
 
@@ -127,6 +128,9 @@ def load_model(
             weights into each graph, one weight copy per graph).
         buckets: with `compile`, the compiled token counts (default: ``FROZEN_BUCKETS`` in mode ``frozen``,
             else ``DEFAULT_BUCKETS`` of `specdec.backends.compiled`).
+        max_length: with `compile`, the static cache's context in tokens (default: the model's, capped at
+            `specdec.backends.compiled.DEFAULT_MAX_LENGTH`). Every compiled step attends over all of it,
+            so a workload's own bound (prompt + new tokens) makes each step cheaper.
         n_ctx: llama.cpp context size.
         quant: transformers only: ``"int8"`` = int8 weight-only linear layers (`specdec.precision`), in the
             model's `dtype`; None keeps the checkpoint's weights.
@@ -185,7 +189,8 @@ def load_model(
 
         if buckets is None:
             buckets = FROZEN_BUCKETS if compile_mode == "frozen" else DEFAULT_BUCKETS
-        backend = CompiledHFBackend(model, mode=compile_mode, last_row_graphs=last_row_graphs, buckets=buckets)
+        backend = CompiledHFBackend(model, mode=compile_mode, last_row_graphs=last_row_graphs, buckets=buckets,
+                                    max_length=max_length)
         # Compile every shape bucket now, at load: compilation never lands inside a timed generation.
         compile_s = backend.warmup()
     else:
@@ -227,6 +232,7 @@ def load_pair(
     other_tokenizer: bool = False,
     gguf_type: str | None = None,
     compile_mode: str = "onednn",
+    max_length: int | None = None,
 ) -> LoadedPair:
     """Load target and draft and check that they can be compared token by token.
 
@@ -248,7 +254,7 @@ def load_pair(
             (`specdec.models.presets.other_tokenizer_pair`, e.g. ``qwen2.5-coder+smollm2``).
         compile_mode: with `compile`, the target's mode (`specdec.backends.compiled.MODES`); the draft is
             compiled in ``inductor`` mode, or in ``frozen`` mode on ``FROZEN_DRAFT_BUCKETS`` when the target is
-            frozen (`draft_compile_args`).
+            frozen (`draft_compile_args`). max_length: with `compile`, both models' static-cache context.
         Other arguments as in `load_model` (`specdec.backends.compiled`).
 
     Returns:
@@ -263,6 +269,8 @@ def load_pair(
     other_tokenizer = other_tokenizer or other_tokenizer_pair(target_spec, draft_spec)
     set_threads(threads)
     kw = {"device": device, "threads": threads, "n_ctx": n_ctx, "trust_remote_code": trust_remote_code}
+    if max_length is not None:
+        kw["max_length"] = max_length
     target = load_model(target_spec, runtime=backend, compile=compile, dtype=dtype, quant=quant,
                         compile_mode=compile_mode,
                         **({"gguf_type": gguf_type} if gguf_type is not None else {}), **kw)

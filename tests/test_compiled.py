@@ -383,10 +383,11 @@ def test_c22_last_row_graphs(near_draft_dir, tiny_pair):
 
 @slow
 def test_frozen_mode_folds_the_weights_and_stays_exact(tiny_pair, tiny_tokenizer, eager_target):
-    """mode="frozen": the compiled graphs hold the weights as constants (an in-place change of the model's
-    weights after warmup reaches the eager path, not the bucket graphs), logits match eager, greedy
-    speculative decoding equals greedy target-only decoding, and inductor's global freezing setting is
-    switched back off after the compile (other models compiled in the process are not frozen)."""
+    """mode="frozen": the compiled graphs hold the weights as constants and every forward runs through them
+    (prefill and forwards wider than the largest bucket in bucket-sized chunks), so an in-place change of
+    the model's weights after warmup changes no output; logits match eager (rows chosen by `last` too),
+    greedy speculative decoding equals greedy target-only decoding, and inductor's global freezing setting
+    is switched back off after the compile (other models compiled in the process are not frozen)."""
     import torch._inductor.config as inductor_config
 
     model = load_model(tiny_pair.target_dir)
@@ -394,29 +395,34 @@ def test_frozen_mode_folds_the_weights_and_stays_exact(tiny_pair, tiny_tokenizer
     backend.warmup()
     assert inductor_config.freezing is False
     prompt = ids_of(tiny_tokenizer, PROMPTS[3])
-    for n in (1, 5):
+    assert len(prompt) > 8  # the prefill below takes more than one chunk
+    for n, last in ((1, None), (5, None), (8, 1), (13, None), (13, 6), (len(prompt), 2)):
         for b in (backend, eager_target):
             b.reset()
             b.forward(prompt, logits=False)
-        torch.testing.assert_close(backend.forward(prompt[:n]), eager_target.forward(prompt[:n]),
+        torch.testing.assert_close(backend.forward(prompt[:n], last=last), eager_target.forward(prompt[:n], last=last),
                                    atol=ATOL, rtol=ATOL)
+        assert backend.cache_length == eager_target.cache_length == len(prompt) + n
     ref = baseline(backend, prompt, 24)
-    for k in (1, 4, 7):
+    assert ref == baseline(eager_target, prompt, 24)
+    for k in (1, 4, 7, 12):
         assert speculative_generate(backend, PromptLookupDrafter(), prompt, 24, k=k, vocab_size=V).token_ids == ref
 
-    tokens = prompt[:3]
-    backend.reset()
-    frozen_before = backend.forward(tokens)
-    backend.reset()
-    eager_before = backend.forward(prompt[:9])  # 9 > max(buckets): the eager path, the model's own weights
+    def outputs():
+        backend.reset()
+        short = backend.forward(prompt[:3])
+        backend.reset()
+        backend.forward(prompt, logits=False)
+        return short, backend.forward(prompt[:11])
+
+    before = outputs()
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
                 module.weight.mul_(0.5)
-    backend.reset()
-    assert torch.equal(backend.forward(tokens), frozen_before)
-    backend.reset()
-    assert not torch.allclose(backend.forward(prompt[:9]), eager_before, atol=1e-3)
+    for old, new in zip(before, outputs()):
+        assert torch.equal(old, new)
+    assert not torch.allclose(load_backend_from(model).forward(prompt[:3]), before[0], atol=1e-3)  # a real change
 
 
 @slow

@@ -1378,3 +1378,36 @@ def test_a_resumed_prompt_takes_its_missing_trace_before_policy_best(tmp_path, t
         rows = [r for r in st.runs(sid, prompt_id=pid) if "|best|" in r["cell_key"]]
         assert len(rows) == 2 and all(r["error"] is None and r["policy"] == "fixed" for r in rows)
         assert any(t["prompt_id"] == pid for t in st.traces(sid))
+
+
+def test_compiled_configurations_get_a_static_cache_sized_to_the_sweep(tiny_pair, near_draft_dir, prompt_file):
+    """A compiled configuration's static cache (every compiled step attends over all of its slots) holds the
+    longest prompt + max_new_tokens + the widest timed forward, rounded up to CACHE_STEP; the loader gets it
+    for compiled configurations only; a sweep that needs more than DEFAULT_MAX_LENGTH leaves the backend's
+    default (and the long prompts to the fitting check)."""
+    from specdec import models
+    from specdec.backends.compiled import DEFAULT_MAX_LENGTH
+    from specdec.bench.loaded import CACHE_STEP, _load_pair, compiled_max_length
+    from specdec.bench.plan import cost_max_n
+    from specdec.bench.prompts import encode_prompt
+    from specdec.bench.runtimes import RUNTIME_CONFIGS
+
+    cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, max_new_tokens=300)
+    p = S.prepare(cfg)
+    tok = models.hf_tokenizer(p.target)
+    longest = max(len(encode_prompt(tok, q.text, chat_template=cfg.chat_template)) for q in p.prompts)
+    need = longest + 300 + cost_max_n(cfg)
+    n = compiled_max_length(cfg, p)
+    assert n % CACHE_STEP == 0 and n - CACHE_STEP < need <= n
+    seen: dict = {}
+
+    def loader(*args, **kw):
+        seen.clear()
+        seen.update(kw)
+
+    _load_pair(cfg, RUNTIME_CONFIGS["transformers-bf16-frozen"], p, loader)
+    assert seen["max_length"] == n and seen["compile_mode"] == "frozen"
+    _load_pair(cfg, RUNTIME_CONFIGS["transformers-eager"], p, loader)
+    assert "max_length" not in seen
+    huge = _cfg(tiny_pair, near_draft_dir, prompt_file, max_new_tokens=DEFAULT_MAX_LENGTH)
+    assert compiled_max_length(huge, S.prepare(huge)) is None

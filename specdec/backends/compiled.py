@@ -50,7 +50,9 @@ the pads in a forward, so a real row never sees a pad slot, nor any stale slot p
 slots always hold finite values: zeros or keys of earlier tokens). Pad rows are computed and discarded.
 
 Forwards longer than ``max(buckets)`` and prefill (``logits=False``) run eagerly over the same static cache,
-in chunks of `PREFILL_CHUNK` tokens.
+in chunks of `PREFILL_CHUNK` tokens; in mode ``frozen`` they run through the largest bucket's graph instead,
+in chunks of ``max(buckets)`` tokens (the eager path there is the uncompiled model: measured on the bf16
+1.5B target, ~22 ms a prompt token eager against ~6 in 16-token frozen chunks).
 
 Compilation is paid in `warmup` (one compile per bucket, returns the seconds spent), which must be called
 before the first bucketed forward; afterwards every compiled call runs under
@@ -464,7 +466,8 @@ class CompiledHFBackend:
         ``n <= max(buckets)`` with logits runs the compiled graph of the smallest bucket >= n (with `last`
         = 1 and `last_row_graphs`, the graph that scores the last real row only); otherwise eager chunks of
         `PREFILL_CHUNK` tokens over the same static cache, whose LM head scores only the rows returned
-        (one row per chunk when none is: prefill).
+        (one row per chunk when none is: prefill) - in mode ``frozen``, chunks of ``max(buckets)`` tokens
+        through the compiled graphs.
 
         Raises:
             ContextOverflowError: ``cache_length + n > max_length``.
@@ -493,6 +496,8 @@ class CompiledHFBackend:
                 if first == n - 1 and n > 1 and self.last_row_graphs:
                     return self._run(self._compiled, tokens, b, self._last_row(n)).float()
                 return self._run(self._compiled, tokens, b)[first:n].float()
+        if self.mode == "frozen":
+            return self._chunked(tokens, first, logits)
         rows = []
         for i in range(0, n, PREFILL_CHUNK):
             chunk = tokens[i : i + PREFILL_CHUNK]
@@ -503,6 +508,22 @@ class CompiledHFBackend:
         return torch.cat(rows) if logits else None
 
 
+
+    def _chunked(self, tokens: list[int], first: int, logits: bool) -> torch.Tensor | None:
+        """Mode ``frozen``: a prefill or a forward longer than the largest bucket, as consecutive forwards of
+        ``max(buckets)`` tokens (the last one padded to its bucket) through the compiled graphs; returns
+        the rows from `first` on (float32), or None when `logits` is False."""
+        if not self._warm:
+            raise BackendError("call warmup() before the first forward: compiling belongs outside timing")
+        size, rows = self.buckets[-1], []
+        with torch.compiler.set_stance("fail_on_recompile"):
+            for i in range(0, len(tokens), size):
+                chunk = tokens[i : i + size]
+                b = self.buckets[bisect.bisect_left(self.buckets, len(chunk))]
+                out = self._run(self._compiled, chunk, b)
+                if logits and first < i + len(chunk):
+                    rows.append(out[max(0, first - i) : len(chunk)].float())
+        return torch.cat(rows) if logits else None
 
 
 # ----------------------------------------------------------------------------------------------- exactness

@@ -142,11 +142,37 @@ def free_models(*models) -> None:
         torch.cuda.empty_cache()
 
 
+#: A compiled configuration's static cache is sized to the sweep in steps of this many tokens.
+CACHE_STEP = 256
+
+
+def compiled_max_length(cfg: SweepConfig, p: Prepared) -> int | None:
+    """The static-cache context of a compiled configuration in this sweep: room for the longest prompt (in
+    target tokens) + ``max_new_tokens`` + the largest forward the cost curve times, and for the cost
+    measurement's context + that forward, rounded up to `CACHE_STEP`; None (the backend's default) when that
+    exceeds `specdec.backends.compiled.DEFAULT_MAX_LENGTH` (the sweep then skips or refuses the long prompts
+    as before). Why: a compiled step attends over every slot of its cache, masked, where llama.cpp attends
+    over the filled cells only; a cache of the workload's size is what a user of a static cache would set."""
+    from specdec import models
+    from specdec.backends.compiled import DEFAULT_MAX_LENGTH
+
+    tok = models.hf_tokenizer(p.target)
+    longest = max((len(encode_prompt(tok, q.text, chat_template=cfg.chat_template)) for q in p.prompts), default=0)
+    widest = cost_max_n(cfg)
+    need = max(longest + cfg.max_new_tokens + widest, cfg.cost_context_tokens + widest)
+    length = -(-need // CACHE_STEP) * CACHE_STEP
+    return length if length <= DEFAULT_MAX_LENGTH else None
+
+
 def _load_pair(cfg: SweepConfig, rc: RuntimeConfig, p: Prepared, loader):
-    """The configuration's models, loaded as every timed run sees them (a self-draft loads the target twice)."""
+    """The configuration's models, loaded as every timed run sees them (a self-draft loads the target twice);
+    a compiled configuration's static caches sized by `compiled_max_length`."""
     draft = p.target if rc.self_draft_quant is not None else p.draft
+    kw = rc.load_kwargs(cfg.dtype)
+    if rc.compile and (max_length := compiled_max_length(cfg, p)) is not None:
+        kw["max_length"] = max_length
     return loader(p.target, draft, backend=rc.target_backend, draft_backend=rc.draft_backend,
-                  device=cfg.device, threads=cfg.threads, compile=rc.compile, **rc.load_kwargs(cfg.dtype))
+                  device=cfg.device, threads=cfg.threads, compile=rc.compile, **kw)
 
 
 def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:

@@ -428,7 +428,7 @@ def test_frozen_mode_folds_the_weights_and_stays_exact(tiny_pair, tiny_tokenizer
 @slow
 def test_load_pair_frozen_compiles_target_and_draft_frozen(tiny_pair, near_draft_dir, tiny_tokenizer):
     """`load_pair(compile=True, compile_mode="frozen")` (the transformers-bf16-frozen configuration's models,
-    here in fp32): target frozen on FROZEN_BUCKETS, draft frozen on FROZEN_DRAFT_BUCKETS with last-row graphs;
+    here in fp32): target frozen on FROZEN_BUCKETS, draft frozen on FROZEN_DRAFT_BUCKETS without last-row graphs;
     greedy speculative decoding with the draft model equals greedy target-only decoding on the frozen target."""
     from specdec.backends.compiled import FROZEN_BUCKETS, FROZEN_DRAFT_BUCKETS
     from specdec.bench.runtimes import RUNTIME_CONFIGS
@@ -440,7 +440,7 @@ def test_load_pair_frozen_compiles_target_and_draft_frozen(tiny_pair, near_draft
     pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), compile=True, compile_mode="frozen")
     t, d = pair.target.backend, pair.draft.backend
     assert (t.mode, t.buckets, t.last_row_graphs) == ("frozen", FROZEN_BUCKETS, False)
-    assert (d.mode, d.buckets, d.last_row_graphs) == ("frozen", FROZEN_DRAFT_BUCKETS, True)
+    assert (d.mode, d.buckets, d.last_row_graphs) == ("frozen", FROZEN_DRAFT_BUCKETS, False)
     for text in PROMPTS[:2]:
         prompt = ids_of(tiny_tokenizer, text)
         ref = autoregressive_generate(t, prompt, 24, vocab_size=pair.vocab_size).token_ids

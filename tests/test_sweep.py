@@ -180,7 +180,11 @@ def test_costs_table_filled(full_sweep):
         costs = st.load_costs(result.sweep_id, "transformers-eager")
     target_n = sorted(n for role, n, _, _ in rows if role == "target")
     assert target_n == list(range(1, 18))  # 1..17 always covered
-    assert [n for role, n, _, _ in rows if role == "draft"] == [1]
+    # the draft's catch-up curve, which the cost policy prices a round's first draft forward on
+    from specdec.bench.loaded import SWEEP_DRAFT_MAX_N
+
+    assert sorted(n for role, n, _, _ in rows if role == "draft") == list(range(1, SWEEP_DRAFT_MAX_N + 1))
+    assert sorted(costs["draft_forward_s"]) == list(range(1, SWEEP_DRAFT_MAX_N + 1))
     assert all(s > 0 for _, _, s, _ in rows)
     # the draft is timed 3x as often as the target (its forwards are cheap; 3 samples were too few)
     assert {(role, reps) for role, _, _, reps in rows} == {("target", cfg.cost_repeats),

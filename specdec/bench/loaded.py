@@ -175,10 +175,20 @@ def _load_pair(cfg: SweepConfig, rc: RuntimeConfig, p: Prepared, loader):
                   device=cfg.device, threads=cfg.threads, compile=rc.compile, **kw)
 
 
+#: The sweep times draft forwards of 1 .. this many tokens with its costs: the cost policy prices a round's
+#: catch-up on that curve (beyond it, by its least-squares slope). With the draft step alone every catch-up,
+#: the deferred prefill of the whole prompt included, was priced at one draft step whenever a sweep ran
+#: without calibration blocks: on a frozen bf16 draft the first probe's 122-token catch-up took ~260 ms,
+#: 13 draft steps, and the draft model's cost policy lost 4-6% on most types.
+SWEEP_DRAFT_MAX_N = 16
+
+
 def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:
-    """`measure_costs` with the sweep's settings (target forwards of 1 .. `cost_max_n` tokens, seconds)."""
+    """`measure_costs` with the sweep's settings (target forwards of 1 .. `cost_max_n` tokens and, with a
+    draft model, draft forwards of 1 .. `SWEEP_DRAFT_MAX_N`; seconds)."""
+    draft_max_n = SWEEP_DRAFT_MAX_N if getattr(pair, "draft", None) is not None else 1
     return measure_costs(pair, max_n=cost_max_n(cfg), repeats=cfg.cost_repeats,
-                         context_tokens=cfg.cost_context_tokens)
+                         context_tokens=cfg.cost_context_tokens, draft_max_n=draft_max_n)
 
 
 def load_xtok(cfg: SweepConfig, rc: RuntimeConfig, pair) -> Any:

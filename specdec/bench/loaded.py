@@ -176,10 +176,9 @@ def _load_pair(cfg: SweepConfig, rc: RuntimeConfig, p: Prepared, loader):
 
 
 #: The sweep times draft forwards of 1 .. this many tokens with its costs: the cost policy prices a round's
-#: catch-up on that curve (beyond it, by its least-squares slope). With the draft step alone every catch-up,
-#: the deferred prefill of the whole prompt included, was priced at one draft step whenever a sweep ran
-#: without calibration blocks: on a frozen bf16 draft the first probe's 122-token catch-up took ~260 ms,
-#: 13 draft steps, and the draft model's cost policy lost 4-6% on most types.
+#: catch-up (the committed tokens the draft has not fed, 20-60 after a plain stretch) on that curve, beyond
+#: it by its least-squares slope. With the draft step alone, a sweep without calibration blocks priced every
+#: catch-up at one draft step.
 SWEEP_DRAFT_MAX_N = 16
 
 

@@ -27,7 +27,7 @@ steps and target verification) through PyTorch's own machinery instead:
   `warmup` compiles): the weights become graph constants, which inductor prepacks for oneDNN (bf16) or MKL
   (fp32) and folds. On a bf16 1.5B target this steps ~3x faster than the uncompiled bf16 path, but, as in
   ``max-autotune``, *each compiled graph holds its own copy of the weights* (plus the model's own copy, which
-  the eager prefill uses): memory grows by one model per bucket (and per last-row graph), so give it few
+  stays loaded): memory grows by one model per bucket (and per last-row graph), so give it few
   buckets (`FROZEN_BUCKETS`, `FROZEN_DRAFT_BUCKETS`). Per-call ``options={"freezing": True}`` does not take
   effect on this PyTorch; the global setting, patched for the duration of the compile, does.
 - ``mode="eager"``: no compilation; the same static cache and bucketing (a reference for tests).
@@ -52,7 +52,7 @@ slots always hold finite values: zeros or keys of earlier tokens). Pad rows are 
 Forwards longer than ``max(buckets)`` and prefill (``logits=False``) run eagerly over the same static cache,
 in chunks of `PREFILL_CHUNK` tokens; in mode ``frozen`` they run through the largest bucket's graph instead,
 in chunks of ``max(buckets)`` tokens (the eager path there is the uncompiled model: measured on the bf16
-1.5B target, ~22 ms a prompt token eager against ~6 in 16-token frozen chunks).
+1.5B target, ~22 ms a prompt token eager over a 4096-token cache against ~6 in 16-token frozen chunks).
 
 Compilation is paid in `warmup` (one compile per bucket, returns the seconds spent), which must be called
 before the first bucketed forward; afterwards every compiled call runs under
@@ -247,7 +247,8 @@ class CompiledHFBackend:
             eager on another instance (or before building this backend).
         max_length: context window in tokens (default: the config's, capped at `DEFAULT_MAX_LENGTH`).
         buckets: token counts with a compiled graph, ascending, >= 1. A verification of K+1 tokens
-            uses the smallest bucket >= K+1; beyond the largest the forward runs eagerly.
+            uses the smallest bucket >= K+1; beyond the largest the forward runs eagerly (mode ``frozen``:
+            in chunks through the compiled graphs).
         mode: one of `MODES` (module docstring). ``onednn`` keeps one copy of the weights; ``hybrid``
             adds the dense copy for single-row steps; ``inductor`` suits drafts (1-row steps, no repacking);
             ``frozen`` (any dtype) is the fastest per step on bf16 weights and holds one weight copy
@@ -508,8 +509,6 @@ class CompiledHFBackend:
             if need > 0:
                 rows.append(out[-need:].float())
         return torch.cat(rows) if logits else None
-
-
 
     def _chunked(self, tokens: list[int], first: int, logits: bool) -> torch.Tensor | None:
         """Mode ``frozen``: a prefill or a forward longer than the largest bucket, as consecutive forwards of

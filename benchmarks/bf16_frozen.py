@@ -1,14 +1,13 @@
 """Benchmark: the bf16 target compiled with frozen weights against the same static-cache path uncompiled.
 
 Loads the target in bfloat16 once and builds two `specdec.backends.compiled.CompiledHFBackend` on it: mode
-``eager`` (the static cache and bucketing, no compilation: the reference) and mode ``inductor`` compiled
-while inductor's global ``freezing`` setting is on (weights become constants that inductor prepacks for
-oneDNN; passing ``options={"freezing": True}`` per compile call did not take effect in
-`benchmarks/int8_activations.py`'s check, the global setting did). Each compiled bucket holds its own frozen
-copy of the weights (about 3 GB per bucket for the 1.5B target), hence few buckets. It prints the compile
-seconds, resident memory, t(1) and v(n) = t(n) / t(1) per bucket for both (forwards on a warm cache of
-`--context` tokens, interleaved, median of `--reps`), and whether the frozen graph's next-token argmax equals
-the reference's (and the largest logit difference). Prints figures; asserts nothing.
+``eager`` (the static cache and bucketing, no compilation: the reference) and mode ``frozen`` (inductor
+compiled with weight freezing: weights become constants that inductor prepacks for oneDNN). Each compiled
+bucket holds its own frozen copy of the weights (about 3 GB per bucket for the 1.5B target), hence few
+buckets. It prints the compile seconds, resident memory, t(1) and v(n) = t(n) / t(1) per bucket for both
+(forwards on a warm cache of `--context` tokens, interleaved, median of `--reps`), and whether the frozen
+graph's next-token argmax equals the reference's (and the largest logit difference).
+Prints figures; asserts nothing.
 
     python benchmarks/bf16_frozen.py --threads 2
     python benchmarks/bf16_frozen.py --spec qwen2.5-coder:draft --buckets 1,4,8,16
@@ -40,7 +39,6 @@ def main() -> None:
         raise SystemExit("bf16_frozen: --buckets needs widths >= 1, among them 1 (v(n) is relative to t(1))")
 
     import torch
-    import torch._inductor.config as inductor_config
     from transformers.utils import logging as hf_logging
 
     from specdec.backends.compiled import CompiledHFBackend
@@ -52,8 +50,7 @@ def main() -> None:
     model = load_model(args.spec, runtime="transformers", dtype="bfloat16", threads=args.threads).hf_model
     max_length = args.context + buckets[-1] + 64
     backends = {"eager": CompiledHFBackend(model, mode="eager", buckets=buckets, max_length=max_length)}
-    inductor_config.freezing = True
-    backends["frozen"] = CompiledHFBackend(model, mode="inductor", buckets=buckets, max_length=max_length)
+    backends["frozen"] = CompiledHFBackend(model, mode="frozen", buckets=buckets, max_length=max_length)
     t0 = time.perf_counter()
     backends["frozen"].warmup()
     print(f"{args.spec} bf16, {args.threads} threads: compiled {len(buckets)} buckets in "

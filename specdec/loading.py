@@ -126,8 +126,7 @@ def load_model(
         compile_mode: `CompiledHFBackend`'s mode when compiling (``onednn`` packs the weights for
             multi-token verification; `load_pair` compiles the draft with ``inductor``; ``frozen`` folds the
             weights into each graph, one weight copy per graph).
-        buckets: with `compile`, the compiled token counts (default: ``FROZEN_BUCKETS`` in mode ``frozen``,
-            else ``DEFAULT_BUCKETS`` of `specdec.backends.compiled`).
+        buckets: with `compile`, the compiled token counts (default: `CompiledHFBackend`'s for the mode).
         max_length: with `compile`, the static cache's context in tokens (default: the model's, capped at
             `specdec.backends.compiled.DEFAULT_MAX_LENGTH`). Every compiled step attends over all of it,
             so a workload's own bound (prompt + new tokens) makes each step cheaper.
@@ -185,10 +184,8 @@ def load_model(
     model, tok = models.load_hf(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     apply_quant(model, quant)
     if compile:
-        from specdec.backends.compiled import DEFAULT_BUCKETS, FROZEN_BUCKETS, CompiledHFBackend
+        from specdec.backends.compiled import CompiledHFBackend
 
-        if buckets is None:
-            buckets = FROZEN_BUCKETS if compile_mode == "frozen" else DEFAULT_BUCKETS
         backend = CompiledHFBackend(model, mode=compile_mode, last_row_graphs=last_row_graphs, buckets=buckets,
                                     max_length=max_length)
         # Compile every shape bucket now, at load: compilation never lands inside a timed generation.

@@ -246,7 +246,8 @@ class CompiledHFBackend:
             `grouped_sdpa`, and the oneDNN modes replace its linear layers by `PackedLinear`; measure
             eager on another instance (or before building this backend).
         max_length: context window in tokens (default: the config's, capped at `DEFAULT_MAX_LENGTH`).
-        buckets: token counts with a compiled graph, ascending, >= 1. A verification of K+1 tokens
+        buckets: token counts with a compiled graph, ascending, >= 1 (default: `FROZEN_BUCKETS` in mode
+            ``frozen``, else `DEFAULT_BUCKETS`). A verification of K+1 tokens
             uses the smallest bucket >= K+1; beyond the largest the forward runs eagerly (mode ``frozen``:
             in chunks through the compiled graphs).
         mode: one of `MODES` (module docstring). ``onednn`` keeps one copy of the weights; ``hybrid``
@@ -271,7 +272,7 @@ class CompiledHFBackend:
         model,
         *,
         max_length: int | None = None,
-        buckets: Sequence[int] = DEFAULT_BUCKETS,
+        buckets: Sequence[int] | None = None,
         mode: str = "onednn",
         last_row_graphs: bool = False,
     ) -> None:
@@ -279,6 +280,8 @@ class CompiledHFBackend:
 
         if mode not in MODES:
             raise BackendError(f"unknown compile mode {mode!r}; expected one of {', '.join(MODES)}")
+        if buckets is None:
+            buckets = FROZEN_BUCKETS if mode == "frozen" else DEFAULT_BUCKETS
         buckets = tuple(sorted({int(b) for b in buckets}))
         if not buckets or buckets[0] < 1:
             raise BackendError(f"buckets must be positive token counts, got {buckets}")
@@ -493,8 +496,7 @@ class CompiledHFBackend:
             if self._compiled is None:
                 rows = torch.arange(first, n, device=self.device)
                 return self._run(self._eager_step, tokens, b, rows).float()
-            if not self._warm:
-                raise BackendError("call warmup() before the first forward: compiling belongs outside timing")
+            self._check_warm()
             with torch.compiler.set_stance("fail_on_recompile"):
                 if first == n - 1 and n > 1 and self.last_row_graphs:
                     return self._run(self._compiled, tokens, b, self._last_row(n)).float()
@@ -510,12 +512,16 @@ class CompiledHFBackend:
                 rows.append(out[-need:].float())
         return torch.cat(rows) if logits else None
 
+    def _check_warm(self) -> None:
+        """Refuse a compiled forward before `warmup`: compiling belongs outside timing."""
+        if not self._warm:
+            raise BackendError("call warmup() before the first forward: compiling belongs outside timing")
+
     def _chunked(self, tokens: list[int], first: int, logits: bool) -> torch.Tensor | None:
         """Mode ``frozen``: a prefill or a forward longer than the largest bucket, as consecutive forwards of
         ``max(buckets)`` tokens (the last one padded to its bucket) through the compiled graphs; returns
         the rows from `first` on (float32), or None when `logits` is False."""
-        if not self._warm:
-            raise BackendError("call warmup() before the first forward: compiling belongs outside timing")
+        self._check_warm()
         size, rows = self.buckets[-1], []
         with torch.compiler.set_stance("fail_on_recompile"):
             for i in range(0, len(tokens), size):

@@ -185,7 +185,7 @@ SWEEP_DRAFT_MAX_N = 16
 def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:
     """`measure_costs` with the sweep's settings (target forwards of 1 .. `cost_max_n` tokens and, with a
     draft model, draft forwards of 1 .. `SWEEP_DRAFT_MAX_N`; seconds)."""
-    draft_max_n = SWEEP_DRAFT_MAX_N if getattr(pair, "draft", None) is not None else 1
+    draft_max_n = SWEEP_DRAFT_MAX_N if pair.draft is not None else 1
     return measure_costs(pair, max_n=cost_max_n(cfg), repeats=cfg.cost_repeats,
                          context_tokens=cfg.cost_context_tokens, draft_max_n=draft_max_n)
 

@@ -47,7 +47,7 @@ from itertools import pairwise
 from statistics import median
 from typing import Any
 
-__all__ = ["DRAFT_CALIBRATION_NS", "DRAFT_REPEAT_FACTOR", "CostCurve", "curve_value"]
+__all__ = ["DRAFT_CALIBRATION_NS", "DRAFT_PREFILL_NS", "DRAFT_REPEAT_FACTOR", "CostCurve", "curve_value"]
 
 #: The draft is timed this many times as often as the target: its forwards are ~3x cheaper, and with 3
 #: samples a few slow ones decided the median (results/policy.db: draft step 137 ms, IQR 149 ms, while the
@@ -58,6 +58,12 @@ DRAFT_REPEAT_FACTOR = 3
 #: start (`specdec.traces.draft_pending`: 2 tokens after an all-accepted round, more after plain rounds;
 #: a cost policy's plain stretches leave 20-60; beyond 32 the curve's least-squares slope extends it).
 DRAFT_CALIBRATION_NS = (1, 2, 3, 4, 8, 16, 32)
+
+#: Draft forwards of a prompt's size, timed beside the short ones by the sweep's costs and the quick costs:
+#: the draft's deferred prefill feeds the whole prompt (50-150 tokens for the built-in prompts), and a
+#: bucketed backend's curve is flat up to its largest bucket (a frozen graph of 16 tokens runs 17-64 in
+#: chunks), so the slope of 1..16 alone priced a 122-token prefill at a third of its time.
+DRAFT_PREFILL_NS = (32, 64)
 
 
 def _points(curve: Mapping[Any, Any]) -> list[tuple[int, float]]:

@@ -213,7 +213,9 @@ def speculative_generate(
         return clock()
 
     t0 = now()
-    policy.start()
+    # a draft that defers its prefill feeds the whole prompt in its first drafting round: the policy prices it
+    policy.start(prefill_tokens=len(prompt) if getattr(drafter, "defers_prefill", False) else None,
+                 budget=max_new_tokens)
     target.reset()
     target.forward(prompt[:-1], logits=False)
     drafter.prefill(prompt[:-1])

@@ -86,6 +86,8 @@ class ModelDrafter:
     """
 
     name = "model"
+    #: `prefill` caches nothing: the first drafting round feeds the whole prompt (cost policies price it).
+    defers_prefill = True
 
     def __init__(self, backend: Backend, vocab_size: int) -> None:
         self.backend = backend

@@ -1,6 +1,6 @@
 """K policies: how many draft tokens to propose in the next round.
 
-The engine calls `start()` once per generation, `next_round()` before every round and `observe(record)`
+The engine calls `start(prefill_tokens=, budget=)` once per generation, `next_round()` before every round and `observe(record)`
 after it. `next_round()` returns what to do: a `RoundPlan` (K, and the draft's confidence stop for this
 round, which the engine passes to ``drafter.propose``); a policy holds no state in the drafter. A policy
 only *asks*; the engine clamps K to the token budget and to every model's context, and records both the
@@ -41,8 +41,11 @@ class KPolicy(Protocol):
 
     name: str
 
-    def start(self) -> None:
-        """Reset per-generation state (no state carries across generations)."""
+    def start(self, prefill_tokens: int | None = None, budget: int | None = None) -> None:
+        """Reset per-generation state (no state carries across generations). `prefill_tokens`: the tokens the
+        draft's deferred prefill will feed in its first drafting round (`ModelDrafter.defers_prefill`; None
+        when the drafter has none to pay); `budget`: the new tokens asked for (None: unknown). Policies that
+        do not price rounds ignore both."""
         ...
 
     def next_round(self) -> RoundPlan:
@@ -103,7 +106,7 @@ class FixedK(_KOnly):
             raise ValueError(f"K must be >= 1, got {k}")
         self.k = int(k)
 
-    def start(self) -> None:
+    def start(self, prefill_tokens: int | None = None, budget: int | None = None) -> None:
         pass
 
     def next_k(self) -> int:
@@ -143,7 +146,7 @@ class HeuristicK(_KOnly):
             raise ValueError(f"max_k ({self.max_k}) must be >= the initial K ({self.initial_k})")
         self.k = self.initial_k
 
-    def start(self) -> None:
+    def start(self, prefill_tokens: int | None = None, budget: int | None = None) -> None:
         self.k = self.initial_k
 
     def next_k(self) -> int:
@@ -190,7 +193,7 @@ class ConfidenceK:
             raise ValueError(f"confidence_threshold must be finite and >= 0, got {confidence_threshold}")
         self.confidence_threshold = t
 
-    def start(self) -> None:
+    def start(self, prefill_tokens: int | None = None, budget: int | None = None) -> None:
         pass
 
     def next_k(self) -> int:
@@ -227,6 +230,16 @@ class CostPolicy(_KOnly):
     - a round is priced with the draft's catch-up (`CostCurve.round_s`'s ``pending``: the committed tokens
       the draft has not cached, one more for every plain round since it last drafted, as
       `specdec.traces.draft_pending` counts them);
+    - the draft's deferred prefill is an investment, decided at the estimate: a draft model caches nothing
+      before its first drafting round (`specdec.drafters.ModelDrafter.defers_prefill`), so that round feeds
+      the whole prompt (`start`'s ``prefill_tokens``). Its price beyond one draft step, ``F =
+      (draft_forward(P) - draft_step) / target_step`` target steps, is paid only when the K the estimate
+      chooses is expected to save at least `invest_margin` x F over the tokens left
+      (``left x (1 - round_steps(K) / E(a, K))``, `invest_pays`); before it is paid no round drafts on
+      optimism alone, so a generation whose estimate cannot pay it back never runs the draft model. Once
+      paid, F is sunk: it raises the ledger's allowance by F (`invested`), so the rounds after it are
+      judged at the estimate and one unlucky first round does not end speculation
+      (`specdec.batch_k.BatchCostPolicy` makes the same decision per batch);
     - every speculative round, a probe (a round the point estimate would not take) or not, is taken only
       while a ledger allows it (`probe_affordable`): the net loss of the speculative rounds so far (each
       one's priced cost in target steps minus the tokens it committed; a round that won refunds; the
@@ -265,6 +278,9 @@ class CostPolicy(_KOnly):
             first rounds can test the prior.
         draft_forward_s: ``{n: seconds}`` of one draft forward over n tokens (the catch-up after plain
             rounds; `CostCurve.draft_forward_s`), or None: every catch-up priced at one draft step.
+        invest_margin: how many times its price the draft's deferred prefill must be expected to save before
+            it is paid (>= 0; 0: pay it whenever the estimate drafts).
+        default_budget: new tokens assumed left when `start` gets no budget (>= 1).
 
     Raises:
         ValueError: invalid costs or parameters.
@@ -290,6 +306,8 @@ class CostPolicy(_KOnly):
         probe_budget: float = 0.01,
         probe_allowance: float = 1.0,
         draft_forward_s: Mapping[int, float] | None = None,
+        invest_margin: float = 2.0,
+        default_budget: int = 128,
     ) -> None:
         self.max_k = _check_k(max_k, "max_k")
         if draft_step_s is None or not isinstance(target_forward_s, Mapping):
@@ -334,6 +352,12 @@ class CostPolicy(_KOnly):
         if not (math.isfinite(float(probe_allowance)) and float(probe_allowance) >= 0.0):
             raise ValueError(f"probe_allowance must be finite and >= 0 target steps, got {probe_allowance}")
         self.probe_allowance = float(probe_allowance)
+        if not (math.isfinite(float(invest_margin)) and float(invest_margin) >= 0.0):
+            raise ValueError(f"invest_margin must be finite and >= 0, got {invest_margin}")
+        self.invest_margin = float(invest_margin)
+        if int(default_budget) < 1:
+            raise ValueError(f"default_budget must be >= 1 token, got {default_budget}")
+        self.default_budget = int(default_budget)
         self._cost_cache: dict[tuple[int, int], float] = {}
         self.start()
 
@@ -378,7 +402,14 @@ class CostPolicy(_KOnly):
 
     # -- state -----------------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, prefill_tokens: int | None = None, budget: int | None = None) -> None:
+        """A new generation: the estimate back to the prior, an empty ledger. `prefill_tokens`: the prompt
+        tokens the draft's deferred prefill feeds in its first drafting round (None: none to pay, the first
+        catch-up is one token); `budget`: new tokens asked for (None: `default_budget`)."""
+        if prefill_tokens is not None and int(prefill_tokens) < 0:
+            raise ValueError(f"prefill_tokens must be >= 0, got {prefill_tokens}")
+        if budget is not None and int(budget) < 0:
+            raise ValueError(f"budget must be >= 0 tokens, got {budget}")
         self._succ = 0.0  # decayed accepted draft tokens
         self._fail = 0.0  # decayed rejections
         self._prior_w = self.prior_weight  # the prior's weight now (decays with the data if forget_prior)
@@ -386,7 +417,13 @@ class CostPolicy(_KOnly):
         self._last_alpha = self.current_alpha()
         self._last_k: int | None = None
         self._last_tokens: float | None = None
-        self._pending = 1  # tokens the draft's next catch-up forward feeds (`specdec.traces.draft_pending`)
+        # tokens the draft's next catch-up forward feeds (`specdec.traces.draft_pending`): the whole prompt
+        # while its prefill is deferred
+        self._pending = max(1, int(prefill_tokens)) if prefill_tokens is not None else 1
+        self._prefill_due = prefill_tokens is not None and self.catch_up_steps() > (self.c or 0.0)
+        self._left = int(budget) if budget is not None else self.default_budget  # new tokens still to come
+        self.invested = 0.0  # target steps of deferred prefill paid (they raise the ledger's allowance)
+        self.declined = 0  # rounds kept plain because the draft's prefill would not pay back
         self._elapsed = 0.0  # priced time of every observed round, in target steps
         self._net_loss = 0.0  # priced steps of speculative rounds minus the tokens they committed
         self._plain_s: list[float] = []  # measured seconds of the latest plain rounds (the step as it runs)
@@ -472,6 +509,22 @@ class CostPolicy(_KOnly):
         expected = (k + 1.0) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
         return self.round_steps(k, self._pending) - expected
 
+    def catch_up_steps(self) -> float:
+        """What the draft's next catch-up costs beyond one draft step, in target steps (>= 0; 0 for a free
+        drafter): ``(draft_forward(pending) - draft_step) / target_step``."""
+        extra = self.curve.draft_forward(self._pending) - self.draft_step_s
+        return max(0.0, extra) / self.round_cost_s[0]
+
+    def invest_pays(self, k: int, alpha: float) -> bool:
+        """Whether paying the draft's deferred prefill now (`catch_up_steps`, F) for rounds of K drafts is
+        expected to pay back `invest_margin` times over the tokens left: ``left x (1 - round_steps(K) /
+        E(alpha, K)) >= invest_margin x F`` (target steps; E from Leviathan et al. 2023, Thm. 3.8)."""
+        if k <= 0:
+            return False
+        expected = (k + 1.0) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+        saved = max(0, self._left) * (1.0 - self.round_steps(k) / expected)
+        return saved >= self.invest_margin * self.catch_up_steps()
+
     #: Plain rounds measured before their median serves as the measured target step of the ledger.
     MEASURED_PLAIN_ROUNDS = 3
 
@@ -481,27 +534,33 @@ class CostPolicy(_KOnly):
         have been timed, the larger of it and the measured one (the speculative rounds' measured seconds over
         the median measured plain round, minus their tokens). The measured form catches a verification
         dearer in the decoding loop than in the calibration (rounds replayed from traces carry no times and
-        keep the priced form)."""
+        keep the priced form); it counts the draft's deferred prefill at its price (`invested`), as the
+        allowance does."""
         if len(self._plain_s) < self.MEASURED_PLAIN_ROUNDS:
             return self._net_loss
         step = statistics.median(self._plain_s)
-        return max(self._net_loss, self._spec_s / step - self._spec_tokens)
+        return max(self._net_loss, self._spec_s / step + self.invested - self._spec_tokens)
 
     def probe_affordable(self, k: int, alpha: float) -> bool:
         """Whether a round of K drafts fits the ledger: `net_loss()` + `probe_loss(k, alpha)` <=
-        `probe_allowance` + `probe_budget` x (priced time so far + the round's cost)."""
+        `probe_allowance` + the prefill invested (`invested`, and this round's when it pays it) +
+        `probe_budget` x (priced time so far + the round's cost)."""
         if math.isinf(self.probe_budget):
             return True
         cost = self.round_steps(k, self._pending)
-        allowed = self.probe_allowance + self.probe_budget * (self._elapsed + cost)
+        paying = self.catch_up_steps() if self._prefill_due else 0.0
+        allowed = self.probe_allowance + self.invested + paying + self.probe_budget * (self._elapsed + cost)
         return self.net_loss() + self.probe_loss(k, alpha) <= allowed
 
     def next_k(self) -> int:
         a = self.current_alpha()
         k = self.best_k(a)
+        if k > 0 and self._prefill_due and not self.invest_pays(k, a):
+            k = 0  # the draft's prefill would not pay back over the tokens left: decode plainly
+            self.declined += 1
         if k > 0 and not self.probe_affordable(k, a):
             k = 0  # the ledger: speculation has lost more than it may; decode plainly (probes may follow)
-        if k == 0 and self.speculation_can_win:
+        if k == 0 and self.speculation_can_win and not self._prefill_due:
             pa = self._probe_alpha()
             probe_k, wait = self.probe_plan(pa)
             explore = self.explore_z > 0.0 and self.best_k(self.upper_alpha()) > 0
@@ -522,7 +581,13 @@ class CostPolicy(_KOnly):
         if self.target_only:
             return ("target-only: no K can pay on the measured curve (v(K+1) + K c >= K + 1 for every K), "
                     "0 probes")
-        return f"{self.probes} probes"
+        note = f"{self.probes} probes"
+        if self.invested > 0.0:
+            note += f", draft prefill paid ({self.invested:.1f} target steps)"
+        elif self.declined:
+            note += (f", draft prefill declined ({self.catch_up_steps():.1f} target steps would not pay back "
+                     "at the estimate)")
+        return note
 
     def alpha_estimate(self) -> float | None:
         """The acceptance estimate the last `next_k` used (the prior before any decision)."""
@@ -546,10 +611,18 @@ class CostPolicy(_KOnly):
     def observe(self, record: RoundRecord) -> None:
         cost = self.round_steps(record.k, self._pending)
         self._elapsed += cost
+        self._left -= record.num_emitted
+        paid = 0.0
+        if record.k > 0 and self._prefill_due:
+            paid = self.catch_up_steps()  # the deferred prefill, paid in this round: sunk from now on
+            self.invested += paid
+            self._prefill_due = False
         measured = record.draft_s + record.verify_s + record.other_s
         if measured > 0.0:
             if record.k > 0:
-                self._spec_s += measured
+                # the prefill's measured seconds leave the measured ledger (`net_loss` counts its price)
+                catch_up = max(0.0, record.draft_s - record.k * self.draft_step_s) if paid else 0.0
+                self._spec_s += measured - catch_up
                 self._spec_tokens += record.num_emitted
             else:
                 self._plain_s = [*self._plain_s[-31:], measured]

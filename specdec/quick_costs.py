@@ -4,7 +4,8 @@ The cost policy (`specdec.policies.CostPolicy`) needs the draft's step time and 
 for the K + 1 tokens of a verification; between measured token counts it interpolates linearly
 (`specdec.costs.CostCurve`). So a handful of shapes suffices: the target at n = 1 (a plain step) and at
 K + 1 for K = 1, 2, 4, 8, 16 (`QUICK_NS`, clipped to the K asked for, whose K + 1 is always timed), and the
-draft's single step, each at a short warm context with few repeats (`quick_measure`: one untimed pass,
+draft's forwards of `QUICK_DRAFT_NS` tokens (its single step, a short catch-up, and the size of its deferred
+prefill, which the policy pays for only when it pays back), each at a short warm context with few repeats (`quick_measure`: one untimed pass,
 then two timed ones; the draft three times as often). On the 2-vCPU machine the default pair's measurement
 takes seconds where the full 1..17-token curve of `specdec costs` took minutes.
 
@@ -21,12 +22,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QUICK_NS", "cached_quick_costs", "model_fingerprint", "quick_measure", "quick_ns"]
+__all__ = ["QUICK_DRAFT_NS", "QUICK_NS", "cached_quick_costs", "model_fingerprint", "quick_measure", "quick_ns"]
 
 #: Target forward sizes timed: a plain step and the verification of K = 1, 2, 4, 8, 16 drafts.
 QUICK_NS = (1, 2, 3, 5, 9, 17)
 
-_FORMAT = 1  # bump when what is measured changes: older cached files are then measured again
+#: Draft forward sizes timed: its step, the catch-up after a round, its largest bucket on a compiled
+#: backend, and a prefill-sized forward (`specdec.costs.DRAFT_PREFILL_NS`) that sets the slope beyond.
+QUICK_DRAFT_NS = (1, 2, 16, 64)
+
+_FORMAT = 2  # bump when what is measured changes: older cached files are then measured again
 
 
 def quick_ns(max_n: int) -> list[int]:
@@ -43,7 +48,7 @@ def quick_ns(max_n: int) -> list[int]:
 
 def quick_measure(pair, *, max_n: int, repeats: int = 2, context_tokens: int = 32,
                   clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
-    """Time the target's forwards of `quick_ns(max_n)` tokens and the draft's single step on a warm cache of
+    """Time the target's forwards of `quick_ns(max_n)` tokens and the draft's of `QUICK_DRAFT_NS` on a warm cache of
     `context_tokens` tokens (`specdec.bench.costs.forward_times`: one untimed pass, then `repeats` timed
     passes over the shapes interleaved; the draft gets ``DRAFT_REPEAT_FACTOR * repeats`` and scores its last
     row only, as drafting does).
@@ -56,6 +61,7 @@ def quick_measure(pair, *, max_n: int, repeats: int = 2, context_tokens: int = 3
 
     Returns:
         ``{"target_step_s", "draft_step_s" (None without a draft), "c", "target_forward_s": {n: s},
+        "draft_forward_s": {n: s} (None without a draft; the sizes that fit the draft's context),
         "target_forward_spread_s": {n: IQR s}, "repeats", "draft_repeats", "context_tokens", "max_n",
         "ns": [n, ...], "quick": True}`` (seconds), readable by `specdec.costs.CostCurve.from_costs`.
 
@@ -73,13 +79,15 @@ def quick_measure(pair, *, max_n: int, repeats: int = 2, context_tokens: int = 3
                                                           context_tokens=context_tokens, clock=clock)
     out: dict[str, Any] = {
         "target_step_s": t_fwd[1], "draft_step_s": None, "c": None, "target_forward_s": t_fwd,
-        "target_forward_spread_s": t_iqr, "repeats": repeats, "draft_repeats": None,
+        "target_forward_spread_s": t_iqr, "draft_forward_s": None, "repeats": repeats, "draft_repeats": None,
         "context_tokens": ctx_len, "max_n": max_n, "ns": ns, "quick": True,
     }  # fmt: skip
     if pair.draft is not None:
         reps = DRAFT_REPEAT_FACTOR * repeats
-        d_fwd, _ = forward_times(pair.draft.backend, context, [1], repeats=reps, clock=clock, last=1)
-        out.update(draft_step_s=d_fwd[1], draft_repeats=reps,
+        room = pair.draft.backend.max_length - len(context)
+        d_ns = [n for n in QUICK_DRAFT_NS if n == 1 or n <= room]
+        d_fwd, _ = forward_times(pair.draft.backend, context, d_ns, repeats=reps, clock=clock, last=1)
+        out.update(draft_step_s=d_fwd[1], draft_repeats=reps, draft_forward_s=d_fwd if len(d_fwd) > 1 else None,
                    c=d_fwd[1] / t_fwd[1] if t_fwd[1] > 0 else None)
     return out
 

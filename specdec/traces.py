@@ -217,7 +217,9 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
     agree = trace.agreement() if drafter is None else None
     target = trace.target_ids
     if policy is not None:
-        policy.start()
+        # the draft model defers its prefill to its first drafting round (`ModelDrafter.defers_prefill`)
+        policy.start(prefill_tokens=len(trace.prompt_ids) if drafter is None else None,
+                     budget=trace.max_new_tokens)
     rounds: list[ReplayRound] = []
     pos = 0
     if drafter is not None:

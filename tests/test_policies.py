@@ -399,6 +399,88 @@ def test_cost_extrapolates_verification_cost_conservatively():
     assert p.round_cost_s == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6])
 
 
+# The cheap draft of CHEAP_DRAFT with a measured forward curve: a 500-token prefill costs ~4 target steps.
+LONG_PREFILL = {**CHEAP_DRAFT, "draft_forward_s": {1: 0.05, 16: 0.10, 64: 0.30}}
+
+
+def test_cost_pays_the_draft_prefill_only_where_it_pays_back():
+    p = CostPolicy.from_costs(LONG_PREFILL, max_k=8)
+    k0 = p.best_k(p.prior_alpha)
+    assert k0 > 0
+    # 16 new tokens after a 500-token prompt: what K saves cannot pay back the draft's prefill twice over
+    p.start(prefill_tokens=500, budget=16)
+    price = p.catch_up_steps()
+    assert 3.0 < price < 6.0
+    assert not p.invest_pays(k0, p.prior_alpha)
+    for _ in range(16):
+        assert p.next_k() == 0  # no probe either: a probe would pay the prefill on optimism alone
+        p.observe(rec(0, 0))
+    assert p.invested == 0.0 and p.declined == 16 and "draft prefill declined" in p.note()
+    # 256 new tokens: it pays the prefill in the first round
+    p.start(prefill_tokens=500, budget=256)
+    assert p.catch_up_steps() == pytest.approx(price)
+    k = p.next_k()
+    assert k == k0
+    p.observe(rec(k, 0))  # ... whose drafts are all rejected
+    assert p.invested == pytest.approx(price) and p.catch_up_steps() == 0.0
+    # the prefill is sunk: the ledger's allowance holds it, so one unlucky first round does not end speculation
+    # (without it, that round's priced loss of ~price + 1 steps would exceed the 1-step allowance)
+    assert p._net_loss > p.probe_allowance + 1.0
+    later = []
+    for _ in range(10):
+        later.append(p.next_k())
+        p.observe(full(later[-1]) if later[-1] else rec(0, 0))
+    assert all(k > 0 for k in later), later
+    assert "draft prefill paid" in p.note()
+    # no prefill to pay (a drafter that prefilled eagerly, or prompt lookup): the same first K at any budget
+    p.start(budget=16)
+    assert p.next_k() == k0 and p.invested == 0.0
+
+
+def test_cost_measured_ledger_counts_the_prefill_at_its_price():
+    import dataclasses
+
+    p = CostPolicy.from_costs(LONG_PREFILL, max_k=8)
+    t1, step = 0.46, 0.05
+    p.start(prefill_tokens=500, budget=256)
+    k = p.next_k()
+    price = p.catch_up_steps()
+    # the prefill ran 3x slower than priced; the round's verification as priced
+    verify = p.curve.forward_s(k + 1)
+    p.observe(dataclasses.replace(full(k), draft_s=3 * price * t1 + k * step, verify_s=verify))
+    for _ in range(p.MEASURED_PLAIN_ROUNDS):
+        p.observe(dataclasses.replace(rec(0, 0), verify_s=t1))
+    # the measured ledger counts the prefill at its price, not at its measured seconds
+    expected = price + p.round_steps(k) - (k + 1)
+    assert p.net_loss() == pytest.approx(expected, abs=1e-9)
+    assert p.net_loss() < 3 * price + p.round_steps(k) - (k + 1) - 1.0
+
+
+def test_the_engine_tells_the_policy_about_the_draft_prefill(tiny_tokenizer, target, near_draft):
+    seen = []
+
+    class Spy(FixedK):
+        def start(self, prefill_tokens=None, budget=None):
+            seen.append((prefill_tokens, budget))
+
+    prompt = tiny_tokenizer(PROMPTS[2]).input_ids
+    speculative_generate(target, ModelDrafter(near_draft, V), prompt, 6, policy=Spy(2), vocab_size=V)
+    speculative_generate(target, PromptLookupDrafter(), prompt, 6, policy=Spy(2), vocab_size=V)
+    assert seen == [(len(prompt), 6), (None, 6)]
+
+
+def test_cost_start_and_investment_validation():
+    p = CostPolicy.from_costs(LONG_PREFILL)
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        p.start(prefill_tokens=-1)
+    with pytest.raises(ValueError, match="budget"):
+        p.start(budget=-1)
+    with pytest.raises(ValueError, match="invest_margin"):
+        CostPolicy.from_costs(LONG_PREFILL, invest_margin=-1.0)
+    with pytest.raises(ValueError, match="default_budget"):
+        CostPolicy.from_costs(LONG_PREFILL, default_budget=0)
+
+
 # ---------------------------------------------------------------------------------------------------
 # on tiny real models: exactness for every policy, confidence stop, sampling rule
 # ---------------------------------------------------------------------------------------------------

@@ -333,8 +333,8 @@ class CheckedPolicy:
         self.name = inner.name
         self.seen: list[tuple] = []
 
-    def start(self):
-        self.inner.start()
+    def start(self, prefill_tokens=None, budget=None):
+        self.inner.start(prefill_tokens, budget)
         self.seen = []
         self.committed = self.prompt_len
 

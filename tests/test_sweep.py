@@ -180,11 +180,14 @@ def test_costs_table_filled(full_sweep):
         costs = st.load_costs(result.sweep_id, "transformers-eager")
     target_n = sorted(n for role, n, _, _ in rows if role == "target")
     assert target_n == list(range(1, 18))  # 1..17 always covered
-    # the draft's catch-up curve, which the cost policy prices a round's first draft forward on
+    # the draft's catch-up curve, which the cost policy prices a round's first draft forward on, and its
+    # prefill-sized forwards (the deferred prefill's price)
     from specdec.bench.loaded import SWEEP_DRAFT_MAX_N
+    from specdec.costs import DRAFT_PREFILL_NS
 
-    assert sorted(n for role, n, _, _ in rows if role == "draft") == list(range(1, SWEEP_DRAFT_MAX_N + 1))
-    assert sorted(costs["draft_forward_s"]) == list(range(1, SWEEP_DRAFT_MAX_N + 1))
+    draft_ns = list(range(1, SWEEP_DRAFT_MAX_N + 1)) + list(DRAFT_PREFILL_NS)
+    assert sorted(n for role, n, _, _ in rows if role == "draft") == draft_ns
+    assert sorted(costs["draft_forward_s"]) == draft_ns
     assert all(s > 0 for _, _, s, _ in rows)
     # the draft is timed 3x as often as the target (its forwards are cheap; 3 samples were too few)
     assert {(role, reps) for role, _, _, reps in rows} == {("target", cfg.cost_repeats),

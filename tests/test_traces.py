@@ -118,7 +118,7 @@ def test_draft_pending_is_what_the_engine_feeds(traces, target, near_draft, k):
         def __init__(self):
             self.i = 0
 
-        def start(self):
+        def start(self, prefill_tokens=None, budget=None):
             self.i = 0
 
         def next_round(self):

@@ -187,6 +187,7 @@ def measure_costs(
     repeats: int = 3,
     context_tokens: int = 64,
     draft_max_n: int = 1,
+    draft_extra_ns: Sequence[int] = (),
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any]:
     """Measure the draft and target step times and the target's forward-time curve on a warm cache.
@@ -199,6 +200,8 @@ def measure_costs(
         context_tokens: tokens in the warm cache before each timed forward (clipped so that
             ``context + max_n`` fits the smaller model's context window).
         draft_max_n: the draft is timed for n = 1 .. draft_max_n (1 = its single step).
+        draft_extra_ns: longer draft forwards timed too (tokens, e.g. `specdec.costs.DRAFT_PREFILL_NS`: the
+            size of the draft's deferred prefill), those that fit the context.
         clock: seconds; injectable for tests.
 
     Returns:
@@ -215,10 +218,13 @@ def measure_costs(
     if max_n < 1 or repeats < 1 or context_tokens < 1 or draft_max_n < 1:
         raise ValueError("max_n, repeats, context_tokens and draft_max_n must all be >= 1")
     models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
-    room = min(m.backend.max_length for m in models) - max(max_n, draft_max_n)
+    window = min(m.backend.max_length for m in models)
+    room = window - max(max_n, draft_max_n)
     if room < 1:
         raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
     ctx_len = min(context_tokens, room)
+    draft_ns = list(range(1, draft_max_n + 1)) + sorted(
+        {int(n) for n in draft_extra_ns if draft_max_n < int(n) <= window - ctx_len})
     context = context_ids(pair.tokenizer, pair.vocab_size, ctx_len)[:ctx_len]
     t_fwd, t_iqr = forward_times(pair.target.backend, context, list(range(1, max_n + 1)), repeats=repeats,
                                  clock=clock)
@@ -238,8 +244,8 @@ def measure_costs(
     }
     if pair.draft is not None:
         draft_repeats = DRAFT_REPEAT_FACTOR * repeats
-        d_fwd, d_iqr = forward_times(pair.draft.backend, context, list(range(1, draft_max_n + 1)), last=1,
-                                     repeats=draft_repeats, clock=clock)
+        d_fwd, d_iqr = forward_times(pair.draft.backend, context, draft_ns, last=1, repeats=draft_repeats,
+                                     clock=clock)
         out["draft_repeats"] = draft_repeats
         out["draft_step_s"] = d_fwd[1]
         out["c"] = d_fwd[1] / t_fwd[1] if t_fwd[1] > 0 else None

@@ -23,7 +23,7 @@ from specdec.bench.estimate import estimate_plan_s, format_duration
 from specdec.bench.methods import METHODS, Runtime
 from specdec.bench.plan import PlannedRun, Prepared, cost_max_n
 from specdec.bench.prompts import Prompt, encode_prompt
-from specdec.costs import CostCurve
+from specdec.costs import DRAFT_PREFILL_NS, CostCurve
 
 if TYPE_CHECKING:
     from specdec.bench.state import SweepState
@@ -149,7 +149,7 @@ CACHE_STEP = 256
 def compiled_max_length(cfg: SweepConfig, p: Prepared) -> int | None:
     """The static-cache context of a compiled configuration in this sweep: room for the longest prompt (in
     target tokens) + ``max_new_tokens`` + the largest forward the cost curve times, and for the cost
-    measurement's context + that forward, rounded up to `CACHE_STEP`; None (the backend's default) when that
+    measurement's context + its largest forward (the draft's prefill-sized ones included), rounded up to `CACHE_STEP`; None (the backend's default) when that
     exceeds `specdec.backends.compiled.DEFAULT_MAX_LENGTH` (the sweep then skips or refuses the long prompts
     as before). Why: a compiled step attends over every slot of its cache, masked, where llama.cpp attends
     over the filled cells only; a cache of the workload's size is what a user of a static cache would set."""
@@ -159,7 +159,7 @@ def compiled_max_length(cfg: SweepConfig, p: Prepared) -> int | None:
     tok = models.hf_tokenizer(p.target)
     longest = max((len(encode_prompt(tok, q.text, chat_template=cfg.chat_template)) for q in p.prompts), default=0)
     widest = cost_max_n(cfg)
-    need = max(longest + cfg.max_new_tokens + widest, cfg.cost_context_tokens + widest)
+    need = max(longest + cfg.max_new_tokens + widest, cfg.cost_context_tokens + max(widest, *DRAFT_PREFILL_NS))
     length = -(-need // CACHE_STEP) * CACHE_STEP
     return length if length <= DEFAULT_MAX_LENGTH else None
 
@@ -184,10 +184,12 @@ SWEEP_DRAFT_MAX_N = 16
 
 def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:
     """`measure_costs` with the sweep's settings (target forwards of 1 .. `cost_max_n` tokens and, with a
-    draft model, draft forwards of 1 .. `SWEEP_DRAFT_MAX_N`; seconds)."""
+    draft model, draft forwards of 1 .. `SWEEP_DRAFT_MAX_N` and of `specdec.costs.DRAFT_PREFILL_NS` tokens,
+    the deferred prefill's size; seconds)."""
     draft_max_n = SWEEP_DRAFT_MAX_N if pair.draft is not None else 1
     return measure_costs(pair, max_n=cost_max_n(cfg), repeats=cfg.cost_repeats,
-                         context_tokens=cfg.cost_context_tokens, draft_max_n=draft_max_n)
+                         context_tokens=cfg.cost_context_tokens, draft_max_n=draft_max_n,
+                         draft_extra_ns=DRAFT_PREFILL_NS if pair.draft is not None else ())
 
 
 def load_xtok(cfg: SweepConfig, rc: RuntimeConfig, pair) -> Any:

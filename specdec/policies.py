@@ -1,8 +1,9 @@
 """K policies: how many draft tokens to propose in the next round.
 
-The engine calls `start(prefill_tokens=, budget=)` once per generation, `next_round()` before every round and `observe(record)`
-after it. `next_round()` returns what to do: a `RoundPlan` (K, and the draft's confidence stop for this
-round, which the engine passes to ``drafter.propose``); a policy holds no state in the drafter. A policy
+The engine calls `start(prefill_tokens=, budget=)` once per generation (the draft's deferred prefill and the
+new tokens asked for), `next_round()` before every round and `observe(record)` after it. `next_round()`
+returns what to do: a `RoundPlan` (K, and the draft's confidence stop for this round, which the engine passes
+to ``drafter.propose``); a policy holds no state in the drafter. A policy
 only *asks*; the engine clamps K to the token budget and to every model's context, and records both the
 asked (``RoundRecord.k_requested``) and the used (``RoundRecord.k``) K, plus `alpha_estimate()`.
 

@@ -5,8 +5,8 @@ for the K + 1 tokens of a verification; between measured token counts it interpo
 (`specdec.costs.CostCurve`). So a handful of shapes suffices: the target at n = 1 (a plain step) and at
 K + 1 for K = 1, 2, 4, 8, 16 (`QUICK_NS`, clipped to the K asked for, whose K + 1 is always timed), and the
 draft's forwards of `QUICK_DRAFT_NS` tokens (its single step, a short catch-up, and the size of its deferred
-prefill, which the policy pays for only when it pays back), each at a short warm context with few repeats (`quick_measure`: one untimed pass,
-then two timed ones; the draft three times as often). On the 2-vCPU machine the default pair's measurement
+prefill, which the policy pays for only when it pays back), each at a short warm context with few repeats
+(`quick_measure`: one untimed pass, then two timed ones; the draft three times as often). On the 2-vCPU machine the default pair's measurement
 takes seconds where the full 1..17-token curve of `specdec costs` took minutes.
 
 `cached_quick_costs` keeps the result per machine (CPU model, core count, library versions), per model
@@ -48,8 +48,8 @@ def quick_ns(max_n: int) -> list[int]:
 
 def quick_measure(pair, *, max_n: int, repeats: int = 2, context_tokens: int = 32,
                   clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
-    """Time the target's forwards of `quick_ns(max_n)` tokens and the draft's of `QUICK_DRAFT_NS` on a warm cache of
-    `context_tokens` tokens (`specdec.bench.costs.forward_times`: one untimed pass, then `repeats` timed
+    """Time the target's forwards of `quick_ns(max_n)` tokens and the draft's of `QUICK_DRAFT_NS` on a warm
+    cache of `context_tokens` tokens (`specdec.bench.costs.forward_times`: one untimed pass, then `repeats` timed
     passes over the shapes interleaved; the draft gets ``DRAFT_REPEAT_FACTOR * repeats`` and scores its last
     row only, as drafting does).
 

@@ -193,7 +193,12 @@ def test_quick_costs_time_a_handful_of_shapes_and_cache_them_per_setup(fp32_pair
     costs = quick_measure(fp32_pair.loaded, max_n=9, clock=lambda: next(ticks) * 0.001)
     assert sorted(costs["target_forward_s"]) == [1, 2, 3, 5, 9] and costs["quick"]
     assert costs["draft_step_s"] > 0 and costs["repeats"] == 2 and costs["draft_repeats"] == 6
-    CostCurve.from_costs(costs)  # what the cost policy reads
+    # the draft's forwards up to a prefill's size, which the cost policy prices the deferred prefill on
+    from specdec.quick_costs import QUICK_DRAFT_NS
+
+    assert sorted(costs["draft_forward_s"]) == list(QUICK_DRAFT_NS)
+    assert costs["draft_forward_s"][1] == costs["draft_step_s"]
+    assert CostCurve.from_costs(costs).draft_forward_s is not None  # what the cost policy reads
     measured = []
 
     def measure(pair, **kw):

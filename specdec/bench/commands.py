@@ -257,7 +257,11 @@ def costs(
         from specdec.backends.llamacpp_record import pair_record, record_lines
 
         runtime = pair_record(loaded)
-        result = measure_costs(loaded, max_n=max_n, repeats=repeats, context_tokens=context_tokens)
+        from specdec.costs import DRAFT_PREFILL_NS
+
+        # the draft's prefill-sized forwards too: a policy built from this output prices its deferred prefill
+        result = measure_costs(loaded, max_n=max_n, repeats=repeats, context_tokens=context_tokens,
+                               draft_extra_ns=DRAFT_PREFILL_NS)
         from specdec.roofline import measure_bandwidth, roofline, weight_bytes
 
         bandwidth = measure_bandwidth(bandwidth_mib, threads=threads)
@@ -277,6 +281,10 @@ def costs(
     if result["draft_step_s"] is not None:
         typer.echo(f"draft step   {result['draft_step_s'] * 1e3:9.2f} ms")
         typer.echo(f"c            {c:9.3f}  (draft step / target step)")
+        longer = {n: s for n, s in (result["draft_forward_s"] or {}).items() if n > 1}
+        if longer:
+            typer.echo("draft forward (its deferred prefill's price): "
+                       + ", ".join(f"{n} tokens {s * 1e3:.1f} ms" for n, s in longer.items()))
     typer.echo("target forward, warm cache of "
                f"{result['context_tokens']} tokens (median of {result['repeats']}):")
     typer.echo("   n      ms   spread ms   v(n) target steps")

@@ -149,8 +149,8 @@ CACHE_STEP = 256
 def compiled_max_length(cfg: SweepConfig, p: Prepared) -> int | None:
     """The static-cache context of a compiled configuration in this sweep: room for the longest prompt (in
     target tokens) + ``max_new_tokens`` + the largest forward the cost curve times, and for the cost
-    measurement's context + its largest forward (the draft's prefill-sized ones included), rounded up to `CACHE_STEP`; None (the backend's default) when that
-    exceeds `specdec.backends.compiled.DEFAULT_MAX_LENGTH` (the sweep then skips or refuses the long prompts
+    measurement's context + its largest forward (the draft's prefill-sized ones included), rounded up to
+    `CACHE_STEP`; None (the backend's default) when that exceeds `specdec.backends.compiled.DEFAULT_MAX_LENGTH` (the sweep then skips or refuses the long prompts
     as before). Why: a compiled step attends over every slot of its cache, masked, where llama.cpp attends
     over the filled cells only; a cache of the workload's size is what a user of a static cache would set."""
     from specdec import models

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from specdec.batch_k import expected_committed
 from specdec.costs import CostCurve
 from specdec.metrics import RoundRecord
 
@@ -507,8 +508,7 @@ class CostPolicy(_KOnly):
     def probe_loss(self, k: int, alpha: float) -> float:
         """Expected loss of a probe of K drafts now at acceptance `alpha`, in target steps: its priced cost
         (with the draft's current catch-up) minus the tokens it is expected to commit, E(alpha, K)."""
-        expected = (k + 1.0) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-        return self.round_steps(k, self._pending) - expected
+        return self.round_steps(k, self._pending) - expected_committed(alpha, k)
 
     def catch_up_steps(self) -> float:
         """What the draft's next catch-up costs beyond one draft step, in target steps (>= 0; 0 for a free
@@ -522,8 +522,7 @@ class CostPolicy(_KOnly):
         E(alpha, K)) >= invest_margin x F`` (target steps; E from Leviathan et al. 2023, Thm. 3.8)."""
         if k <= 0:
             return False
-        expected = (k + 1.0) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-        saved = max(0, self._left) * (1.0 - self.round_steps(k) / expected)
+        saved = max(0, self._left) * (1.0 - self.round_steps(k) / expected_committed(alpha, k))
         return saved >= self.invest_margin * self.catch_up_steps()
 
     #: Plain rounds measured before their median serves as the measured target step of the ledger.

@@ -22,14 +22,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from specdec.costs import DRAFT_PREFILL_NS, DRAFT_REPEAT_FACTOR
+
 __all__ = ["QUICK_DRAFT_NS", "QUICK_NS", "cached_quick_costs", "model_fingerprint", "quick_measure", "quick_ns"]
 
 #: Target forward sizes timed: a plain step and the verification of K = 1, 2, 4, 8, 16 drafts.
 QUICK_NS = (1, 2, 3, 5, 9, 17)
 
 #: Draft forward sizes timed: its step, the catch-up after a round, its largest bucket on a compiled
-#: backend, and a prefill-sized forward (`specdec.costs.DRAFT_PREFILL_NS`) that sets the slope beyond.
-QUICK_DRAFT_NS = (1, 2, 16, 64)
+#: backend, and the largest prefill-sized forward of `specdec.costs.DRAFT_PREFILL_NS`, which sets the slope
+#: beyond.
+QUICK_DRAFT_NS = (1, 2, 16, DRAFT_PREFILL_NS[-1])
 
 _FORMAT = 2  # bump when what is measured changes: older cached files are then measured again
 
@@ -70,7 +73,6 @@ def quick_measure(pair, *, max_n: int, repeats: int = 2, context_tokens: int = 3
             ``max_n`` tokens.
     """
     from specdec.bench.costs import forward_times
-    from specdec.costs import DRAFT_REPEAT_FACTOR
 
     if repeats < 1 or context_tokens < 1:
         raise ValueError("repeats and context_tokens must be >= 1")

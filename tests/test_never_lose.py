@@ -226,23 +226,34 @@ def test_policy_rejects_a_bad_budget():
 # -- replay of the stored llama.cpp traces ------------------------------------------------------------------
 
 
+def _store_traces(db_path: Path) -> list[tuple[str, AcceptanceTrace]]:
+    """The acceptance traces of a store, with their prompt types."""
+    db = sqlite3.connect(db_path)
+    try:
+        types = dict(db.execute("SELECT DISTINCT prompt_id, prompt_type FROM runs"))
+        return [(types[pid], AcceptanceTrace(tuple(json.loads(p)), tuple(json.loads(t)), tuple(json.loads(d)),
+                                             tuple(json.loads(dp)), mx))
+                for pid, mx, p, t, d, dp in db.execute(
+                    "SELECT prompt_id, max_new_tokens, prompt_ids, target_ids, draft_ids, draft_top_prob FROM traces")]
+    finally:
+        db.close()
+
+
+def _store_curve(db_path: Path, table: str) -> CostCurve:
+    """A store's cost curve from its ``calibration`` or ``costs`` table (`CostCurve.from_calibration`)."""
+    db = sqlite3.connect(db_path)
+    try:
+        return CostCurve.from_calibration(
+            {"role": r, "n_tokens": n, "seconds": s}
+            for r, n, s in db.execute(f"SELECT role, n_tokens, seconds FROM {table}"))
+    finally:
+        db.close()
+
+
 def _llamacpp_traces():
     if not LLAMACPP_DB.is_file():
         pytest.skip(f"{LLAMACPP_DB} is not in this checkout")
-    db = sqlite3.connect(LLAMACPP_DB)
-    try:
-        rows = [{"role": r, "n_tokens": n, "seconds": s}
-                for r, n, s in db.execute("SELECT role, n_tokens, seconds FROM calibration")]
-        types = dict(db.execute("SELECT DISTINCT prompt_id, prompt_type FROM runs"))
-        traces = []
-        for pid, mx, p, t, d, dp in db.execute(
-                "SELECT prompt_id, max_new_tokens, prompt_ids, target_ids, draft_ids, draft_top_prob FROM traces"):
-            trace = AcceptanceTrace(tuple(json.loads(p)), tuple(json.loads(t)), tuple(json.loads(d)),
-                                    tuple(json.loads(dp)), mx)
-            traces.append((types[pid], trace))
-    finally:
-        db.close()
-    return CostCurve.from_calibration(rows), traces
+    return _store_curve(LLAMACPP_DB, "calibration"), _store_traces(LLAMACPP_DB)
 
 
 def predicted_ratio(trace: AcceptanceTrace, curve: CostCurve, method: str, policy) -> float:
@@ -303,27 +314,13 @@ BF16_DB = Path(__file__).resolve().parents[1] / "results" / "main_job.db"
 FROZEN_DB = Path(__file__).resolve().parents[1] / "results" / "frozen_draft_priced.db"
 
 
-def _store_traces(db_path: Path):
-    """The acceptance traces of a store, with their prompt types."""
-    db = sqlite3.connect(db_path)
-    try:
-        types = dict(db.execute("SELECT DISTINCT prompt_id, prompt_type FROM runs"))
-        return [(types[pid], AcceptanceTrace(tuple(json.loads(p)), tuple(json.loads(t)), tuple(json.loads(d)),
-                                             tuple(json.loads(dp)), mx))
-                for pid, mx, p, t, d, dp in db.execute(
-                    "SELECT prompt_id, max_new_tokens, prompt_ids, target_ids, draft_ids, draft_top_prob FROM traces")]
-    finally:
-        db.close()
-
-
 def _frozen_curve() -> CostCurve:
     """The frozen-bf16 configuration's sweep costs (target 1..17, draft 1..16 tokens), with the draft's
     prefill as its runs measured it: each run's first drafting round (K = 2) took the prefill of its prompt
     plus one draft step, so ``draft_s - step`` is a draft forward over ``prompt_tokens`` tokens."""
+    costs = _store_curve(FROZEN_DB, "costs")
     db = sqlite3.connect(FROZEN_DB)
     try:
-        costs = CostCurve.from_calibration(
-            {"role": r, "n_tokens": n, "seconds": s} for r, n, s in db.execute("SELECT role, n_tokens, seconds FROM costs"))
         first = db.execute(
             "SELECT r.prompt_tokens, o.draft_s FROM runs r JOIN rounds o USING (run_id) WHERE r.method = 'draft' "
             "AND o.round_idx = 0 AND o.k = 2").fetchall()
@@ -356,14 +353,7 @@ def test_bf16_curve_the_draft_prefill_is_paid_and_the_gains_stay():
     # prior, so every prompt pays it in its first round and every type keeps its predicted gain
     if not BF16_DB.is_file():
         pytest.skip(f"{BF16_DB} is not in this checkout")
-    db = sqlite3.connect(BF16_DB)
-    try:
-        curve = CostCurve.from_calibration(
-            {"role": r, "n_tokens": n, "seconds": s}
-            for r, n, s in db.execute("SELECT role, n_tokens, seconds FROM calibration"))
-    finally:
-        db.close()
-    traces = _store_traces(BF16_DB)
+    curve, traces = _store_curve(BF16_DB, "calibration"), _store_traces(BF16_DB)
     for _, trace in traces:
         policy = CostPolicy.from_costs(curve, max_k=16)
         rounds = replay(trace, policy=policy)

@@ -199,7 +199,8 @@ def measure_costs(
             timed ``DRAFT_REPEAT_FACTOR * repeats`` times per n.
         context_tokens: tokens in the warm cache before each timed forward (clipped so that
             ``context + max_n`` fits the smaller model's context window).
-        draft_max_n: the draft is timed for n = 1 .. draft_max_n (1 = its single step).
+        draft_max_n: the draft is timed for n = 1 .. draft_max_n (1 = its single step; ignored without a
+            draft, as `draft_extra_ns` is).
         draft_extra_ns: longer draft forwards timed too (tokens, e.g. `specdec.costs.DRAFT_PREFILL_NS`: the
             size of the draft's deferred prefill), those that fit the context.
         clock: seconds; injectable for tests.
@@ -219,7 +220,7 @@ def measure_costs(
         raise ValueError("max_n, repeats, context_tokens and draft_max_n must all be >= 1")
     models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
     window = min(m.backend.max_length for m in models)
-    room = window - max(max_n, draft_max_n)
+    room = window - max(max_n, draft_max_n if pair.draft is not None else 1)
     if room < 1:
         raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
     ctx_len = min(context_tokens, room)

@@ -150,8 +150,8 @@ def compiled_max_length(cfg: SweepConfig, p: Prepared) -> int | None:
     """The static-cache context of a compiled configuration in this sweep: room for the longest prompt (in
     target tokens) + ``max_new_tokens`` + the largest forward the cost curve times, and for the cost
     measurement's context + its largest forward (the draft's prefill-sized ones included), rounded up to
-    `CACHE_STEP`; None (the backend's default) when that exceeds `specdec.backends.compiled.DEFAULT_MAX_LENGTH` (the sweep then skips or refuses the long prompts
-    as before). Why: a compiled step attends over every slot of its cache, masked, where llama.cpp attends
+    `CACHE_STEP`; None (the backend's default) when that exceeds `specdec.backends.compiled.DEFAULT_MAX_LENGTH`
+    (the sweep then skips or refuses the long prompts as before). Why: a compiled step attends over every slot of its cache, masked, where llama.cpp attends
     over the filled cells only; a cache of the workload's size is what a user of a static cache would set."""
     from specdec import models
     from specdec.backends.compiled import DEFAULT_MAX_LENGTH
@@ -186,10 +186,9 @@ def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:
     """`measure_costs` with the sweep's settings (target forwards of 1 .. `cost_max_n` tokens and, with a
     draft model, draft forwards of 1 .. `SWEEP_DRAFT_MAX_N` and of `specdec.costs.DRAFT_PREFILL_NS` tokens,
     the deferred prefill's size; seconds)."""
-    draft_max_n = SWEEP_DRAFT_MAX_N if pair.draft is not None else 1
     return measure_costs(pair, max_n=cost_max_n(cfg), repeats=cfg.cost_repeats,
-                         context_tokens=cfg.cost_context_tokens, draft_max_n=draft_max_n,
-                         draft_extra_ns=DRAFT_PREFILL_NS if pair.draft is not None else ())
+                         context_tokens=cfg.cost_context_tokens, draft_max_n=SWEEP_DRAFT_MAX_N,
+                         draft_extra_ns=DRAFT_PREFILL_NS)
 
 
 def load_xtok(cfg: SweepConfig, rc: RuntimeConfig, pair) -> Any:

@@ -33,8 +33,8 @@ def main() -> None:
 
     from specdec import models
     from specdec.bench.costs import measure_costs
-    from specdec.decoding import autoregressive_generate
-    from specdec.loading import load_pair
+    from specdec.engine.decoding import autoregressive_generate
+    from specdec.runtimes.loading import load_pair
 
     t_spec, d_spec = models.resolve_pair(args.pair, args.target, args.draft)
     t0 = time.perf_counter()

@@ -41,10 +41,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec.backends.compiled import DEFAULT_BUCKETS, MODES, CompiledHFBackend, first_divergence
-from specdec.backends.hf import HFBackend
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.runtimes.compiled import DEFAULT_BUCKETS, MODES, CompiledHFBackend, first_divergence
+from specdec.runtimes.hf import HFBackend
 
 
 def load(path: str):

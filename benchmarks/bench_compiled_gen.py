@@ -2,7 +2,7 @@
 
 Prints figures, never asserts on time. The sweep runs one configuration after another, so on a machine whose
 speed drifts (a shared VM) its eager-vs-compiled ratios mix the two paths with the drift between them. Here
-both pairs stay loaded in one process (`specdec.loading.load_pair` with and without ``compile``) and the
+both pairs stay loaded in one process (`specdec.runtimes.loading.load_pair` with and without ``compile``) and the
 four generations of one block run back to back, in an order rotated every block:
 
     eager baseline, compiled baseline, eager speculative (K = --k), compiled speculative (K = --k)
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec.bench.prompts import load_builtin, parse_types
 from specdec.bench.sweep import encode_prompt
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter
-from specdec.loading import load_pair
+from specdec.drafters.model import ModelDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.runtimes.loading import load_pair
 
 RUNS = ("eager baseline", "compiled baseline", "eager draft", "compiled draft")
 

@@ -39,8 +39,8 @@ def main() -> None:
     from specdec import models
     from specdec.bench.environment import machine_info
     from specdec.bench.machines import machine_label
-    from specdec.decoding import autoregressive_generate
-    from specdec.loading import load_model, set_threads
+    from specdec.engine.decoding import autoregressive_generate
+    from specdec.runtimes.loading import load_model, set_threads
 
     t_spec, d_spec = models.resolve_pair(args.pair, args.target, args.draft)
     set_threads(args.threads)

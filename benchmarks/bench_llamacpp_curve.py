@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--max-n", type=int, default=17)
     args = ap.parse_args()
 
-    from specdec.backends.llamacpp import load_llamacpp
+    from specdec.runtimes.llamacpp import load_llamacpp
 
     path = args.gguf or default_gguf()
     with load_llamacpp(path, n_ctx=512, n_threads=args.threads) as be:

@@ -36,9 +36,10 @@ FLOOR = 0.97
 
 def _generate(loaded, method: str, prompt_ids: list[int], n: int, curve, clock):
     """One greedy generation: ``baseline`` (target-only) or `method` under the cost policy (K <= 16)."""
-    from specdec.decoding import autoregressive_generate, speculative_generate
-    from specdec.drafters import ModelDrafter, PromptLookupDrafter
-    from specdec.policies import make_policy
+    from specdec.drafters.model import ModelDrafter
+    from specdec.drafters.ngram import PromptLookupDrafter
+    from specdec.engine.decoding import autoregressive_generate, speculative_generate
+    from specdec.policies.base import make_policy
 
     target = loaded.target.backend
     common = {"vocab_size": loaded.vocab_size, "clock": clock}
@@ -60,8 +61,8 @@ def measure(loaded, prompts: Sequence, curve, *, max_new_tokens: int = 128, repe
     """Time every prompt and method, interleaved with target-only runs (module docstring).
 
     Args:
-        loaded: a `specdec.loading.LoadedPair` (with a draft model when "draft" is in `methods`).
-        prompts: `specdec.bench.prompts.Prompt`s. curve: the `specdec.costs.CostCurve` the policy prices with.
+        loaded: a `specdec.runtimes.loading.LoadedPair` (with a draft model when "draft" is in `methods`).
+        prompts: `specdec.bench.prompts.Prompt`s. curve: the `specdec.measure.costs.CostCurve` the policy prices with.
         max_new_tokens: the budget of every generation. repeats: repetitions of the whole interleaved set.
         methods: of `METHODS`. clock: seconds. echo: progress lines.
 
@@ -138,10 +139,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--json", default=None, help="write the runs and the summary here")
     args = ap.parse_args(argv)
 
-    from specdec import api
     from specdec.bench.costs import measure_costs
     from specdec.bench.prompts import encode_prompt, load_builtin, parse_types
-    from specdec.costs import CostCurve
+    from specdec.entrypoints import api
+    from specdec.measure.costs import CostCurve
 
     t0 = time.perf_counter()
     pair = api.load_pair(args.pair, backend=args.backend, threads=args.threads,

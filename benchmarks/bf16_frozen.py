@@ -1,6 +1,6 @@
 """Benchmark: the bf16 target compiled with frozen weights against the same static-cache path uncompiled.
 
-Loads the target in bfloat16 once and builds two `specdec.backends.compiled.CompiledHFBackend` on it: mode
+Loads the target in bfloat16 once and builds two `specdec.runtimes.compiled.CompiledHFBackend` on it: mode
 ``eager`` (the static cache and bucketing, no compilation: the reference) and mode ``frozen`` (inductor
 compiled with weight freezing: weights become constants that inductor prepacks for oneDNN). Each compiled
 bucket holds its own frozen copy of the weights (about 3 GB per bucket for the 1.5B target), hence few
@@ -41,9 +41,9 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from specdec.backends.compiled import CompiledHFBackend
     from specdec.bench.costs import interleaved_forward_times
-    from specdec.loading import load_model
+    from specdec.runtimes.compiled import CompiledHFBackend
+    from specdec.runtimes.loading import load_model
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)

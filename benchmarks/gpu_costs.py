@@ -6,7 +6,7 @@ the test suite checks it.
     python benchmarks/gpu_costs.py --device cuda --only-e2e --out results/gpu_e2e      # ~4 min on an H200 (estimate)
     python benchmarks/gpu_costs.py --device cpu --archs gpt2 --dtypes float32 --max-n 3 --repeats 1 --out /tmp/x
 
-Every model is built on the device from its published configuration with RANDOM weights (`specdec.archs`;
+Every model is built on the device from its published configuration with RANDOM weights (`specdec.measure.archs`;
 nothing is downloaded): the figures are timing only. Clocks are read after `torch.cuda.synchronize()`
 (`HFBackend.synchronize`). Writes `<out>/gpu_costs.json` (costs per dtype, the exactness checks, the machine;
 rewritten after every section, so a run cut off by its time limit keeps what it measured) and prints a table
@@ -38,15 +38,16 @@ from pathlib import Path
 
 import torch
 
-from specdec import archs
-from specdec.backends.hf import HFBackend
 from specdec.bench.costs import forward_times
 from specdec.bench.sweep import machine_info
-from specdec.costs import CostCurve
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.verification import stochastic_verify
+from specdec.measure import archs
+from specdec.measure.costs import CostCurve
 from specdec.report.predicted import PromptModel
-from specdec.verification import stochastic_verify
+from specdec.runtimes.hf import HFBackend
 
 TINY = {"n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 1000, "n_positions": 128, "bos_token_id": 0,
         "eos_token_id": 0}

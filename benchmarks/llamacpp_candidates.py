@@ -4,12 +4,12 @@ For each candidate - the shipped GGUF with weight repacking off and on, and copi
 llama.cpp's own quantizer (Q4_0, IQ4_NL, Q8_0; pure, repacking on; made once into the model cache by
 `specdec.models.requant.requantized_gguf`, the files the ``llamacpp-q4_0`` ... sweep configurations run) -
 it prints the single step t(1) in ms and the verification cost curve v(n) = t(n) / t(1) on a warm cache for
-n = 1..17, the roofline per width (`specdec.roofline.shape_roofline`: GOP/s each width reaches, counting the
+n = 1..17, the roofline per width (`specdec.measure.roofline.shape_roofline`: GOP/s each width reaches, counting the
 GGUF's weight-matrix FLOPs per token, and the v(n) kernels running every width at the best measured
 throughput would give), and the candidate's quality: greedy agreement over `--new` tokens of each built-in
-primary prompt (`specdec.agreement`: first divergence position, share of identical tokens) with the shipped
+primary prompt (`specdec.measure.agreement`: first divergence position, share of identical tokens) with the shipped
 file as it runs by default and, with `--fp32-reference`, with the fp32 transformers reference of the same
-target (the converted checkpoint, loaded through `specdec.loading`; slow: it loads 6 GB of fp32 weights for
+target (the converted checkpoint, loaded through `specdec.runtimes.loading`; slow: it loads 6 GB of fp32 weights for
 the 1.5B target). Every model sees the same prompt ids. Prints figures; asserts nothing (timings on a shared machine
 are noisy).
 
@@ -51,17 +51,17 @@ def candidates(src: Path, types: list[str], threads: int) -> list[tuple[str, Pat
 def quality(backends: dict, prompt_ids: dict[str, list[int]], new: int, shipped: str,
             fp32=None, vocab_size: int | None = None) -> dict:
     """Greedy agreement of every candidate with the shipped file (label `shipped` of `backends`) and, when
-    `fp32` (a transformers backend of the same target) is given, with it (`specdec.agreement`).
+    `fp32` (a transformers backend of the same target) is given, with it (`specdec.measure.agreement`).
 
     Args:
         backends: label -> loaded llama.cpp backend. prompt_ids: prompt id -> token ids (the same for every
             model). new: greedy tokens per prompt. vocab_size: columns the fp32 reference scores.
 
     Returns:
-        ``{"outputs": {label: [ids per prompt]}, "agreement": specdec.agreement.compare_outputs(...)}``; the
+        ``{"outputs": {label: [ids per prompt]}, "agreement": specdec.measure.agreement.compare_outputs(...)}``; the
         fp32 reference's own outputs are under ``"fp32 reference"``.
     """
-    from specdec.agreement import compare_outputs, greedy_ids
+    from specdec.measure.agreement import compare_outputs, greedy_ids
 
     outs = {label: [greedy_ids(be, ids, new) for ids in prompt_ids.values()] for label, be in backends.items()}
     refs = {"shipped": outs[shipped]}
@@ -86,13 +86,18 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     args = ap.parse_args()
 
-    from specdec.backends.llamacpp import gguf_matmul_flops, gguf_weight_types, load_llamacpp, repack_default
-    from specdec.backends.llamacpp_record import ggml_env
     from specdec.bench.costs import interleaved_forward_times
     from specdec.bench.environment import machine_info
     from specdec.bench.prompts import load_builtin
+    from specdec.measure.roofline import (
+        format_shape_roofline,
+        measure_bandwidth,
+        shape_roofline,
+        weight_bytes,
+    )
     from specdec.models.loaders import gguf_file
-    from specdec.roofline import format_shape_roofline, measure_bandwidth, shape_roofline, weight_bytes
+    from specdec.runtimes.llamacpp import gguf_matmul_flops, gguf_weight_types, load_llamacpp, repack_default
+    from specdec.runtimes.llamacpp_record import ggml_env
 
     default_target = "qwen2.5-coder:target"
     src = (args.gguf or gguf_file(default_target)).resolve()
@@ -107,8 +112,8 @@ def main() -> None:
     prompt_ids = {p.id: loaded[0][1].tokenize(p.text) for p in prompts}  # one tokenization for every model
     fp32 = vocab = ref_model = None
     if args.fp32_reference:
-        from specdec.compat import real_vocab_size
-        from specdec.loading import load_model
+        from specdec.runtimes.compat import real_vocab_size
+        from specdec.runtimes.loading import load_model
 
         spec = args.fp32_spec or (str(args.gguf) if args.gguf else default_target)
         print(f"loading the fp32 reference {spec} (transformers) ...", flush=True)

@@ -3,7 +3,7 @@
 A batched speculative round feeds rows of different lengths (a row whose draft matched verifies 1 + K
 tokens, a row without a draft 1). With one KV stream per row llama.cpp splits such a batch into
 micro-batches of equally many tokens per sequence, one pass over the weights per token depth;
-`specdec.backends.llamacpp_batched.BatchedLlamaCppBackend` pads the rows to the longest (fillers unscored,
+`specdec.runtimes.llamacpp_batched.BatchedLlamaCppBackend` pads the rows to the longest (fillers unscored,
 removed after the decode) so the batch runs as one micro-batch. This prints, for B rows on a warm cache of
 `--context` tokens, the median milliseconds of: one token per row (a plain batched step), the ragged shape
 (row 0 feeds m tokens, the others 1) with the backend's padding off and on (on: it pads when the fillers
@@ -30,9 +30,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
 
-    from specdec.backends.llamacpp_batched import BatchedLlamaCppBackend
     from specdec.bench.environment import machine_info
     from specdec.models.loaders import gguf_file
+    from specdec.runtimes.llamacpp_batched import BatchedLlamaCppBackend
 
     path = (args.gguf or gguf_file("qwen2.5-coder:target")).resolve()
     b = args.rows

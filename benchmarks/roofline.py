@@ -1,11 +1,11 @@
 """The roofline of target decoding steps: bytes of weights per step, step time, achieved GB/s, the machine's
-memory bandwidth and the share of it a step uses (gpt-fast's "achieved bandwidth"; `specdec.roofline`).
+memory bandwidth and the share of it a step uses (gpt-fast's "achieved bandwidth"; `specdec.measure.roofline`).
 
 Prints figures, never asserts on time. The machine's bandwidth is measured once (a streaming copy of
 ``--bandwidth-mib`` MiB per buffer, best of 5; GB/s = 1e9 bytes/s); then for every model spec and dtype
 (and ``--quant``) the target alone is loaded, its single decoding step timed on a warm cache of
 ``--context-tokens`` tokens (median of ``--repeats``, `specdec.bench.costs.measure_costs`), and its weight
-bytes counted (`specdec.roofline.weight_bytes`: parameters and buffers at their stored dtype, or the GGUF
+bytes counted (`specdec.measure.roofline.weight_bytes`: parameters and buffers at their stored dtype, or the GGUF
 file's size on llama.cpp). One model is in memory at a time.
 
 Example (the default target, fp32 and bf16, 2 threads):
@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec.bench.costs import measure_costs
-from specdec.loading import load_pair
-from specdec.roofline import format_roofline, measure_bandwidth, roofline, weight_bytes
+from specdec.measure.roofline import format_roofline, measure_bandwidth, roofline, weight_bytes
+from specdec.runtimes.loading import load_pair
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    """Run the benchmark; returns one dict per model and dtype (`specdec.roofline.roofline`'s keys plus
+    """Run the benchmark; returns one dict per model and dtype (`specdec.measure.roofline.roofline`'s keys plus
     ``label``, ``model``, ``dtype``, ``quant``, ``backend``)."""
     args = parse_args(argv)
     from transformers.utils import logging as hf_logging

@@ -1,8 +1,8 @@
 """Suffix drafter against prompt lookup, predicted per prompt type from a store's acceptance traces.
 
 Under greedy decoding a model-free drafter's rounds follow from the target-only output alone
-(`specdec.traces.replay`), so every built-in prompt a store traced can be replayed for both drafters at
-every K in the grid and priced with that prompt's own calibrated cost curve (`specdec.pricing`), with no
+(`specdec.engine.traces.replay`), so every built-in prompt a store traced can be replayed for both drafters at
+every K in the grid and priced with that prompt's own calibrated cost curve (`specdec.measure.pricing`), with no
 timed run. Per (configuration, prompt type) each drafter gets the fixed K (its cap, for the suffix drafter)
 with the best geometric-mean predicted speedup over the type's prompts; the script prints both speedups and
 the per-prompt ratio suffix / prompt lookup at those Ks with a 95% t-interval over the type's prompts, and
@@ -21,12 +21,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from specdec import stats
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.engine.traces import replay
+from specdec.measure import stats
 from specdec.report.load import load_store, prepare_runs
 from specdec.report.model import cost_infos
 from specdec.report.tables import Inputs
-from specdec.suffix import SuffixDrafter
-from specdec.traces import replay
 
 #: prompt lookup, the suffix drafter (most recent occurrence, its default) and the suffix drafter drafting
 #: from the automaton's first occurrence.

@@ -1,6 +1,6 @@
 """specdec: speculative decoding implemented exactly, measured honestly against target-only decoding.
 
-The Python API (`specdec.api`)::
+The Python API (`specdec.entrypoints.api`)::
 
     from specdec import load_pair, generate
 
@@ -19,9 +19,9 @@ _API = frozenset({"Generation", "Pair", "generate", "load_pair"})
 
 
 def __getattr__(name: str):
-    """The API names, imported from `specdec.api` on first access (it imports torch)."""
+    """The API names, imported from `specdec.entrypoints.api` on first access (it imports torch)."""
     if name in _API:
-        from specdec import api
+        from specdec.entrypoints import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'specdec' has no attribute {name!r}")

@@ -38,8 +38,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types a command reports as bad input or an unusable setup (one line, exit status 2)
     rather than as a crash: ValueError (and its subclasses: store, prompt-file, output-path errors), a model
     that is not available or whose chunks are damaged, a backend that cannot load or run a model."""
-    from specdec.backends.base import BackendError
     from specdec.models import ChunkAssemblyError, ModelNotAvailableError
+    from specdec.runtimes.base import BackendError
 
     return (ValueError, ModelNotAvailableError, ChunkAssemblyError, BackendError)
 
@@ -47,7 +47,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 @contextlib.contextmanager
 def cli_errors() -> Iterator[None]:
     """Turn `user_errors` into one stderr line (``specdec: error: ...``) and exit status 2, in the format of
-    `specdec.cli.fail`, so the commands behave the same when mounted on another Typer app (tests)."""
+    `specdec.entrypoints.cli.fail`, so the commands behave the same when mounted on another Typer app (tests)."""
     import typer
 
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.drafters import Draft
+from specdec.drafters.base import Draft
 
 # Tiny models gain nothing from intra-op threads, and oversubscribed threads slow every test badly.
 torch.set_num_threads(1)
@@ -165,7 +165,7 @@ def load_backend(path, **kw):
     """Load a checkpoint dir as an `HFBackend` (fp32, CPU), the way real checkpoints are loaded."""
     from transformers import AutoModelForCausalLM
 
-    from specdec.backends.hf import HFBackend
+    from specdec.runtimes.hf import HFBackend
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True).eval()
     return HFBackend(model, **kw)

@@ -60,7 +60,7 @@ def fp32_pair(tiny_pair, near_draft_dir):
 
 def _target_only(pair, n, **kw):
     from specdec.bench.prompts import encode_prompt
-    from specdec.decoding import autoregressive_generate
+    from specdec.engine.decoding import autoregressive_generate
 
     ids = encode_prompt(pair.tokenizer, PROMPT)
     return autoregressive_generate(pair.loaded.target.backend, ids, n, eos_ids=pair.loaded.eos_ids,
@@ -69,7 +69,7 @@ def _target_only(pair, n, **kw):
 
 def test_greedy_generation_equals_target_only_for_each_drafter_and_policy(fp32_pair, tmp_path, monkeypatch):
     from specdec import Generation, generate
-    from specdec.metrics import GenerationResult
+    from specdec.engine.metrics import GenerationResult
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     ref = _target_only(fp32_pair, 24)
@@ -104,7 +104,8 @@ def test_sampled_generation_is_reproducible_by_seed(fp32_pair):
 
 
 def test_the_cost_policy_reuses_its_cached_costs_and_remeasures_on_request(fp32_pair, tmp_path, monkeypatch):
-    from specdec import generate, quick_costs
+    from specdec import generate
+    from specdec.measure import quick_costs
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     calls = []
@@ -133,7 +134,7 @@ def test_the_cost_policy_reuses_its_cached_costs_and_remeasures_on_request(fp32_
 
 def test_default_dtype_and_target_only_pairs(tiny_pair):
     from specdec import generate, load_pair
-    from specdec.precision import default_dtype
+    from specdec.runtimes.precision import default_dtype
 
     pair = load_pair(target=str(tiny_pair.target_dir), threads=1)  # dtype "auto"
     assert pair.dtype == default_dtype("cpu") and pair.draft is None
@@ -183,8 +184,8 @@ def test_import_specdec_does_not_import_torch():
 
 
 def test_quick_costs_time_a_handful_of_shapes_and_cache_them_per_setup(fp32_pair, tmp_path):
-    from specdec.costs import CostCurve
-    from specdec.quick_costs import cached_quick_costs, model_fingerprint, quick_measure, quick_ns
+    from specdec.measure.costs import CostCurve
+    from specdec.measure.quick_costs import cached_quick_costs, model_fingerprint, quick_measure, quick_ns
 
     assert quick_ns(17) == [1, 2, 3, 5, 9, 17] and quick_ns(6) == [1, 2, 3, 5, 6] and quick_ns(1) == [1]
     with pytest.raises(ValueError):
@@ -194,7 +195,7 @@ def test_quick_costs_time_a_handful_of_shapes_and_cache_them_per_setup(fp32_pair
     assert sorted(costs["target_forward_s"]) == [1, 2, 3, 5, 9] and costs["quick"]
     assert costs["draft_step_s"] > 0 and costs["repeats"] == 2 and costs["draft_repeats"] == 6
     # the draft's forwards up to a prefill's size, which the cost policy prices the deferred prefill on
-    from specdec.quick_costs import QUICK_DRAFT_NS
+    from specdec.measure.quick_costs import QUICK_DRAFT_NS
 
     assert sorted(costs["draft_forward_s"]) == list(QUICK_DRAFT_NS)
     assert costs["draft_forward_s"][1] == costs["draft_step_s"]

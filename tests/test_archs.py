@@ -1,4 +1,4 @@
-"""Published architectures with random weights (timing only) and their cost curves (`specdec.archs`,
+"""Published architectures with random weights (timing only) and their cost curves (`specdec.measure.archs`,
 ``specdec costs --arch``), and the GPU script that times them (`benchmarks/gpu_costs.py`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec import archs
+from specdec.measure import archs
 
 TINY = archs.Arch("tiny-gpt2", {**archs.ARCHS["gpt2"].config, "n_embd": 64, "n_layer": 2, "n_head": 2,
                                 "vocab_size": 1000, "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0},

@@ -1,5 +1,5 @@
 """Batched generation for users: ``specdec generate --prompts-file F --batch-size B``, ``specdec.generate`` with
-a list of prompts, and `specdec.batched_loading` (the batched backends of a loaded pair).
+a list of prompts, and `specdec.runtimes.batched_loading` (the batched backends of a loaded pair).
 
 The oracle for every greedy row is the single-prompt greedy output of the same prompt (`specdec.generate`
 with one prompt, the code of ``specdec generate --prompt``), in float32 where it is exact.
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from specdec.batch_generate import (
+from specdec.entrypoints.batch_generate import (
     LLAMACPP_MAX_ROWS,
     BatchRun,
     batch_k_max,
@@ -32,7 +32,7 @@ NEW = 10
 
 def cli(argv, capsys) -> tuple[int, str, str]:
     """Run ``specdec`` in-process: (exit code, stdout, stderr)."""
-    from specdec.cli import main
+    from specdec.entrypoints.cli import main
 
     capsys.readouterr()
     try:
@@ -136,7 +136,7 @@ def test_cli_output_and_json_file(tiny_pair, near_draft_dir, singles, tmp_path, 
     """Plain output: each text under its header in file order, then the table; --out: the JSON of the per-row
     figures (per-row budgets from the .jsonl), consistent with each row's tokens and rounds."""
     from specdec.bench.prompts import encode_prompt
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     budgets = [None, 4, None, 0, 7]
     pf = write_jsonl(tmp_path / "p.jsonl", TEXTS, budgets)
@@ -303,7 +303,7 @@ def test_api_single_prompt_keeps_its_return_type(api_pair, singles):
 
 def test_api_bad_input(api_pair):
     from specdec import generate
-    from specdec.drafters import PromptLookupDrafter
+    from specdec.drafters.ngram import PromptLookupDrafter
 
     with pytest.raises(ValueError, match="needs a list of prompts"):
         generate(api_pair, "hi", batch_size=2)
@@ -331,14 +331,15 @@ def test_run_batches_report_of_zero_budgets(api_pair):
     json.dumps(doc, allow_nan=False)
 
 
-# -- specdec.batched_loading ------------------------------------------------------------------------------
+# -- specdec.runtimes.batched_loading ------------------------------------------------------------------------------
 
 def test_batched_loading_transformers(tiny_pair, near_draft_dir):
-    from specdec.backends.hf_batched import BatchedHFBackend
-    from specdec.batched import BatchedModelDrafter, generate_batch
-    from specdec.batched_loading import batched_backend, batched_pair
-    from specdec.decoding import autoregressive_generate
-    from specdec.loading import LoadedPair, load_pair
+    from specdec.drafters.model import BatchedModelDrafter
+    from specdec.engine.batched import generate_batch
+    from specdec.engine.decoding import autoregressive_generate
+    from specdec.runtimes.batched_loading import batched_backend, batched_pair
+    from specdec.runtimes.hf_batched import BatchedHFBackend
+    from specdec.runtimes.loading import LoadedPair, load_pair
 
     loaded = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), dtype="float32", threads=1)
     target, drafter = batched_pair(loaded, 3)
@@ -363,7 +364,7 @@ def test_batched_loading_transformers(tiny_pair, near_draft_dir):
     with pytest.raises(ValueError, match="no batched backend"):
         batched_backend(dataclasses.replace(loaded.target, runtime="onnx"), 2)
     # through the API a compiled pair is refused before any batch runs
-    from specdec.api import Pair, generate
+    from specdec.entrypoints.api import Pair, generate
 
     pair = Pair(LoadedPair(compiled, None, loaded.vocab_size, loaded.eos_ids), "t", None, "transformers", "cpu",
                 "float32", 1)
@@ -378,7 +379,7 @@ LLAMA_TEXTS = ["The capital of France is", "def fib(n):\n    ", "one two three f
 def llama_loaded(smollm2_gguf):
     pytest.importorskip("llama_cpp")
     pytest.importorskip("gguf")
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     return load_pair(str(smollm2_gguf), str(smollm2_gguf), backend="llamacpp", threads=1)
 
@@ -386,10 +387,11 @@ def llama_loaded(smollm2_gguf):
 def test_batched_loading_llamacpp(llama_loaded, smollm2_gguf):
     """A second context over the same GGUF with the single backend's threads and repacking, `max_rows` rows,
     a row context of at most 2048 tokens; its greedy rows equal single-sequence decoding."""
-    from specdec.backends.llamacpp_batched import DEFAULT_ROW_CTX, BatchedLlamaCppBackend
-    from specdec.batched import BatchedModelDrafter, generate_batch
-    from specdec.batched_loading import batched_backend, batched_pair
-    from specdec.decoding import autoregressive_generate
+    from specdec.drafters.model import BatchedModelDrafter
+    from specdec.engine.batched import generate_batch
+    from specdec.engine.decoding import autoregressive_generate
+    from specdec.runtimes.batched_loading import batched_backend, batched_pair
+    from specdec.runtimes.llamacpp_batched import DEFAULT_ROW_CTX, BatchedLlamaCppBackend
 
     single = llama_loaded.target.backend
     target, drafter = batched_pair(llama_loaded, 2)
@@ -416,7 +418,7 @@ def test_batched_loading_llamacpp(llama_loaded, smollm2_gguf):
 
 def test_cli_llamacpp_batched_greedy_equals_single_prompt_output(llama_loaded, smollm2_gguf, tmp_path, capsys):
     from specdec import generate
-    from specdec.api import Pair
+    from specdec.entrypoints.api import Pair
 
     pair = Pair(llama_loaded, str(smollm2_gguf), str(smollm2_gguf), "llamacpp", "cpu", None, 1)
     want = {d: [generate(pair, t, max_new_tokens=8, k=2, drafter=d).token_ids for t in LLAMA_TEXTS]
@@ -437,8 +439,8 @@ def test_cli_llamacpp_batched_greedy_equals_single_prompt_output(llama_loaded, s
 # -- the batch cost policy's pricing ----------------------------------------------------------------------
 
 def test_batch_measure_times_the_batch_shapes(api_pair):
-    from specdec.batch_generate import _batch_ns, batch_measure
-    from specdec.costs import CostCurve
+    from specdec.entrypoints.batch_generate import _batch_ns, batch_measure
+    from specdec.measure.costs import CostCurve
 
     assert _batch_ns(3, 51) == [1, 3, 6, 9, 15, 27, 51] and _batch_ns(1, 17) == [1, 2, 3, 5, 9, 17]
     assert _batch_ns(8, 128) == [1, 8, 16, 24, 40, 72, 128]

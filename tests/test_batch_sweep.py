@@ -80,9 +80,9 @@ def test_db_that_is_a_directory_is_refused_before_loading(app, tmp_path):
 
 
 def test_dry_run_prints_the_plan_and_loads_nothing(app, tmp_path, tiny_pair, monkeypatch):
-    import specdec.loading
+    import specdec.runtimes.loading
 
-    monkeypatch.setattr(specdec.loading, "load_pair", lambda *a, **k: pytest.fail("a dry run loaded a model"))
+    monkeypatch.setattr(specdec.runtimes.loading, "load_pair", lambda *a, **k: pytest.fail("a dry run loaded a model"))
     db = tmp_path / "b.db"
     res = CliRunner().invoke(app, ["batch-sweep", "--dry-run", "--target", str(tiny_pair.target_dir), "--draft",
                                    str(tiny_pair.draft_dir), "--configs", "transformers-eager,llamacpp",

@@ -1,4 +1,4 @@
-"""Batched decoding (specdec.batched, specdec.backends.hf_batched, specdec.batch_k) against single-sequence decoding.
+"""Batched decoding (specdec.engine.batched, specdec.runtimes.hf_batched, specdec.policies.batch) against single-sequence decoding.
 
 The oracle for greedy rows is `autoregressive_generate` on the single-sequence backend of the same model,
 one prompt at a time; for sampled rows with the same seed, `speculative_generate` / `autoregressive_generate`;
@@ -15,16 +15,18 @@ import pytest
 import torch
 from conftest import load_backend
 
-import specdec.backends.hf_batched as hfb
-import specdec.verification as ver
-from specdec.backends.base import BackendError, ContextOverflowError
-from specdec.backends.hf_batched import BatchedHFBackend
-from specdec.batch_k import BatchCostPolicy, FixedBatchK, best_batch_k, expected_committed
-from specdec.batched import GREEDY, BatchedModelDrafter, PerRowDrafters, generate_batch
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.metrics import RoundRecord
-from specdec.sampling import SamplingParams
+import specdec.engine.verification as ver
+import specdec.runtimes.hf_batched as hfb
+from specdec.drafters.base import PerRowDrafters
+from specdec.drafters.model import BatchedModelDrafter, ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.batched import GREEDY, generate_batch
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.metrics import RoundRecord
+from specdec.engine.sampling import SamplingParams
+from specdec.policies.batch import BatchCostPolicy, FixedBatchK, best_batch_k, expected_committed
+from specdec.runtimes.base import BackendError, ContextOverflowError
+from specdec.runtimes.hf_batched import BatchedHFBackend
 
 V = 1000
 TEXTS = [
@@ -510,7 +512,7 @@ class _NoModel:
         return 1 << 30
 
     def propose(self, committed, k, sampling, generator, min_confidence=None):
-        from specdec.drafters import Draft
+        from specdec.drafters.base import Draft
         return Draft([7] * max(0, k), None)
 
     def rollback(self, committed):
@@ -748,8 +750,8 @@ LLAMA_TEXTS = ["The capital of France is", "def fib(n):\n    ", "one two three f
 @pytest.fixture(scope="module")
 def llama(smollm2_gguf):
     pytest.importorskip("llama_cpp")
-    from specdec.backends.llamacpp import load_llamacpp
-    from specdec.backends.llamacpp_batched import BatchedLlamaCppBackend
+    from specdec.runtimes.llamacpp import load_llamacpp
+    from specdec.runtimes.llamacpp_batched import BatchedLlamaCppBackend
 
     single = load_llamacpp(smollm2_gguf, n_ctx=128, n_threads=1)
     bt = BatchedLlamaCppBackend(smollm2_gguf, max_rows=8, n_ctx=128, n_threads=1)

@@ -32,9 +32,9 @@ def test_generate_json_with_baseline(tiny_pair, near_draft_dir):
 
 
 def test_generate_defaults_to_the_machines_fastest_exact_dtype_and_names_it(tiny_pair):
-    """The default dtype is `specdec.precision.default_dtype` (bf16 where the CPU has native bf16 kernels);
+    """The default dtype is `specdec.runtimes.precision.default_dtype` (bf16 where the CPU has native bf16 kernels);
     --dtype float32 asks for fp32; the statistics line and the JSON name what ran."""
-    from specdec.precision import default_dtype
+    from specdec.runtimes.precision import default_dtype
 
     args = ("generate", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
             "--prompt", "hello world", "--k", "2", "--max-new-tokens", "6", "--threads", "1")
@@ -51,7 +51,7 @@ def test_generate_defaults_to_the_machines_fastest_exact_dtype_and_names_it(tiny
 
 
 def test_divergence_line_says_what_a_difference_means_in_each_dtype():
-    from specdec.cli import divergence_line
+    from specdec.entrypoints.cli import divergence_line
 
     div = {"step": 7, "eager_token": 11, "compiled_token": 12, "margin": 0.0312}
     bf16 = divergence_line(div, "bfloat16")
@@ -85,8 +85,8 @@ def test_generate_ngram_and_policy(tiny_pair):
     # the oracle: target-only greedy decoding of the same prompt (prompt lookup + heuristic K must not change
     # a single token), and prompt lookup did draft on this repetitive prompt
     from specdec.bench.prompts import encode_prompt
-    from specdec.decoding import autoregressive_generate
-    from specdec.loading import load_pair
+    from specdec.engine.decoding import autoregressive_generate
+    from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(tiny_pair.target_dir), None)
     ids = encode_prompt(pair.tokenizer, "abc abc abc abc abc abc")
@@ -96,7 +96,7 @@ def test_generate_ngram_and_policy(tiny_pair):
 
 
 def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_draft_dir, tmp_path):
-    from specdec.cli import default_policy
+    from specdec.entrypoints.cli import default_policy
 
     assert default_policy(None, None) == ("cost", 16)
     assert default_policy(None, 3) == ("fixed", 3)
@@ -244,8 +244,8 @@ def test_c3_divergence_is_reported_with_margin(tiny_pair, near_draft_dir, monkey
     """Case C3: when greedy speculative output differs from target-only (as half-precision kernels can make
     it), `generate --baseline` reports the first differing step and the target's top-2 logit margin there.
     The divergence is simulated by flipping one token of the speculative output."""
-    from specdec import decoding
-    from specdec.cli import main
+    from specdec.engine import decoding
+    from specdec.entrypoints.cli import main
 
     real = decoding.speculative_generate
 

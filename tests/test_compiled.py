@@ -12,8 +12,11 @@ import pytest
 import torch
 from conftest import build_tiny_model, load_backend
 
-from specdec.backends.base import Backend, BackendError, ContextOverflowError
-from specdec.backends.compiled import (
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.runtimes.base import Backend, BackendError, ContextOverflowError
+from specdec.runtimes.compiled import (
     CompiledHFBackend,
     PackedLinear,
     first_divergence,
@@ -21,8 +24,6 @@ from specdec.backends.compiled import (
     next_token_logits,
     pack_linears,
 )
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
 
 V = 1000
 BUCKETS = (1, 2, 4, 8, 17)
@@ -334,7 +335,7 @@ def test_qwen2_gqa_compiled_matches_eager(tiny_tokenizer):
 
 
 def load_backend_from(model):
-    from specdec.backends.hf import HFBackend
+    from specdec.runtimes.hf import HFBackend
 
     return HFBackend(model)
 
@@ -344,7 +345,7 @@ def test_load_pair_with_compile_compiles_at_load_and_stays_exact(tiny_pair, near
     """`load_pair(compile=True)` (the CLI's --compile, the sweep's transformers-compiled config) compiles every
     bucket while loading, so the first forward needs no warm-up call and no compilation is ever timed; greedy
     speculative decoding on that path equals greedy target-only decoding on it."""
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), compile=True)
     assert pair.target.compiled and pair.draft.compiled
@@ -430,9 +431,9 @@ def test_load_pair_frozen_compiles_target_and_draft_frozen(tiny_pair, near_draft
     """`load_pair(compile=True, compile_mode="frozen")` (the transformers-bf16-frozen configuration's models,
     here in fp32): target frozen on FROZEN_BUCKETS, draft frozen on FROZEN_DRAFT_BUCKETS without last-row graphs;
     greedy speculative decoding with the draft model equals greedy target-only decoding on the frozen target."""
-    from specdec.backends.compiled import FROZEN_BUCKETS, FROZEN_DRAFT_BUCKETS
     from specdec.bench.runtimes import RUNTIME_CONFIGS
-    from specdec.loading import load_pair
+    from specdec.runtimes.compiled import FROZEN_BUCKETS, FROZEN_DRAFT_BUCKETS
+    from specdec.runtimes.loading import load_pair
 
     rc = RUNTIME_CONFIGS["transformers-bf16-frozen"]
     kw = rc.load_kwargs("float32")

@@ -1,4 +1,4 @@
-"""The one cost curve (`specdec.costs`): its rule, its readers, and that every caller gets the same answer."""
+"""The one cost curve (`specdec.measure.costs`): its rule, its readers, and that every caller gets the same answer."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec import theory
 from specdec.bench import sweep as S
 from specdec.bench.store import Store
-from specdec.costs import CostCurve, curve_value
-from specdec.policies import CostPolicy
+from specdec.measure import theory
+from specdec.measure.costs import CostCurve, curve_value
+from specdec.policies.cost import CostPolicy
 
 STUDY_DB = Path(__file__).resolve().parents[1] / "results" / "archive" / "study.db"
 #: A staircase like the default pair's on 2 CPU cores (n = 1..9, seconds).
@@ -143,8 +143,8 @@ def test_calibration_block_times_the_drafts_catch_up(tiny_pair, near_draft_dir):
     (what ModelDrafter's catch-up runs), the target's of 1..max_n scoring every row (verification), and the
     store keeps one draft row per n; a costs dict with them prices the catch-up."""
     from specdec.bench.costs import calibration_block
-    from specdec.costs import DRAFT_CALIBRATION_NS
-    from specdec.loading import load_pair
+    from specdec.measure.costs import DRAFT_CALIBRATION_NS
+    from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)
     calls = {"target": [], "draft": []}

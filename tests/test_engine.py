@@ -6,10 +6,11 @@ import pytest
 import torch
 from conftest import CountingBackend, ScriptedDrafter, load_backend
 
-from specdec.backends.base import ContextOverflowError
-from specdec.compat import IncompatibleTokenizersError, check_tokenizers
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.runtimes.base import ContextOverflowError
+from specdec.runtimes.compat import IncompatibleTokenizersError, check_tokenizers
 
 V = 1000
 PROMPTS = [

@@ -21,7 +21,7 @@ def test_with_type_and_limit_as_a_failed_run_records_it():
 
 
 def test_cli_fail_prints_one_line(capsys):
-    from specdec.cli import fail
+    from specdec.entrypoints.cli import fail
 
     with pytest.raises(SystemExit) as exc:
         fail("first\nsecond")

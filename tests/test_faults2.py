@@ -9,9 +9,10 @@ import pytest
 import torch
 from conftest import ScriptedDrafter, load_backend
 
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.sampling import SamplingParams
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.sampling import SamplingParams
 
 V = 1000
 
@@ -101,7 +102,7 @@ def test_a_perfect_drafter_reads_acceptance_one_at_an_eos_and_at_the_budget(tiny
     denominator cut alike, so the acceptance rate is 1.0 whether an EOS stops the output inside a drafted
     block (the 3rd token) or the budget does; the stored counts (summary, per-round dicts) and the trace
     replay agree with the real rounds."""
-    from specdec.traces import compare_rounds, record_trace, replay
+    from specdec.engine.traces import compare_rounds, record_trace, replay
 
     prompt, ref = _prompt_with_new_third_token(tiny_tokenizer, target)
     for eos, budget in ((frozenset({ref[2]}), 20), (frozenset(), 11), (frozenset(), 3)):
@@ -182,7 +183,7 @@ def _reference_warp(logits, params):
     SamplingParams(temperature=0.5),
 ])
 def test_c19_fast_warp_equals_full_sort(params):
-    from specdec.sampling import warp
+    from specdec.engine.sampling import warp
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 5000, generator=g) * 3
@@ -198,7 +199,7 @@ def test_c19_fast_warp_equals_full_sort(params):
 
 def test_c19_top_k_prefilters_before_sorting(monkeypatch):
     """With top-k set, nothing of vocabulary width is sorted; with top-p alone on a peaked row, neither."""
-    from specdec.sampling import warp
+    from specdec.engine.sampling import warp
 
     widths = []
     real_sort = torch.sort
@@ -217,9 +218,9 @@ def test_c19_top_k_prefilters_before_sorting(monkeypatch):
 def test_c19_target_rows_warped_only_when_reached(tiny_tokenizer, target, monkeypatch):
     """Per round, the target rows warped are those verification reached: the evaluated draft positions,
     plus the bonus row when every draft was accepted (not all K+1)."""
-    import specdec.decoding as dec
-    import specdec.verification as ver
-    from specdec.sampling import warp as real_warp
+    import specdec.engine.decoding as dec
+    import specdec.engine.verification as ver
+    from specdec.engine.sampling import warp as real_warp
 
     rows = []
 
@@ -316,8 +317,8 @@ def test_c16_rollback_past_the_window_matches_a_fresh_forward(mistral_pair):
 def test_c16_compiled_backend_refuses_at_load(mistral_pair):
     from transformers import AutoModelForCausalLM
 
-    from specdec.backends.base import BackendError
-    from specdec.backends.compiled import CompiledHFBackend
+    from specdec.runtimes.base import BackendError
+    from specdec.runtimes.compiled import CompiledHFBackend
 
     model = AutoModelForCausalLM.from_pretrained(mistral_pair.target_dir, dtype=torch.float32).eval()
     attn = model.config._attn_implementation
@@ -334,8 +335,8 @@ def test_c16_layer_kinds_come_from_the_cache_not_one_config_field():
     linear attention (Qwen3-Next): all detected; linear attention is refused, the others become full."""
     from transformers import Gemma2Config, Llama4TextConfig, Qwen2Config, Qwen3NextConfig
 
-    from specdec.backends.base import BackendError
-    from specdec.backends.hf import cache_layer_kinds, rollback_cache
+    from specdec.runtimes.base import BackendError
+    from specdec.runtimes.hf import cache_layer_kinds, rollback_cache
 
     qwen = Qwen2Config(num_hidden_layers=4, sliding_window=8, use_sliding_window=True, max_window_layers=2)
     assert cache_layer_kinds(qwen) == ["full", "full", "sliding", "sliding"]
@@ -355,7 +356,7 @@ def test_rollback_cache_works_on_transformers_without_dummy_layer(monkeypatch):
     """transformers 5.17 (the H200 image's) has no ``DummyLayer``: layer kinds are still read, rollback works."""
     from transformers import Qwen2Config, cache_utils
 
-    from specdec.backends.hf import cache_layer_kinds, rollback_cache
+    from specdec.runtimes.hf import cache_layer_kinds, rollback_cache
 
     monkeypatch.delattr(cache_utils, "DummyLayer", raising=False)
     qwen = Qwen2Config(num_hidden_layers=4, sliding_window=8, use_sliding_window=True, max_window_layers=2)
@@ -380,7 +381,7 @@ class _HeadRows:
 def test_c22_last_rows_only_through_the_lm_head(tiny_pair, backend_kind):
     """forward(tokens, last=r) returns the last r rows of the full forward, and only those r rows go
     through the LM head (bucketed, chunked and prefill forwards alike)."""
-    from specdec.backends.compiled import CompiledHFBackend
+    from specdec.runtimes.compiled import CompiledHFBackend
 
     if backend_kind == "hf":
         backend = load_backend(tiny_pair.target_dir)
@@ -432,7 +433,7 @@ def test_ngram_hf_proposals_equal_transformers_prompt_lookup(seed):
 
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-    from specdec.decoding import GREEDY
+    from specdec.engine.decoding import GREEDY
 
     rng = random.Random(seed)
     hf_rule = PromptLookupDrafter(2, 1, match="earliest", continue_past_end=False)

@@ -14,16 +14,17 @@ import pytest
 import torch
 from conftest import CountingBackend, ScriptedDrafter
 
-from specdec.backends.base import Backend, BackendError, ContextOverflowError
-from specdec.backends.llamacpp import (
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.runtimes.base import Backend, BackendError, ContextOverflowError
+from specdec.runtimes.compat import IncompatibleTokenizersError, check_tokenizers, check_vocab_fits
+from specdec.runtimes.llamacpp import (
     GGUFNotFoundError,
     LlamaCppBackend,
     hf_tokenizer_from_gguf,
     load_llamacpp,
 )
-from specdec.compat import IncompatibleTokenizersError, check_tokenizers, check_vocab_fits
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
 
 pytest.importorskip("llama_cpp")  # the backend module imports llama_cpp lazily
 
@@ -74,7 +75,7 @@ def hf_smol(smollm2_gguf):
     pytest.importorskip("gguf")
     from transformers import AutoModelForCausalLM
 
-    from specdec.backends.hf import HFBackend
+    from specdec.runtimes.hf import HFBackend
 
     model = AutoModelForCausalLM.from_pretrained(
         str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
@@ -329,9 +330,9 @@ def test_mixed_bf16_target_with_a_llamacpp_draft(smollm2_gguf, same_draft, smol_
     only how much is accepted), at K = 1 and 4."""
     from transformers import AutoModelForCausalLM
 
-    from specdec.backends.hf import HFBackend
     from specdec.bench.config import RUNTIME_CONFIGS
-    from specdec.precision import check_dtype_supported
+    from specdec.runtimes.hf import HFBackend
+    from specdec.runtimes.precision import check_dtype_supported
 
     rc = RUNTIME_CONFIGS["mixed:llamacpp-draft-bf16"]
     assert (rc.target_backend, rc.draft_backend, rc.load_kwargs("float32")) == (
@@ -359,8 +360,8 @@ def test_c17_stop_set_is_llamacpps_end_of_generation_set(smollm2_gguf, target, h
     (<|endoftext|>, <|im_end|>, its FIM repo token). The llama.cpp runtime stops on all of them, and the
     transformers runtime of the same GGUF stops on the same set."""
     from specdec import models
-    from specdec.backends.llamacpp import gguf_eog_ids
-    from specdec.loading import load_model
+    from specdec.runtimes.llamacpp import gguf_eog_ids
+    from specdec.runtimes.loading import load_model
 
     lib = target._lib
     vocab = lib.llama_model_get_vocab(target._model.model)

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from specdec.agreement import agreement, compare_outputs, greedy_ids
-from specdec.backends import llamacpp as L
+from specdec.measure.agreement import agreement, compare_outputs, greedy_ids
 from specdec.models import requant
+from specdec.runtimes import llamacpp as L
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,7 +107,7 @@ def test_a_bad_type_is_one_line_before_anything_is_written(smollm2_gguf, cache):
     (["--gguf-type", "Q4_0"], "--gguf-type applies to the llama.cpp backend only"),
 ])  # fmt: skip
 def test_cli_bad_gguf_type_is_one_line(smollm2_gguf, cache, capsys, argv, message):
-    from specdec.cli import main
+    from specdec.entrypoints.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--target", str(smollm2_gguf), "--draft", str(smollm2_gguf), "--prompt", "hi", *argv])
@@ -140,7 +140,7 @@ def test_runtime_configs_select_the_type_for_the_target():
 
 @pytest.mark.slow  # loads the tiny GGUF's tokenizer or pair: 10-50 s on a shared 2-core box
 def test_load_pair_requantizes_the_target_only(smollm2_gguf, cache):
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(smollm2_gguf), str(smollm2_gguf), backend="llamacpp", threads=1, n_ctx=256,
                      gguf_type="iq4_nl")
@@ -159,7 +159,7 @@ def test_load_pair_requantizes_the_target_only(smollm2_gguf, cache):
 
 
 def _costs(argv, capsys):
-    from specdec.cli import main
+    from specdec.entrypoints.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["costs", "--backend", "llamacpp", "--max-n", "3", "--repeats", "1", "--context-tokens", "8",
@@ -185,9 +185,9 @@ def test_costs_json_records_weight_types_repacking_and_ggml_env(smollm2_gguf, ca
 
 @pytest.mark.slow  # loads the tiny GGUF's tokenizer or pair: 10-50 s on a shared 2-core box
 def test_costs_text_says_when_amx_keeps_repacking_off(smollm2_gguf, cache, capsys, monkeypatch):
-    import specdec.precision
+    import specdec.runtimes.precision
 
-    monkeypatch.setattr(specdec.precision, "cpu_flags", lambda: {"avx512f", "amx_int8"})
+    monkeypatch.setattr(specdec.runtimes.precision, "cpu_flags", lambda: {"avx512f", "amx_int8"})
     text = _costs(["--target", str(smollm2_gguf), "--draft", str(smollm2_gguf)], capsys)
     lines = text.splitlines()
     assert any(line.startswith("target on llama.cpp: SmolLM2-135M-Instruct.Q4_1.gguf; weights Q4_1")
@@ -198,7 +198,7 @@ def test_costs_text_says_when_amx_keeps_repacking_off(smollm2_gguf, cache, capsy
 
 
 def test_no_amx_note_where_repacking_runs():
-    from specdec.backends.llamacpp_record import amx_note
+    from specdec.runtimes.llamacpp_record import amx_note
 
     record = {"target": {"runtime": "llamacpp", "repack": True}, "draft": None}
     assert amx_note(record, flags={"avx512f"}) is None

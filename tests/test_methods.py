@@ -8,7 +8,7 @@ import pytest
 
 from specdec.bench import methods as M
 from specdec.bench.config import RUNTIME_CONFIGS, make_config
-from specdec.metrics import GenerationResult, RoundRecord
+from specdec.engine.metrics import GenerationResult, RoundRecord
 from specdec.peer_pairs import PEER_PAIRS
 
 

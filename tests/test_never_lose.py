@@ -23,12 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from specdec.costs import CostCurve
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.metrics import RoundRecord
-from specdec.policies import CostPolicy, make_policy
-from specdec.traces import AcceptanceTrace, draft_pending, replay
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.metrics import RoundRecord
+from specdec.engine.traces import AcceptanceTrace, draft_pending, replay
+from specdec.measure.costs import CostCurve
+from specdec.policies.base import make_policy
+from specdec.policies.cost import CostPolicy
 
 V = 1000
 PROMPT = [11, 57, 300, 42, 9, 871, 23, 5, 640, 77, 12, 3]
@@ -379,7 +381,7 @@ def test_llamacpp_padded_verification_is_exact_under_the_cost_policy(smollm2_ggu
     cheapest shape commits target-only greedy's tokens, and the cache holds the committed sequence minus its
     last token (the filler removed with the rejected drafts)."""
     pytest.importorskip("llama_cpp")
-    from specdec.backends.llamacpp import load_llamacpp
+    from specdec.runtimes.llamacpp import load_llamacpp
 
     vocab = 49152
     staircase = CostCurve({1: 0.05, 2: 0.10, 3: 0.15, 5: 0.08, 9: 0.20}, 0.005)  # 2..4 tokens padded to 5
@@ -408,7 +410,7 @@ def test_the_never_lose_benchmark_dry_runs_on_tiny_models(tiny_pair, near_draft_
     from conftest import load_benchmark
 
     from specdec.bench.prompts import Prompt
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     bench = load_benchmark("bench_never_lose")
     loaded = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specdec import archs, theory
+from specdec.measure import archs, theory
 from study import original
 
 
@@ -63,7 +63,7 @@ def test_study_report_with_arch_costs_has_the_section(tmp_path, capsys):
     one line before anything is written."""
     from test_study import _store
 
-    from specdec.cli import main as specdec_main
+    from specdec.entrypoints.cli import main as specdec_main
     from study.report import main, write_study
 
     db = _store(tmp_path / "fast.db", "fast")

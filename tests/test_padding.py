@@ -19,12 +19,15 @@ import torch
 from conftest import CountingBackend, load_backend
 from test_joint import CHI2_CRIT_DF26_A001, VOCAB, p_of, q_of
 
-from specdec import theory
-from specdec.costs import CostCurve
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import Draft, ModelDrafter, PromptLookupDrafter
-from specdec.policies import CostPolicy, make_policy
-from specdec.sampling import SamplingParams
+from specdec.drafters.base import Draft
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.sampling import SamplingParams
+from specdec.measure import theory
+from specdec.measure.costs import CostCurve
+from specdec.policies.base import make_policy
+from specdec.policies.cost import CostPolicy
 
 V = 1000
 #: An fp32 staircase measured on a 2-vCPU AMD EPYC (Qwen2.5 1.5B target), in target steps; n = 4 and
@@ -190,7 +193,7 @@ def test_padding_with_prompt_lookup_and_the_cost_policy_is_exact(refs, target):
 
 def test_compiled_backend_eager_mode_padded_is_exact(tiny_pair, refs, near_draft):
     """The static-cache backend (buckets, its own pads on top of ours) rolls the filler back too."""
-    from specdec.backends.compiled import CompiledHFBackend
+    from specdec.runtimes.compiled import CompiledHFBackend
 
     compiled = CompiledHFBackend(load_backend(tiny_pair.target_dir).model, mode="eager", buckets=(1, 2, 5, 8))
     for prompt, ref in refs.values():
@@ -399,7 +402,7 @@ def test_generate_pad_verify_is_exact_and_pads_as_the_measured_curve_says(tiny_p
 
 def test_runtime_with_pad_verify_pads_every_speculative_method_and_not_the_baseline(tiny_pair, near_draft_dir):
     from specdec.bench import methods as M
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)
     curve = CostCurve({n: 0.01 * v for n, v in AMD.items()}, 0.001)  # a staircase: K = 1..3 padded to 5

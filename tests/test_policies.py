@@ -9,21 +9,15 @@ import random
 import pytest
 import torch
 
-from specdec.costs import CostCurve
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.metrics import RoundRecord
-from specdec.policies import (
-    POLICY_NAMES,
-    ConfidenceK,
-    CostPolicy,
-    FixedK,
-    HeuristicK,
-    RoundPlan,
-    make_policy,
-)
-from specdec.sampling import SamplingParams, warp
-from specdec.theory import optimal_k
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.metrics import RoundRecord
+from specdec.engine.sampling import SamplingParams, warp
+from specdec.measure.costs import CostCurve
+from specdec.measure.theory import optimal_k
+from specdec.policies.base import POLICY_NAMES, ConfidenceK, FixedK, HeuristicK, RoundPlan, make_policy
+from specdec.policies.cost import CostPolicy
 
 V = 1000
 PROMPTS = [

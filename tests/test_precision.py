@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from specdec import precision
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter
-from specdec.loading import load_pair
+from specdec.drafters.model import ModelDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.runtimes import precision
+from specdec.runtimes.loading import load_pair
 
 V = 1000
 AMD = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"

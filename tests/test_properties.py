@@ -13,7 +13,7 @@ sampled decoding. Properties:
 - per round: accepted <= drafted <= K, emitted = accepted + 1 except in a last round cut by an EOS (then
   emitted <= accepted + 1 and the drafts after the cut are not counted); rates in [0, 1], block efficiency
   >= 1; the budget and the EOS are honoured;
-- the trace replay (`specdec.traces.replay`) reproduces the real rounds (greedy), and `draft_pending` the
+- the trace replay (`specdec.engine.traces.replay`) reproduces the real rounds (greedy), and `draft_pending` the
   tokens the draft model feeds at the start of each round;
 - `warp` (temperature, top-k, top-p) equals a literal reading of its definition, ties included;
 - sampled output follows the exact target law (chi-square over every output sequence, with a negative
@@ -42,15 +42,17 @@ from conftest import ScriptedDrafter, build_tiny_model
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from specdec.backends.base import ContextOverflowError
-from specdec.backends.hf import HFBackend
-from specdec.costs import CostCurve
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import Draft, ModelDrafter, PromptLookupDrafter
-from specdec.policies import make_policy
-from specdec.sampling import SamplingParams, warp
-from specdec.suffix import SuffixDrafter
-from specdec.traces import compare_rounds, draft_pending, record_trace, replay
+from specdec.drafters.base import Draft
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.sampling import SamplingParams, warp
+from specdec.engine.traces import compare_rounds, draft_pending, record_trace, replay
+from specdec.measure.costs import CostCurve
+from specdec.policies.base import make_policy
+from specdec.runtimes.base import ContextOverflowError
+from specdec.runtimes.hf import HFBackend
 
 
 def examples(share: float) -> settings:

@@ -21,7 +21,7 @@ pytestmark = [
 def real_pair():
     import torch
 
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     torch.set_num_threads(2)
     try:
@@ -31,8 +31,9 @@ def real_pair():
 
 
 def test_real_pair_greedy_speculative_equals_target_only(real_pair):
-    from specdec.decoding import autoregressive_generate, speculative_generate
-    from specdec.drafters import ModelDrafter, PromptLookupDrafter
+    from specdec.drafters.model import ModelDrafter
+    from specdec.drafters.ngram import PromptLookupDrafter
+    from specdec.engine.decoding import autoregressive_generate, speculative_generate
 
     pair = real_pair
     assert pair.vocab_size == 151665  # GGUF [PADn] placeholder rows are masked out

@@ -1,4 +1,4 @@
-"""Issue 19, part B: the roofline per run (`specdec.roofline`, `specdec costs`, benchmarks/roofline.py).
+"""Issue 19, part B: the roofline per run (`specdec.measure.roofline`, `specdec costs`, benchmarks/roofline.py).
 
 Weight bytes are checked against an independent count: the tensor byte ranges in the safetensors file on
 disk (its JSON header), for fp32 and bf16 tiny checkpoints; int8 against the bytes torchao's layout must
@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import build_tiny_model, load_backend, load_benchmark
 
-from specdec.roofline import achieved_gbps, bandwidth_share, measure_bandwidth, roofline, weight_bytes
+from specdec.measure.roofline import achieved_gbps, bandwidth_share, measure_bandwidth, roofline, weight_bytes
 
 
 def file_tensor_bytes(checkpoint: Path) -> int:
@@ -52,7 +52,7 @@ def load(path, dtype):
 
 
 def test_weight_bytes_equal_the_checkpoint_file_fp32_bf16_and_tied(tiny_pair, bf16_dir, tied_dir):
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     fp32 = file_tensor_bytes(tiny_pair.target_dir)
     assert weight_bytes(load_backend(tiny_pair.target_dir)) == fp32  # a backend
@@ -71,7 +71,7 @@ def test_weight_bytes_equal_the_checkpoint_file_fp32_bf16_and_tied(tiny_pair, bf
 
 def test_weight_bytes_of_int8_weights_count_the_int8_data_scales_and_zero_points(tiny_pair):
     pytest.importorskip("torchao")
-    from specdec.precision import apply_quant
+    from specdec.runtimes.precision import apply_quant
 
     model = apply_quant(load(tiny_pair.target_dir, torch.float32), "int8")
     expected = 0
@@ -88,7 +88,7 @@ def test_weight_bytes_of_int8_weights_count_the_int8_data_scales_and_zero_points
 
 
 def test_weight_bytes_of_prepacked_linears_and_gguf_files(tiny_pair, tmp_path):
-    from specdec.backends.compiled import CompiledHFBackend
+    from specdec.runtimes.compiled import CompiledHFBackend
 
     fp32 = file_tensor_bytes(tiny_pair.target_dir)
     if torch.backends.mkldnn.is_available():
@@ -155,7 +155,7 @@ def test_costs_command_reports_the_roofline(tiny_pair, near_draft_dir):
 
 def test_benchmark_script_prints_consistent_figures(tiny_pair, bf16_dir, capsys):
     bench = load_benchmark("roofline")
-    from specdec.precision import cpu_flags, missing_bf16_support
+    from specdec.runtimes.precision import cpu_flags, missing_bf16_support
 
     dtypes = "float32" if missing_bf16_support(cpu_flags()) else "float32,bfloat16"
     rows = bench.main(["--models", f"{tiny_pair.target_dir},{bf16_dir}", "--dtypes", dtypes, "--threads", "1",
@@ -182,7 +182,7 @@ def test_benchmark_script_prints_consistent_figures(tiny_pair, bf16_dir, capsys)
 
 
 def test_shape_roofline_finds_the_peak_and_the_attainable_curve():
-    from specdec.roofline import format_shape_roofline, shape_roofline
+    from specdec.measure.roofline import format_shape_roofline, shape_roofline
 
     flops = 3e9  # per token
     # 30 ms a step up to the knee; n = 8 at 120 ms is the best throughput (8 x 3e9 / 0.12 s = 200 GOP/s)
@@ -209,7 +209,7 @@ def test_shape_roofline_finds_the_peak_and_the_attainable_curve():
     ({1: 0.1}, 0, "positive number"),
 ])
 def test_shape_roofline_refuses_bad_input(step, flops, match):
-    from specdec.roofline import shape_roofline
+    from specdec.measure.roofline import shape_roofline
 
     with pytest.raises(ValueError, match=match):
         shape_roofline(step, flops)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from specdec import stats
+from specdec.measure import stats
 
 
 @pytest.mark.parametrize("n", [5, 8, 12])

@@ -64,7 +64,7 @@ def _digest(path: Path) -> str:
 
 def _cli(capsys, *args: str) -> tuple[int, str, str]:
     """Run ``specdec ARGS`` in this process; (exit status, stdout, stderr)."""
-    from specdec.cli import main
+    from specdec.entrypoints.cli import main
 
     capsys.readouterr()
     try:

@@ -220,7 +220,7 @@ def test_markdown_never_links_or_loads_what_a_store_says(tmp_path):
 
 
 def test_cli_study_and_its_errors(stores, tmp_path, capsys, monkeypatch):
-    from specdec.cli import main as specdec_main
+    from specdec.entrypoints.cli import main as specdec_main
     from study.report import main
 
     out = tmp_path / "cli"

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import load_backend
 
-from specdec.decoding import GREEDY, autoregressive_generate, speculative_generate
-from specdec.suffix import SuffixAutomaton, SuffixDrafter
+from specdec.drafters.suffix import SuffixAutomaton, SuffixDrafter
+from specdec.engine.decoding import GREEDY, autoregressive_generate, speculative_generate
 
 V = 1000
 
@@ -180,7 +180,7 @@ def test_greedy_equals_target_only(tiny_target, cost, k):
 
 
 def test_sampled_generation_is_reproducible_and_within_budget(tiny_target):
-    from specdec.sampling import SamplingParams
+    from specdec.engine.sampling import SamplingParams
 
     sp = SamplingParams(temperature=1.0)
     prompt = [5, 6, 7, 8] * 8
@@ -194,7 +194,7 @@ def test_sampled_generation_is_reproducible_and_within_budget(tiny_target):
 def test_trace_replay_of_the_suffix_drafter_equals_its_real_rounds(tiny_target, cost):
     """The replay drives the drafter as the engine does (prefill, propose, rollback), so a drafter that learns
     from its rounds replays them exactly: same K, accepted and emitted per round."""
-    from specdec.traces import record_trace, replay
+    from specdec.engine.traces import record_trace, replay
 
     prompt = [5, 6, 7, 8, 9] * 6 + [3, 4]
     n = 40

@@ -24,8 +24,8 @@ from specdec.bench.export import export_runs
 from specdec.bench.methods import peers_for
 from specdec.bench.prompts import Prompt, PromptFileError
 from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError
-from specdec.costs import CostCurve
-from specdec.drafters import PromptLookupDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.measure.costs import CostCurve
 
 #: The published stores (results/*.db), read-only.
 PUBLISHED = Path(__file__).resolve().parents[1] / "results"
@@ -95,9 +95,9 @@ def test_sweep_stores_traces_that_replay_its_timed_runs(full_sweep):
     """Each prompt's acceptance trace is stored after its first baseline; replaying it gives exactly the rounds
     of every timed greedy run (fixed K and every policy, both drafters) - fp32 on tiny models, no near-tie
     flips - and the calibration block is stored once per prompt at the prompt's own context."""
-    from specdec.metrics import RoundRecord
-    from specdec.policies import make_policy
-    from specdec.traces import AcceptanceTrace, compare_rounds, replay
+    from specdec.engine.metrics import RoundRecord
+    from specdec.engine.traces import AcceptanceTrace, compare_rounds, replay
+    from specdec.policies.base import make_policy
 
     cfg, db, result, _ = full_sweep
     with Store(db) as st:
@@ -108,7 +108,7 @@ def test_sweep_stores_traces_that_replay_its_timed_runs(full_sweep):
         for c in st.calibration(result.sweep_id):  # the cost policy of a prompt decides with its own block
             cal.setdefault(c["prompt_id"], {}).setdefault(c["role"], {})[c["n_tokens"]] = c["seconds"]
         # the block times the draft's step and its catch-up forwards (DRAFT_CALIBRATION_NS tokens)
-        from specdec.costs import DRAFT_CALIBRATION_NS
+        from specdec.measure.costs import DRAFT_CALIBRATION_NS
         assert [sorted(c["draft"]) for c in cal.values()] == [sorted(DRAFT_CALIBRATION_NS)] * len(cal)
         checked = 0
         for r in runs:
@@ -183,7 +183,7 @@ def test_costs_table_filled(full_sweep):
     # the draft's catch-up curve, which the cost policy prices a round's first draft forward on, and its
     # prefill-sized forwards (the deferred prefill's price)
     from specdec.bench.loaded import SWEEP_DRAFT_MAX_N
-    from specdec.costs import DRAFT_PREFILL_NS
+    from specdec.measure.costs import DRAFT_PREFILL_NS
 
     draft_ns = list(range(1, SWEEP_DRAFT_MAX_N + 1)) + list(DRAFT_PREFILL_NS)
     assert sorted(n for role, n, _, _ in rows if role == "draft") == draft_ns
@@ -613,7 +613,7 @@ def test_estimate_follows_the_analytical_model():
     assert draft4 == pytest.approx(0.2748 * (1 + 0.0994 / 0.2748) + 128 / 1.9375 * (4 * 0.0994 + 0.5576))
     best = min(S.estimate_generation_s("ngram", k, "fixed", costs, 128) for k in range(1, 17))
     assert S.estimate_generation_s("ngram", 16, "cost", costs, 128) == pytest.approx(best)
-    # the estimate reads forwards off the one cost curve (specdec.costs): interpolated, extended by the
+    # the estimate reads forwards off the one cost curve (specdec.measure.costs): interpolated, extended by the
     # least-squares slope past the measured range
     assert S.estimate_generation_s("baseline", None, None, CostCurve({1: 1.0, 3: 2.0}), 1,
                                    prompt_tokens=3) == pytest.approx(1.5 + 1.0)
@@ -824,8 +824,8 @@ def test_probes_run_at_their_moment_in_order():
 
 
 def test_hf_peer_generate_matches_our_baseline(tiny_pair, near_draft_dir):
-    from specdec.decoding import autoregressive_generate
-    from specdec.loading import load_pair
+    from specdec.engine.decoding import autoregressive_generate
+    from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir))
     ids = S.encode_prompt(pair.tokenizer, "hello world the quick brown fox")
@@ -978,8 +978,8 @@ def test_sweep_options_come_from_one_declaration_per_setting(app, tmp_path):
 
 def test_shared_options_have_one_help_text_across_commands(app):
     """--pair, --target, --backend ... read the same in `generate`, `sweep` and `costs` (the declarations of
-    `specdec.options.SHARED_OPTIONS`); only a default the command shows may follow."""
-    from specdec import cli, options
+    `specdec.entrypoints.options.SHARED_OPTIONS`); only a default the command shows may follow."""
+    from specdec.entrypoints import cli, options
 
     full = typer.Typer()
     full.command("generate")(cli.generate)
@@ -1092,8 +1092,8 @@ def test_c18_sampled_runs_use_their_whole_budget(tiny_pair, near_draft_dir, prom
     ran the whole budget. Shown with every token id an EOS: a run that respects EOS stops after 1 token."""
     import dataclasses
 
-    from specdec.loading import load_pair
-    from specdec.sampling import SamplingParams
+    from specdec.engine.sampling import SamplingParams
+    from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)
     pair = dataclasses.replace(pair, eos_ids=frozenset(range(1000)))
@@ -1119,7 +1119,7 @@ def test_fast_cpu_configurations_run_and_record_exactness(tmp_path, tiny_pair, n
     """Issue 19: bf16, int8 and the int8 self-draft configurations run side by side in one sweep; every run
     records whether it matched target-only decoding of its OWN configuration (bf16/int8 change the tokens)."""
     pytest.importorskip("torchao")
-    from specdec.precision import cpu_flags, missing_bf16_support
+    from specdec.runtimes.precision import cpu_flags, missing_bf16_support
 
     if missing_bf16_support(cpu_flags()):
         pytest.skip("this CPU has no native bf16 kernels (the configuration refuses it)")
@@ -1274,7 +1274,7 @@ def test_baseline_padded_is_timed_paired_exact_and_read_by_bench_fast(tmp_path, 
 
 def test_bench_fast_measures_fp32_and_bf16_steps_in_one_process(tiny_pair, capsys):
     """study.targets.fast --measure: both dtypes loaded, interleaved passes, the two targets printed."""
-    from specdec import precision
+    from specdec.runtimes import precision
     from study.targets import fast as mod
 
     if precision.missing_bf16_support(precision.cpu_flags(), None) is not None:
@@ -1312,9 +1312,9 @@ def test_policy_best_times_each_drafter_at_the_k_its_trace_predicts(tmp_path, ti
     The row reads as that fixed-K cell (so the report pairs it with its prediction), its cell key stays the
     planned one (so --resume finds it done), and the K equals what the stored trace and block give."""
     from specdec.bench import sweep as S
-    from specdec.costs import CostCurve
-    from specdec.pricing import TraceModel
-    from specdec.traces import AcceptanceTrace
+    from specdec.engine.traces import AcceptanceTrace
+    from specdec.measure.costs import CostCurve
+    from specdec.measure.pricing import TraceModel
 
     cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="", policies="best",
                             secondary_policies="best", policy_k=6, methods="baseline,draft,ngram",
@@ -1393,11 +1393,11 @@ def test_compiled_configurations_get_a_static_cache_sized_to_the_sweep(tiny_pair
     for compiled configurations only; a sweep that needs more than DEFAULT_MAX_LENGTH leaves the backend's
     default (and the long prompts to the fitting check)."""
     from specdec import models
-    from specdec.backends.compiled import DEFAULT_MAX_LENGTH
     from specdec.bench.loaded import CACHE_STEP, _load_pair, compiled_max_length
     from specdec.bench.plan import cost_max_n
     from specdec.bench.prompts import encode_prompt
     from specdec.bench.runtimes import RUNTIME_CONFIGS
+    from specdec.runtimes.compiled import DEFAULT_MAX_LENGTH
 
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, max_new_tokens=300)
     p = S.prepare(cfg)

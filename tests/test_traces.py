@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.traces import compare_rounds, record_trace, replay
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.traces import compare_rounds, record_trace, replay
 
 V = 1000
 PROMPTS = {
@@ -51,7 +52,7 @@ def test_replayed_rounds_equal_the_rounds_of_real_runs(traces, target, near_draf
 def test_trace_by_hand(target):
     """A scripted trace of 6 tokens, agreement [T, F, T, T, F, T], K = 2: one accepted + the recovered token;
     two accepted + the bonus; then the budget leaves room for no draft (K = 0, one plain step)."""
-    from specdec.traces import AcceptanceTrace
+    from specdec.engine.traces import AcceptanceTrace
 
     t = AcceptanceTrace((1,), (5, 6, 7, 8, 9, 10), (5, 0, 7, 8, 0, 10), None, 6)
     assert [(r.k, r.num_accepted, r.num_emitted) for r in replay(t, k=2)] == [(2, 1, 2), (2, 2, 3), (0, 0, 1)]
@@ -70,7 +71,7 @@ def test_compare_rounds_lists_the_first_mismatch(traces, target, near_draft):
 
 
 def test_bad_arguments():
-    from specdec.traces import AcceptanceTrace
+    from specdec.engine.traces import AcceptanceTrace
 
     t = AcceptanceTrace((1,), (5,), None, None, 4)
     with pytest.raises(ValueError, match="no draft tokens"):
@@ -111,8 +112,8 @@ def test_draft_pending_is_what_the_engine_feeds(traces, target, near_draft, k):
     at the start of each drafting round: the whole prompt in the first (the draft's prefill is deferred), 1
     after a rejection, 2 after an all-accepted round, one more per plain round in between (a scripted policy
     inserts plain rounds)."""
-    from specdec.policies import RoundPlan
-    from specdec.traces import draft_pending
+    from specdec.engine.traces import draft_pending
+    from specdec.policies.base import RoundPlan
 
     class Script:  # K, K, 0, 0, K, 0, K, ... (a policy that sometimes decodes plainly)
         def __init__(self):

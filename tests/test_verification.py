@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from specdec.metrics import GenerationResult, RoundRecord
-from specdec.sampling import SamplingParams, residual, warp
-from specdec.verification import accepted_count, greedy_verify, stochastic_verify
+from specdec.engine.metrics import GenerationResult, RoundRecord
+from specdec.engine.sampling import SamplingParams, residual, warp
+from specdec.engine.verification import accepted_count, greedy_verify, stochastic_verify
 
 
 def logits_with_argmax(argmaxes, vocab=10):
@@ -168,7 +168,7 @@ def test_c12_tokens_per_second_with_fake_clock():
     """100 ms prefill, then 10 rounds of 3 tokens at 30 ms each -> decode 100 tok/s, end-to-end 75 tok/s."""
     from conftest import ScriptedDrafter
 
-    from specdec.decoding import speculative_generate
+    from specdec.engine.decoding import speculative_generate
 
     class FakeBackend:
         name, vocab_size, max_length, device = "fake", 8, 1000, torch.device("cpu")
@@ -215,7 +215,7 @@ def test_c13_mock_models_independent_acceptance():
     """Independent acceptance alpha = 0.8, K = 4, 5000 rounds -> mean accepted within 0.05 of 2.3616."""
     from conftest import ScriptedDrafter
 
-    from specdec.decoding import speculative_generate
+    from specdec.engine.decoding import speculative_generate
 
     rng = torch.Generator().manual_seed(0)
     truth = {}

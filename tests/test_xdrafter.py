@@ -1,4 +1,4 @@
-"""Drafts with another tokenizer (`specdec.xdrafter`): exactness, real acceptance, EOS, special tokens.
+"""Drafts with another tokenizer (`specdec.drafters.xtok`): exactness, real acceptance, EOS, special tokens.
 
 The target is TINY (tests/conftest.py: byte-level BPE, 1000 ids, ``<eos>``/``<bos>``/``<unk>`` at 0/1/2).
 The draft tokenizer OTHER is another byte-level BPE trained on other text with 600 ids, other special names
@@ -16,10 +16,10 @@ import pytest
 import torch
 from conftest import build_tiny_model
 
-from specdec.compat import IncompatibleTokenizersError, token_keys, vocab_overlap
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.sampling import SamplingParams
-from specdec.xdrafter import IntersectionDrafter, StringMatchDrafter, cross_tokenizer_drafter
+from specdec.drafters.xtok import IntersectionDrafter, StringMatchDrafter, cross_tokenizer_drafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.sampling import SamplingParams
+from specdec.runtimes.compat import IncompatibleTokenizersError, token_keys, vocab_overlap
 
 V_T = 1000
 V_D = 600
@@ -155,7 +155,7 @@ class HFRecorder:
 @pytest.fixture(scope="module")
 def other_draft():
     """A random tiny GPT-2 over OTHER's 600 ids (another vocabulary than the target's)."""
-    from specdec.backends.hf import HFBackend
+    from specdec.runtimes.hf import HFBackend
 
     return HFRecorder(HFBackend(build_tiny_model(3, vocab_size=V_D)))
 
@@ -210,7 +210,7 @@ def other_draft_dir(tmp_path_factory, other_tok):
 
 
 def test_load_pair_refusal_names_the_flag(tiny_pair, other_draft_dir):
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     with pytest.raises(IncompatibleTokenizersError, match="--other-tokenizer"):
         load_pair(str(tiny_pair.target_dir), str(other_draft_dir))
@@ -267,7 +267,7 @@ def test_sentencepiece_target_and_draft_keep_spaces(tiny_tokenizer, sp_tok, othe
     """With a SentencePiece-style target the drafted text is re-tokenized in context ("hello" + "there" is
     not "hello" + "▁there"), and no BOS is added although the target's tokenizer has one; with a
     SentencePiece-style draft the drafted text keeps its leading space (decoded after a window)."""
-    from specdec.backends.hf import HFBackend
+    from specdec.runtimes.hf import HFBackend
 
     tiny_vocab_draft = HFBackend(build_tiny_model(4, vocab_size=V_T))
     x = StringMatchDrafter(tiny_vocab_draft, sp_tok, tiny_tokenizer)
@@ -456,7 +456,7 @@ def test_intersection_negative_control_unnormalised_q():
 
     class Unnormalised(IntersectionDrafter):
         def target_distribution(self, logits, sampling):
-            from specdec.sampling import warp
+            from specdec.engine.sampling import warp
 
             q_draft = warp(logits, sampling)  # over the whole draft vocabulary
             out = torch.zeros(self.target_vocab)
@@ -470,7 +470,7 @@ def test_intersection_negative_control_unnormalised_q():
 def test_cli_generate_other_tokenizer(tiny_pair, other_draft_dir, capsys):
     import json
 
-    from specdec.cli import main
+    from specdec.entrypoints.cli import main
 
     base = ["generate", "--target", str(tiny_pair.target_dir), "--draft", str(other_draft_dir),
             "--prompt", " hello world", "--max-new-tokens", "12", "--threads", "1"]
@@ -506,7 +506,7 @@ def test_real_cross_family_draft_smollm2_for_qwen_coder(smollm2_gguf):
     pytest.importorskip("llama_cpp")
     if not all(installed(n) for n in _QWEN_CHUNKS):
         pytest.skip("qwen2.5-coder target chunk packages not installed")
-    from specdec.loading import load_pair
+    from specdec.runtimes.loading import load_pair
 
     pair = load_pair("qwen2.5-coder:target", str(smollm2_gguf), backend="llamacpp", n_ctx=512, threads=1,
                      other_tokenizer=True)

@@ -54,7 +54,7 @@ def test_smollm2_preset_is_a_cross_family_pair(smollm2_gguf):
 
 
 def test_models_command_marks_the_other_tokenizer_preset():
-    from specdec.cli import app
+    from specdec.entrypoints.cli import app
 
     out = CliRunner().invoke(app, ["models"]).output
     line = next(x for x in out.splitlines() if x.startswith("qwen2.5-coder+smollm2"))
@@ -62,9 +62,9 @@ def test_models_command_marks_the_other_tokenizer_preset():
 
 
 def test_load_pair_passes_other_tokenizer_for_a_flagged_preset(tiny_pair, other_draft_dir, monkeypatch):
-    from specdec.compat import IncompatibleTokenizersError
-    from specdec.loading import load_pair
     from specdec.models import presets
+    from specdec.runtimes.compat import IncompatibleTokenizersError
+    from specdec.runtimes.loading import load_pair
 
     target, draft = str(tiny_pair.target_dir), str(other_draft_dir)
     with pytest.raises(IncompatibleTokenizersError):
@@ -274,7 +274,7 @@ def test_suffix_corpus_in_the_sweep_holds_the_other_prompts_outputs_only(tiny_pa
                                                                          tmp_path, monkeypatch):
     """Every suffix_corpus drafter the sweep builds gets, as corpus, target-only outputs of prompts other than
     the one it drafts for; the later prompts get the earlier ones'."""
-    import specdec.suffix as SX
+    import specdec.drafters.suffix as SX
 
     seen: list[tuple[tuple, list]] = []  # (corpus, first prefill context) per drafter
 
@@ -333,7 +333,7 @@ def test_api_drafts_text_with_a_flagged_preset_pair(tiny_pair, other_draft_dir, 
 def test_cli_generate_drafts_text_with_a_flagged_preset_pair(tiny_pair, other_draft_dir, monkeypatch):
     """``specdec generate --pair <preset flagged other_tokenizer>`` without --other-tokenizer: the draft
     drafts text, the output is target-only decoding's."""
-    from specdec.cli import app
+    from specdec.entrypoints.cli import app
     from specdec.models import presets
 
     monkeypatch.setitem(presets.PRESETS, "tiny+other", presets.Preset(
@@ -350,7 +350,7 @@ def test_cli_generate_drafts_text_with_a_flagged_preset_pair(tiny_pair, other_dr
 def test_suffix_corpus_added_on_resume_drafts_from_every_other_stored_output(tiny_pair, near_draft_dir,
                                                                              prompt_file, tmp_path, monkeypatch):
     """``--resume`` with suffix_corpus added: its corpus holds every other prompt's stored target-only output."""
-    import specdec.suffix as SX
+    import specdec.drafters.suffix as SX
 
     seen: list[tuple] = []
 

@@ -3,16 +3,16 @@ the same B prompts (``specdec batch-sweep``).
 
 A **cell** is (configuration, group, B, batch): B prompts of one prompt group (`GROUPS`, taken from the
 built-in set in a round-robin over the group's types, cycling, batch j starting at prompt j x B) decoded
-together by `specdec.batched.generate_batch`, greedy. Its timed runs are paired as the single-stream sweep
+together by `specdec.engine.batched.generate_batch`, greedy. Its timed runs are paired as the single-stream sweep
 pairs them (B X1 B X2 ... B): a batched target-only run AT THAT B between every two other runs, the others
 being, per drafting method (``draft``: the draft model, batched; ``ngram``: prompt lookup per row), the
 fixed K that the batch pricing predicts best (policy ``fixed``) and the batch-aware cost policy
-(`specdec.batch_k.BatchCostPolicy`, policy ``cost``), then the A/A run (target-only timed as a method).
+(`specdec.policies.batch.BatchCostPolicy`, policy ``cost``), then the A/A run (target-only timed as a method).
 
 Pricing K. Per configuration the batched target forward of B rows x m tokens (B in the batch sizes, m =
 1 .. max_k + 1) and the batched draft step of B rows are timed on a warm cache (median of `--calibration-
 repeats` passes, m interleaved up and down); `BatchCosts` turns them into ``target_cost(n)`` over n total
-tokens and ``draft_cost(B, K)``. The fixed K of a cell is `specdec.batch_k.best_batch_k` over the rows'
+tokens and ``draft_cost(B, K)``. The fixed K of a cell is `specdec.policies.batch.best_batch_k` over the rows'
 acceptance rates measured by an untimed greedy pre-run (`PRE_TOKENS` new tokens at K = `PRE_K`, batched,
 once per prompt and method: a greedy row's tokens, so its acceptance, do not depend on the rows beside it),
 raised to 1 when the pricing predicts no K pays (``k_best`` = 0
@@ -20,7 +20,7 @@ is stored). The predicted speedup of a run is the priced rate of its K over the 
 batched step (``B / target_cost(B)``).
 
 Exactness. Every run's rows are compared with the cell's first batched target-only run and with
-single-sequence target-only decoding of each prompt (`specdec.decoding.autoregressive_generate` on the
+single-sequence target-only decoding of each prompt (`specdec.engine.decoding.autoregressive_generate` on the
 configuration's single-sequence target, untimed, once per prompt); mismatching rows are counted and stored,
 never fatal: bf16 and llama.cpp batched kernels may flip a near-tie argmax.
 
@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec.batch_k import BatchCostPolicy, best_batch_k, expected_committed
 from specdec.bench.prompts import PROMPT_TYPES, Prompt, encode_prompt, load_builtin
+from specdec.policies.batch import BatchCostPolicy, best_batch_k, expected_committed
 
 __all__ = [
     "GROUPS",
@@ -343,7 +343,7 @@ def calibrate(target, drafter_backend, context: Sequence[int], batch_sizes: Sequ
     ``seconds`` = median, ``spread_s`` = IQR, ``repeats``).
 
     Args:
-        target: a `specdec.batched.BatchedBackend`. drafter_backend: the draft's batched backend, or None.
+        target: a `specdec.runtimes.base.BatchedBackend`. drafter_backend: the draft's batched backend, or None.
         context: >= 1 token ids (the cache content of every row).
     """
     ctx = list(context)
@@ -420,15 +420,15 @@ def summarize_batch(results: Sequence[Any]) -> dict[str, Any]:
 
 
 def _generate(target, prompts, max_new_tokens, **kw):
-    """`specdec.batched.generate_batch` (one seam for tests)."""
-    from specdec.batched import generate_batch
+    """`specdec.engine.batched.generate_batch` (one seam for tests)."""
+    from specdec.engine.batched import generate_batch
 
     return generate_batch(target, prompts, max_new_tokens, **kw)
 
 
 def single_reference(backend, prompt_ids: Sequence[int], max_new_tokens: int, *, eos_ids, vocab_size) -> list[int]:
     """Greedy single-sequence target-only tokens of one prompt (the oracle rows are compared with)."""
-    from specdec.decoding import autoregressive_generate
+    from specdec.engine.decoding import autoregressive_generate
 
     return autoregressive_generate(backend, list(prompt_ids), max_new_tokens, eos_ids=eos_ids,
                                    vocab_size=vocab_size).token_ids
@@ -522,7 +522,7 @@ def run_batch_sweep(cfg: BatchSweepConfig, db: str | Path, *, resume: bool = Fal
         cfg: the settings (`make_batch_config`). db: the results store (created when missing).
         resume: continue the batch sweep with these settings (stored runs skipped, failed ones retried);
             without it a sweep that already has runs is refused.
-        echo: progress lines. loader: `specdec.loading.load_pair`-compatible (tests).
+        echo: progress lines. loader: `specdec.runtimes.loading.load_pair`-compatible (tests).
         lock_wait_s: how long to wait for another writer of `db`. prompts: the prompt pool (default: the
             built-in set).
 
@@ -542,7 +542,7 @@ def run_batch_sweep(cfg: BatchSweepConfig, db: str | Path, *, resume: bool = Fal
     from specdec.bench.store_batch import BatchTables, batch_cell_key
 
     if loader is None:
-        from specdec.loading import load_pair as loader
+        from specdec.runtimes.loading import load_pair as loader
     target_spec, draft_spec = _resolve_models(cfg)
     for label in cfg.configs:
         check_available(RUNTIME_CONFIGS[label])
@@ -577,12 +577,12 @@ def run_batch_sweep(cfg: BatchSweepConfig, db: str | Path, *, resume: bool = Fal
 
 def _run_config(cfg, label, cells, bt, sid, done, result, echo, loader, target_spec, draft_spec, torch) -> None:
     """Load one configuration, calibrate it and run its cells (see `run_batch_sweep`)."""
-    from specdec.batched import PerRowDrafters
-    from specdec.batched_loading import batched_pair
     from specdec.bench.loaded import free
     from specdec.bench.runtimes import RUNTIME_CONFIGS
     from specdec.bench.store_batch import batch_cell_key
-    from specdec.drafters import PromptLookupDrafter
+    from specdec.drafters.base import PerRowDrafters
+    from specdec.drafters.ngram import PromptLookupDrafter
+    from specdec.runtimes.batched_loading import batched_pair
 
     rc = RUNTIME_CONFIGS[label]
     dtype = rc.dtype or "float32"

@@ -1,10 +1,10 @@
 """CLI commands of the benchmark layer: ``specdec sweep``, ``specdec costs``, ``specdec export``.
 
-`register(app)` adds them to the main Typer app (``specdec/cli.py``). Every user error (bad flag value,
+`register(app)` adds them to the main Typer app (``specdec/entrypoints/cli.py``). Every user error (bad flag value,
 bad prompt file, missing model, sweep already in the database, ...) is printed as ONE line on stderr and
 exits with status 2; an interrupted sweep exits with 130 (143 when stopped by SIGTERM) and says how to
 resume. ``specdec sweep``'s options are built from one declaration per setting (`sweep_settings`); the pair
-and runtime options of every command are `specdec.cli`'s shared declarations.
+and runtime options of every command are `specdec.entrypoints.cli`'s shared declarations.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  
 from specdec.bench.control import LOCK_WAIT_S
 from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, field_settings, typer_command
 from specdec.bench.shard import shard_plan  # [shards]
-from specdec.errors import cli_errors
-from specdec.options import (
+from specdec.entrypoints.options import (
     BackendOpt,
     CompileOpt,
     DeviceOpt,
@@ -36,6 +35,7 @@ from specdec.options import (
     TargetOpt,
     ThreadsOpt,
 )
+from specdec.errors import cli_errors
 
 __all__ = ["RUN_SETTINGS", "costs", "export", "register", "sweep", "sweep_settings"]
 
@@ -133,7 +133,7 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     opened read-only; with `resume`, it refuses what ``--resume`` itself would (`Store.check_resume`)."""
     from specdec.bench import sweep as S
     from specdec.bench.store import Store
-    from specdec.costs import CostCurve
+    from specdec.measure.costs import CostCurve
 
     prepared = S.prepare(cfg)
     sid = prepared.sweep_id
@@ -228,10 +228,10 @@ def costs(
     saying so), and the ggml environment switches (``--json``: ``"runtime"``)."""
     from specdec import models
     from specdec.bench.costs import measure_costs
-    from specdec.loading import load_pair
-    from specdec.precision import draft_quant_arg, resolve_dtype
+    from specdec.runtimes.loading import load_pair
+    from specdec.runtimes.precision import draft_quant_arg, resolve_dtype
 
-    dtype = resolve_dtype(dtype, device)  # auto: the rule `generate` follows (specdec.precision.default_dtype)
+    dtype = resolve_dtype(dtype, device)  # auto: the rule `generate` follows (specdec.runtimes.precision.default_dtype)
     if out is not None:  # checked before minutes of timing: never a results store, never overwritten silently
         from specdec.paths import check_output
 
@@ -254,15 +254,15 @@ def costs(
                            dtype=dtype, threads=threads, compile=compile, quant=quant, draft_dtype=draft_dtype,
                            draft_quant=draft_quant_arg(draft_quant),
                            **({"gguf_type": gguf_type} if gguf_type is not None else {}))
-        from specdec.backends.llamacpp_record import pair_record, record_lines
+        from specdec.runtimes.llamacpp_record import pair_record, record_lines
 
         runtime = pair_record(loaded)
-        from specdec.costs import DRAFT_PREFILL_NS
+        from specdec.measure.costs import DRAFT_PREFILL_NS
 
         # the draft's prefill-sized forwards too: a policy built from this output prices its deferred prefill
         result = measure_costs(loaded, max_n=max_n, repeats=repeats, context_tokens=context_tokens,
                                draft_extra_ns=DRAFT_PREFILL_NS)
-        from specdec.roofline import measure_bandwidth, roofline, weight_bytes
+        from specdec.measure.roofline import measure_bandwidth, roofline, weight_bytes
 
         bandwidth = measure_bandwidth(bandwidth_mib, threads=threads)
         roof = roofline(weight_bytes(loaded.target), result["target_step_s"], bandwidth)
@@ -300,10 +300,10 @@ def costs(
 
 
 def _arch_costs(names: str, *, device, dtype, threads, max_n, repeats, context_tokens, as_json, out) -> None:
-    """``specdec costs --arch``: time randomly initialized published architectures (`specdec.archs`)."""
-    from specdec import archs
+    """``specdec costs --arch``: time randomly initialized published architectures (`specdec.measure.archs`)."""
     from specdec.bench.sweep import machine_info
-    from specdec.loading import set_threads
+    from specdec.measure import archs
+    from specdec.runtimes.loading import set_threads
 
     with cli_errors():
         chosen = archs.resolve_archs(names)

@@ -27,7 +27,7 @@ from specdec.bench.settings import (
     Setting,
     setting,
 )
-from specdec.sampling import SamplingParams
+from specdec.engine.sampling import SamplingParams
 
 __all__ = [
     "ADAPTIVE_POLICIES",
@@ -59,7 +59,7 @@ OUR_METHODS = tuple(m.name for m in our_methods() if m.default)
 PEER_METHODS = tuple(m.name for m in peer_methods())
 ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
 #: A fixed K chosen per prompt: the K in 1..--policy-k that the prompt's acceptance trace, priced with its
-#: calibration block, predicts fastest (`specdec.pricing.TraceModel.best_fixed_k`; greedy sweeps with traces).
+#: calibration block, predicts fastest (`specdec.measure.pricing.TraceModel.best_fixed_k`; greedy sweeps with traces).
 BEST_K = "best"
 POLICIES = (BEST_K, *ADAPTIVE_POLICIES)
 #: The default runtime configuration: the fastest exact-by-design transformers path this machine supports
@@ -85,7 +85,7 @@ class SweepConfig:
       the same prompt (B X1 B X2 B ... B), and its speedup is its ratio to the geometric mean of those two
       neighbours (`specdec.report.speedup.paired_ratios`); ``"none"``: baseline first, the other runs, then
       `baseline_repeats` - 1 baselines (`baseline_repeats` applies to this order only).
-    - `traces` records one teacher-forced draft forward and one target forward per prompt (`specdec.traces`);
+    - `traces` records one teacher-forced draft forward and one target forward per prompt (`specdec.engine.traces`);
       `calibration_repeats` times target forwards of n = 1 .. `specdec.bench.plan.cost_max_n` tokens and
       the draft step at the prompt's own context.
     - a peer named in `methods` is run even without `peers`; `backend` / `draft_backend` select one runtime
@@ -93,7 +93,7 @@ class SweepConfig:
     """
 
     name: str | None = setting(None, "A label stored with the sweep (not part of its identity).", PANEL_STORE)
-    pair: str | None = setting(None, panel=PANEL_MODELS)  # help: specdec.options.SHARED_OPTIONS
+    pair: str | None = setting(None, panel=PANEL_MODELS)  # help: specdec.entrypoints.options.SHARED_OPTIONS
     target: str | None = setting(None, panel=PANEL_MODELS)
     draft: str | None = setting(None, panel=PANEL_MODELS)
     prompt_types: tuple[str, ...] | str = setting("all", "'all' or comma-separated prompt types (of the built-in "
@@ -292,9 +292,9 @@ def method_ks(cfg: SweepConfig, method: str) -> tuple[int, ...]:
 
 def default_config(device: str = "cpu") -> str:
     """The runtime configuration ``auto`` stands for: ``transformers-bf16`` on a CPU with native bf16 kernels
-    (`specdec.precision.default_dtype`), else ``transformers-eager`` (fp32); both are exact by design against
+    (`specdec.runtimes.precision.default_dtype`), else ``transformers-eager`` (fp32); both are exact by design against
     their own target-only decoding (bf16 up to near-ties, which every run records)."""
-    from specdec.precision import default_dtype
+    from specdec.runtimes.precision import default_dtype
 
     return "transformers-bf16" if default_dtype(device) == "bfloat16" else "transformers-eager"
 
@@ -394,7 +394,7 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
         v["threads"] = int(v["threads"])
         if v["threads"] < 1:
             raise ValueError(f"threads must be >= 1, got {v['threads']}")
-    from specdec.precision import resolve_dtype
+    from specdec.runtimes.precision import resolve_dtype
 
     v["dtype"] = resolve_dtype(v["dtype"], v["device"])  # auto: bf16 where the CPU has native kernels
     v["temperature"] = float(v["temperature"])

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from specdec.backends.base import Backend
 from specdec.bench.environment import machine_info
-from specdec.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCurve
-from specdec.loading import LoadedPair
+from specdec.measure.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCurve
+from specdec.runtimes.base import Backend
+from specdec.runtimes.loading import LoadedPair
 
 __all__ = [
     "cached_costs", "calibration_block", "context_ids", "cross_tokenizer_draft_costs", "forward_times",
@@ -176,7 +176,7 @@ def verification_steps(target_forward_s: dict[int, float]) -> dict[int, float]:
     """v(n) = forward(n) / forward(1): the cost of scoring n tokens in target steps (v(1) = 1).
 
     Raises:
-        ValueError: n = 1 missing or an invalid time (`specdec.costs.CostCurve`)."""
+        ValueError: n = 1 missing or an invalid time (`specdec.measure.costs.CostCurve`)."""
     return CostCurve(target_forward_s).relative()
 
 
@@ -201,7 +201,7 @@ def measure_costs(
             ``context + max_n`` fits the smaller model's context window).
         draft_max_n: the draft is timed for n = 1 .. draft_max_n (1 = its single step; ignored without a
             draft, as `draft_extra_ns` is).
-        draft_extra_ns: longer draft forwards timed too (tokens, e.g. `specdec.costs.DRAFT_PREFILL_NS`: the
+        draft_extra_ns: longer draft forwards timed too (tokens, e.g. `specdec.measure.costs.DRAFT_PREFILL_NS`: the
             size of the draft's deferred prefill), those that fit the context.
         clock: seconds; injectable for tests.
 
@@ -265,14 +265,14 @@ def cross_tokenizer_draft_costs(
 ) -> dict[str, Any]:
     """The step time and cost c of a draft with another tokenizer than the target, timed on its OWN token ids.
 
-    A cross-tokenizer draft (`specdec.xdrafter`) runs on its own vocabulary: its warm context is the filler
+    A cross-tokenizer draft (`specdec.drafters.xtok`) runs on its own vocabulary: its warm context is the filler
     text encoded with ITS tokenizer (`context_ids`), never target ids (which may lie outside its vocabulary
     or mean other text). Its step is one forward of 1 token scoring the last row, as `measure_costs` times a
     draft; c = that step / the target's step (the draft cost the time model and the cost policy price).
     One drafted token of it may spell more or less text than one target token: c is per draft token.
 
     Args:
-        draft: the draft's `specdec.loading.LoadedModel` (backend and tokenizer; its cache is reset).
+        draft: the draft's `specdec.runtimes.loading.LoadedModel` (backend and tokenizer; its cache is reset).
         target_step_s: the target's 1-token step, seconds (`measure_costs`' ``target_step_s``), > 0.
         repeats: timed forwards, times `DRAFT_REPEAT_FACTOR` (after one untimed warm-up).
         context_tokens: tokens in the warm cache (clipped to the draft's context).
@@ -286,7 +286,7 @@ def cross_tokenizer_draft_costs(
         ValueError: ``target_step_s <= 0``, ``repeats`` or ``context_tokens`` < 1, or a draft context under
             2 tokens.
     """
-    from specdec.compat import real_vocab_size
+    from specdec.runtimes.compat import real_vocab_size
 
     if not target_step_s or target_step_s <= 0:
         raise ValueError(f"the target's step time must be > 0 s, got {target_step_s}")
@@ -392,7 +392,7 @@ def cached_costs(
 def cost_cache(key: dict[str, Any], *, max_n: int, measure: Callable[[], dict[str, Any]], cache=None,
                prefix: str = "", refresh: bool = False, reuse_hint: str = "",
                note_measured: Callable[[dict[str, Any]], str] = lambda costs: "") -> tuple[dict[str, Any], str]:
-    """The JSON cost cache both `cached_costs` and `specdec.quick_costs.cached_quick_costs` use: the costs
+    """The JSON cost cache both `cached_costs` and `specdec.measure.quick_costs.cached_quick_costs` use: the costs
     stored under ``<cache>/costs/<prefix><hash of key + machine>.json`` (default cache:
     `specdec.models.cache_dir`) when they cover ``max_n`` target tokens and `refresh` is off, else
     ``measure()``'s, written atomically (a temporary file renamed). The CPU model, core count and library

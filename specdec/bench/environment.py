@@ -3,7 +3,7 @@
 Recorded with every sweep (``sweeps.machine_json``, ``sweeps.git_commit``) and folded into the key of the
 cost cache (`specdec.bench.costs.cached_costs`), so numbers from another machine are never mixed in silently.
 This module imports nothing from the rest of specdec but two leaves (`specdec.bench.machines`,
-`specdec.backends.llamacpp_record`), so both the sweep and the cost measurement can use it.
+`specdec.runtimes.llamacpp_record`), so both the sweep and the cost measurement can use it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from specdec.backends.llamacpp_record import ggml_env
 from specdec.bench.machines import host_id
+from specdec.runtimes.llamacpp_record import ggml_env
 
 __all__ = ["MACHINE_KEYS", "git_commit", "machine_changes", "machine_info"]
 
@@ -63,7 +63,7 @@ def _version(module: str) -> str | None:
 def machine_info(device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
     """The machine and libraries: CPU model, logical cores, CPUs this process may use, torch threads, memory
     (GiB), OS, Python / torch / transformers / llama-cpp-python / specdec versions, device name, and the
-    ggml environment switches (`specdec.backends.llamacpp_record.ggml_env`)."""
+    ggml environment switches (`specdec.runtimes.llamacpp_record.ggml_env`)."""
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -23,7 +23,7 @@ from specdec.bench.estimate import estimate_plan_s, format_duration
 from specdec.bench.methods import METHODS, Runtime
 from specdec.bench.plan import PlannedRun, Prepared, cost_max_n
 from specdec.bench.prompts import Prompt, encode_prompt
-from specdec.costs import DRAFT_PREFILL_NS, CostCurve
+from specdec.measure.costs import DRAFT_PREFILL_NS, CostCurve
 
 if TYPE_CHECKING:
     from specdec.bench.state import SweepState
@@ -53,7 +53,7 @@ class LoadedConfig:
 
     Attributes:
         cfg: the sweep's settings. rc: the runtime configuration. pair: the loaded models
-            (`specdec.loading.LoadedPair`; anything with a ``tokenizer`` for a skipped method).
+            (`specdec.runtimes.loading.LoadedPair`; anything with a ``tokenizer`` for a skipped method).
         costs: the stored costs dict (`Store.load_costs`), None before they are measured.
         threads: intra-op threads the runs use (recorded per run).
         prompt_costs: prompt id -> the cost curve of its calibration block (timed at its own context).
@@ -61,7 +61,7 @@ class LoadedConfig:
         best_ks: (prompt id, method) -> (K, predicted decode speedup) of policy ``best``
             (`specdec.bench.probes.best_k`).
         xtok: the target with the sweep's cross-tokenizer draft (``--xtok-draft``; `load_xtok`), a
-            `specdec.loading.LoadedPair` in ``load_pair(..., other_tokenizer=True)``'s shape, or None.
+            `specdec.runtimes.loading.LoadedPair` in ``load_pair(..., other_tokenizer=True)``'s shape, or None.
         xtok_costs: that draft's step time and c, timed on its own token ids
             (`specdec.bench.costs.cross_tokenizer_draft_costs`), or None before they are measured.
         outputs: prompt id -> its first target-only output (target ids) stored so far: the corpus of the
@@ -128,7 +128,7 @@ def free(pair) -> None:
 
 
 def free_models(*models) -> None:
-    """Close the backends of `models` (`specdec.loading.LoadedModel`, None skipped: llama.cpp frees its
+    """Close the backends of `models` (`specdec.runtimes.loading.LoadedModel`, None skipped: llama.cpp frees its
     context) and collect, so the next configuration fits in memory."""
     for m in models:
         if m is None:
@@ -150,11 +150,11 @@ def compiled_max_length(cfg: SweepConfig, p: Prepared) -> int | None:
     """The static-cache context of a compiled configuration in this sweep: room for the longest prompt (in
     target tokens) + ``max_new_tokens`` + the largest forward the cost curve times, and for the cost
     measurement's context + its largest forward (the draft's prefill-sized ones included), rounded up to
-    `CACHE_STEP`; None (the backend's default) when that exceeds `specdec.backends.compiled.DEFAULT_MAX_LENGTH`
+    `CACHE_STEP`; None (the backend's default) when that exceeds `specdec.runtimes.compiled.DEFAULT_MAX_LENGTH`
     (the sweep then skips or refuses the long prompts as before). Why: a compiled step attends over every slot of its cache, masked, where llama.cpp attends
     over the filled cells only; a cache of the workload's size is what a user of a static cache would set."""
     from specdec import models
-    from specdec.backends.compiled import DEFAULT_MAX_LENGTH
+    from specdec.runtimes.compiled import DEFAULT_MAX_LENGTH
 
     tok = models.hf_tokenizer(p.target)
     longest = max((len(encode_prompt(tok, q.text, chat_template=cfg.chat_template)) for q in p.prompts), default=0)
@@ -184,7 +184,7 @@ SWEEP_DRAFT_MAX_N = 16
 
 def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:
     """`measure_costs` with the sweep's settings (target forwards of 1 .. `cost_max_n` tokens and, with a
-    draft model, draft forwards of 1 .. `SWEEP_DRAFT_MAX_N` and of `specdec.costs.DRAFT_PREFILL_NS` tokens,
+    draft model, draft forwards of 1 .. `SWEEP_DRAFT_MAX_N` and of `specdec.measure.costs.DRAFT_PREFILL_NS` tokens,
     the deferred prefill's size; seconds)."""
     return measure_costs(pair, max_n=cost_max_n(cfg), repeats=cfg.cost_repeats,
                          context_tokens=cfg.cost_context_tokens, draft_max_n=SWEEP_DRAFT_MAX_N,
@@ -193,15 +193,15 @@ def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:
 
 def load_xtok(cfg: SweepConfig, rc: RuntimeConfig, pair) -> Any:
     """The sweep's cross-tokenizer draft (``cfg.xtok_draft``) loaded beside the loaded `pair`, on the draft's
-    backend with the draft's dtype, compiled as a draft is: a `specdec.loading.LoadedPair` of the same target
+    backend with the draft's dtype, compiled as a draft is: a `specdec.runtimes.loading.LoadedPair` of the same target
     (not loaded again) in ``load_pair(..., other_tokenizer=True)``'s shape. It stops on the pair's EOS ids
     (target ids), the stop set of the target-only runs it is compared with.
 
     Raises:
-        What `specdec.loading.load_model` raises (an unavailable model: one line).
+        What `specdec.runtimes.loading.load_model` raises (an unavailable model: one line).
     """
-    from specdec.compat import check_vocab_fits, real_vocab_size, vocab_overlap
-    from specdec.loading import LoadedPair, draft_compile_args, load_model
+    from specdec.runtimes.compat import check_vocab_fits, real_vocab_size, vocab_overlap
+    from specdec.runtimes.loading import LoadedPair, draft_compile_args, load_model
 
     kw = rc.load_kwargs(cfg.dtype)
     compile_args = draft_compile_args(rc.compile_mode or "onednn") if rc.compile else {}
@@ -277,13 +277,13 @@ def measure_here(cfg: SweepConfig, rc: RuntimeConfig, prepared: Prepared, *, loa
 
     Args:
         cfg: the sweep. rc: one of its runtime configurations. prepared: `specdec.bench.sweep.prepare` of
-            `cfg` (model specs). loader: `specdec.loading.load_pair`-compatible (tests). echo: progress lines.
+            `cfg` (model specs). loader: `specdec.runtimes.loading.load_pair`-compatible (tests). echo: progress lines.
 
     Raises:
         Whatever loading raises for an unknown or unavailable model (one line at the CLI).
     """
     if loader is None:
-        from specdec.loading import load_pair as loader
+        from specdec.runtimes.loading import load_pair as loader
     echo(f"[{rc.label}] loading {prepared.target} and its draft to time this machine's costs ...")
     t0 = time.perf_counter()
     pair = _load_pair(cfg, rc, prepared, loader)

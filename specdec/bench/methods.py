@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specdec.bench.peers import hf_peer_generate
-from specdec.costs import CostCurve
-from specdec.decoding import autoregressive_generate, speculative_generate
-from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from specdec.metrics import RATES, GenerationResult
-from specdec.policies import make_policy
-from specdec.sampling import SamplingParams
+from specdec.drafters.base import Drafter
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.metrics import RATES, GenerationResult
+from specdec.engine.sampling import SamplingParams
+from specdec.measure.costs import CostCurve
+from specdec.policies.base import make_policy
 
 if TYPE_CHECKING:
     from specdec.bench.runtimes import RuntimeConfig
@@ -48,7 +50,7 @@ __all__ = [
 LLAMA_PROMPT_LOOKUP_SKIP = (
     "skipped: llama-cpp-python 0.3.36's Llama class, which LlamaPromptLookupDecoding needs, cannot set "
     "n_outputs_max_per_seq (so a batch returns logits for one position only) nor turn off the AMX weight "
-    "repack that segfaults on some CPUs (see specdec/backends/llamacpp.py)"
+    "repack that segfaults on some CPUs (see specdec/runtimes/llamacpp.py)"
 )
 
 
@@ -57,7 +59,7 @@ class Runtime:
     """What a method runs on: one loaded runtime configuration.
 
     Attributes:
-        pair: the loaded models (`specdec.loading.LoadedPair`).
+        pair: the loaded models (`specdec.runtimes.loading.LoadedPair`).
         sampling: every generation's sampling settings.
         costs: the configuration's measured costs (the cost policy needs them), or None.
         ngram_max, ngram_min: n-gram sizes of our prompt-lookup drafter.
@@ -141,7 +143,7 @@ class RunRecord:
 
     def columns(self) -> dict[str, Any]:
         """The ``runs`` columns this record fills (`specdec.bench.store.TABLES`); ``tokens_per_s`` by
-        `specdec.metrics.RATES` (NaN, stored as NULL, when nothing was timed)."""
+        `specdec.engine.metrics.RATES` (NaN, stored as NULL, when nothing was timed)."""
         n = len(self.token_ids)
         return {
             "new_tokens": n, "finish_reason": self.finish_reason, "token_ids": self.token_ids,
@@ -175,7 +177,7 @@ class Method:
         uses_corpus: its drafter matches the target-only outputs of the sweep's other prompts
             (`Runtime.corpus`).
         replay_as: the drafter whose trace replay chooses this method's K under policy ``best``
-            (`specdec.pricing.DRAFTERS`); None: the method's own name.
+            (`specdec.measure.pricing.DRAFTERS`); None: the method's own name.
     """
 
     name: str
@@ -312,7 +314,7 @@ def _prompt_lookup_drafter(rt: Runtime) -> Drafter:
 def _suffix_drafter(rt: Runtime) -> Drafter:
     """The cost-aware suffix drafter, pricing its draft length with the run's measured costs (the prompt's
     calibration block when it has one)."""
-    from specdec.suffix import SuffixDrafter
+    from specdec.drafters.suffix import SuffixDrafter
 
     return SuffixDrafter(rt.costs)
 
@@ -320,19 +322,19 @@ def _suffix_drafter(rt: Runtime) -> Drafter:
 def _suffix_corpus_drafter(rt: Runtime) -> Drafter:
     """The cost-aware suffix drafter with a corpus: the target-only outputs of the sweep's other prompts
     (`Runtime.corpus`), matched besides the prompt and the output so far."""
-    from specdec.suffix import SuffixDrafter
+    from specdec.drafters.suffix import SuffixDrafter
 
     return SuffixDrafter(rt.costs, corpus=rt.corpus)
 
 
 def _cross_tokenizer_drafter(rt: Runtime) -> Drafter:
-    """The draft with another tokenizer (`specdec.xdrafter.cross_tokenizer_drafter`: string-level exact match
+    """The draft with another tokenizer (`specdec.drafters.xtok.cross_tokenizer_drafter`: string-level exact match
     under greedy decoding, token-level intersection under sampling); `rt.pair` holds it as its draft.
 
     Raises:
         ValueError: the runtime has no draft model.
     """
-    from specdec.xdrafter import cross_tokenizer_drafter
+    from specdec.drafters.xtok import cross_tokenizer_drafter
 
     if rt.pair.draft is None:
         raise ValueError("method xtok needs a draft with another tokenizer (--xtok-draft)")

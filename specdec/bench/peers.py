@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from specdec.decoding import GREEDY
-from specdec.sampling import SamplingParams
+from specdec.engine.decoding import GREEDY
+from specdec.engine.sampling import SamplingParams
 
 __all__ = ["HF_PEERS", "PeerOutput", "hf_peer_generate"]
 
@@ -105,7 +105,7 @@ def hf_peer_generate(
     seed: int | None = None,
     ignore_eos: bool = False,
 ) -> PeerOutput:
-    """Run one transformers peer on `pair` (a `specdec.loading.LoadedPair`) and time it by the wall clock.
+    """Run one transformers peer on `pair` (a `specdec.runtimes.loading.LoadedPair`) and time it by the wall clock.
 
     Methods: ``hf_generate`` (``generate()``, target only); ``hf_assisted`` (``assistant_model=`` the draft
     model, whose generation config is swapped for a copy with ``num_assistant_tokens=K``,

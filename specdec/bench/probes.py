@@ -27,8 +27,8 @@ from specdec.bench.loaded import LoadedConfig
 from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun, cost_max_n
 from specdec.bench.state import SweepState
-from specdec.costs import CostCurve
-from specdec.traces import first_divergence, record_trace, target_margins
+from specdec.engine.traces import first_divergence, record_trace, target_margins
+from specdec.measure.costs import CostCurve
 
 __all__ = [
     "CONFIGURATION",
@@ -80,8 +80,8 @@ def roofline(s: SweepState, at: At) -> None:
     """Store the configuration's weight bytes per step, what its models run on (`pair_record`: weight types
     and repacking on llama.cpp, the ggml environment) and (once per machine and store) the machine's memory
     bandwidth, measured by a streaming copy."""
-    from specdec.backends.llamacpp_record import pair_record
-    from specdec.roofline import measure_bandwidth, weight_bytes
+    from specdec.measure.roofline import measure_bandwidth, weight_bytes
+    from specdec.runtimes.llamacpp_record import pair_record
 
     pair, label = at.loaded.pair, at.loaded.label
     tb = weight_bytes(pair.target)
@@ -181,7 +181,7 @@ def stored_prompt_costs(loaded: LoadedConfig, s: SweepState) -> None:
 def _stored_trace(loaded: LoadedConfig, s: SweepState, prompt_id: str):
     """This machine's stored acceptance trace of `prompt_id` in this configuration, as an `AcceptanceTrace`
     with its draft context, or (None, None)."""
-    from specdec.traces import AcceptanceTrace
+    from specdec.engine.traces import AcceptanceTrace
 
     for t in s.store.traces(s.sweep_id):
         if (t["config_label"], t["prompt_id"], t["machine_id"]) == (loaded.label, prompt_id,
@@ -196,13 +196,13 @@ def _stored_trace(loaded: LoadedConfig, s: SweepState, prompt_id: str):
 
 def best_k(loaded: LoadedConfig, s: SweepState, cell: PlannedRun) -> int:
     """The fixed K in 1..``cell.k`` that `cell`'s prompt's acceptance trace, priced with its calibration block
-    (`specdec.pricing.TraceModel.best_fixed_k`, overheads left out), predicts fastest for ``cell.method``;
+    (`specdec.measure.pricing.TraceModel.best_fixed_k`, overheads left out), predicts fastest for ``cell.method``;
     computed once per (prompt, method) from what the store holds, so a resumed sweep chooses the same K.
 
     Raises:
         ValueError: the prompt has no stored trace or calibration block on this machine (one line).
     """
-    from specdec.pricing import TraceModel
+    from specdec.measure.pricing import TraceModel
 
     key = (cell.prompt.id, cell.method)
     replayed = METHODS[cell.method].replay_as or cell.method

@@ -296,7 +296,7 @@ def run_sweep(
         echo: where plan/summary lines go (default: print to stdout, or above the progress bar).
         max_runs: stop after this many runs (for tests and partial runs); the sweep is left ``interrupted``.
         on_run: called with each stored run row (after its commit).
-        loader: `specdec.loading.load_pair`-compatible (injectable for tests).
+        loader: `specdec.runtimes.loading.load_pair`-compatible (injectable for tests).
         lock_wait_s: how long to wait for another process's sweep on the same `db` to finish.
         shard: ``"I/N"`` (or a `specdec.bench.shard.Shard`): run only this shard's prompts
             (`specdec.bench.shard.shard_plan`); the sweep id is unchanged, the shard is recorded in ``shards``.
@@ -313,7 +313,7 @@ def run_sweep(
             SIGTERM received while the sweep runs (in the main thread) is raised as one.
     """
     if loader is None:
-        from specdec.loading import load_pair as loader
+        from specdec.runtimes.loading import load_pair as loader
     prepared = for_shard(prepare(cfg), shard)  # a shard's prompts only; the sweep id is unchanged
     with sweep_guard(db, lock_wait_s):  # one sweep per store; SIGTERM stops it like Ctrl-C
         from tqdm.auto import tqdm

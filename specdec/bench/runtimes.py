@@ -17,21 +17,21 @@ class RuntimeConfig:
     Attributes:
         label: the ``config_label`` stored with every run.
         target_backend, draft_backend: ``"transformers"`` or ``"llamacpp"``.
-        compile: transformers only: the compiled static-cache backend (`specdec.backends.compiled`).
+        compile: transformers only: the compiled static-cache backend (`specdec.runtimes.compiled`).
         dtype: transformers dtype of both models (None: the sweep's ``dtype``).
-        quant: transformers weight quantization of both models (`specdec.precision`; None: full weights).
+        quant: transformers weight quantization of both models (`specdec.runtimes.precision`; None: full weights).
         self_draft_quant: draft with a copy of the TARGET quantized this way (e.g. ``"int8"``) instead of
             the sweep's draft model: same tokenizer, cost set by bytes read.
         pad_verify: our speculative methods pad each verification forward to the cheapest shape on the
-            configuration's measured cost curve (`specdec.costs.CostCurve.padded_n`; output unchanged),
+            configuration's measured cost curve (`specdec.measure.costs.CostCurve.padded_n`; output unchanged),
             and the cost policy prices K with the padded cost. Loading is unchanged.
         gguf_type: llama.cpp target only: the target's GGUF requantized (pure) to this ggml weight type,
             made once into the model cache (`specdec.models.requant`). The draft keeps its shipped GGUF, so the
             configuration differs from ``llamacpp`` by one thing, the target: the draft's proposals and step
             cost are the same in every ``llamacpp*`` configuration, and a change in acceptance or speed is the
             target's (requantizing the draft too would change both at once).
-        compile_mode: with `compile`, the target's `specdec.backends.compiled` mode (None: ``onednn``);
-            ``frozen`` compiles the draft frozen too (`specdec.loading.draft_compile_args`).
+        compile_mode: with `compile`, the target's `specdec.runtimes.compiled` mode (None: ``onednn``);
+            ``frozen`` compiles the draft frozen too (`specdec.runtimes.loading.draft_compile_args`).
     """
 
     label: str
@@ -46,7 +46,7 @@ class RuntimeConfig:
     compile_mode: str | None = None
 
     def load_kwargs(self, sweep_dtype: str) -> dict:
-        """The `specdec.loading.load_pair` arguments this configuration sets beyond the runtimes (only those
+        """The `specdec.runtimes.loading.load_pair` arguments this configuration sets beyond the runtimes (only those
         it changes, so that loaders that know none of them keep working)."""
         kw: dict = {"dtype": self.dtype or sweep_dtype}
         if self.quant is not None:

@@ -44,7 +44,7 @@ class SweepState:
 
     Attributes:
         cfg: the sweep's settings. prepared: its plan, prompts and identity (`specdec.bench.plan.prepare`).
-        store: the open results store. loader: `specdec.loading.load_pair`-compatible.
+        store: the open results store. loader: `specdec.runtimes.loading.load_pair`-compatible.
         result: the running tally (`SweepResult`), returned at the end.
         echo: where console lines go (None: print, or above the progress bar once there is one).
         bar: the progress bar (tqdm; None before the runs to do are known).

@@ -22,7 +22,7 @@ class MeasurementTables:
     def save_trace(self, sweep_id: str, config_label: str, prompt_id: str, run_id: int | None,
                    trace: Any, *, target_margin: Sequence[float] | None = None,
                    target_tf_ids: Sequence[int] | None = None, draft_context: int | None = None) -> None:
-        """Store (replace) the acceptance trace of one prompt on this machine (`specdec.traces.AcceptanceTrace`).
+        """Store (replace) the acceptance trace of one prompt on this machine (`specdec.engine.traces.AcceptanceTrace`).
 
         Args:
             run_id: the target-only run the trace was taken from. target_margin: ``[T]`` the target's
@@ -89,8 +89,8 @@ class MeasurementTables:
     def save_roofline(self, sweep_id: str, config_label: str, target_weight_bytes: int | None,
                       draft_weight_bytes: int | None, bandwidth: Mapping[str, Any] | None,
                       runtime: Mapping[str, Any] | None = None) -> None:
-        """Store (replace) the roofline inputs of one configuration on this machine (`specdec.roofline`) and
-        `runtime`, what its models ran on (`specdec.backends.llamacpp_record.pair_record`; JSON)."""
+        """Store (replace) the roofline inputs of one configuration on this machine (`specdec.measure.roofline`) and
+        `runtime`, what its models ran on (`specdec.runtimes.llamacpp_record.pair_record`; JSON)."""
         with self.transaction():
             self.conn.execute(
                 "INSERT OR REPLACE INTO roofline (sweep_id, config_label, machine_id, target_weight_bytes, "

@@ -11,7 +11,7 @@ Schema (version 1; `docs/STORE.md` documents every column):
 - ``meta``: ``schema_version``.
 
 Derived figures (acceptance rate, alpha-hat, speedup, ...) are never stored: they are computed at analysis
-time from the raw counts (see `specdec.metrics`). `specdec.bench.store` re-exports every public name.
+time from the raw counts (see `specdec.engine.metrics`). `specdec.bench.store` re-exports every public name.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("machine_id", "TEXT"),
         # greedy runs that differ from the baseline: the first output position where they differ
         ("first_divergence", "INTEGER"),
-        # the K policy's note on the run (`specdec.policies.CostPolicy.note`), e.g. target-only from the start
+        # the K policy's note on the run (`specdec.policies.cost.CostPolicy.note`), e.g. target-only from the start
         ("policy_note", "TEXT"),
     ),
     "rounds": (
@@ -91,7 +91,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("n_tokens", "INTEGER"), ("seconds", "REAL"), ("repeats", "INTEGER"), ("spread_s", "REAL"),
     ),
     "shards": (("sweep_id", "TEXT"), ("shard", "TEXT"), ("machine_id", "TEXT"), ("started_at", "TEXT")),
-    # Acceptance traces (`specdec.traces`): per prompt, the target-only greedy output and, per output position,
+    # Acceptance traces (`specdec.engine.traces`): per prompt, the target-only greedy output and, per output position,
     # the draft's teacher-forced greedy token and the target's own top-2 margin; every fixed K and policy of
     # both drafters is replayed from it (JSON lists; one row per sweep, config, prompt and machine).
     "traces": (
@@ -107,9 +107,9 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("after_run_id", "INTEGER"), ("role", "TEXT"), ("n_tokens", "INTEGER"), ("context_tokens", "INTEGER"),
         ("seconds", "REAL"), ("repeats", "INTEGER"), ("spread_s", "REAL"),
     ),
-    # The roofline inputs per configuration and machine (`specdec.roofline`): bytes of weights a target step
+    # The roofline inputs per configuration and machine (`specdec.measure.roofline`): bytes of weights a target step
     # and a draft step read, and the machine's memory bandwidth by a streaming copy (GB/s = 1e9 bytes/s).
-    # runtime_json: what the models ran on (`specdec.backends.llamacpp_record.pair_record`: per model the
+    # runtime_json: what the models ran on (`specdec.runtimes.llamacpp_record.pair_record`: per model the
     # runtime; on llama.cpp the GGUF's weight types, requantization type and weight repacking; the ggml
     # environment), added by ALTER TABLE to older stores.
     "roofline": (

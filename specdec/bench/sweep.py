@@ -74,7 +74,7 @@ from specdec.bench.plan import (
 )
 from specdec.bench.prompts import encode_prompt
 from specdec.bench.runner import LoadedConfig, SweepResult, execute, interrupt_exit_status, run_sweep
-from specdec.sampling import SamplingParams
+from specdec.engine.sampling import SamplingParams
 
 __all__ = [
     "ADAPTIVE_POLICIES",

@@ -71,7 +71,7 @@ def list_presets() -> list[dict]:
     (parameter counts, known numbers, or None), ``default`` (bool), ``offline`` (ships without the hub),
     ``weights`` (where the weights come from and are kept), ``available_offline_now`` (both members can be
     loaded without network right now), ``other_tokenizer`` (the draft has another tokenizer: it drafts text,
-    `specdec.xdrafter`), ``disk_bytes`` (bytes on disk of what is there: chunks, assembled
+    `specdec.drafters.xtok`), ``disk_bytes`` (bytes on disk of what is there: chunks, assembled
     GGUFs, converted checkpoints or hub snapshots), ``paths`` (those locations, as strings).
     """
     rows = []

@@ -33,8 +33,8 @@ class Preset:
         draft_gguf, target_gguf: file names of the assembled GGUFs in ``cache_dir()/"gguf"``; None when the
             preset has no GGUF (it then runs on the transformers runtime only).
         other_tokenizer: the draft has another tokenizer than the target (a cross-family draft):
-            `specdec.loading.load_pair` then loads the pair with ``other_tokenizer=True`` by itself and the
-            draft drafts text (`specdec.xdrafter`).
+            `specdec.runtimes.loading.load_pair` then loads the pair with ``other_tokenizer=True`` by itself and the
+            draft drafts text (`specdec.drafters.xtok`).
     """
 
     name: str

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec import theory
+from specdec.measure import theory
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.cells import spec_fixed_cells

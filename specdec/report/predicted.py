@@ -1,7 +1,7 @@
 """What the acceptance traces predict, next to what the paired timed runs measured.
 
 The algorithm is kept apart from the hardware. The **algorithm** is the acceptance trace of a prompt
-(`specdec.traces`): the rounds of every fixed K in 1..16 and of every policy, for the draft model and for
+(`specdec.engine.traces`): the rounds of every fixed K in 1..16 and of every policy, for the draft model and for
 prompt lookup, replayed exactly from one target-only run. The **hardware** is the prompt's calibration block (target forwards of
 n = 1..17 tokens and the draft step, timed at the prompt's own context right after its first baseline run;
 `specdec.bench.costs.calibration_block`) plus the per-round overheads measured in the prompt's own runs.
@@ -11,10 +11,10 @@ drafted k tokens (the realized k: a prompt-lookup round may draft fewer than K, 
 
     round_s(k) = draft_s(k) + F(k + 1) + o_spec        target-only step = F(1) + o_base
 
-with F the calibration block's median forward time (`specdec.costs.CostCurve`, one rule beyond the measured
+with F the calibration block's median forward time (`specdec.measure.costs.CostCurve`, one rule beyond the measured
 range; for a configuration that pads verification, e.g. `transformers-padded`, which `padded_configs` reads
 from the store, the cost of the cheapest measured shape >= k + 1: `CostCurve.padded_value`), draft_s(k) for the draft model = its catch-up forward over the round's pending tokens
-(`specdec.traces.draft_pending`: 1, 2 after an all-accepted round, more after plain rounds) + (k - 1) draft
+(`specdec.engine.traces.draft_pending`: 1, 2 after an all-accepted round, more after plain rounds) + (k - 1) draft
 steps (`CostCurve.draft_round_s`; 0 when k = 0), and for prompt lookup the median drafting time of the
 prompt's prompt-lookup rounds (0 when there were none), o_spec = the median over the
 prompt's timed speculative rounds of verify_s - forward_s + other_s (verification, sampling, rollback) and
@@ -40,16 +40,16 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from specdec import stats
-from specdec.costs import CostCurve
-from specdec.metrics import RATES
-from specdec.pricing import DRAFTERS, TraceModel
+from specdec.engine.metrics import RATES
+from specdec.measure import stats
+from specdec.measure.costs import CostCurve
+from specdec.measure.pricing import DRAFTERS, TraceModel
 from specdec.report.load import ensure_prepared, is_missing, run_rate
 from specdec.report.model import CostInfo, cost_infos
 from specdec.report.speedup import paired_reference
 from specdec.report.vocab import BASELINE, SPEC_METHODS
 
-# The replay (specdec.traces, specdec.drafters) imports torch: it is imported where a trace is replayed, so that
+# The replay (specdec.engine.traces, specdec.drafters) imports torch: it is imported where a trace is replayed, so that
 # importing the report does not load the engine.
 
 __all__ = [
@@ -78,7 +78,7 @@ _DRAFTERS = DRAFTERS  # the draft model, prompt lookup, the suffix drafter: all 
 
 class PromptModel(TraceModel):
     """One prompt's trace and costs (one config_label, machine): replays and their predicted times, by the
-    time model of `specdec.pricing.TraceModel` with the overheads measured in the store.
+    time model of `specdec.measure.pricing.TraceModel` with the overheads measured in the store.
 
     Attributes:
         key: (config_label, prompt_id, machine_id). prompt_type: its type. trace: the `AcceptanceTrace`.
@@ -118,7 +118,7 @@ def _curve(cal: pd.DataFrame, stored: CostCurve | None) -> CostCurve | None:
 def catchup_from_rounds(rounds: pd.DataFrame, *, min_rounds: int = 1) -> dict[int, float] | None:
     """The draft's forward time for n pending tokens in draft steps, d(n) / d(1), from timed draft rounds.
 
-    For each run (rounds in order) `specdec.traces.draft_pending` gives the tokens each round's catch-up
+    For each run (rounds in order) `specdec.engine.traces.draft_pending` gives the tokens each round's catch-up
     fed; a drafting round's catch-up took ``draft_s - (k - 1) x step_s`` (step_s: the draft step of the
     run's prompt). The ratio for n > 1 is the median of that over ``step_s`` across the rounds that fed n
     tokens. Rounds feed 2 tokens after every all-accepted round (hundreds per store), larger counts only after
@@ -135,7 +135,7 @@ def catchup_from_rounds(rounds: pd.DataFrame, *, min_rounds: int = 1) -> dict[in
         ``{1: 1.0, n: d(n) / d(1), ...}`` with at least one n > 1, or None when no round fed more than one
         token.
     """
-    from specdec.traces import draft_pending
+    from specdec.engine.traces import draft_pending
 
     if rounds is None or rounds.empty:
         return None
@@ -190,7 +190,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         ngram: the sweep's (ngram_max, ngram_min).
         machine_costs: (config_label, machine_id) -> that machine's own curve (`machine_curves`).
     """
-    from specdec.traces import AcceptanceTrace
+    from specdec.engine.traces import AcceptanceTrace
 
     if traces is None or traces.empty:
         return []
@@ -258,7 +258,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
 def padded_configs(runs: pd.DataFrame, rounds: pd.DataFrame | None) -> set[str]:
     """The config_labels that pad verification (`RuntimeConfig.pad_verify`), as the store records it: a round of
     one of our speculative methods (`SPEC_METHODS`) with ``rounds.n_forward`` set (the engine records the
-    forward's token count exactly when it pads, `specdec.metrics.RoundRecord.n_forward`). A configuration
+    forward's token count exactly when it pads, `specdec.engine.metrics.RoundRecord.n_forward`). A configuration
     without such a round (no speculative run timed, or no round trace) reads as unpadded.
 
     Args:
@@ -319,7 +319,7 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
 
 
 def positive_geomean(x: pd.Series) -> float:
-    """`specdec.stats.geometric_mean` of the finite, positive values of `x` (NaN when there are none)."""
+    """`specdec.measure.stats.geometric_mean` of the finite, positive values of `x` (NaN when there are none)."""
     v = x.astype(float)
     return stats.geometric_mean(v[np.isfinite(v) & (v > 0)])
 
@@ -355,7 +355,7 @@ def type_ks_flags(best: pd.DataFrame) -> dict[str, str]:
 
 
 def _timed_records(rounds: pd.DataFrame, run_id: int):
-    from specdec.metrics import RoundRecord
+    from specdec.engine.metrics import RoundRecord
 
     g = rounds[rounds["run_id"] == run_id].sort_values("round_idx")
     return [RoundRecord(k=int(x.k), num_accepted=int(x.num_accepted), accept_flags=(), next_kind=str(x.next_kind),
@@ -371,7 +371,7 @@ def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequ
     rounds equal the timed rounds), mismatch (first differing round, text), predicted, measured, ratio
     (predicted / measured), n_adjacent (baselines adjacent in time to the run).
     """
-    from specdec.traces import compare_rounds
+    from specdec.engine.traces import compare_rounds
 
     cols = ["run_id", "config_label", "prompt_id", "prompt_type", "method", "policy", "k", "replay_exact",
             "mismatch", "predicted", "measured", "ratio", "n_adjacent"]
@@ -447,7 +447,7 @@ def summary(pvm: pd.DataFrame) -> dict:
 
 def roofline_table(runs: pd.DataFrame, roofline: pd.DataFrame) -> pd.DataFrame:
     """Per cell: decode tokens/s next to the weight bytes it read per second and the share of the machine's
-    memory bandwidth (`specdec.roofline`; gpt-fast's "achieved bandwidth").
+    memory bandwidth (`specdec.measure.roofline`; gpt-fast's "achieved bandwidth").
 
     Bytes read in a run's decode = target weight bytes x target forwards (its rounds) + draft weight bytes x
     draft steps (its drafted tokens; the draft model only); achieved GB/s = that / decode_s / 1e9; share =

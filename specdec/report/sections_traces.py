@@ -47,7 +47,7 @@ def traces_section(a: Analysis) -> Section:
     sec.blocks.append(
         "Under greedy decoding the target's output does not depend on K or on the drafter, so one target-only "
         "run and one teacher-forced draft forward give the rounds of every K and policy (replayed exactly; "
-        "specdec/traces.py). Hardware enters through each prompt's calibration block (target forwards of "
+        "specdec/engine/traces.py). Hardware enters through each prompt's calibration block (target forwards of "
         "1..17 tokens and the draft's step and catch-up forwards at its own context, timed right after its "
         "first baseline) and the per-round overheads measured in its own runs; a draft-model round costs its "
         "catch-up forward over the tokens the draft has not cached (2 after an all-accepted round), K - 1 "
@@ -160,7 +160,7 @@ def roofline_section(a: Analysis) -> Section:
         return sec
     sec.blocks.append(
         "A decoding step reads every weight once, so weight bytes / memory bandwidth bounds its time from below "
-        "(specdec/roofline.py; gpt-fast reports the same 'achieved bandwidth'). achieved GB/s = (target weight "
+        "(specdec/measure/roofline.py; gpt-fast reports the same 'achieved bandwidth'). achieved GB/s = (target weight "
         "bytes x target forwards + draft weight bytes x draft steps) / decode seconds; the bandwidth is a "
         "streaming copy measured once per machine (read + written bytes, GB = 1e9 bytes). Speculative "
         "decoding reads the target's weights once per round instead of once per token, so its tokens/s can "

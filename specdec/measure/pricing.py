@@ -1,0 +1,136 @@
+"""The time model that prices an acceptance trace's replayed rounds with a measured cost curve.
+
+Under greedy decoding the rounds of every K and policy follow from one target-only run and one
+teacher-forced draft pass (`specdec.engine.traces.replay`); the hardware enters only through the costs. For a
+replayed round that drafted k tokens (the realized k: a drafter without a model may draft fewer, or none):
+
+    round_s(k) = draft_s(k) + F(k + 1) + o_spec        target-only step = F(1) + o_base
+
+F = the target's forward time of n tokens (`specdec.measure.costs.CostCurve.forward_s`; with padded verification the
+cheapest measured shape >= n, `CostCurve.padded_value`); draft_s(k) for the draft model = its catch-up
+forward over the round's pending tokens plus k - 1 draft steps (`CostCurve.draft_round_s`,
+`specdec.engine.traces.draft_pending`), for a model-free drafter a constant per round; o_spec and o_base = the
+per-round overheads outside the forward (0 when unknown, e.g. inside a sweep before any timed run). The
+predicted decode speedup is T x (F(1) + o_base) / sum(round_s), T = the output's tokens. The report uses
+this model with overheads measured in the store (`specdec.report.predicted`); the sweep uses it to choose,
+per prompt, the fixed K its trace predicts fastest (`TraceModel.best_fixed_k`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specdec.engine.traces import AcceptanceTrace, ReplayRound
+    from specdec.measure.costs import CostCurve
+
+__all__ = ["DRAFTERS", "TraceModel"]
+
+#: The drafters a trace can be replayed for: the draft model (from the trace's draft tokens), prompt lookup
+#: and the suffix drafter (asked for proposals each round).
+DRAFTERS = ("draft", "ngram", "suffix")
+
+
+class TraceModel:
+    """One prompt's acceptance trace and cost curve: replays and their predicted times.
+
+    Args:
+        trace: the `specdec.engine.traces.AcceptanceTrace`.
+        curve: the `CostCurve` the rounds are priced with (None: every time is NaN).
+        o_base, o_spec: per-round overheads in seconds (module docstring). ngram_draft_s: seconds a
+            model-free drafter spends per round.
+        ngram: the prompt-lookup n-gram sizes (max, min). draft_context: the draft model's context length.
+        padded: verification is padded to the cheapest measured shape.
+    """
+
+    def __init__(self, trace: AcceptanceTrace | None, curve: CostCurve | None, *, o_base: float = 0.0,
+                 o_spec: float = 0.0, ngram_draft_s: float = 0.0, ngram: tuple[int, int] = (3, 1),
+                 draft_context: int | None = None, padded: bool = False) -> None:
+        self.trace, self.curve = trace, curve
+        self.o_base, self.o_spec, self.ngram_draft_s = o_base, o_spec, ngram_draft_s
+        self.ngram, self.draft_context, self.padded = ngram, draft_context, padded
+
+    def drafter(self, method: str):
+        """None for the draft model (replayed from the trace's draft tokens), else a fresh model-free drafter.
+
+        Raises:
+            ValueError: an unknown `method` (not in `DRAFTERS`).
+        """
+        if method == "draft":
+            return None
+        if method == "ngram":
+            from specdec.drafters.ngram import PromptLookupDrafter
+
+            return PromptLookupDrafter(*self.ngram)
+        if method == "suffix":
+            from specdec.drafters.suffix import SuffixDrafter
+
+            return SuffixDrafter(self.curve)
+        raise ValueError(f"no replay for method {method!r} (known: {', '.join(DRAFTERS)})")
+
+    def rounds(self, method: str, k: int, policy: str | None = "fixed") -> list[ReplayRound]:
+        """The replayed rounds of `method` at fixed K or with an adaptive `policy` (K = its maximum).
+
+        Raises:
+            ValueError: a draft-model replay on a trace without draft tokens; the cost policy without costs.
+        """
+        from specdec.engine.traces import replay
+        from specdec.policies.base import make_policy
+
+        if method == "draft" and self.trace.draft_ids is None:
+            raise ValueError("no draft tokens in this trace")
+        if policy in (None, "fixed"):
+            return replay(self.trace, k=k, drafter=self.drafter(method), draft_context=self.draft_context)
+        if policy == "cost":
+            if self.curve is None:
+                raise ValueError("the cost policy needs measured costs")
+            c = self.curve if method == "draft" else self.curve.with_draft_step(0.0)
+            pol = make_policy(policy, k, costs=c, pad_verify=self.padded)
+        else:
+            pol = make_policy(policy, k)
+        return replay(self.trace, policy=pol, drafter=self.drafter(method), draft_context=self.draft_context)
+
+    def decode_s(self, method: str, rounds: Sequence[ReplayRound]) -> float:
+        """Predicted decode seconds of `rounds` (module docstring); NaN without costs."""
+        from specdec.engine.traces import draft_pending
+
+        if self.curve is None:
+            return math.nan
+        total = 0.0
+        pending = draft_pending(rounds) if method == "draft" else [1] * len(rounds)
+        for r, p in zip(rounds, pending, strict=True):
+            draft = self.curve.draft_round_s(r.k, p) if method == "draft" else self.ngram_draft_s
+            verify = self.curve.padded_value(r.k + 1) if self.padded else self.curve.forward_s(r.k + 1)
+            total += draft + verify + self.o_spec
+        return total
+
+    def baseline_decode_s(self) -> float:
+        """Predicted target-only decode seconds: T x (F(1) + o_base); NaN without costs."""
+        if self.curve is None:
+            return math.nan
+        return len(self.trace.target_ids) * (self.curve.forward_s(1) + self.o_base)
+
+    def speedup(self, method: str, rounds: Sequence[ReplayRound]) -> float:
+        """Predicted decode speedup of `rounds` over target-only decoding (NaN without costs)."""
+        d = self.decode_s(method, rounds)
+        return self.baseline_decode_s() / d if d and math.isfinite(d) and d > 0 else math.nan
+
+    def best_fixed_k(self, method: str, ks: Iterable[int] = range(1, 17)) -> tuple[int, float]:
+        """The fixed K in `ks` whose replay is predicted fastest, and its predicted decode speedup (ties: the
+        smaller K).
+
+        Raises:
+            ValueError: no costs (`curve` None), an empty `ks`, or what `rounds` raises.
+        """
+        if self.curve is None:
+            raise ValueError("choosing K needs measured costs")
+        best: tuple[int, float] | None = None
+        for k in ks:
+            s = self.speedup(method, self.rounds(method, k))
+            if best is None or s > best[1] * (1 + 1e-12):
+                best = (int(k), s)
+        if best is None:
+            raise ValueError("no K to choose from")
+        return best

@@ -1,0 +1,528 @@
+"""The llama.cpp backend: a GGUF model and its KV cache, through llama-cpp-python's low-level batch API.
+
+Evaluation follows llama.cpp's ``examples/speculative-simple``: one ``llama_decode`` per target forward over
+a batch whose every token has its logits flag set (``common_batch_add(batch, id, n_past++, {0}, true)``),
+and one ``llama_memory_seq_rm(mem, 0, n_past, -1)`` to drop the rejected suffix (the
+``llama_kv_self_seq_rm`` of older releases). Logits come back as a float32 ``[n, n_vocab]`` CPU tensor,
+copied out of llama.cpp's output buffer (which the next decode overwrites) in one ``memmove``.
+
+Loading goes through llama-cpp-python's ``_internals.LlamaModel`` / ``LlamaContext`` (the objects the
+``Llama`` class wraps) rather than ``Llama`` itself, because two parameters that exactness and safety need
+are not reachable through ``Llama.__init__`` in 0.3.36:
+
+* ``llama_model_params.use_extra_bufts`` (weight repacking into ggml's extra CPU buffer types): on by
+  default (`repack_default`) except on a CPU that reports AMX. Repacking lets Q4_0/Q4_K/IQ4_NL weights run
+  through GEMM kernels that process several rows per weight read, which makes the single step faster and a
+  verification forward cheaper per token. On a CPU with AMX the same switch enables the AMX buffer type, and
+  ``ggml_backend_amx_mul_mat`` segfaults inside ``llama_decode`` on some VMs (a Firecracker guest that
+  reports ``amx_int8``), killing the process - a segfault cannot be caught - so there it stays off.
+* ``llama_context_params.n_outputs_max_per_seq`` ("max outputs per sequence", default 1 in this llama.cpp):
+  set to 0 (= n_outputs_max = n_batch) so that a batch may return logits for every position. (With 1, all
+  positions still came back in 0.3.36; the explicit 0 guards against the cap being enforced later.)
+
+Thread counts: llama.cpp uses ``n_threads`` for single-token batches and ``n_threads_batch`` otherwise, so
+the baseline's 1-token forward and the verification forward would run on different thread counts unless the
+two are equal; this backend always sets both to the same ``n_threads``.
+
+Cost of a verification forward: without extra buffers, ggml's CPU matmul for quantized weights (Q4_1, Q4_K)
+runs one vec_dot per (row, token), so a forward over n tokens costs nearly n single-token forwards
+(SmolLM2-135M Q4_1, 2 shared cores: t(17)/t(1) ~ 7-13). Speculation pays off on CPU only when the draft is
+much cheaper than the target and acceptance is high. Repacked GEMM kernels (the default where safe) make
+the single step cheaper and flatten the curve for the tensor types that have a repack (Q6_K has none on x86).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Self
+
+import numpy as np
+import torch
+
+from specdec.runtimes.base import BackendError, ContextOverflowError
+
+# libgomp (llama.cpp's OpenMP worker threads) reads this once, when `llama_cpp` first loads libggml-cpu, so it
+# must be set before that import. With the default (ACTIVE) idle workers spin between decodes; on a shared or
+# oversubscribed machine this stalled 2-thread single-token decodes of SmolLM2-135M from ~20 ms to 0.1-3 s.
+# PASSIVE costs one futex wake-up per decode. An explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+DEFAULT_MAX_CTX = 4096
+DEFAULT_N_BATCH = 512
+
+
+class GGUFNotFoundError(ValueError):
+    """The GGUF file asked for does not exist (one-line message naming the path)."""
+
+
+def _require_file(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise GGUFNotFoundError(f"GGUF model file not found: {p} (give the path of a .gguf file)")
+    return p
+
+
+def _llama_cpp():
+    try:
+        import llama_cpp  # noqa: F401
+        from llama_cpp import _internals
+        from llama_cpp import llama_cpp as lib
+    except ImportError as exc:  # pragma: no cover - exercised only without llama-cpp-python
+        raise BackendError("the llama.cpp backend needs llama-cpp-python: pip install llama-cpp-python") from exc
+    return lib, _internals
+
+
+_BACKEND_READY = False
+
+
+def _init_backend(lib, verbose: bool) -> None:
+    global _BACKEND_READY
+    from llama_cpp._logger import set_verbose
+
+    set_verbose(verbose)  # llama-cpp-python's log callback: ERROR and above only when quiet
+    if not _BACKEND_READY:
+        lib.llama_backend_init()
+        _BACKEND_READY = True
+
+
+#: CPU flags (/proc/cpuinfo names) of the AMX units whose ggml buffer type crashes on some VMs.
+AMX_FLAGS = frozenset({"amx_int8", "amx_bf16", "amx_tile"})
+
+
+def repack_default(flags=None) -> tuple[bool, str]:
+    """Whether llama.cpp may repack weights on this CPU (``use_extra_bufts``), and why, in one line.
+
+    Args:
+        flags: CPU flag names (default: this machine's, `specdec.runtimes.precision.cpu_flags`).
+
+    Returns:
+        ``(True, "...")`` unless the CPU reports an AMX unit (`AMX_FLAGS`), where the AMX buffer type that the
+        same switch enables has crashed the process; then ``(False, "...")``.
+    """
+    if flags is None:
+        from specdec.runtimes.precision import cpu_flags
+
+        flags = cpu_flags()
+    amx = sorted(AMX_FLAGS & set(flags))
+    if amx:
+        return False, f"weight repacking off: this CPU reports {', '.join(amx)} and ggml's AMX path can crash"
+    return True, "weight repacking on (no AMX on this CPU)"
+
+
+def default_threads() -> int:
+    """CPUs this process may run on (``sched_getaffinity``), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaCppBackend:
+    """A GGUF causal LM on llama.cpp behind the `Backend` interface (CPU logits, float32).
+
+    Args:
+        model_path: a ``.gguf`` file.
+        n_ctx: context window in tokens (default: ``min(trained context, 4096)``); `max_length` is this.
+        n_threads: threads for every decode, single-token or batched (default: the CPUs this process may
+            use). Both llama.cpp thread counts get this value (see the module docstring).
+        n_batch: tokens per ``llama_decode`` call (logical = physical batch). Longer inputs (a long prompt's
+            prefill) are fed in chunks of `n_batch`; logits, if asked for, are concatenated.
+        extra_buffers: let llama.cpp repack weights into its extra CPU buffer types (AVX/AMX repack).
+            None (default): `repack_default` - on unless the CPU reports AMX. `extra_buffers` then holds
+            what ran and `extra_buffers_note` why.
+        verbose: let llama.cpp print its load log.
+        n_seq_max: sequences the context serves (``n_seq_max``; > 1 only for
+            `specdec.runtimes.llamacpp_batched`, which addresses them by ``seq_id``; this class uses seq 0).
+
+    Attributes:
+        name: ``"llamacpp"``.
+        vocab_size: ``n_vocab`` of the GGUF vocabulary (logits row width).
+        max_length: ``n_ctx``.
+        device: ``cpu`` (logits are always returned on the CPU).
+        n_threads, n_batch: as constructed.
+        extra_buffers: whether weight repacking ran (``use_extra_bufts``); extra_buffers_note: why, one line.
+
+    Raises:
+        GGUFNotFoundError: `model_path` does not exist.
+        BackendError: llama.cpp cannot load the file or create a context, or the model is recurrent/hybrid
+            (its state cannot be rolled back to an arbitrary length with one ``seq_rm``).
+    """
+
+    name = "llamacpp"
+    device = torch.device("cpu")
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_batch: int = DEFAULT_N_BATCH,
+        extra_buffers: bool | None = None,
+        verbose: bool = False,
+        n_seq_max: int = 1,
+    ) -> None:
+        path = _require_file(model_path)
+        lib, internals = _llama_cpp()
+        self._lib = lib
+        _init_backend(lib, verbose)
+        self.model_path = str(path)
+
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        if extra_buffers is None:
+            extra_buffers, self.extra_buffers_note = repack_default()
+        else:
+            self.extra_buffers_note = f"weight repacking {'on' if extra_buffers else 'off'} (asked for)"
+        self.extra_buffers = bool(extra_buffers)
+        mparams.use_extra_bufts = self.extra_buffers
+        try:
+            self._model = internals.LlamaModel(path_model=self.model_path, params=mparams, verbose=verbose)
+        except ValueError as exc:
+            raise BackendError(f"llama.cpp cannot load {path.name}: {exc}") from exc
+        if lib.llama_model_is_recurrent(self._model.model) or lib.llama_model_is_hybrid(self._model.model):
+            self._model.close()
+            raise BackendError(
+                f"{path.name} is a recurrent/hybrid model: its state cannot be rolled back by llama_memory_seq_rm"
+            )
+        self.n_ctx_train = int(self._model.n_ctx_train())
+        if n_ctx is None:
+            n_ctx = min(self.n_ctx_train, DEFAULT_MAX_CTX) if self.n_ctx_train > 0 else DEFAULT_MAX_CTX
+        if n_ctx < 1 or n_batch < 1:
+            raise ValueError(f"n_ctx and n_batch must be >= 1, got {n_ctx}, {n_batch}")
+        self.n_threads = int(n_threads or default_threads())
+        self.n_batch = int(min(n_batch, n_ctx))
+
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = int(n_ctx)
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = int(n_seq_max)
+        cparams.kv_unified = False  # with n_seq_max > 1: one KV stream of n_ctx / n_seq_max cells per sequence
+        cparams.n_outputs_max = 0  # = n_batch
+        cparams.n_outputs_max_per_seq = 0  # = n_outputs_max: logits for every position of a batch
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.no_perf = True
+        cparams.swa_full = True  # sliding-window layers keep every position, so seq_rm can roll back
+        cparams.embeddings = False
+        try:
+            self._ctx = internals.LlamaContext(model=self._model, params=cparams, verbose=verbose)
+        except ValueError as exc:
+            self._model.close()
+            raise BackendError(f"llama.cpp cannot create a context of {n_ctx} tokens for {path.name}: {exc}") from exc
+        if self._ctx.memory is None:
+            self.close()
+            raise BackendError(f"{path.name}: the llama.cpp context has no KV memory")
+
+        self.vocab_size = int(self._model.n_vocab())
+        self.max_length = int(min(n_ctx, lib.llama_n_ctx(self._ctx.ctx)))
+        self._n_past = 0
+
+        # One batch for the backend's lifetime; seq ids never change, tokens/positions/flags are written
+        # through numpy views of the C arrays (no per-token ctypes calls).
+        self._batch = internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=verbose)
+        b = self._batch.batch
+        for i in range(self.n_batch):
+            b.seq_id[i][0] = 0
+            b.n_seq_id[i] = 1
+        self._tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._flags = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        self._positions = np.arange(self.max_length, dtype=np.int32)
+        self._decode = lib.llama_decode
+        self._get_logits = lib.llama_get_logits
+        self.reset()
+
+    # -- Backend interface ---------------------------------------------------------------------------
+
+    @property
+    def cache_length(self) -> int:
+        return self._n_past
+
+    def forward(self, tokens: list[int], *, logits: bool = True, last: int | None = None) -> torch.Tensor | None:
+        """See `Backend.forward`.
+
+        Args:
+            tokens: ``n`` token ids appended at positions ``cache_length .. cache_length + n - 1``.
+            logits: True: every position's logits flag is set; False: none is (no LM head at all).
+            last: set the logits flag of the last `last` positions only (llama.cpp then computes the
+                output layer for those rows alone).
+
+        Returns:
+            float32 ``[n, vocab_size]`` (``[min(last, n), vocab_size]``) CPU tensor (a copy: llama.cpp
+            reuses its buffer), or None.
+
+        Raises:
+            ContextOverflowError: ``cache_length + n > max_length`` (nothing is evaluated).
+            BackendError: ``llama_decode`` failed; the cache is restored to the `cache_length` it had before
+                the call (every chunk of a multi-chunk forward is removed, not only the failed one).
+        """
+        n = len(tokens)
+        if last is not None and last < 1:
+            raise ValueError(f"last must be >= 1 (rows to score), got {last}")
+        if n == 0:
+            return torch.empty(0, self.vocab_size) if logits else None
+        if self._n_past + n > self.max_length:
+            raise ContextOverflowError(
+                f"{self._n_past} cached + {n} new tokens exceed the context of {self.max_length}"
+            )
+        first = n - min(n, last) if (logits and last is not None) else 0  # first token index with logits
+        out = torch.empty(n - first, self.vocab_size, dtype=torch.float32) if logits else None
+        batch = self._batch.batch
+        row_bytes = 4 * self.vocab_size
+        n_before = self._n_past
+        for start in range(0, n, self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            m = len(chunk)
+            p = self._n_past
+            self._tok[:m] = chunk
+            self._pos[:m] = self._positions[p:p + m]
+            skip = min(m, max(0, first - start)) if logits else m  # leading tokens of this chunk unscored
+            self._flags[:skip] = 0
+            self._flags[skip:m] = 1
+            batch.n_tokens = m
+            rc = self._decode(self._ctx.ctx, batch)
+            if rc != 0:
+                self._restore(n_before)  # earlier chunks of this forward are in the cache too
+                raise BackendError(f"llama_decode returned {rc} for {m} tokens at position {p}")
+            self._n_past = p + m
+            if out is not None and skip < m:
+                ptr = self._get_logits(self._ctx.ctx)  # rows of the flagged tokens only, in order
+                if not ptr:
+                    self._restore(n_before)
+                    raise BackendError("llama_get_logits returned NULL")
+                ctypes.memmove(out.data_ptr() + (start + skip - first) * row_bytes, ptr, (m - skip) * row_bytes)
+        return out
+
+    def _restore(self, length: int) -> None:
+        """Drop every position >= `length` (all chunks of a failed forward) and set the length back."""
+        self._lib.llama_memory_seq_rm(self._ctx.memory, 0, int(length), -1)
+        self._n_past = int(length)
+
+    def truncate(self, length: int) -> None:
+        """See `Backend.truncate`: one ``llama_memory_seq_rm(mem, 0, length, -1)`` call.
+
+        Raises:
+            ValueError: `length` is negative or above `cache_length`.
+            BackendError: llama.cpp refused the partial removal.
+        """
+        if length < 0 or length > self._n_past:
+            raise ValueError(f"cannot truncate a cache of {self._n_past} tokens to {length}")
+        if length == self._n_past:
+            return
+        if not self._lib.llama_memory_seq_rm(self._ctx.memory, 0, int(length), -1):
+            raise BackendError(f"llama.cpp cannot roll its cache back from {self._n_past} to {length} tokens")
+        self._n_past = int(length)
+
+    def reset(self) -> None:
+        """Empty the cache (``llama_memory_clear``, data included)."""
+        self._lib.llama_memory_clear(self._ctx.memory, True)
+        self._n_past = 0
+
+    def synchronize(self) -> None:
+        """No-op in effect: on the CPU ``llama_decode`` returns when done (``llama_synchronize`` is called
+        anyway, for builds that offload layers)."""
+        self._lib.llama_synchronize(self._ctx.ctx)
+
+    # -- extras ------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """llama.cpp's own tokenizer (``llama_tokenize``), for cross-checking a Hugging Face tokenizer."""
+        return list(self._model.tokenize(text.encode("utf-8"), add_special, parse_special))
+
+    def eog_ids(self) -> frozenset[int]:
+        """Every token llama.cpp marks end-of-generation (``llama_vocab_is_eog`` over the vocabulary).
+
+        llama.cpp's set is wider than the tokenizer's EOS: it adds the EOT/EOM and FIM pad/repo/separator
+        tokens and every token whose text is a known end-of-turn marker (``<|im_end|>``,
+        ``<|endoftext|>``, ``<|eot_id|>``, ...; ``src/llama-vocab.cpp``). SmolLM2-135M-Instruct: EOS 2
+        (``<|im_end|>``), end-of-generation {0, 2, 4}.
+        """
+        return _eog_ids(self._lib, self._model.model)
+
+    def metadata(self) -> dict[str, str]:
+        """The GGUF key/value metadata (strings), e.g. ``general.architecture``."""
+        return self._model.metadata()
+
+    def close(self) -> None:
+        """Free the batch, context and model (the backend is unusable afterwards)."""
+        for obj in (getattr(self, "_batch", None), getattr(self, "_ctx", None), getattr(self, "_model", None)):
+            if obj is not None:
+                obj.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"LlamaCppBackend({Path(self.model_path).name!r}, n_ctx={self.max_length}, "
+            f"n_threads={self.n_threads}, cache_length={self._n_past})"
+        )
+
+
+def _eog_ids(lib, model) -> frozenset[int]:
+    vocab = lib.llama_model_get_vocab(model)
+    return frozenset(i for i in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_is_eog(vocab, i))
+
+
+def _gguf_tensors(path: str | os.PathLike) -> tuple[Path, list]:
+    """The file's path and its tensor infos (``gguf.ReaderTensor``: name, type, shape, element and byte
+    counts), read from the header through the ``gguf`` package (memory-mapped, no weights copied).
+
+    Raises:
+        GGUFNotFoundError: `path` does not exist. ValueError: the file is not a readable GGUF.
+    """
+    from gguf import GGUFReader
+
+    p = _require_file(path)
+    try:
+        return p, list(GGUFReader(p).tensors)
+    except Exception as exc:  # gguf raises ValueError/struct errors on a damaged file
+        raise ValueError(f"{p}: not a readable GGUF file ({exc})") from exc
+
+
+def gguf_weight_types(path: str | os.PathLike) -> dict[str, int]:
+    """Bytes of tensor data per ggml type in a GGUF file (e.g. ``{"Q4_K": 9.1e8, "Q6_K": 2.1e8, "F32": ...}``),
+    read from the header and tensor infos through the ``gguf`` package (memory-mapped, no weights copied).
+    Which kernels a forward runs depends on these types (a type without an x86 repack keeps per-row dot
+    products), so a cost curve is recorded with them.
+
+    Raises:
+        GGUFNotFoundError: `path` does not exist. ValueError: the file is not a readable GGUF.
+    """
+    _, tensors = _gguf_tensors(path)
+    out: dict[str, int] = {}
+    for t in tensors:
+        name = t.tensor_type.name
+        out[name] = out.get(name, 0) + int(t.n_bytes)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def gguf_matmul_flops(path: str | os.PathLike) -> int:
+    """Floating-point operations of the weight matrix products one token costs in a forward of this GGUF
+    model: 2 (a multiply and an add) per element of every 2-d weight tensor, read from the tensor infos
+    through the ``gguf`` package (memory-mapped, no weights copied).
+
+    The token embedding table (``token_embd.weight``) is a row lookup, not a product, and is left out unless
+    the file has no ``output.weight`` (tied embeddings: the output layer multiplies by that table). Attention
+    over the cache (about 4 x layers x context x hidden FLOPs per token) is not counted: at the contexts a
+    verification cost curve is timed on it is under 1% of the total. 1-d tensors (norms, biases) are left out.
+
+    Returns:
+        FLOPs per token (int), e.g. about 3.1e9 for a 1.5B-parameter model with tied embeddings.
+
+    Raises:
+        GGUFNotFoundError: `path` does not exist. ValueError: the file is not a readable GGUF, or it has no
+        2-d weight tensor.
+    """
+    p, tensors = _gguf_tensors(path)
+    tied = "output.weight" not in {t.name for t in tensors}
+    total = 0
+    for t in tensors:
+        if len([d for d in t.shape if int(d) > 1]) < 2:
+            continue
+        if t.name == "token_embd.weight" and not tied:
+            continue
+        total += 2 * int(t.n_elements)
+    if total == 0:
+        raise ValueError(f"{p}: no 2-d weight tensor, so no FLOPs per token")
+    return total
+
+
+#: Target weight types a GGUF can be requantized to (`requantize_gguf`), by llama.cpp's ftype names.
+REQUANT_TYPES = {"Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "IQ4_NL": "LLAMA_FTYPE_MOSTLY_IQ4_NL",
+                 "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+
+
+def requantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, weight_type: str, *, pure: bool = True,
+                    threads: int | None = None) -> Path:
+    """Write `src` requantized to `weight_type` at `dst` with llama.cpp's own quantizer
+    (``llama_model_quantize`` with ``allow_requantize``; `pure`: every 2-d tensor gets `weight_type`, the
+    output layer and embeddings included, so no tensor keeps a type without a repacked kernel).
+
+    Requantizing an already quantized file stacks two rounding errors: the result is a different model, so
+    its greedy output is compared with the source's before it is used as a target (`benchmarks/
+    llamacpp_candidates.py` prints that agreement). The file is written to ``dst + ".part"`` and renamed, so
+    an interrupted call never leaves a truncated `dst`.
+
+    Raises:
+        GGUFNotFoundError: `src` is missing. ValueError: unknown `weight_type` (one line, the known ones),
+        or `dst` exists. BackendError: llama.cpp's quantizer failed.
+    """
+    if weight_type not in REQUANT_TYPES:
+        raise ValueError(f"unknown weight type {weight_type!r}; known: {', '.join(REQUANT_TYPES)}")
+    source = _require_file(src)
+    out = Path(dst)
+    if out.exists():
+        raise ValueError(f"{out} exists; remove it or choose another path")
+    lib, _ = _llama_cpp()
+    _init_backend(lib, False)
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = getattr(lib, REQUANT_TYPES[weight_type])
+    params.allow_requantize = True
+    params.pure = bool(pure)
+    params.nthread = int(threads or default_threads())
+    part = out.with_name(out.name + ".part")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rc = lib.llama_model_quantize(str(source).encode(), str(part).encode(), ctypes.byref(params))
+    if rc != 0 or not part.is_file():
+        part.unlink(missing_ok=True)
+        raise BackendError(f"llama.cpp could not requantize {source.name} to {weight_type} (status {rc})")
+    part.replace(out)
+    return out
+
+
+def gguf_eog_ids(path: str | os.PathLike) -> frozenset[int]:
+    """llama.cpp's end-of-generation ids of a GGUF file, read from its vocabulary alone (``vocab_only``: no
+    weights, no context), so a transformers model converted from that GGUF stops on the same set as the
+    llama.cpp runtime (`LlamaCppBackend.eog_ids`).
+
+    Raises:
+        GGUFNotFoundError: the file does not exist. BackendError: llama-cpp-python is missing or llama.cpp
+            cannot read the vocabulary.
+    """
+    p = _require_file(path)
+    lib, internals = _llama_cpp()
+    _init_backend(lib, False)
+    mparams = lib.llama_model_default_params()
+    mparams.vocab_only = True
+    mparams.n_gpu_layers = 0
+    try:
+        model = internals.LlamaModel(path_model=str(p), params=mparams, verbose=False)
+    except ValueError as exc:
+        raise BackendError(f"llama.cpp cannot read the vocabulary of {p.name}: {exc}") from exc
+    try:
+        return _eog_ids(lib, model.model)
+    finally:
+        model.close()
+
+
+def load_llamacpp(
+    path: str | os.PathLike, *, n_ctx: int | None = None, n_threads: int | None = None, **kwargs
+) -> LlamaCppBackend:
+    """Load a GGUF file as a `LlamaCppBackend` (quiet; see the class for `kwargs`).
+
+    Raises:
+        GGUFNotFoundError: (a ValueError) the file does not exist; one line naming it.
+        BackendError: llama-cpp-python is missing or llama.cpp cannot load the file.
+    """
+    return LlamaCppBackend(_require_file(path), n_ctx=n_ctx, n_threads=n_threads, **kwargs)
+
+
+def hf_tokenizer_from_gguf(path: str | os.PathLike):
+    """The Hugging Face tokenizer stored in a GGUF file (``AutoTokenizer.from_pretrained(dir, gguf_file=name)``;
+    needs the ``gguf`` package). The speculative engine tokenizes with it.
+
+    Raises:
+        GGUFNotFoundError: the file does not exist.
+    """
+    from transformers import AutoTokenizer
+
+    p = _require_file(path)
+    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)

@@ -32,8 +32,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from specdec import models
-    from specdec.bench.costs import measure_costs
     from specdec.engine.decoding import autoregressive_generate
+    from specdec.measure.timing import measure_costs
     from specdec.runtimes.loading import load_pair
 
     t_spec, d_spec = models.resolve_pair(args.pair, args.target, args.draft)

@@ -37,9 +37,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from specdec import models
-    from specdec.bench.environment import machine_info
     from specdec.bench.machines import machine_label
     from specdec.engine.decoding import autoregressive_generate
+    from specdec.measure.environment import machine_info
     from specdec.runtimes.loading import load_model, set_threads
 
     t_spec, d_spec = models.resolve_pair(args.pair, args.target, args.draft)

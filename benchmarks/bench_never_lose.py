@@ -36,10 +36,10 @@ FLOOR = 0.97
 
 def _generate(loaded, method: str, prompt_ids: list[int], n: int, curve, clock):
     """One greedy generation: ``baseline`` (target-only) or `method` under the cost policy (K <= 16)."""
+    from specdec.catalogue.policies import make_policy
     from specdec.drafters.model import ModelDrafter
     from specdec.drafters.ngram import PromptLookupDrafter
     from specdec.engine.decoding import autoregressive_generate, speculative_generate
-    from specdec.policies.base import make_policy
 
     target = loaded.target.backend
     common = {"vocab_size": loaded.vocab_size, "clock": clock}
@@ -71,7 +71,7 @@ def measure(loaded, prompts: Sequence, curve, *, max_new_tokens: int = 128, repe
         the two target-only runs around it), ratio (baseline_s / seconds), speculative_rounds, exact (its
         tokens equal target-only's), policy_note.
     """
-    from specdec.bench.prompts import encode_prompt
+    from specdec.prompts import encode_prompt
 
     rows = []
     for rep in range(repeats):
@@ -139,10 +139,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--json", default=None, help="write the runs and the summary here")
     args = ap.parse_args(argv)
 
-    from specdec.bench.costs import measure_costs
-    from specdec.bench.prompts import encode_prompt, load_builtin, parse_types
+    from specdec.bench.prompts import load_builtin, parse_types
     from specdec.entrypoints import api
     from specdec.measure.costs import CostCurve
+    from specdec.measure.timing import measure_costs
+    from specdec.prompts import encode_prompt
 
     t0 = time.perf_counter()
     pair = api.load_pair(args.pair, backend=args.backend, threads=args.threads,

@@ -41,7 +41,7 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from specdec.bench.costs import interleaved_forward_times
+    from specdec.measure.timing import interleaved_forward_times
     from specdec.runtimes.compiled import CompiledHFBackend
     from specdec.runtimes.loading import load_model
 

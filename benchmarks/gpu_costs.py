@@ -38,7 +38,6 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.costs import forward_times
 from specdec.bench.sweep import machine_info
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
@@ -46,6 +45,7 @@ from specdec.engine.decoding import autoregressive_generate, speculative_generat
 from specdec.engine.verification import stochastic_verify
 from specdec.measure import archs
 from specdec.measure.costs import CostCurve
+from specdec.measure.timing import forward_times
 from specdec.report.predicted import PromptModel
 from specdec.runtimes.hf import HFBackend
 

@@ -86,15 +86,15 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     args = ap.parse_args()
 
-    from specdec.bench.costs import interleaved_forward_times
-    from specdec.bench.environment import machine_info
     from specdec.bench.prompts import load_builtin
+    from specdec.measure.environment import machine_info
     from specdec.measure.roofline import (
         format_shape_roofline,
         measure_bandwidth,
         shape_roofline,
         weight_bytes,
     )
+    from specdec.measure.timing import interleaved_forward_times
     from specdec.models.loaders import gguf_file
     from specdec.runtimes.llamacpp import gguf_matmul_flops, gguf_weight_types, load_llamacpp, repack_default
     from specdec.runtimes.llamacpp_record import ggml_env

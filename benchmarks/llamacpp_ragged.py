@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
 
-    from specdec.bench.environment import machine_info
+    from specdec.measure.environment import machine_info
     from specdec.models.loaders import gguf_file
     from specdec.runtimes.llamacpp_batched import BatchedLlamaCppBackend
 

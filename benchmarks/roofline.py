@@ -4,7 +4,7 @@ memory bandwidth and the share of it a step uses (gpt-fast's "achieved bandwidth
 Prints figures, never asserts on time. The machine's bandwidth is measured once (a streaming copy of
 ``--bandwidth-mib`` MiB per buffer, best of 5; GB/s = 1e9 bytes/s); then for every model spec and dtype
 (and ``--quant``) the target alone is loaded, its single decoding step timed on a warm cache of
-``--context-tokens`` tokens (median of ``--repeats``, `specdec.bench.costs.measure_costs`), and its weight
+``--context-tokens`` tokens (median of ``--repeats``, `specdec.measure.timing.measure_costs`), and its weight
 bytes counted (`specdec.measure.roofline.weight_bytes`: parameters and buffers at their stored dtype, or the GGUF
 file's size on llama.cpp). One model is in memory at a time.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec.bench.costs import measure_costs
 from specdec.measure.roofline import format_roofline, measure_bandwidth, roofline, weight_bytes
+from specdec.measure.timing import measure_costs
 from specdec.runtimes.loading import load_pair
 
 

@@ -36,7 +36,7 @@ def same_file(a: str | Path, b: str | Path) -> bool:
 
 
 def check_output(path: str | Path, *, inputs: Iterable[str | Path] = (), force: bool = False,
-                 directory: bool = False, flag: str = "--out") -> Path:
+                 directory: bool = False, flag: str = "--out", create_parent: bool = False) -> Path:
     """Check the output path of a command before anything is read or written; return it as a `Path`.
 
     Args:
@@ -46,6 +46,8 @@ def check_output(path: str | Path, *, inputs: Iterable[str | Path] = (), force: 
         directory: `path` is a directory the command writes into (``report --out``): an existing directory
             is fine, an existing file (a store or anything else) is refused.
         flag: the option's name in messages.
+        create_parent: make a missing parent folder of a file now (so a long run's output has somewhere to go),
+            or refuse in one line when it cannot be made.
 
     Raises:
         ValueError: one line (``specdec: error: ...`` at the CLI) naming the file: empty path; the output is
@@ -72,4 +74,11 @@ def check_output(path: str | Path, *, inputs: Iterable[str | Path] = (), force: 
                          f"output file")
     if out.exists() and not force:
         raise ValueError(f"{flag} {out} already exists: pass --force to overwrite it, or name another file")
+    if create_parent and not out.parent.is_dir():
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"{flag} {out}: cannot make its folder {out.parent} ({exc.strerror or exc})") from None
+    if not out.parent.is_dir():
+        raise ValueError(f"{flag} {out}: its folder {out.parent} does not exist")
     return out

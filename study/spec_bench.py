@@ -54,7 +54,7 @@ def pick(records: list[dict], per_category: int) -> list[dict]:
         per_category: questions per main category (>= 1; all of them when a category has fewer).
 
     Returns:
-        Prompt records for `specdec.bench.prompts.load_prompt_file` (``id``, ``type``, ``prompt``).
+        Prompt records for `specdec.prompts.read_prompts` (``id``, ``type``, ``prompt``).
 
     Raises:
         ValueError: per_category < 1, or an unknown category.

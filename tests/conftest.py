@@ -41,6 +41,13 @@ def pytest_configure(config):
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+def one_row(doc: dict) -> dict:
+    """A ``specdec generate --json`` document of one prompt as one flat record: the document's settings, its
+    runtime record (backend, dtype, ...) and its one row's figures."""
+    (row,) = doc["rows"]
+    return {**{k: v for k, v in doc.items() if k != "rows"}, **doc["runtime"], **row}
+
+
 def load_benchmark(name: str):
     """Import ``benchmarks/<name>.py`` (not a package) as a module, to call its functions in-process."""
     spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCHMARKS / f"{name}.py")

@@ -59,8 +59,8 @@ def fp32_pair(tiny_pair, near_draft_dir):
 
 
 def _target_only(pair, n, **kw):
-    from specdec.bench.prompts import encode_prompt
     from specdec.engine.decoding import autoregressive_generate
+    from specdec.prompts import encode_prompt
 
     ids = encode_prompt(pair.tokenizer, PROMPT)
     return autoregressive_generate(pair.loaded.target.backend, ids, n, eos_ids=pair.loaded.eos_ids,
@@ -82,7 +82,7 @@ def test_greedy_generation_equals_target_only_for_each_drafter_and_policy(fp32_p
         assert out.token_ids == ref.token_ids and out.finish_reason == ref.finish_reason
         assert out.dtype == "float32" and out.temperature == 0.0
     fixed, heuristic, cost, ngram = runs
-    assert (fixed.policy, fixed.k, fixed.drafter) == ("fixed", 3, "model")
+    assert (fixed.policy, fixed.k, fixed.drafter) == ("fixed", 3, "draft")  # the catalogue's one name
     assert fixed.num_drafted > 0 and 0 < fixed.num_accepted <= fixed.num_drafted
     assert {r.k for r in fixed.rounds} <= {0, 1, 2, 3}
     assert (heuristic.policy, heuristic.k) == ("heuristic", 4) and (cost.policy, cost.k) == ("cost", 16)
@@ -105,17 +105,17 @@ def test_sampled_generation_is_reproducible_by_seed(fp32_pair):
 
 def test_the_cost_policy_reuses_its_cached_costs_and_remeasures_on_request(fp32_pair, tmp_path, monkeypatch):
     from specdec import generate
-    from specdec.measure import quick_costs
+    from specdec.measure import timing
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     calls = []
-    real = quick_costs.quick_measure
+    real = timing.measure_forwards
 
-    def counting(pair, **kw):
-        calls.append(kw["max_n"])
-        return real(pair, **kw)
+    def counting(pair, target_ns, draft_ns, **kw):
+        calls.append(max(target_ns))
+        return real(pair, target_ns, draft_ns, **kw)
 
-    monkeypatch.setattr(quick_costs, "quick_measure", counting)
+    monkeypatch.setattr(timing, "measure_forwards", counting)
     generate(fp32_pair, PROMPT, max_new_tokens=4)
     generate(fp32_pair, PROMPT, max_new_tokens=4)
     assert calls == [17]  # measured once, then read from the cache
@@ -141,13 +141,13 @@ def test_default_dtype_and_target_only_pairs(tiny_pair):
     assert next(pair.loaded.target.hf_model.parameters()).dtype.__repr__().endswith(pair.dtype)
     out = generate(pair, "abc abc abc abc abc abc", max_new_tokens=8, drafter="ngram", k=2)
     assert out.dtype == pair.dtype and out.num_tokens > 0
-    with pytest.raises(ValueError, match="no draft model"):
+    with pytest.raises(ValueError, match="drafter 'draft' needs a draft model"):
         generate(pair, PROMPT, max_new_tokens=4, k=2)
 
 
 @pytest.mark.parametrize("kwargs,needle", [
     ({"policy": "bandit"}, "unknown policy 'bandit'"),
-    ({"k": 0}, "K must be >= 1"),
+    ({"k": 0}, "k must be an integer >= 1"),
     ({"drafter": "oracle"}, "unknown drafter 'oracle'"),
     ({"temperature": -1.0}, "temperature must be >= 0"),
     ({"max_new_tokens": 100000, "k": 2}, "exceeds the target's context"),
@@ -183,42 +183,3 @@ def test_import_specdec_does_not_import_torch():
     assert p.returncode != 0 and "has no attribute 'nope'" in p.stderr
 
 
-def test_quick_costs_time_a_handful_of_shapes_and_cache_them_per_setup(fp32_pair, tmp_path):
-    from specdec.measure.costs import CostCurve
-    from specdec.measure.quick_costs import cached_quick_costs, model_fingerprint, quick_measure, quick_ns
-
-    assert quick_ns(17) == [1, 2, 3, 5, 9, 17] and quick_ns(6) == [1, 2, 3, 5, 6] and quick_ns(1) == [1]
-    with pytest.raises(ValueError):
-        quick_ns(0)
-    ticks = iter(range(10**6))
-    costs = quick_measure(fp32_pair.loaded, max_n=9, clock=lambda: next(ticks) * 0.001)
-    assert sorted(costs["target_forward_s"]) == [1, 2, 3, 5, 9] and costs["quick"]
-    assert costs["draft_step_s"] > 0 and costs["repeats"] == 2 and costs["draft_repeats"] == 6
-    # the draft's forwards up to a prefill's size, which the cost policy prices the deferred prefill on
-    from specdec.measure.quick_costs import QUICK_DRAFT_NS
-
-    assert sorted(costs["draft_forward_s"]) == list(QUICK_DRAFT_NS)
-    assert costs["draft_forward_s"][1] == costs["draft_step_s"]
-    assert CostCurve.from_costs(costs).draft_forward_s is not None  # what the cost policy reads
-    measured = []
-
-    def measure(pair, **kw):
-        measured.append(kw["max_n"])
-        return quick_measure(pair, **kw)
-
-    key = {"target": model_fingerprint(fp32_pair.target), "draft": None, "dtype": "float32", "threads": 1}
-    _, note = cached_quick_costs(fp32_pair.loaded, key, max_n=5, cache=tmp_path, measure=measure)
-    assert note.startswith("costs measured in") and measured == [5]
-    _, note = cached_quick_costs(fp32_pair.loaded, key, max_n=5, cache=tmp_path, measure=measure)
-    assert note.startswith("costs from") and "--remeasure-costs" in note and measured == [5]
-    cached_quick_costs(fp32_pair.loaded, key, max_n=9, cache=tmp_path, measure=measure)  # more than stored
-    cached_quick_costs(fp32_pair.loaded, key, max_n=5, cache=tmp_path, measure=measure, refresh=True)
-    cached_quick_costs(fp32_pair.loaded, {**key, "dtype": "bfloat16"}, max_n=5, cache=tmp_path, measure=measure)
-    assert measured == [5, 9, 5, 5] and len(list((tmp_path / "costs").glob("quick-*.json"))) == 2
-    # a model file that changes is another setup
-    fp = model_fingerprint(str(fp32_pair.target))
-    assert fp and all(len(entry) == 3 for entry in fp) and model_fingerprint(None) is None
-    from specdec.models import resolve
-
-    sha = resolve("qwen2.5-coder:target").chunks.sha256
-    assert model_fingerprint("qwen2.5-coder:target") == {"sha256": sha}  # the GGUF's content, not its path

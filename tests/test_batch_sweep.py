@@ -11,9 +11,9 @@ import typer
 from typer.testing import CliRunner
 
 from specdec.bench import batch_sweep as BS
-from specdec.bench.prompts import Prompt
 from specdec.bench.store import Store
 from specdec.bench.store_batch import BatchTables
+from specdec.prompts import Prompt
 
 #: Short prompts (the tiny models have 128 positions) of the ``code`` and ``repetitive`` groups' types.
 POOL = [

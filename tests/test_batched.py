@@ -24,7 +24,8 @@ from specdec.engine.batched import GREEDY, generate_batch
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
 from specdec.engine.metrics import RoundRecord
 from specdec.engine.sampling import SamplingParams
-from specdec.policies.batch import BatchCostPolicy, FixedBatchK, best_batch_k, expected_committed
+from specdec.measure.theory import expected_tokens_per_round
+from specdec.policies.batch import BatchCostPolicy, FixedBatchK, best_batch_k
 from specdec.runtimes.base import BackendError, ContextOverflowError
 from specdec.runtimes.hf_batched import BatchedHFBackend
 
@@ -238,18 +239,18 @@ def test_bad_inputs_and_refusals(btarget, bnear, prompts, mistral_pair):
 
 
 def brute_k(alphas, cost, max_k, draft=None):
-    rates = [sum(expected_committed(a, k) for a in alphas)
+    rates = [sum(expected_tokens_per_round(a, k) for a in alphas)
              / (cost(len(alphas) * (k + 1)) + (draft(len(alphas), k) if draft and k else 0.0))
              for k in range(max_k + 1)]
     return rates.index(max(rates))
 
 
 def test_expected_committed():
-    assert expected_committed(0.0, 5) == 1.0
-    assert expected_committed(1.0, 5) == 6.0
-    assert expected_committed(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens_per_round(0.0, 5) == 1.0
+    assert expected_tokens_per_round(1.0, 5) == 6.0
+    assert expected_tokens_per_round(0.5, 2) == pytest.approx(1.75)
     with pytest.raises(ValueError):
-        expected_committed(1.5, 2)
+        expected_tokens_per_round(1.5, 2)
 
 
 def test_batch_k_shrinks_as_the_batch_fills_a_flat_then_linear_curve():
@@ -467,7 +468,7 @@ def test_best_batch_k_prices_each_row_at_what_it_has_to_draft():
 
     def rate(k):  # rows draft min(K, cap); the round is padded to the widest row
         width = min(k, max(caps)) + 1
-        return sum(expected_committed(a, min(k, c)) for a, c in zip(alphas, caps)) / cost(4 * width)
+        return sum(expected_tokens_per_round(a, min(k, c)) for a, c in zip(alphas, caps)) / cost(4 * width)
 
     want = max(range(4), key=lambda k: (rate(k), -k))
     assert best_batch_k(alphas, cost, max_k=8, caps=caps) == want > 0

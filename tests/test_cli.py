@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import one_row
 
 
 def run(*args, env=None):
@@ -21,7 +22,7 @@ def test_generate_json_with_baseline(tiny_pair, near_draft_dir):
             "--prompt", "hello world the quick brown fox", "--k", "4", "--max-new-tokens", "24",
             "--baseline", "--json", "--threads", "1")
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout)  # stdout is the JSON object alone (the text goes to stderr)
+    out = one_row(json.loads(p.stdout))  # stdout is the JSON object alone (the text goes to stderr)
     for key in ("token_ids", "text", "finish_reason", "num_rounds", "num_drafted", "num_accepted",
                 "acceptance_rate", "block_efficiency", "tokens_per_s", "ttft_s", "baseline_token_ids",
                 "baseline_tokens_per_s", "speedup"):
@@ -40,18 +41,18 @@ def test_generate_defaults_to_the_machines_fastest_exact_dtype_and_names_it(tiny
             "--prompt", "hello world", "--k", "2", "--max-new-tokens", "6", "--threads", "1")
     p = run(*args, "--json")
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout)
+    out = one_row(json.loads(p.stdout))
     assert out["dtype"] == out["draft_dtype"] == default_dtype("cpu") and out["backend"] == "transformers"
     assert f"ran transformers {default_dtype('cpu')}" in p.stderr
     p = run(*args, "--dtype", "float32")
     assert p.returncode == 0, p.stderr
     assert "ran transformers float32" in p.stdout
     p = run(*args, "--dtype", "float32", "--draft-dtype", "auto", "--json")
-    assert json.loads(p.stdout)["draft_dtype"] == default_dtype("cpu")
+    assert json.loads(p.stdout)["runtime"]["draft_dtype"] == default_dtype("cpu")
 
 
 def test_divergence_line_says_what_a_difference_means_in_each_dtype():
-    from specdec.entrypoints.cli import divergence_line
+    from specdec.entrypoints.output import divergence_line
 
     div = {"step": 7, "eager_token": 11, "compiled_token": 12, "margin": 0.0312}
     bf16 = divergence_line(div, "bfloat16")
@@ -70,7 +71,7 @@ def test_generate_zero_tokens_with_baseline_prints_strict_json(tiny_pair):
     def no_nan(name):
         raise AssertionError(f"{name} in JSON output")
 
-    out = json.loads(p.stdout.strip().splitlines()[-1], parse_constant=no_nan)
+    out = one_row(json.loads(p.stdout.strip().splitlines()[-1], parse_constant=no_nan))
     assert out["token_ids"] == [] and out["baseline_tokens_per_s"] is None and out["speedup"] is None
 
 
@@ -78,14 +79,14 @@ def test_generate_ngram_and_policy(tiny_pair):
     p = run("generate", "--target", str(tiny_pair.target_dir), "--prompt", "abc abc abc abc abc abc",
             "--drafter", "ngram", "--policy", "heuristic", "--k", "2", "--max-new-tokens", "12", "--json")
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = one_row(json.loads(p.stdout.strip().splitlines()[-1]))
     n = len(out["token_ids"])
     assert n == 12 or (n < 12 and out["finish_reason"] == "eos")
     assert len(out["rounds_k"]) == out["num_rounds"]
     # the oracle: target-only greedy decoding of the same prompt (prompt lookup + heuristic K must not change
     # a single token), and prompt lookup did draft on this repetitive prompt
-    from specdec.bench.prompts import encode_prompt
     from specdec.engine.decoding import autoregressive_generate
+    from specdec.prompts import encode_prompt
     from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(tiny_pair.target_dir), None)
@@ -96,7 +97,11 @@ def test_generate_ngram_and_policy(tiny_pair):
 
 
 def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_draft_dir, tmp_path):
-    from specdec.entrypoints.cli import default_policy
+    from specdec.catalogue.policies import resolve_policy
+
+    def default_policy(name, k):
+        entry, k = resolve_policy(name, k)
+        return entry.name, k
 
     assert default_policy(None, None) == ("cost", 16)
     assert default_policy(None, 3) == ("fixed", 3)
@@ -109,14 +114,14 @@ def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_
     env = {"SPECDEC_CACHE_DIR": str(tmp_path)}
     p = run(*args, env=env)
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = one_row(json.loads(p.stdout.strip().splitlines()[-1]))
     assert (out["policy"], out["k"]) == ("cost", 16)
     assert out["identical_to_baseline"] and len(out["rounds_k"]) == out["num_rounds"]
     assert all(0 <= k <= 16 for k in out["rounds_k"])
     # only an adaptive policy estimates alpha; each round records the estimate it chose K with
     assert len(out["rounds_alpha"]) == out["num_rounds"] and all(0 <= a <= 1 for a in out["rounds_alpha"])
     assert "costs measured" in p.stderr and len(list((tmp_path / "costs").glob("*.json"))) == 1
-    assert "measuring the cost policy's forward costs" in p.stderr  # a progress line before the measurement
+    assert "measuring forward costs" in p.stderr  # a progress line before the measurement
     again = run(*args, env=env)  # the second run reuses the measurement
     assert again.returncode == 0 and "costs from" in again.stderr, again.stderr
     assert "measuring" not in again.stderr
@@ -124,7 +129,7 @@ def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_
     assert fresh.returncode == 0 and "costs measured" in fresh.stderr, fresh.stderr
     assert len(list((tmp_path / "costs").glob("*.json"))) == 1  # the same setup's file, overwritten
     fixed = run(*args[:-4], "--k", "2", "--json", "--threads", "1", env=env)
-    out = json.loads(fixed.stdout.strip().splitlines()[-1])
+    out = one_row(json.loads(fixed.stdout.strip().splitlines()[-1]))
     assert (out["policy"], out["k"]) == ("fixed", 2) and set(out["rounds_k"]) <= {0, 1, 2}
     assert out["rounds_alpha"] == [None] * out["num_rounds"]
 
@@ -132,7 +137,7 @@ def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        (["--k", "0"], "--k must be >= 1"),
+        (["--k", "0"], "--k must be an integer >= 1"),
         (["--policy", "bandit"], "unknown --policy 'bandit'"),
         (["--threads", "-1"], "--threads must be >= 1"),
         # the default cost policy would measure costs first: the overflow must be reported before that
@@ -261,7 +266,7 @@ def test_c3_divergence_is_reported_with_margin(tiny_pair, near_draft_dir, monkey
               "hello world the quick brown fox", "--k", "3", "--max-new-tokens", "12", "--baseline", "--json"])
     assert exit_info.value.code in (0, None)
     captured = capsys.readouterr()
-    out = json.loads(captured.out.strip().splitlines()[-1])
+    out = one_row(json.loads(captured.out.strip().splitlines()[-1]))
     assert out["identical_to_baseline"] is False
     div = out["divergence"]
     assert div["step"] == 5 and div["eager_token"] == out["baseline_token_ids"][5]

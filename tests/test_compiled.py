@@ -431,7 +431,7 @@ def test_load_pair_frozen_compiles_target_and_draft_frozen(tiny_pair, near_draft
     """`load_pair(compile=True, compile_mode="frozen")` (the transformers-bf16-frozen configuration's models,
     here in fp32): target frozen on FROZEN_BUCKETS, draft frozen on FROZEN_DRAFT_BUCKETS without last-row graphs;
     greedy speculative decoding with the draft model equals greedy target-only decoding on the frozen target."""
-    from specdec.bench.runtimes import RUNTIME_CONFIGS
+    from specdec.catalogue.runtimes import RUNTIME_CONFIGS
     from specdec.runtimes.compiled import FROZEN_BUCKETS, FROZEN_DRAFT_BUCKETS
     from specdec.runtimes.loading import load_pair
 

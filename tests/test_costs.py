@@ -142,8 +142,8 @@ def test_calibration_block_times_the_drafts_catch_up(tiny_pair, near_draft_dir):
     """The calibration block times the draft's forwards of DRAFT_CALIBRATION_NS tokens scoring the last row only
     (what ModelDrafter's catch-up runs), the target's of 1..max_n scoring every row (verification), and the
     store keeps one draft row per n; a costs dict with them prices the catch-up."""
-    from specdec.bench.costs import calibration_block
     from specdec.measure.costs import DRAFT_CALIBRATION_NS
+    from specdec.measure.timing import calibration_block
     from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)
@@ -199,7 +199,7 @@ def test_a_resumed_prompt_decides_with_the_median_of_its_stored_blocks():
 def test_interleaved_forward_times_alternate_backends_and_roll_back():
     """Each backend is prefilled once, warmed with single-token forwards, then timed width by width with the
     backends alternating inside each width, every timed forward rolled back to the prefilled length."""
-    from specdec.bench.costs import interleaved_forward_times
+    from specdec.measure.timing import interleaved_forward_times
 
     log: list[tuple] = []
 

@@ -121,7 +121,7 @@ def test_cli_bad_gguf_type_is_one_line(smollm2_gguf, cache, capsys, argv, messag
 
 
 def test_runtime_configs_select_the_type_for_the_target():
-    from specdec.bench.runtimes import RUNTIME_CONFIGS, config_for_backends
+    from specdec.catalogue.runtimes import RUNTIME_CONFIGS, config_for_backends
 
     for label, t in (("llamacpp-q4_0", "Q4_0"), ("llamacpp-iq4_nl", "IQ4_NL"), ("llamacpp-q8_0", "Q8_0")):
         rc = RUNTIME_CONFIGS[label]

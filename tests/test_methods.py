@@ -8,8 +8,8 @@ import pytest
 
 from specdec.bench import methods as M
 from specdec.bench.config import RUNTIME_CONFIGS, make_config
+from specdec.catalogue.peers import PEER_PAIRS
 from specdec.engine.metrics import GenerationResult, RoundRecord
-from specdec.peer_pairs import PEER_PAIRS
 
 
 def test_registry_holds_every_timed_method_once():
@@ -19,7 +19,7 @@ def test_registry_holds_every_timed_method_once():
     assert not M.METHODS["baseline_padded"].default and not M.METHODS["baseline_padded"].takes_k
     assert M.reference_method().name == "baseline"
     ours = {m.name for m in M.our_methods()}
-    # every peer is compared with one of ours (specdec.peer_pairs, which the report reads), at the same K
+    # every peer is compared with one of ours (specdec.catalogue.peers, which the report reads), at the same K
     # when it takes K
     assert {p for _, p in PEER_PAIRS} == {m.name for m in M.peer_methods()}
     for ours_name, peer in PEER_PAIRS:

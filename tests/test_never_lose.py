@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from specdec.catalogue.policies import make_policy
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
 from specdec.engine.metrics import RoundRecord
 from specdec.engine.traces import AcceptanceTrace, draft_pending, replay
 from specdec.measure.costs import CostCurve
-from specdec.policies.base import make_policy
 from specdec.policies.cost import CostPolicy
 
 V = 1000
@@ -368,7 +368,7 @@ def test_bf16_curve_the_draft_prefill_is_paid_and_the_gains_stay():
 
 
 def test_the_llamacpp_padded_configuration_pads_on_llamacpp():
-    from specdec.bench.runtimes import RUNTIME_CONFIGS
+    from specdec.catalogue.runtimes import RUNTIME_CONFIGS
 
     rc = RUNTIME_CONFIGS["llamacpp-padded"]
     assert rc.pad_verify and not rc.compile
@@ -409,7 +409,7 @@ def test_llamacpp_padded_verification_is_exact_under_the_cost_policy(smollm2_ggu
 def test_the_never_lose_benchmark_dry_runs_on_tiny_models(tiny_pair, near_draft_dir):
     from conftest import load_benchmark
 
-    from specdec.bench.prompts import Prompt
+    from specdec.prompts import Prompt
     from specdec.runtimes.loading import load_pair
 
     bench = load_benchmark("bench_never_lose")

@@ -16,9 +16,10 @@ import math
 
 import pytest
 import torch
-from conftest import CountingBackend, load_backend
+from conftest import CountingBackend, load_backend, one_row
 from test_joint import CHI2_CRIT_DF26_A001, VOCAB, p_of, q_of
 
+from specdec.catalogue.policies import make_policy
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
@@ -26,7 +27,6 @@ from specdec.engine.decoding import autoregressive_generate, speculative_generat
 from specdec.engine.sampling import SamplingParams
 from specdec.measure import theory
 from specdec.measure.costs import CostCurve
-from specdec.policies.base import make_policy
 from specdec.policies.cost import CostPolicy
 
 V = 1000
@@ -382,7 +382,7 @@ def test_generate_pad_verify_is_exact_and_pads_as_the_measured_curve_says(tiny_p
             "hello world the quick brown fox", "--k", "2", "--max-new-tokens", "16", "--baseline", "--json",
             "--threads", "1", "--pad-verify", env=env)
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout)
+    out = one_row(json.loads(p.stdout))
     assert out["identical_to_baseline"] and out["pad_verify"]
     assert "verification padded in" in p.stderr
     # the padded shapes are the measured curve's: read the costs the command cached

@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from specdec.catalogue.policies import POLICIES, make_policy
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
@@ -16,7 +17,7 @@ from specdec.engine.metrics import RoundRecord
 from specdec.engine.sampling import SamplingParams, warp
 from specdec.measure.costs import CostCurve
 from specdec.measure.theory import optimal_k
-from specdec.policies.base import POLICY_NAMES, ConfidenceK, FixedK, HeuristicK, RoundPlan, make_policy
+from specdec.policies.base import ConfidenceK, FixedK, HeuristicK, RoundPlan
 from specdec.policies.cost import CostPolicy
 
 V = 1000
@@ -131,7 +132,7 @@ def test_make_policy():
     cp = make_policy("cost", 7, costs=json_costs)
     assert isinstance(cp, CostPolicy) and cp.max_k == 7
     assert cp.target_forward_s == CHEAP_DRAFT["target_forward_s"]
-    assert {p.name for p in (make_policy(n, 2, costs=CHEAP_DRAFT) for n in POLICY_NAMES)} == set(POLICY_NAMES)
+    assert {p.name for p in (make_policy(n, 2, costs=CHEAP_DRAFT) for n in POLICIES)} == set(POLICIES)
     with pytest.raises(ValueError, match="fixed, heuristic, confidence, cost"):
         make_policy("adaptive", 4)
     with pytest.raises(ValueError, match="specdec costs"):

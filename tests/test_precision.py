@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from conftest import one_row
 
 from specdec.drafters.model import ModelDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
@@ -119,7 +120,7 @@ def test_cli_generate_with_a_quantized_draft(tiny_pair):
                         "--baseline", "--json", "--threads", "1"], capture_output=True, text=True, env=env,
                        timeout=300, check=False)
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = one_row(json.loads(p.stdout.strip().splitlines()[-1]))
     assert out["identical_to_baseline"] and out["num_drafted"] > 0
     p = subprocess.run([sys.executable, "-m", "specdec", "generate", "--target", spec, "--draft", spec,
                         "--quant", "int8", "--compile", "--prompt", "x"], capture_output=True, text=True,

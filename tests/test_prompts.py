@@ -8,14 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench.prompts import (
-    PROMPT_TYPES,
-    Prompt,
-    PromptFileError,
-    load_builtin,
-    load_prompt_file,
-    parse_types,
-)
+from specdec.bench.prompts import PROMPT_TYPES, load_builtin, parse_types
+from specdec.prompts import Prompt, PromptFileError, read_prompts
 
 EXPECTED_TYPES = (
     "repetitive",
@@ -144,7 +138,7 @@ def test_jsonl_with_type_and_category(tmp_path):
             {"type": "math", "prompt": "2 + 2 ="},
         ),
     )
-    got = load_prompt_file(path)
+    got = read_prompts(path)
     assert got == [
         Prompt("a", "code", "def f(x):"),
         Prompt("math-01", "math", "1 + 1 ="),
@@ -154,13 +148,13 @@ def test_jsonl_with_type_and_category(tmp_path):
 
 def test_jsonl_detected_from_content_not_extension(tmp_path):
     content = "\n" + _jsonl({"type": "t", "prompt": "hello"}) + "\n\n"
-    got = load_prompt_file(_write(tmp_path, "prompts.txt", content))
+    got = read_prompts(_write(tmp_path, "prompts.txt", content))
     assert got == [Prompt("t-01", "t", "hello")]
 
 
 def test_jsonl_keeps_text_verbatim_and_int_ids(tmp_path):
     text = "line one\n\n    indented line two  "
-    got = load_prompt_file(_write(tmp_path, "p.jsonl", _jsonl({"id": 7, "type": "x", "prompt": text})))
+    got = read_prompts(_write(tmp_path, "p.jsonl", _jsonl({"id": 7, "type": "x", "prompt": text})))
     assert got == [Prompt("7", "x", text)]
 
 
@@ -173,19 +167,19 @@ def test_spec_bench_question_jsonl_uses_first_turn(tmp_path):
             {"question_id": 82, "category": "math", "turns": ["What is 17 * 3?"]},
         ),
     )
-    got = load_prompt_file(path)
+    got = read_prompts(path)
     assert got == [Prompt("81", "writing", "Write a haiku."), Prompt("82", "math", "What is 17 * 3?")]
 
 
 def test_json_array_accepted(tmp_path):
     content = json.dumps([{"type": "a", "prompt": "x"}, {"type": "a", "prompt": "y"}], indent=2)
-    got = load_prompt_file(_write(tmp_path, "p.json", content))
+    got = read_prompts(_write(tmp_path, "p.json", content))
     assert [p.id for p in got] == ["a-01", "a-02"]
 
 
 def test_plain_text_blocks(tmp_path):
     content = "First prompt,\nstill the first.\n\n\n   \nSecond prompt.\n\nThird {not json}\n"
-    got = load_prompt_file(_write(tmp_path, "p.txt", content))
+    got = read_prompts(_write(tmp_path, "p.txt", content))
     assert got == [
         Prompt("custom-01", "custom", "First prompt,\nstill the first."),
         Prompt("custom-02", "custom", "Second prompt."),
@@ -195,15 +189,15 @@ def test_plain_text_blocks(tmp_path):
 
 def test_plain_text_starting_with_brace_but_not_json(tmp_path):
     content = "{\n  this is a code block, not JSON\n}\n\nint main(void) {"
-    got = load_prompt_file(_write(tmp_path, "p.txt", content))
+    got = read_prompts(_write(tmp_path, "p.txt", content))
     assert [p.text for p in got] == ["{\n  this is a code block, not JSON\n}", "int main(void) {"]
 
 
 def test_utf8_bom_and_crlf(tmp_path):
     content = "\ufeff" + '{"type": "t", "prompt": "caf\\u00e9"}\r\n'
-    assert load_prompt_file(_write(tmp_path, "p.jsonl", content)) == [Prompt("t-01", "t", "café")]
+    assert read_prompts(_write(tmp_path, "p.jsonl", content)) == [Prompt("t-01", "t", "café")]
     plain = "one\r\n\r\ntwo\r\n"
-    assert [p.text for p in load_prompt_file(_write(tmp_path, "q.txt", plain))] == ["one", "two"]
+    assert [p.text for p in read_prompts(_write(tmp_path, "q.txt", plain))] == ["one", "two"]
 
 
 # ---------------------------------------------------------------------------------------- bad files
@@ -211,7 +205,7 @@ def test_utf8_bom_and_crlf(tmp_path):
 
 def _rejects(path, *needles: str) -> str:
     with pytest.raises(PromptFileError) as info:
-        load_prompt_file(path)
+        read_prompts(path)
     msg = str(info.value)
     assert "\n" not in msg, msg
     assert str(path) in msg, msg

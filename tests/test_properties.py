@@ -42,6 +42,7 @@ from conftest import ScriptedDrafter, build_tiny_model
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
+from specdec.catalogue.policies import make_policy
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
@@ -50,7 +51,6 @@ from specdec.engine.decoding import autoregressive_generate, speculative_generat
 from specdec.engine.sampling import SamplingParams, warp
 from specdec.engine.traces import compare_rounds, draft_pending, record_trace, replay
 from specdec.measure.costs import CostCurve
-from specdec.policies.base import make_policy
 from specdec.runtimes.base import ContextOverflowError
 from specdec.runtimes.hf import HFBackend
 

@@ -536,7 +536,7 @@ def test_ray_shard_killed_mid_way_resumes_without_loss_or_duplicates(ray_cluster
 def test_host_id_tells_apart_two_boots_of_one_host_name(tmp_path):
     """Two VMs of this workplace share the host name 'vm' (and one ran fp32 steps 1.5x slower than the other):
     the host id hashes the boot id too, so their runs are two machines; one boot keeps one id."""
-    from specdec.bench.machines import host_id
+    from specdec.measure.environment import host_id
 
     a, b = tmp_path / "boot_a", tmp_path / "boot_b"
     a.write_text("1111-aaaa\n")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specdec.bench.prompts import load_prompt_file
+from specdec.prompts import read_prompts
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_pick_spreads_each_category_and_mt_bench_round_robin(sb, tmp_path):
     qfile.write_text("".join(json.dumps(q) + "\n" for q in qs), encoding="utf-8")
     out = tmp_path / "picked.jsonl"
     assert sb.main(["pick", "--question", str(qfile), "--per-category", "3", "--out", str(out)]) == 0
-    prompts = load_prompt_file(out)
+    prompts = read_prompts(out)
     assert len(prompts) == 18 and len({p.id for p in prompts}) == 18
     assert {p.type for p in prompts} == set(sb.MAIN)
 

@@ -19,13 +19,13 @@ from typer.testing import CliRunner
 
 from specdec.bench import methods as M
 from specdec.bench import sweep as S
-from specdec.bench.environment import machine_changes
 from specdec.bench.export import export_runs
 from specdec.bench.methods import peers_for
-from specdec.bench.prompts import Prompt, PromptFileError
 from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.measure.costs import CostCurve
+from specdec.measure.environment import machine_changes
+from specdec.prompts import Prompt, PromptFileError
 
 #: The published stores (results/*.db), read-only.
 PUBLISHED = Path(__file__).resolve().parents[1] / "results"
@@ -95,9 +95,9 @@ def test_sweep_stores_traces_that_replay_its_timed_runs(full_sweep):
     """Each prompt's acceptance trace is stored after its first baseline; replaying it gives exactly the rounds
     of every timed greedy run (fixed K and every policy, both drafters) - fp32 on tiny models, no near-tie
     flips - and the calibration block is stored once per prompt at the prompt's own context."""
+    from specdec.catalogue.policies import make_policy
     from specdec.engine.metrics import RoundRecord
     from specdec.engine.traces import AcceptanceTrace, compare_rounds, replay
-    from specdec.policies.base import make_policy
 
     cfg, db, result, _ = full_sweep
     with Store(db) as st:
@@ -182,8 +182,8 @@ def test_costs_table_filled(full_sweep):
     assert target_n == list(range(1, 18))  # 1..17 always covered
     # the draft's catch-up curve, which the cost policy prices a round's first draft forward on, and its
     # prefill-sized forwards (the deferred prefill's price)
-    from specdec.bench.loaded import SWEEP_DRAFT_MAX_N
     from specdec.measure.costs import DRAFT_PREFILL_NS
+    from specdec.measure.timing import SWEEP_DRAFT_MAX_N
 
     draft_ns = list(range(1, SWEEP_DRAFT_MAX_N + 1)) + list(DRAFT_PREFILL_NS)
     assert sorted(n for role, n, _, _ in rows if role == "draft") == draft_ns
@@ -1060,32 +1060,6 @@ def test_sampled_sweep_records_seeds_and_no_equality(tmp_path, tiny_pair, near_d
         assert st.traces() == [] and st.calibration()
 
 
-def test_cached_costs_measure_once_per_setup_and_max_n(tmp_path):
-    from specdec.bench.costs import cached_costs
-
-    calls = []
-
-    def fake_measure(pair, *, max_n, repeats):
-        calls.append((max_n, repeats))
-        return {"draft_step_s": 0.1, "target_step_s": 0.3, "target_forward_s": {n: 0.3 for n in range(1, max_n + 1)}}
-
-    key = {"target": "t", "draft": "d", "threads": 2}
-    costs, note = cached_costs(None, key, max_n=5, cache=str(tmp_path), measure=fake_measure)
-    assert calls == [(5, 3)] and "measured" in note and costs["target_forward_s"][5] == 0.3
-    costs, note = cached_costs(None, key, max_n=3, cache=str(tmp_path), measure=fake_measure)
-    assert calls == [(5, 3)] and note.startswith("costs from")  # covered by the stored n <= 5
-    assert costs["target_forward_s"]["5"] == 0.3  # JSON round trip: string keys (CostPolicy accepts them)
-    cached_costs(None, key, max_n=17, cache=str(tmp_path), measure=fake_measure)  # needs more: re-measure
-    cached_costs(None, {**key, "threads": 1}, max_n=3, cache=str(tmp_path), measure=fake_measure)  # other setup
-    assert calls == [(5, 3), (17, 3), (3, 3)]
-    files = list((tmp_path / "costs").glob("*.json"))
-    assert len(files) == 2
-    for f in files:
-        f.write_text("{not json")
-    cached_costs(None, key, max_n=3, cache=str(tmp_path), measure=fake_measure)  # unreadable: measured again
-    assert len(calls) == 4
-
-
 def test_c18_sampled_runs_use_their_whole_budget(tiny_pair, near_draft_dir, prompt_file):
     """In a sampled sweep every run does the same work - EOS is ignored, by our methods and by
     the transformers peers alike - so no speedup divides a run that stopped after a few tokens by one that
@@ -1395,8 +1369,8 @@ def test_compiled_configurations_get_a_static_cache_sized_to_the_sweep(tiny_pair
     from specdec import models
     from specdec.bench.loaded import CACHE_STEP, _load_pair, compiled_max_length
     from specdec.bench.plan import cost_max_n
-    from specdec.bench.prompts import encode_prompt
-    from specdec.bench.runtimes import RUNTIME_CONFIGS
+    from specdec.catalogue.runtimes import RUNTIME_CONFIGS
+    from specdec.prompts import encode_prompt
     from specdec.runtimes.compiled import DEFAULT_MAX_LENGTH
 
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, max_new_tokens=300)

@@ -106,7 +106,7 @@ class _Recording:
 def test_cross_tokenizer_draft_step_is_timed_on_its_own_token_ids():
     from types import SimpleNamespace
 
-    from specdec.bench.costs import context_ids, cross_tokenizer_draft_costs
+    from specdec.measure.timing import context_ids, cross_tokenizer_draft_costs
 
     tok = build_other_tokenizer()
     backend = _Recording(V_D)
@@ -297,7 +297,7 @@ def test_suffix_corpus_in_the_sweep_holds_the_other_prompts_outputs_only(tiny_pa
         runs = st.runs(result.sweep_id)
     from transformers import AutoTokenizer
 
-    from specdec.bench.prompts import encode_prompt
+    from specdec.prompts import encode_prompt
 
     tok = AutoTokenizer.from_pretrained(str(tiny_pair.target_dir))
     # the engine prefills the drafter with the prompt minus its last token

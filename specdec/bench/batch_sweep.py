@@ -40,8 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from specdec.bench.prompts import PROMPT_TYPES, Prompt, encode_prompt, load_builtin
-from specdec.policies.batch import BatchCostPolicy, best_batch_k, expected_committed
+from specdec.bench.prompts import PROMPT_TYPES, load_builtin
+from specdec.catalogue.drafters import drafter
+from specdec.measure.theory import expected_tokens_per_round
+from specdec.policies.batch import BatchCostPolicy, best_batch_k
+from specdec.prompts import Prompt, encode_prompt
 
 __all__ = [
     "GROUPS",
@@ -136,7 +139,7 @@ def make_batch_config(**flags: Any) -> BatchSweepConfig:
             count < 1.
     """
     from specdec.bench.config import default_config
-    from specdec.bench.runtimes import CONFIG_ALIASES, RUNTIME_CONFIGS
+    from specdec.catalogue.runtimes import CONFIG_ALIASES, RUNTIME_CONFIGS
 
     v = {k: x for k, x in flags.items() if x is not None}
     out: dict[str, Any] = {}
@@ -324,7 +327,7 @@ class BatchCosts:
         if k <= 0:
             return 1.0
         t = self.target_cost(b * (k + 1)) + (self.draft_cost(b, k) if drafting_model else 0.0)
-        return sum(expected_committed(min(max(a, 0.0), 1.0), k) for a in alphas) / t / base
+        return sum(expected_tokens_per_round(min(max(a, 0.0), 1.0), k) for a in alphas) / t / base
 
 
 def _median_iqr(xs: list[float]) -> tuple[float, float]:
@@ -449,11 +452,11 @@ def estimate_s(cfg: BatchSweepConfig, *, alpha: float = 0.5, k: int = 3) -> dict
     tokens), an ASSUMED acceptance `alpha` and K: timed runs, pre-runs, calibration, single-sequence
     references. Model loading excluded. Not a measurement."""
     from specdec.bench.estimate import reference_costs
-    from specdec.bench.runtimes import RUNTIME_CONFIGS
+    from specdec.catalogue.runtimes import RUNTIME_CONFIGS
 
     out = {}
     t_tok = cfg.max_new_tokens
-    e = expected_committed(alpha, k)
+    e = expected_tokens_per_round(alpha, k)
     for label in cfg.configs:
         rc = RUNTIME_CONFIGS[label]
         curve, _ = reference_costs(rc.target_backend, rc.draft_backend, rc.dtype or "float32")
@@ -463,7 +466,7 @@ def estimate_s(cfg: BatchSweepConfig, *, alpha: float = 0.5, k: int = 3) -> dict
             return tokens * curve.forward_s(b)
 
         def spec(b: int, tokens: int, method: str, curve=curve, d=d) -> float:
-            draft = k * d * max(1.0, b / 2) if method == "draft" else 0.0
+            draft = k * d * max(1.0, b / 2) if drafter(method).needs_model else 0.0
             return tokens / e * (curve.forward_s(b * (k + 1)) + draft)
 
         total = 0.0
@@ -536,10 +539,10 @@ def run_batch_sweep(cfg: BatchSweepConfig, db: str | Path, *, resume: bool = Fal
     import torch
 
     from specdec.bench.control import sweep_guard
-    from specdec.bench.environment import git_commit, machine_info
-    from specdec.bench.runtimes import RUNTIME_CONFIGS, check_available
     from specdec.bench.store import Store
     from specdec.bench.store_batch import BatchTables, batch_cell_key
+    from specdec.catalogue.runtimes import RUNTIME_CONFIGS, check_available
+    from specdec.measure.environment import git_commit, machine_info
 
     if loader is None:
         from specdec.runtimes.loading import load_pair as loader
@@ -578,11 +581,10 @@ def run_batch_sweep(cfg: BatchSweepConfig, db: str | Path, *, resume: bool = Fal
 def _run_config(cfg, label, cells, bt, sid, done, result, echo, loader, target_spec, draft_spec, torch) -> None:
     """Load one configuration, calibrate it and run its cells (see `run_batch_sweep`)."""
     from specdec.bench.loaded import free
-    from specdec.bench.runtimes import RUNTIME_CONFIGS
     from specdec.bench.store_batch import batch_cell_key
-    from specdec.drafters.base import PerRowDrafters
-    from specdec.drafters.ngram import PromptLookupDrafter
-    from specdec.runtimes.batched_loading import batched_pair
+    from specdec.catalogue.drafters import DraftSource, batched_drafter
+    from specdec.catalogue.runtimes import RUNTIME_CONFIGS
+    from specdec.runtimes.batched_loading import batched_backend
 
     rc = RUNTIME_CONFIGS[label]
     dtype = rc.dtype or "float32"
@@ -595,7 +597,10 @@ def _run_config(cfg, label, cells, bt, sid, done, result, echo, loader, target_s
     try:
         threads = int(cfg.threads or torch.get_num_threads())
         max_rows = max(cfg.batch_sizes)
-        target_b, model_drafter = batched_pair(pair, max_rows)
+        target_b = batched_backend(pair.target, max_rows)
+        source = DraftSource(pair, ngram=(cfg.ngram_max, cfg.ngram_min), rows=max_rows)
+        drafters = {m: batched_drafter(m, source) for m in cfg.methods}
+        model_drafter = next((d for d in drafters.values() if hasattr(d, "backend")), None)
         echo(f"[{label}] loaded in {time.perf_counter() - t0:.1f} s; batched backends for {max_rows} rows")
         tok = pair.tokenizer
         ids: dict[str, list[int]] = {}
@@ -624,9 +629,7 @@ def _run_config(cfg, label, cells, bt, sid, done, result, echo, loader, target_s
         acceptance: dict[tuple[str, str], float] = {}  # (method, prompt id) -> the pre-run's acceptance rate
 
         def drafter_of(method: str):
-            if method == "draft":
-                return model_drafter
-            return PerRowDrafters(lambda: PromptLookupDrafter(cfg.ngram_max, cfg.ngram_min))
+            return drafters[method]
 
         for cell in cells:
             keys = [batch_cell_key(sid, label, cell.group, cell.batch_size, cell.batch_idx, s, m, p)
@@ -671,9 +674,9 @@ def _run_config(cfg, label, cells, bt, sid, done, result, echo, loader, target_s
                                 for i, r in zip(todo, pre_res, strict=True):
                                     acceptance[method, i] = r.num_accepted / r.num_drafted if r.num_drafted else 0.0
                             alphas = [acceptance[method, p.id] for p in cell.prompts]
-                            pre[method] = (alphas, costs.best_k(alphas, cfg.max_k, drafting_model=method == "draft"))
+                            pre[method] = (alphas, costs.best_k(alphas, cfg.max_k, drafting_model=drafter(method).needs_model))
                         alphas, k_best = pre[method]
-                        model = method == "draft"
+                        model = drafter(method).needs_model
                         row.update(alpha_pre=sum(alphas) / len(alphas), k_best=k_best)
                         if policy == "fixed":
                             k = max(1, k_best)

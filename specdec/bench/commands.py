@@ -152,8 +152,8 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     plan = [c for c in plan if c.key(sid) not in done]
     sources = [f"costs stored in {db_path}"] if costs_by else []
     if measure:
-        from specdec.bench.environment import machine_info
         from specdec.bench.runner import measure_here
+        from specdec.measure.environment import machine_info
 
         for rc in cfg.runtime_configs():
             costs_by[rc.label] = CostCurve.from_costs(measure_here(cfg, rc, prepared, loader=loader, echo=_echo))
@@ -227,7 +227,7 @@ def costs(
     GGUF's tensor weight types, whether weights were repacked (and, where AMX kept repacking off, one line
     saying so), and the ggml environment switches (``--json``: ``"runtime"``)."""
     from specdec import models
-    from specdec.bench.costs import measure_costs
+    from specdec.measure.timing import measure_costs
     from specdec.runtimes.loading import load_pair
     from specdec.runtimes.precision import draft_quant_arg, resolve_dtype
 

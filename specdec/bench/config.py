@@ -1,6 +1,6 @@
 """Sweep settings: `SweepConfig` (each field declared once, with its default, help text and help panel:
 `specdec.bench.settings.setting`) and its sources (defaults, ``--quick``, a TOML file, command-line flags),
-validated once by `make_config`. The runtime configurations are `specdec.bench.runtimes`'."""
+validated once by `make_config`. The runtime configurations are `specdec.catalogue.runtimes`'."""
 
 from __future__ import annotations
 
@@ -12,13 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.methods import METHODS, our_methods, peer_methods
-from specdec.bench.runtimes import (
-    CONFIG_ALIASES,
-    RUNTIME_CONFIGS,
-    RuntimeConfig,
-    check_available,
-    config_for_backends,
-)
 from specdec.bench.settings import (
     PANEL_MODELS,
     PANEL_RUNTIME,
@@ -26,6 +19,13 @@ from specdec.bench.settings import (
     PANEL_STORE,
     Setting,
     setting,
+)
+from specdec.catalogue.runtimes import (
+    CONFIG_ALIASES,
+    RUNTIME_CONFIGS,
+    RuntimeConfig,
+    check_available,
+    config_for_backends,
 )
 from specdec.engine.sampling import SamplingParams
 

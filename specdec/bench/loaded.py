@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specdec.bench.config import RuntimeConfig, SweepConfig
-from specdec.bench.costs import cross_tokenizer_draft_costs, measure_costs
 from specdec.bench.estimate import estimate_plan_s, format_duration
 from specdec.bench.methods import METHODS, Runtime
 from specdec.bench.plan import PlannedRun, Prepared, cost_max_n
-from specdec.bench.prompts import Prompt, encode_prompt
 from specdec.measure.costs import DRAFT_PREFILL_NS, CostCurve
+from specdec.measure.timing import SWEEP_DRAFT_MAX_N, cross_tokenizer_draft_costs, measure_costs
+from specdec.prompts import Prompt, encode_prompt
 
 if TYPE_CHECKING:
     from specdec.bench.state import SweepState
@@ -63,7 +63,7 @@ class LoadedConfig:
         xtok: the target with the sweep's cross-tokenizer draft (``--xtok-draft``; `load_xtok`), a
             `specdec.runtimes.loading.LoadedPair` in ``load_pair(..., other_tokenizer=True)``'s shape, or None.
         xtok_costs: that draft's step time and c, timed on its own token ids
-            (`specdec.bench.costs.cross_tokenizer_draft_costs`), or None before they are measured.
+            (`specdec.measure.timing.cross_tokenizer_draft_costs`), or None before they are measured.
         outputs: prompt id -> its first target-only output (target ids) stored so far: the corpus of the
             OTHER prompts' runs of a corpus-drafting method (`Runtime.corpus`).
     """
@@ -173,13 +173,6 @@ def _load_pair(cfg: SweepConfig, rc: RuntimeConfig, p: Prepared, loader):
         kw["max_length"] = max_length
     return loader(p.target, draft, backend=rc.target_backend, draft_backend=rc.draft_backend,
                   device=cfg.device, threads=cfg.threads, compile=rc.compile, **kw)
-
-
-#: The sweep times draft forwards of 1 .. this many tokens with its costs: the cost policy prices a round's
-#: catch-up (the committed tokens the draft has not fed, 20-60 after a plain stretch) on that curve, beyond
-#: it by its least-squares slope. With the draft step alone, a sweep without calibration blocks priced every
-#: catch-up at one draft step.
-SWEEP_DRAFT_MAX_N = 16
 
 
 def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:

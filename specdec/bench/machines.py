@@ -23,18 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from specdec.store_info import machine_label  # re-exported: the bench's machine API
 
 __all__ = [
-    "BOOT_ID_PATH",
     "FINGERPRINT_KEYS",
-    "host_id",
     "machine_cost_rows",
     "machine_id",
     "machine_label",
@@ -48,20 +44,6 @@ FINGERPRINT_KEYS = ("host", "cpu_model", "cpu_count", "cpus_usable", "memory_gib
 
 
 #: Where Linux keeps the id of the current boot (a new one at every boot of every machine or VM).
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-
-
-def host_id(boot_id_path: str = BOOT_ID_PATH) -> str:
-    """A 12-hex-digit hash of this host's name (`platform.node`) and this boot's id (`BOOT_ID_PATH`, where
-    readable): tells nodes apart without storing names, and tells apart two VMs that share a host name (every
-    VM of this project's workplace is called ``vm``; two of them timed fp32 steps 1.5x apart) or one host
-    before and after a reboot. Runs of one sitting share it; a sweep resumed after a reboot is, correctly, timed
-    on another machine."""
-    try:
-        boot = Path(boot_id_path).read_text().strip()
-    except OSError:
-        boot = ""
-    return hashlib.sha256(f"{platform.node()}|{boot}".encode()).hexdigest()[:12]
 
 
 def machine_id(machine: Mapping[str, Any] | str | None) -> str | None:

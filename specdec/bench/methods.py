@@ -4,13 +4,11 @@ As Spec-Bench gives every method one forward function, every method the sweep ti
 peers) is a `Method` in `METHODS`: its name (stored in ``runs.method``), its run function, and the facts the
 planner, the runner and the estimate need (does it take K, does it draft with the draft model, where does it
 apply, is it recorded as skipped). Nothing else in the bench half dispatches on a method's name. Which of ours
-each peer is compared with is `specdec.peer_pairs.PEER_PAIRS` (the report reads it without importing the bench).
+each peer is compared with is `specdec.catalogue.peers.PEER_PAIRS` (the report reads it without importing the bench).
 
-Adding a drafting method is one entry plus its drafter, as for the suffix drafter::
-
-    register(Method("suffix", speculative(_suffix_drafter), takes_k=True, default=False))
-
-after which ``--methods ...,suffix`` plans it over the K grid and the policies, and the runner times it.
+Every drafter of the catalogue (`specdec.catalogue.drafters`) is one speculative method of the same name:
+adding a drafter there makes ``--methods ...,NAME`` plan it over the K grid and the policies, and the runner
+time it.
 """
 
 from __future__ import annotations
@@ -20,17 +18,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specdec.bench.peers import hf_peer_generate
-from specdec.drafters.base import Drafter
-from specdec.drafters.model import ModelDrafter
-from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.catalogue import drafters as catalogue_drafters
+from specdec.catalogue import policies as catalogue_policies
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
 from specdec.engine.metrics import RATES, GenerationResult
 from specdec.engine.sampling import SamplingParams
 from specdec.measure.costs import CostCurve
-from specdec.policies.base import make_policy
 
 if TYPE_CHECKING:
-    from specdec.bench.runtimes import RuntimeConfig
+    from specdec.catalogue.runtimes import RuntimeConfig
 
 __all__ = [
     "LLAMA_PROMPT_LOOKUP_SKIP",
@@ -259,17 +255,6 @@ def _baseline_padded(rt: Runtime, req: RunRequest) -> RunRecord:
     return RunRecord.from_result(res)
 
 
-def _policy(name: str, k: int, costs: CostCurve | None, *, free_drafts: bool, pad_verify: bool = False):
-    """An adaptive policy; the cost policy gets the configuration's costs (a draft step of 0 s for a
-    drafter without a model: prompt lookup drafts at almost no cost), priced padded with `pad_verify`."""
-    if name != "cost":
-        return make_policy(name, k)
-    if costs is None:
-        raise ValueError("the cost policy needs measured costs for this configuration")
-    return make_policy(name, k, costs=costs.with_draft_step(0.0) if free_drafts else costs,
-                       pad_verify=pad_verify)
-
-
 def _pad_to(rt: Runtime):
     """``pad_to`` for `speculative_generate`: the measured curve's `CostCurve.padded_n`, or None."""
     if not rt.pad_verify:
@@ -279,72 +264,31 @@ def _pad_to(rt: Runtime):
     return rt.costs.padded_n
 
 
-def speculative(make_drafter: Callable[[Runtime], Drafter], *, free_drafts: bool = True):
-    """The run function of a speculative method whose drafter `make_drafter(runtime)` builds (fresh per run):
-    fixed K (policy None/``"fixed"``) or an adaptive policy with K as its starting/maximum K. `free_drafts`:
-    the drafter needs no model step (the cost policy then prices a drafted token at 0 s)."""
+def speculative(drafter: str):
+    """The run function of the speculative method of catalogue drafter `drafter`
+    (`specdec.catalogue.drafters`), built fresh per run for the runtime's pair, sampling, costs, n-gram sizes
+    and corpus: fixed K (policy None/``"fixed"``) or an adaptive policy with K as its starting/maximum K; the
+    cost policy prices a model-free drafter's tokens at 0 s."""
+    entry = catalogue_drafters.drafter(drafter)
 
     def run(rt: Runtime, req: RunRequest) -> RunRecord:
-        drafter = make_drafter(rt)
+        source = catalogue_drafters.DraftSource(rt.pair, rt.sampling, rt.costs, (rt.ngram_max, rt.ngram_min),
+                                                rt.corpus)
+        the_drafter = catalogue_drafters.single_drafter(entry.name, source)
         target = rt.pair.target.backend
         common = {**_common(rt, req), "pad_to": _pad_to(rt)}
         if req.policy in (None, "fixed"):
-            res = speculative_generate(target, drafter, req.prompt_ids, req.max_new_tokens, k=req.k, **common)
+            res = speculative_generate(target, the_drafter, req.prompt_ids, req.max_new_tokens, k=req.k, **common)
         else:
-            policy = _policy(req.policy, int(req.k), rt.costs, free_drafts=free_drafts, pad_verify=rt.pad_verify)
-            res = speculative_generate(target, drafter, req.prompt_ids, req.max_new_tokens, policy=policy,
+            if catalogue_policies.policy(req.policy).needs_costs and rt.costs is None:
+                raise ValueError(f"the {req.policy} policy needs measured costs for this configuration")
+            policy = catalogue_policies.make_policy(req.policy, int(req.k), costs=rt.costs, pad_verify=rt.pad_verify,
+                                                    free_drafts=entry.free)
+            res = speculative_generate(target, the_drafter, req.prompt_ids, req.max_new_tokens, policy=policy,
                                        **common)
         return RunRecord.from_result(res)
 
     return run
-
-
-def _model_drafter(rt: Runtime) -> Drafter:
-    if rt.pair.draft is None:
-        raise ValueError("the draft method needs a draft model")
-    if getattr(rt.pair, "info", {}).get("vocab_overlap") is not None:
-        raise ValueError("the draft has another tokenizer than the target: time it with method xtok")
-    return ModelDrafter(rt.pair.draft.backend, rt.pair.vocab_size)
-
-
-def _prompt_lookup_drafter(rt: Runtime) -> Drafter:
-    return PromptLookupDrafter(rt.ngram_max, rt.ngram_min)
-
-
-def _suffix_drafter(rt: Runtime) -> Drafter:
-    """The cost-aware suffix drafter, pricing its draft length with the run's measured costs (the prompt's
-    calibration block when it has one)."""
-    from specdec.drafters.suffix import SuffixDrafter
-
-    return SuffixDrafter(rt.costs)
-
-
-def _suffix_corpus_drafter(rt: Runtime) -> Drafter:
-    """The cost-aware suffix drafter with a corpus: the target-only outputs of the sweep's other prompts
-    (`Runtime.corpus`), matched besides the prompt and the output so far."""
-    from specdec.drafters.suffix import SuffixDrafter
-
-    return SuffixDrafter(rt.costs, corpus=rt.corpus)
-
-
-def _cross_tokenizer_drafter(rt: Runtime) -> Drafter:
-    """The draft with another tokenizer (`specdec.drafters.xtok.cross_tokenizer_drafter`: string-level exact match
-    under greedy decoding, token-level intersection under sampling); `rt.pair` holds it as its draft.
-
-    Raises:
-        ValueError: the runtime has no draft model.
-    """
-    from specdec.drafters.xtok import cross_tokenizer_drafter
-
-    if rt.pair.draft is None:
-        raise ValueError("method xtok needs a draft with another tokenizer (--xtok-draft)")
-    return cross_tokenizer_drafter(rt.pair, rt.sampling)
-
-
-def _hf_rule_prompt_lookup_drafter(rt: Runtime) -> Drafter:
-    """transformers' prompt-lookup rule (2-grams down to 1, earliest match, nothing past the end) in our
-    engine: the like-for-like counterpart of ``hf_prompt_lookup``."""
-    return PromptLookupDrafter(2, 1, match="earliest", continue_past_end=False)
 
 
 # ------------------------------------------------------------------------------------------- peers
@@ -373,14 +317,9 @@ for _m in (
     Method("baseline", _baseline, reference=True),
     Method("aa", _baseline, aa=True),
     Method("baseline_padded", _baseline_padded, default=False),
-    Method("draft", speculative(_model_drafter, free_drafts=False), takes_k=True, drafts_with_model=True),
-    Method("ngram", speculative(_prompt_lookup_drafter), takes_k=True),
-    Method("ngram_hf", speculative(_hf_rule_prompt_lookup_drafter), takes_k=True, default=False),
-    Method("suffix", speculative(_suffix_drafter), takes_k=True, default=False),
-    Method("xtok", speculative(_cross_tokenizer_drafter, free_drafts=False), takes_k=True, drafts_with_model=True,
-           default=False, cross_tokenizer=True),
-    Method("suffix_corpus", speculative(_suffix_corpus_drafter), takes_k=True, default=False, uses_corpus=True,
-           replay_as="suffix"),
+    *(Method(e.name, speculative(e.name), takes_k=True, drafts_with_model=e.needs_model, default=e.in_sweep,
+             cross_tokenizer=e.other_tokenizer, uses_corpus=e.uses_corpus, replay_as=e.replay_as)
+      for e in catalogue_drafters.DRAFTERS.values()),
     Method("hf_generate", _hf_peer("hf_generate"), peer=True, applies=_eager_transformers_target),
     Method("hf_assisted", _hf_peer("hf_assisted"), peer=True, takes_k=True, drafts_with_model=True,
            applies=lambda rc: _eager_transformers_target(rc) and rc.draft_backend == "transformers"),

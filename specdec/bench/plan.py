@@ -23,8 +23,9 @@ from specdec.bench.config import (
     type_ks_for,
 )
 from specdec.bench.methods import METHODS, our_methods, peer_methods, reference_method
-from specdec.bench.prompts import Prompt, load_builtin, load_prompt_file
+from specdec.bench.prompts import load_builtin
 from specdec.bench.store import cell_key, model_identity, sweep_id_for
+from specdec.prompts import Prompt, read_prompts
 
 __all__ = [
     "PlannedRun",
@@ -50,7 +51,7 @@ def select_prompts(cfg: SweepConfig) -> list[Prompt]:
     if cfg.prompts is None:
         prompts = load_builtin(cfg.prompt_types, per_type=cfg.prompts_per_type)
     else:
-        prompts = load_prompt_file(cfg.prompts)
+        prompts = read_prompts(cfg.prompts)
         if cfg.prompt_types.lower() != "all":
             wanted = [t.strip() for t in cfg.prompt_types.split(",") if t.strip()]
             prompts = [p for p in prompts if p.type in wanted]

@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specdec.bench.console import one_line
-from specdec.bench.costs import calibration_block
 from specdec.bench.loaded import LoadedConfig
 from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun, cost_max_n
 from specdec.bench.state import SweepState
 from specdec.engine.traces import first_divergence, record_trace, target_margins
 from specdec.measure.costs import CostCurve
+from specdec.measure.timing import calibration_block
 
 __all__ = [
     "CONFIGURATION",

@@ -28,7 +28,6 @@ from specdec.bench import probes
 from specdec.bench.config import BEST_K, DEFAULT_DB, SweepConfig
 from specdec.bench.console import ERR_LEN, one_line, summary_line
 from specdec.bench.control import LOCK_WAIT_S, SIGTERM_REASON, for_shard, interrupt_exit_status, sweep_guard
-from specdec.bench.environment import git_commit, machine_changes, machine_info
 from specdec.bench.loaded import (
     LoadedConfig,
     PlanDoesNotFitError,
@@ -43,9 +42,10 @@ from specdec.bench.loaded import (
 from specdec.bench.machines import record_shard
 from specdec.bench.methods import METHODS, RunRecord, RunRequest, reference_method
 from specdec.bench.plan import PlannedRun, Prepared, prepare, rebracket
-from specdec.bench.prompts import Prompt
 from specdec.bench.state import SweepResult, SweepState
 from specdec.bench.store import Store
+from specdec.measure.environment import git_commit, machine_changes, machine_info
+from specdec.prompts import Prompt
 
 __all__ = [
     "SIGTERM_REASON",

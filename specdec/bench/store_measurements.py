@@ -59,7 +59,7 @@ class MeasurementTables:
 
     def save_calibration(self, sweep_id: str, config_label: str, prompt_id: str, after_run_id: int | None,
                          block: Mapping[str, Any]) -> None:
-        """Store one calibration block (`specdec.bench.costs.calibration_block`'s dict: ``context_tokens``,
+        """Store one calibration block (`specdec.measure.timing.calibration_block`'s dict: ``context_tokens``,
         ``repeats``, ``target_forward_s`` / ``target_forward_spread_s`` ``{n: s}``, optional ``draft_step_s`` /
         ``draft_step_spread_s`` and ``draft_forward_s`` / ``draft_forward_spread_s`` ``{n: s}``) timed right
         after run `after_run_id`. Rows: role ``target`` per n; role ``draft`` per n of ``draft_forward_s``,
@@ -118,7 +118,7 @@ class MeasurementTables:
     # ------------------------------------------------------------------------------------------ costs
 
     def save_costs(self, sweep_id: str, config_label: str, costs: Mapping[str, Any]) -> None:
-        """Store a `specdec.bench.costs.measure_costs` result (replacing any earlier one) in one transaction.
+        """Store a `specdec.measure.timing.measure_costs` result (replacing any earlier one) in one transaction.
 
         Rows: role ``'target'``, n_tokens 1..max_n from ``target_forward_s``; role ``'draft'`` from
         ``draft_forward_s`` (at least n_tokens 1 = the draft step) when a draft was measured. ``c`` is derived.

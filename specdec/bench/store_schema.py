@@ -239,11 +239,10 @@ def model_identity(spec: str | None) -> str | None:
     """
     if spec is None:
         return None
-    from specdec.models.presets import PRESETS
+    from specdec.models.presets import PRESETS, preset_member
 
     members = {m for p in PRESETS.values() for m in (p.target, p.draft)}
-    name, sep, role = spec.rpartition(":")
-    if spec in members or (sep and role in ("draft", "target") and name in PRESETS):
+    if spec in members or preset_member(spec) is not None:
         return spec
     path = Path(spec).expanduser()
     h = hashlib.sha256()

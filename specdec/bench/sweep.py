@@ -17,7 +17,7 @@ This module is the sweep's public face (``specdec sweep``, the benchmarks and th
 work is done by one module per job:
 
 - `specdec.bench.config`: `SweepConfig`, ``--quick``, TOML files, `make_config`; `specdec.bench.settings`:
-  one declaration per setting, from which ``specdec sweep``'s options are built; `specdec.bench.runtimes`:
+  one declaration per setting, from which ``specdec sweep``'s options are built; `specdec.catalogue.runtimes`:
   the runtime configurations;
 - `specdec.bench.plan`: prompts, `PlannedRun`, `build_plan`, the sweep's identity (`meaning`), `prepare`;
 - `specdec.bench.methods`: the `Method` registry (ours and the peers) and `RunRecord`;
@@ -27,7 +27,7 @@ work is done by one module per job:
   calibration beside the timed runs; `specdec.bench.state`: the state a sweep carries;
   `specdec.bench.control`: the store's lock, SIGTERM, shards;
 - `specdec.bench.estimate`: rough durations (``--dry-run``);
-- `specdec.bench.environment`: the machine fingerprint; `specdec.bench.costs`: cost measurement;
+- `specdec.measure.environment`: the machine fingerprint; `specdec.measure.timing`: cost measurement;
   `specdec.bench.store`: the SQLite store.
 """
 
@@ -47,7 +47,6 @@ from specdec.bench.config import (
     make_config,
     to_json,
 )
-from specdec.bench.environment import git_commit, machine_info
 from specdec.bench.estimate import (
     REFERENCE_COSTS,
     REFERENCE_COSTS_BF16,
@@ -72,9 +71,10 @@ from specdec.bench.plan import (
     primary_ids,
     select_prompts,
 )
-from specdec.bench.prompts import encode_prompt
 from specdec.bench.runner import LoadedConfig, SweepResult, execute, interrupt_exit_status, run_sweep
 from specdec.engine.sampling import SamplingParams
+from specdec.measure.environment import git_commit, machine_info
+from specdec.prompts import encode_prompt
 
 __all__ = [
     "ADAPTIVE_POLICIES",

@@ -29,7 +29,7 @@ Clock = Callable[[], float]
 GREEDY = SamplingParams()
 
 
-def _check_inputs(prompt_ids: Sequence[int], max_new_tokens: int, max_length: int) -> None:
+def check_inputs(prompt_ids: Sequence[int], max_new_tokens: int, max_length: int) -> None:
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty: nothing to continue from")
     if max_new_tokens < 0:
@@ -95,7 +95,7 @@ def autoregressive_generate(
         ValueError: empty prompt, negative budget, or ``pad_to(1) < 1``. ContextOverflowError: prompt +
         budget > context.
     """
-    _check_inputs(prompt_ids, max_new_tokens, target.max_length)
+    check_inputs(prompt_ids, max_new_tokens, target.max_length)
     n_step = 1 if pad_to is None else int(pad_to(1))
     if n_step < 1:
         raise ValueError(f"pad_to(1) = {n_step}: a step forward holds at least its one real token")
@@ -198,7 +198,7 @@ def speculative_generate(
         raise ValueError("give exactly one of k and policy")
     if policy is None:
         policy = FixedK(k)
-    _check_inputs(prompt_ids, max_new_tokens, target.max_length)
+    check_inputs(prompt_ids, max_new_tokens, target.max_length)
     eos = frozenset(eos_ids)
     vocab = vocab_size or target.vocab_size
     generator = _make_generator(sampling, seed, target.device)

@@ -136,7 +136,7 @@ def measure_arch_costs(
 ) -> dict[str, Any]:
     """Time each architecture (random weights) as a target and as a draft, then derive c for each pair.
 
-    Each model is built, timed exactly as `specdec.bench.costs.measure_costs` times a real pair (the same
+    Each model is built, timed exactly as `specdec.measure.timing.measure_costs` times a real pair (the same
     `forward_times`: a warm cache of `context_tokens` synthetic ids, n = 1 .. max_n appended, median of
     `repeats`; the single step again with 3x the repeats, as a draft is timed), and freed before the next
     one, so at most one model is in memory. The device is synchronized before every clock read.
@@ -157,7 +157,7 @@ def measure_arch_costs(
     """
     import gc
 
-    from specdec.bench.costs import DRAFT_REPEAT_FACTOR, forward_times, verification_steps
+    from specdec.measure.timing import DRAFT_REPEAT_FACTOR, forward_times, verification_steps
     from specdec.runtimes.hf import HFBackend
 
     if max_n < 1 or repeats < 1 or context_tokens < 1:

@@ -32,7 +32,7 @@ over the whole curve uses every measurement and is the slope the planner has alw
 measured range the three old rules agreed (linear interpolation), so every figure of the published reports,
 whose K + 1 never exceeds the measured 17 tokens, is unchanged.
 
-Serialization: the costs dicts of `specdec.bench.costs.measure_costs`, the JSON cost cache and
+Serialization: the costs dicts of `specdec.measure.timing.measure_costs`, the JSON cost cache and
 `specdec.bench.store.Store.load_costs` (``{"target_forward_s": {n: s}, "draft_step_s": s,
 "draft_forward_s": {n: s} | None, ...}``, n keys possibly strings after JSON) are read by
 `CostCurve.from_costs`; a calibration block's draft rows are role ``draft`` with their token count.
@@ -47,7 +47,10 @@ from itertools import pairwise
 from statistics import median
 from typing import Any
 
-__all__ = ["DRAFT_CALIBRATION_NS", "DRAFT_PREFILL_NS", "DRAFT_REPEAT_FACTOR", "CostCurve", "curve_value"]
+__all__ = ["DRAFT_CALIBRATION_NS", "DRAFT_PREFILL_NS", "DRAFT_REPEAT_FACTOR", "DRAFT_ROLE", "TARGET_ROLE", "CostCurve", "curve_value"]
+
+#: The roles of measured forwards in stored costs and calibration blocks.
+TARGET_ROLE, DRAFT_ROLE = "target", "draft"
 
 #: The draft is timed this many times as often as the target: its forwards are ~3x cheaper, and with 3
 #: samples a few slow ones decided the median (results/policy.db: draft step 137 ms, IQR 149 ms, while the

@@ -26,11 +26,7 @@ if TYPE_CHECKING:
     from specdec.engine.traces import AcceptanceTrace, ReplayRound
     from specdec.measure.costs import CostCurve
 
-__all__ = ["DRAFTERS", "TraceModel"]
-
-#: The drafters a trace can be replayed for: the draft model (from the trace's draft tokens), prompt lookup
-#: and the suffix drafter (asked for proposals each round).
-DRAFTERS = ("draft", "ngram", "suffix")
+__all__ = ["TraceModel"]
 
 
 class TraceModel:
@@ -53,22 +49,21 @@ class TraceModel:
         self.ngram, self.draft_context, self.padded = ngram, draft_context, padded
 
     def drafter(self, method: str):
-        """None for the draft model (replayed from the trace's draft tokens), else a fresh model-free drafter.
+        """What the replay drives for drafter `method` (`specdec.catalogue.drafters.replay_drafter`): None for
+        the draft model (replayed from the trace's draft tokens), else a fresh model-free drafter.
 
         Raises:
-            ValueError: an unknown `method` (not in `DRAFTERS`).
+            ValueError: a drafter no trace records.
         """
-        if method == "draft":
-            return None
-        if method == "ngram":
-            from specdec.drafters.ngram import PromptLookupDrafter
+        from specdec.catalogue.drafters import replay_drafter
 
-            return PromptLookupDrafter(*self.ngram)
-        if method == "suffix":
-            from specdec.drafters.suffix import SuffixDrafter
+        return replay_drafter(method, costs=self.curve, ngram=self.ngram)
 
-            return SuffixDrafter(self.curve)
-        raise ValueError(f"no replay for method {method!r} (known: {', '.join(DRAFTERS)})")
+    def _from_trace(self, method: str) -> bool:
+        """Whether `method`'s rounds come from the trace's draft tokens (a drafter with a model)."""
+        from specdec.catalogue.drafters import drafter
+
+        return drafter(method).needs_model
 
     def rounds(self, method: str, k: int, policy: str | None = "fixed") -> list[ReplayRound]:
         """The replayed rounds of `method` at fixed K or with an adaptive `policy` (K = its maximum).
@@ -76,20 +71,18 @@ class TraceModel:
         Raises:
             ValueError: a draft-model replay on a trace without draft tokens; the cost policy without costs.
         """
+        from specdec.catalogue.policies import make_policy
+        from specdec.catalogue.policies import policy as policy_entry
         from specdec.engine.traces import replay
-        from specdec.policies.base import make_policy
 
-        if method == "draft" and self.trace.draft_ids is None:
+        model = self._from_trace(method)
+        if model and self.trace.draft_ids is None:
             raise ValueError("no draft tokens in this trace")
         if policy in (None, "fixed"):
             return replay(self.trace, k=k, drafter=self.drafter(method), draft_context=self.draft_context)
-        if policy == "cost":
-            if self.curve is None:
-                raise ValueError("the cost policy needs measured costs")
-            c = self.curve if method == "draft" else self.curve.with_draft_step(0.0)
-            pol = make_policy(policy, k, costs=c, pad_verify=self.padded)
-        else:
-            pol = make_policy(policy, k)
+        if policy_entry(policy).needs_costs and self.curve is None:
+            raise ValueError(f"the {policy} policy needs measured costs")
+        pol = make_policy(policy, k, costs=self.curve, pad_verify=self.padded, free_drafts=not model)
         return replay(self.trace, policy=pol, drafter=self.drafter(method), draft_context=self.draft_context)
 
     def decode_s(self, method: str, rounds: Sequence[ReplayRound]) -> float:
@@ -99,9 +92,10 @@ class TraceModel:
         if self.curve is None:
             return math.nan
         total = 0.0
-        pending = draft_pending(rounds) if method == "draft" else [1] * len(rounds)
+        model = self._from_trace(method)
+        pending = draft_pending(rounds) if model else [1] * len(rounds)
         for r, p in zip(rounds, pending, strict=True):
-            draft = self.curve.draft_round_s(r.k, p) if method == "draft" else self.ngram_draft_s
+            draft = self.curve.draft_round_s(r.k, p) if model else self.ngram_draft_s
             verify = self.curve.padded_value(r.k + 1) if self.padded else self.curve.forward_s(r.k + 1)
             total += draft + verify + self.o_spec
         return total

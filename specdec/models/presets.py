@@ -9,6 +9,7 @@ from pathlib import Path
 __all__ = [
     "CHUNK_SETS",
     "DEFAULT_PAIR",
+    "MEMBER_ROLES",
     "PACKAGED_GGUFS",
     "PARAM_COUNTS",
     "PRESETS",
@@ -17,6 +18,7 @@ __all__ = [
     "Preset",
     "other_tokenizer_pair",
     "packaged_gguf_path",
+    "preset_member",
     "resolve_pair",
 ]
 
@@ -184,6 +186,16 @@ PARAM_COUNTS: dict[str, int] = {
     "gpt2-medium": 354_823_168,
     "gpt2-large": 774_030_080,
 }
+
+
+#: The roles of a preset's members: ``<preset>:target`` and ``<preset>:draft``.
+MEMBER_ROLES = ("target", "draft")
+
+
+def preset_member(spec: str) -> tuple[str, str] | None:
+    """``(preset, role)`` when `spec` names a member of a preset (``qwen2.5-coder:target``), else None."""
+    name, sep, role = spec.rpartition(":")
+    return (name, role) if sep and role in MEMBER_ROLES and name in PRESETS else None
 
 
 def other_tokenizer_pair(target: str | None, draft: str | None) -> bool:

@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Literal
 
 from specdec.models.hub import looks_like_hub_id
-from specdec.models.presets import CHUNK_SETS, PACKAGED_GGUFS, PRESETS, ChunkSet, Preset, packaged_gguf_path
+from specdec.models.presets import (
+    CHUNK_SETS,
+    PACKAGED_GGUFS,
+    PRESETS,
+    ChunkSet,
+    Preset,
+    packaged_gguf_path,
+    preset_member,
+)
 
 __all__ = ["ResolvedSpec", "SpecKind", "resolve"]
 
@@ -58,8 +66,9 @@ class ResolvedSpec:
 
 def resolve(spec: str) -> ResolvedSpec:
     """Say what the model spec `spec` is (see the module docstring); never raises, never downloads."""
-    name, sep, role = spec.rpartition(":")
-    if sep and role in ("draft", "target") and name in PRESETS:
+    member = preset_member(spec)
+    if member is not None:
+        name, role = member
         preset = PRESETS[name]
         cs = CHUNK_SETS.get((name, role))
         if cs is not None:

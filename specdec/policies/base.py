@@ -7,7 +7,7 @@ to ``drafter.propose``); a policy holds no state in the drafter. A policy
 only *asks*; the engine clamps K to the token budget and to every model's context, and records both the
 asked (``RoundRecord.k_requested``) and the used (``RoundRecord.k``) K, plus `alpha_estimate()`.
 
-Policies (build them by name with `make_policy`):
+Policies (built by name by `specdec.catalogue.policies.make_policy`):
 
 - ``fixed`` (`FixedK`): always K (Leviathan et al. 2023; Chen et al. 2023).
 - ``heuristic`` (`HeuristicK`): K += 2 after a fully accepted round, K -= 1 otherwise (K >= 1), restarted
@@ -26,14 +26,10 @@ Policies (build them by name with `make_policy`):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from specdec.engine.metrics import RoundRecord
-from specdec.measure.costs import CostCurve
-
-POLICY_NAMES = ("fixed", "heuristic", "confidence", "cost")
 
 
 class KPolicy(Protocol):
@@ -207,47 +203,3 @@ class ConfidenceK:
 
     def next_round(self) -> RoundPlan:
         return RoundPlan(self.max_k, self.confidence_threshold)
-
-
-
-def make_policy(
-    name: str,
-    k: int,
-    *,
-    costs: Mapping[str, Any] | CostCurve | None = None,
-    confidence_threshold: float = 0.4,
-    max_k: int | None = None,
-    pad_verify: bool = False,
-) -> KPolicy:
-    """Build a policy by name.
-
-    Args:
-        name: one of ``fixed``, ``heuristic``, ``confidence``, ``cost`` (case-insensitive).
-        k: tokens (>= 1): the fixed K (``fixed``), the initial K (``heuristic``), or the maximum K
-            (``confidence``, ``cost``).
-        costs: for ``cost`` only: a `specdec.measure.costs.CostCurve` or ``{"draft_step_s": s, "target_forward_s":
-            {n: s}}`` measured with ``specdec costs`` (or stored from an earlier measurement).
-        confidence_threshold: for ``confidence`` only (see `ConfidenceK`).
-        max_k: for ``heuristic`` only: optional cap on K (None = only the engine's clamps).
-        pad_verify: for ``cost`` only: price verification at the padded shape (see `CostPolicy`).
-
-    Raises:
-        ValueError: unknown name (the message lists the names), k < 1, or ``cost`` without costs.
-    """
-    key = str(name).strip().lower()
-    if key == "fixed":
-        return FixedK(k)
-    if key == "heuristic":
-        return HeuristicK(k, max_k=max_k)
-    if key == "confidence":
-        return ConfidenceK(k, confidence_threshold)
-    if key == "cost":
-        if costs is None:
-            raise ValueError(
-                "the cost policy needs measured costs (draft_step_s, target_forward_s): "
-                "measure them with `specdec costs` or pass stored ones"
-            )
-        from specdec.policies.cost import CostPolicy
-
-        return CostPolicy.from_costs(costs, max_k=k, pad_verify=pad_verify)
-    raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(POLICY_NAMES)}")

@@ -16,28 +16,15 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from specdec.engine.metrics import RoundRecord
+from specdec.measure.theory import expected_tokens_per_round
 
-__all__ = ["BatchCostPolicy", "BatchKPolicy", "FixedBatchK", "batch_committed", "best_batch_k", "expected_committed"]
-
-
-def expected_committed(alpha: float, k: int) -> float:
-    """Expected tokens one row commits in a round of K drafts at per-token acceptance `alpha` (bonus
-    included): ``sum_{j=0..K} alpha^j``.
-
-    Raises:
-        ValueError: alpha outside [0, 1] or K < 0.
-    """
-    if not (0.0 <= alpha <= 1.0):
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if k < 0:
-        raise ValueError(f"K must be >= 0, got {k}")
-    return float(k + 1) if alpha == 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+__all__ = ["BatchCostPolicy", "BatchKPolicy", "FixedBatchK", "batch_committed", "best_batch_k"]
 
 
 def batch_committed(alphas: Sequence[float], k: int, caps: Sequence[int]) -> float:
     """Expected tokens a round of K commits over the batch when row i drafts ``min(K, caps[i])`` tokens at
-    acceptance ``alphas[i]``: ``sum_i E(alphas[i], min(K, caps[i]))`` (`expected_committed`)."""
-    return sum(expected_committed(float(a), min(k, c)) for a, c in zip(alphas, caps, strict=True))
+    acceptance ``alphas[i]``: ``sum_i E(alphas[i], min(K, caps[i]))`` (`specdec.measure.theory.expected_tokens_per_round`)."""
+    return sum(expected_tokens_per_round(float(a), min(k, c)) for a, c in zip(alphas, caps, strict=True))
 
 
 def best_batch_k(

@@ -10,8 +10,8 @@ from typing import Any
 
 from specdec.engine.metrics import RoundRecord
 from specdec.measure.costs import CostCurve
+from specdec.measure.theory import expected_tokens_per_round
 from specdec.policies.base import KOnly, check_k
-from specdec.policies.batch import expected_committed
 
 
 class CostPolicy(KOnly):
@@ -311,7 +311,7 @@ class CostPolicy(KOnly):
     def probe_loss(self, k: int, alpha: float) -> float:
         """Expected loss of a probe of K drafts now at acceptance `alpha`, in target steps: its priced cost
         (with the draft's current catch-up) minus the tokens it is expected to commit, E(alpha, K)."""
-        return self.round_steps(k, self._pending) - expected_committed(alpha, k)
+        return self.round_steps(k, self._pending) - expected_tokens_per_round(alpha, k)
 
     def catch_up_steps(self) -> float:
         """What the draft's next catch-up costs beyond one draft step, in target steps (>= 0; 0 for a free
@@ -325,7 +325,7 @@ class CostPolicy(KOnly):
         E(alpha, K)) >= invest_margin x F`` (target steps; E from Leviathan et al. 2023, Thm. 3.8)."""
         if k <= 0:
             return False
-        saved = max(0, self._left) * (1.0 - self.round_steps(k) / expected_committed(alpha, k))
+        saved = max(0, self._left) * (1.0 - self.round_steps(k) / expected_tokens_per_round(alpha, k))
         return saved >= self.invest_margin * self.catch_up_steps()
 
     #: Plain rounds measured before their median serves as the measured target step of the ledger.

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from specdec.catalogue.drafters import DRAFT_MODEL
 from specdec.report.load import StoreData, parse_json, prepare_runs
 from specdec.report.model import CostInfo, cost_infos
 from specdec.report.tables import REGISTRY, Inputs, ReportTable
@@ -80,7 +81,7 @@ def _cost_notes(runs: pd.DataFrame, store: StoreData, infos: dict[str, CostInfo]
             notes.append(f"no costs for config '{label}': no break-even alpha or model prediction")
         elif info.v is None:
             notes.append(f"config '{label}': no target single-step time; verification cost curve unknown")
-        elif info.c is None and (runs[(runs["config_label"] == label)]["method"] == "draft").any():
+        elif info.c is None and (runs[(runs["config_label"] == label)]["method"] == DRAFT_MODEL).any():
             notes.append(f"config '{label}': no draft step time, so c is unknown and draft-model "
                          "predictions are skipped (prompt lookup uses c = 0)")
     return notes

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specdec.peer_pairs import PEER_PAIRS
+from specdec.catalogue.drafters import DRAFT_MODEL, PROMPT_LOOKUP
+from specdec.catalogue.peers import PEER_PAIRS
 from specdec.report.cells import best_fixed, fixed_k_cells
 from specdec.report.load import ensure_prepared
 from specdec.report.model import CostInfo
@@ -70,7 +71,7 @@ def _peer_rows(ours_m: str, peer_m: str, ok: pd.DataFrame) -> list[dict]:
 def peer_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Our implementation against the peers measured in the same sweep.
 
-    Pairs compared (ours vs peer, `specdec.peer_pairs.PEER_PAIRS`): baseline vs hf_generate;
+    Pairs compared (ours vs peer, `specdec.catalogue.peers.PEER_PAIRS`): baseline vs hf_generate;
     draft-K vs hf_assisted-K; ngram-K vs hf_prompt_lookup-K and llama_prompt_lookup-K (same config_label,
     target, K; ours with a fixed policy). ``ratio`` = our tokens/s / the peer's tokens/s per prompt
     (medians over repeats), geometric mean over prompts with a t-interval (> 1: ours is faster). One row
@@ -229,7 +230,7 @@ def runtime_summary_table(cells: pd.DataFrame, overall: pd.DataFrame, infos: dic
         base = cells[(cells["config_label"] == label) & (cells["method"] == BASELINE)] if len(cells) else cells
         rec["baseline_tok_s"] = float(base["tok_s"].median()) if len(base) else np.nan
         ov = fixed_k_cells(overall[overall["config_label"] == label]) if len(overall) else overall
-        ov = ov[ov["method"] == "draft"] if len(ov) and (ov["method"] == "draft").any() else ov
+        ov = ov[ov["method"] == DRAFT_MODEL] if len(ov) and (ov["method"] == DRAFT_MODEL).any() else ov
         b = best_fixed(ov) if len(ov) else None
         if b is not None:
             rec.update(best_method=b["method"], best_k=int(b["k"]), best_speedup=b["speedup"],
@@ -248,7 +249,7 @@ def runtime_by_type_table(best: pd.DataFrame) -> pd.DataFrame:
     when a config has no draft-model cells). Empty when there is nothing to show."""
     pick = []
     for label, g in (best.groupby("config_label") if len(best) else []):
-        meth = "draft" if (g["method"] == "draft").any() else ("ngram" if (g["method"] == "ngram").any() else None)
+        meth = next((m for m in (DRAFT_MODEL, PROMPT_LOOKUP) if (g["method"] == m).any()), None)
         if meth is None:
             continue
         for r in g[g["method"] == meth].itertuples():

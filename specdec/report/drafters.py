@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from specdec.catalogue import drafters as catalogue_drafters
 from specdec.measure import stats
 from specdec.report.cells import cell_table
 from specdec.report.load import ensure_prepared
@@ -28,14 +29,8 @@ from specdec.report.vocab import ALL_PROMPTS, BASELINE
 
 __all__ = ["DRAFTERS", "DRAFTER_RATIOS", "PLANNED_BEST", "drafter_ratio_table", "drafter_table", "with_planned_best"]
 
-#: The drafters compared, in the table's order, with the words the report uses for them.
-DRAFTERS: dict[str, str] = {
-    "draft": "draft model",
-    "xtok": "draft with another tokenizer",
-    "ngram": "prompt lookup",
-    "suffix": "suffix (prompt + output)",
-    "suffix_corpus": "suffix + other prompts' outputs",
-}
+#: The drafters compared, in the table's order, with the words the report uses for them (the catalogue's).
+DRAFTERS: dict[str, str] = {name: e.label for name, e in catalogue_drafters.DRAFTERS.items()}
 #: The paired ratios the report prints: (numerator, denominator, label).
 DRAFTER_RATIOS: tuple[tuple[str, str, str], ...] = (
     ("suffix", "ngram", "suffix vs prompt lookup"),

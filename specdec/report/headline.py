@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from specdec.catalogue.drafters import DRAFT_MODEL
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.cells import best_cell
@@ -26,7 +27,7 @@ __all__ = ["DEFAULT_CELL", "HOW_TO_READ_FIRST", "aa_floor", "cell_label", "cell_
            "headline_section", "headline_table", "padded_reference", "verdict_lines"]
 
 #: The default policy's cell: method and policy (K is its cap, `SweepConfig.policy_k`).
-DEFAULT_CELL = ("draft", "cost")
+DEFAULT_CELL = (DRAFT_MODEL, "cost")
 
 #: The short "how to read this" of the first screen; the definitions of every metric are in the appendix.
 HOW_TO_READ_FIRST = [

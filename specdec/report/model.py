@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from specdec.catalogue.drafters import DRAFT_MODEL, PROMPT_LOOKUP, analytic_c
 from specdec.engine.metrics import RATES
 from specdec.measure import theory
-from specdec.measure.costs import CostCurve
+from specdec.measure.costs import DRAFT_ROLE, TARGET_ROLE, CostCurve
 from specdec.report.cells import spec_fixed_cells
 
 __all__ = [
@@ -52,11 +53,10 @@ class CostInfo:
     target_s: dict[int, float]
 
     def c_for(self, method: str) -> float | None:
-        """c used by the model for `method`: measured c for ``draft``, 0 for prompt lookup (``ngram``,
-        ``ngram_hf``: lookup is free in the model; its real cost lands in the efficiency), None otherwise."""
-        if method in ("ngram", "ngram_hf"):
-            return 0.0
-        return self.c if method == "draft" else None
+        """c used by the model for `method` (`specdec.catalogue.drafters.analytic_c`): the measured c for the
+        draft model, 0 for prompt lookup (lookup is free in the model; its real cost lands in the
+        efficiency), None otherwise."""
+        return analytic_c(method, self.c)
 
     def v_at(self, n: int) -> float:
         """v(n) by :func:`specdec.measure.theory.cost_at` (NaN without a curve)."""
@@ -89,8 +89,8 @@ def cost_infos(costs: pd.DataFrame) -> dict[str, CostInfo]:
     df = df[np.isfinite(df["n_tokens"]) & np.isfinite(df["seconds"]) & (df["seconds"] > 0) & (df["n_tokens"] >= 1)]
     df["config_label"] = df["config_label"].where(df["config_label"].notna(), "(none)").astype(str)
     for label, g in df.groupby("config_label", sort=True):
-        tgt = {int(r.n_tokens): float(r.seconds) for r in g[g["role"] == "target"].itertuples()}
-        dr = {int(r.n_tokens): float(r.seconds) for r in g[g["role"] == "draft"].itertuples()}
+        tgt = {int(r.n_tokens): float(r.seconds) for r in g[g["role"] == TARGET_ROLE].itertuples()}
+        dr = {int(r.n_tokens): float(r.seconds) for r in g[g["role"] == DRAFT_ROLE].itertuples()}
         t1, d1 = tgt.get(1), dr.get(1)
         v = CostCurve(tgt).relative() if t1 else None
         c = d1 / t1 if (t1 and d1) else None
@@ -118,7 +118,7 @@ def break_even_table(infos: dict[str, CostInfo], ks_by_config: dict[str, list[in
         info = infos.get(label)
         if info is None:
             continue
-        for method in ("draft", "ngram"):  # ngram_hf's break-even is ngram's (both c = 0)
+        for method in (DRAFT_MODEL, PROMPT_LOOKUP):  # the other c = 0 drafters break even where lookup does
             c = info.c_for(method)
             if c is None:
                 continue

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.catalogue.drafters import DRAFT_MODEL, PROMPT_LOOKUP
 from specdec.measure import theory
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
@@ -152,8 +153,8 @@ def _alpha_vs_speedup(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
             ax.scatter(s["alpha_hat"], s["speedup"], color=colours[int(k)], marker=MARKERS.get(method, "^"),
                        edgecolor="black", linewidth=0.4, s=36, label=f"{method} K={k}", zorder=3)
         curve_note = "No model curve: costs (c, v) were not measured for this config."
-        if info is not None and info.c_for("draft") is not None and (g["method"] == "draft").any():
-            c = info.c_for("draft")
+        if info is not None and info.c_for(DRAFT_MODEL) is not None and (g["method"] == DRAFT_MODEL).any():
+            c = info.c_for(DRAFT_MODEL)
             for k in ks:
                 if info.v:
                     y = theory.refined_speedup(grid, k, c, info.v)
@@ -162,7 +163,7 @@ def _alpha_vs_speedup(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
                 ax.plot(grid, y, color=colours[k], lw=1, alpha=0.8)
             curve_note = (f"Lines: the {'refined' if info.v else 'ideal'} model for the draft model at each K "
                           f"(c = {c:.3f}{', measured v(K+1)' if info.v else ', v(K+1) = 1'}).")
-        elif info is not None and (g["method"] == "ngram").any():
+        elif info is not None and (g["method"] == PROMPT_LOOKUP).any():
             for k in ks:
                 y = theory.refined_speedup(grid, k, 0.0, info.v) if info.v else theory.ideal_speedup(grid, k, 0.0)
                 ax.plot(grid, y, color=colours[k], lw=1, alpha=0.8)

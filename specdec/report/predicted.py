@@ -4,7 +4,7 @@ The algorithm is kept apart from the hardware. The **algorithm** is the acceptan
 (`specdec.engine.traces`): the rounds of every fixed K in 1..16 and of every policy, for the draft model and for
 prompt lookup, replayed exactly from one target-only run. The **hardware** is the prompt's calibration block (target forwards of
 n = 1..17 tokens and the draft step, timed at the prompt's own context right after its first baseline run;
-`specdec.bench.costs.calibration_block`) plus the per-round overheads measured in the prompt's own runs.
+`specdec.measure.timing.calibration_block`) plus the per-round overheads measured in the prompt's own runs.
 
 **Time model** (decode only: prefill is left out on both sides, like for like). For a replayed round that
 drafted k tokens (the realized k: a prompt-lookup round may draft fewer than K, or none):
@@ -40,10 +40,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from specdec.catalogue.drafters import free_drafters, grid_drafters, model_drafters
 from specdec.engine.metrics import RATES
 from specdec.measure import stats
 from specdec.measure.costs import CostCurve
-from specdec.measure.pricing import DRAFTERS, TraceModel
+from specdec.measure.pricing import TraceModel
 from specdec.report.load import ensure_prepared, is_missing, run_rate
 from specdec.report.model import CostInfo, cost_infos
 from specdec.report.speedup import paired_reference
@@ -73,7 +74,7 @@ __all__ = [
 
 #: The K grid predicted from every trace (free: no timed run needed).
 GRID = tuple(range(1, 17))
-_DRAFTERS = DRAFTERS  # the draft model, prompt lookup, the suffix drafter: all replayed from one trace
+_DRAFTERS = grid_drafters()  # the draft model, prompt lookup, the suffix drafter: all replayed from one trace
 
 
 class PromptModel(TraceModel):
@@ -219,7 +220,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         curve = _curve(cal, own if own is not None else (costs or {}).get(t.config_label))
         rr = r[r["run_id"].isin(sel["run_id"])] if timed_rounds else pd.DataFrame()
         if len(rr) and with_order and curve is not None and curve.draft_step_s:
-            d = rr[rr["run_id"].isin(set(sel[sel["method"] == "draft"]["run_id"]))]
+            d = rr[rr["run_id"].isin(set(sel[sel["method"].isin(model_drafters())]["run_id"]))]
             pooled.setdefault((t.config_label, mid), []).append(d.assign(step_s=curve.draft_step_s))
         staged.append((t, mid, sel, curve, rr))
     ratios = {key: catchup_from_rounds(pd.concat(parts, ignore_index=True)) for key, parts in pooled.items()}
@@ -237,7 +238,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
             o_base = _median(b["verify_s"] - b["forward_s"])
             s = rr[(~rr["run_id"].isin(base_ids)) & (rr["k"] > 0)]
             o_spec = _median(s["verify_s"] - s["forward_s"] + s["other_s"].fillna(0.0))
-            ng_ids = set(sel[sel["method"].isin(["ngram", "ngram_hf"])]["run_id"])
+            ng_ids = set(sel[sel["method"].isin(free_drafters())]["run_id"])
             ng = _median(rr[rr["run_id"].isin(ng_ids)]["draft_s"])
         dec = [json.loads(x) if isinstance(x, str) else x for x in (t.prompt_ids, t.target_ids, t.draft_ids,
                                                                     t.draft_top_prob)]
@@ -291,7 +292,7 @@ def catchup_summary(models: Sequence[PromptModel]) -> dict:
 
 def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",), policy_k: int = 16
                ) -> pd.DataFrame:
-    """Predicted decode speedup per prompt for K in `GRID` and the `policies`, every drafter of `DRAFTERS`.
+    """Predicted decode speedup per prompt for K in `GRID` and the `policies`, every drafter of the grid (`specdec.catalogue.drafters.grid_drafters`).
 
     Columns: config_label, prompt_id, prompt_type, method, policy, k, predicted (decode speedup),
     block_efficiency (tokens per target forward), mean_k (drafted tokens per round with K > 0).
@@ -299,7 +300,7 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
     rows = []
     for m in models:
         for method in _DRAFTERS:
-            if method == "draft" and not m.trace.draft_ids:
+            if method in model_drafters() and not m.trace.draft_ids:
                 continue
             cases = [("fixed", k) for k in GRID] + [(p, policy_k) for p in policies]
             for policy, k in cases:
@@ -396,7 +397,7 @@ def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequ
             continue
         timed = _timed_records(rounds, int(r.run_id))
         # a confidence stop past a rejected draft token is off the trace: the replayed K is an upper bound
-        diff = compare_rounds(timed, replayed, k_upper_bound=r.policy == "confidence" and r.method == "draft")
+        diff = compare_rounds(timed, replayed, k_upper_bound=r.policy == "confidence" and r.method in model_drafters())
         meas = r.decode_tokens_per_s / ref[int(r.run_id)] if int(r.run_id) in ref else np.nan
         pred = m.speedup(r.method, replayed)
         rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
@@ -471,7 +472,8 @@ def roofline_table(runs: pd.DataFrame, roofline: pd.DataFrame) -> pd.DataFrame:
         dec = float(r.decode_s) if not is_missing(r.decode_s) else np.nan
         if x is None or is_missing(x.target_weight_bytes) or not np.isfinite(dec) or dec <= 0:
             continue
-        draft_b = 0.0 if r.method != "draft" or is_missing(x.draft_weight_bytes) else float(x.draft_weight_bytes)
+        draft_b = (0.0 if r.method not in model_drafters() or is_missing(x.draft_weight_bytes)
+                   else float(x.draft_weight_bytes))
         moved = float(x.target_weight_bytes) * float(r.num_rounds) + draft_b * float(r.num_drafted or 0)
         gbps = moved / dec / 1e9
         bw = float(x.bandwidth_gbps) if not is_missing(x.bandwidth_gbps) else np.nan

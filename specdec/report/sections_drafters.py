@@ -8,11 +8,12 @@ from __future__ import annotations
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.document import Section, ci, f, i, s, table_of
+from specdec.report.drafters import DRAFTER_RATIOS
 
 __all__ = ["drafters_section"]
 
-#: The drafters the paired ratios are about (suffix vs prompt lookup, suffix with corpus vs suffix).
-_SUFFIX_DRAFTERS = ("suffix", "suffix_corpus")
+#: The drafters the paired ratios are about (their numerators: suffix vs prompt lookup, ...).
+_SUFFIX_DRAFTERS = tuple(a for a, _, _ in DRAFTER_RATIOS)
 
 
 def _verdict(r) -> str:

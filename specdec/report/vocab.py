@@ -12,13 +12,14 @@ Words used by every module of :mod:`specdec.report`:
   repeat; see ``specdec/bench/store.py``). The report never groups by it.
 
 The method names here are the report's view of the bench's method registry (`specdec.bench.methods`); the
-peers and which of ours each is compared with come from `specdec.peer_pairs`, which both halves read. They are
+peers and which of ours each is compared with come from `specdec.catalogue.peers`, which both halves read. They are
 kept apart so that importing the report never imports the bench.
 """
 
 from __future__ import annotations
 
-from specdec.peer_pairs import PEER_PAIRS
+from specdec.catalogue.drafters import DRAFTERS
+from specdec.catalogue.peers import PEER_PAIRS
 
 __all__ = [
     "ADAPTIVE_POLICIES",
@@ -42,7 +43,7 @@ SINGLE_RUN = "single run (no interval)"
 #: Our target-only decoding: the denominator of every speedup.
 BASELINE = "baseline"
 #: Our speculative methods (the analytical model applies to them).
-SPEC_METHODS = ("draft", "ngram", "ngram_hf")
+SPEC_METHODS = tuple(n for n, e in DRAFTERS.items() if e.analytic is not None)
 #: Peer implementations measured in the same run.
 PEER_METHODS = tuple(dict.fromkeys(peer for _, peer in PEER_PAIRS))
 #: Policies that choose K per round.

@@ -10,15 +10,17 @@ repacking setting so both run the same kernels.
 
 from __future__ import annotations
 
-from specdec.drafters.model import BatchedModelDrafter
 from specdec.runtimes.base import BatchedBackend
-from specdec.runtimes.loading import LoadedModel, LoadedPair
+from specdec.runtimes.loading import LoadedModel
 
-__all__ = ["batched_backend", "batched_pair"]
+__all__ = ["batched_backend"]
 
 
-def batched_backend(model: LoadedModel, max_rows: int) -> BatchedBackend:
-    """The batched backend of one loaded model, for at most `max_rows` rows at once.
+def batched_backend(model: LoadedModel, max_rows: int, *, row_tokens: int | None = None) -> BatchedBackend:
+    """The batched backend of one loaded model, for at most `max_rows` rows at once, each row holding at most
+    `row_tokens` tokens (its prompt, budget and a verification's width; None: the runtime's default). On
+    llama.cpp every row reserves KV cells for `row_tokens` (rounded up to 256), so the cache follows the
+    work instead of a default context per row.
 
     Raises:
         ValueError: ``max_rows < 1``; a compiled transformers model (static cache: batched decoding needs the
@@ -37,20 +39,7 @@ def batched_backend(model: LoadedModel, max_rows: int) -> BatchedBackend:
         from specdec.runtimes.llamacpp_batched import DEFAULT_ROW_CTX, BatchedLlamaCppBackend
 
         single = model.backend
-        return BatchedLlamaCppBackend(single.model_path, max_rows=int(max_rows), n_ctx=min(single.max_length, DEFAULT_ROW_CTX),
+        n_ctx = min(single.max_length, int(row_tokens) if row_tokens else DEFAULT_ROW_CTX)
+        return BatchedLlamaCppBackend(single.model_path, max_rows=int(max_rows), n_ctx=n_ctx,
                                       n_threads=single.n_threads, extra_buffers=single.extra_buffers)
     raise ValueError(f"no batched backend for runtime {model.runtime!r}")
-
-
-def batched_pair(loaded: LoadedPair, max_rows: int) -> tuple[BatchedBackend, BatchedModelDrafter | None]:
-    """``(target, draft)``: the target's batched backend and, when the pair has a draft model, a
-    `specdec.drafters.model.BatchedModelDrafter` over the draft's batched backend (None without a draft).
-
-    Raises:
-        as `batched_backend`.
-    """
-    target = batched_backend(loaded.target, max_rows)
-    draft = None
-    if loaded.draft is not None:
-        draft = BatchedModelDrafter(batched_backend(loaded.draft, max_rows), loaded.vocab_size)
-    return target, draft

@@ -299,7 +299,7 @@ def measure_steps(target: str, threads: int, passes: int, context_tokens: int = 
     slow spell of the machine hits both; medians over the passes."""
     import statistics
 
-    from specdec.bench.costs import context_ids, forward_times
+    from specdec.measure.timing import context_ids, forward_times
     from specdec.runtimes.loading import load_pair
 
     ns = [1, 2, 17]

@@ -1,7 +1,7 @@
 """The machine a measurement ran on: CPU, cores, memory, OS, library versions, device, git commit.
 
 Recorded with every sweep (``sweeps.machine_json``, ``sweeps.git_commit``) and folded into the key of the
-cost cache (`specdec.bench.costs.cached_costs`), so numbers from another machine are never mixed in silently.
+cost cache (`specdec.measure.timing.cached_costs`), so numbers from another machine are never mixed in silently.
 This module imports nothing from the rest of specdec but two leaves (`specdec.bench.machines`,
 `specdec.runtimes.llamacpp_record`), so both the sweep and the cost measurement can use it.
 """
@@ -9,6 +9,7 @@ This module imports nothing from the rest of specdec but two leaves (`specdec.be
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -20,10 +21,25 @@ from typing import Any
 
 import torch
 
-from specdec.bench.machines import host_id
 from specdec.runtimes.llamacpp_record import ggml_env
 
 __all__ = ["MACHINE_KEYS", "git_commit", "machine_changes", "machine_info"]
+
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def host_id(boot_id_path: str = BOOT_ID_PATH) -> str:
+    """A 12-hex-digit hash of this host's name (`platform.node`) and this boot's id (`BOOT_ID_PATH`, where
+    readable): tells nodes apart without storing names, and tells apart two VMs that share a host name (every
+    VM of this project's workplace is called ``vm``; two of them timed fp32 steps 1.5x apart) or one host
+    before and after a reboot. Runs of one sitting share it; a sweep resumed after a reboot is, correctly, timed
+    on another machine."""
+    try:
+        boot = Path(boot_id_path).read_text().strip()
+    except OSError:
+        boot = ""
+    return hashlib.sha256(f"{platform.node()}|{boot}".encode()).hexdigest()[:12]
 
 
 def git_commit() -> str | None:
@@ -69,7 +85,7 @@ def machine_info(device: str = "cpu", threads: int | None = None) -> dict[str, A
     except (AttributeError, OSError):
         usable = os.cpu_count()
     info: dict[str, Any] = {
-        "host": host_id(),  # a hash of host name and boot id: tells nodes and VMs apart (specdec.bench.machines)
+        "host": host_id(),  # a hash of host name and boot id: tells nodes and VMs apart (`host_id`)
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": usable,

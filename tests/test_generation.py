@@ -1,6 +1,6 @@
-"""Batched generation for users: ``specdec generate --prompts-file F --batch-size B``, ``specdec.generate`` with
-a list of prompts, and `specdec.runtimes.batched_loading` (the batched backends of a loaded pair).
-
+"""The front door's assembler (`specdec.entrypoints.generation`) through ``specdec generate`` and
+``specdec.generate``: one prompt and many (``--prompts-file F --batch-size B``, a list of prompts), and
+`specdec.runtimes.batched_loading` (the batched backends of a loaded model).
 The oracle for every greedy row is the single-prompt greedy output of the same prompt (`specdec.generate`
 with one prompt, the code of ``specdec generate --prompt``), in float32 where it is exact.
 """
@@ -15,14 +15,10 @@ import sys
 
 import pytest
 
-from specdec.entrypoints.batch_generate import (
-    LLAMACPP_MAX_ROWS,
-    BatchRun,
-    batch_k_max,
-    batch_report,
-    read_prompts_file,
-    run_batches,
-)
+from specdec.catalogue.drafters import drafter as drafter_entry
+from specdec.entrypoints import generation as g
+from specdec.entrypoints.generation import LLAMACPP_MAX_ROWS, batch_k_max
+from specdec.entrypoints.output import report
 
 #: Prompts of different lengths (1 to 20 tokens), one repetitive enough for prompt lookup to draft.
 TEXTS = ["hello world the quick brown fox", "abc abc abc abc abc abc abc abc", "zq",
@@ -78,18 +74,6 @@ def write_jsonl(path, texts, budgets=None):
 
 # -- prompts files and K_max ------------------------------------------------------------------------------
 
-def test_prompts_files_jsonl_and_text(tmp_path):
-    j = tmp_path / "p.jsonl"
-    j.write_text('{"prompt": "a b", "id": 1}\n\n{"prompt": "c", "max_new_tokens": 3}\n   \n{"prompt": " d\\ne"}\n')
-    got = read_prompts_file(j)
-    assert [(e.text, e.max_new_tokens, e.line) for e in got] == [("a b", None, 1), ("c", 3, 3), (" d\ne", None, 5)]
-    t = tmp_path / "p.txt"
-    t.write_text("first prompt\n\n  \nsecond {\"prompt\": 1}\n")  # a text file's lines are prompts verbatim
-    got = read_prompts_file(t)
-    assert [(e.text, e.max_new_tokens, e.line) for e in got] == [("first prompt", None, 1),
-                                                                  ('second {"prompt": 1}', None, 4)]
-
-
 def test_batch_k_max_keeps_a_round_within_128_tokens():
     assert batch_k_max(1) == 16 and batch_k_max(2) == 16  # 2 x 17 = 34 tokens
     assert batch_k_max(8) == 15 and 8 * (15 + 1) == 128
@@ -127,15 +111,15 @@ def test_cli_batched_greedy_equals_single_prompt_output(tiny_pair, near_draft_di
             if extra:
                 assert sum(r["num_drafted"] for r in doc["rows"]) > 0
             # texts in file order, then the table, on stderr with --json
-            heads = [err.index(f"### prompt {i + 1} (line {i + 1})") for i in range(len(TEXTS))]
+            heads = [err.index(f"### prompt {i + 1} ({pf}, line {i + 1})") for i in range(len(TEXTS))]
             assert heads == sorted(heads) and "aggregate" in err and "tok/forward" in err
-    assert len(list((cache_env / "costs").glob("quick-*.json"))) == 3  # one cost measurement per batch size
+    assert len(list((cache_env / "costs").glob("batch-*.json"))) == 3  # one cost measurement per batch size
 
 
 def test_cli_output_and_json_file(tiny_pair, near_draft_dir, singles, tmp_path, capsys, cache_env):
     """Plain output: each text under its header in file order, then the table; --out: the JSON of the per-row
     figures (per-row budgets from the .jsonl), consistent with each row's tokens and rounds."""
-    from specdec.bench.prompts import encode_prompt
+    from specdec.prompts import encode_prompt
     from specdec.runtimes.loading import load_pair
 
     budgets = [None, 4, None, 0, 7]
@@ -147,11 +131,12 @@ def test_cli_output_and_json_file(tiny_pair, near_draft_dir, singles, tmp_path, 
     assert code == 0, err
     doc = json.loads(out_file.read_text())
     tok = load_pair(str(tiny_pair.target_dir), None).tokenizer
-    assert doc["num_prompts"] == len(TEXTS) and doc["batch_size"] == 2 and doc["drafter"] == "model"
-    assert doc["prompts_file"] == str(pf) and doc["dtype"] == "float32" and doc["backend"] == "transformers"
+    assert doc["num_prompts"] == len(TEXTS) and doc["batch_size"] == 2 and doc["drafter"] == "draft"
+    assert doc["prompts_file"] == str(pf) and doc["runtime"]["dtype"] == "float32"
+    assert doc["runtime"]["backend"] == "transformers"
     for i, r in enumerate(doc["rows"]):
         want = singles[i][: budgets[i] if budgets[i] is not None else NEW]
-        assert r["token_ids"] == want and r["line"] == i + 1
+        assert r["token_ids"] == want and r["line"] == f"{pf}, line {i + 1}"
         assert r["prompt_tokens"] == len(encode_prompt(tok, TEXTS[i]))
         assert r["text"] == tok.decode(want, skip_special_tokens=True)
         assert r["text"] in out  # the texts are printed too
@@ -173,9 +158,10 @@ def test_cli_output_and_json_file(tiny_pair, near_draft_dir, singles, tmp_path, 
 
 
 def test_cli_subprocess_json_on_stdout_and_text_file(tiny_pair, near_draft_dir, singles, tmp_path):
-    """The console entry point: a text prompts file (blank lines skipped), --json alone on stdout."""
+    """The console entry point: a plain-text prompts file (one prompt per blank-line-separated block), --json
+    alone on stdout."""
     pf = tmp_path / "p.txt"
-    pf.write_text("\n".join(TEXTS[:2]) + "\n\n" + TEXTS[2] + "\n")
+    pf.write_text(TEXTS[0] + "\n\n" + TEXTS[1] + "\n  \n\n" + TEXTS[2] + "\n")
     env = dict(os.environ, OMP_NUM_THREADS="1", SPECDEC_CACHE_DIR=str(tmp_path / "cache"))
     p = subprocess.run([sys.executable, "-m", "specdec", "generate", "--target", str(tiny_pair.target_dir),
                         "--draft", str(near_draft_dir), "--prompts-file", str(pf), "--batch-size", "2", "--k", "3",
@@ -184,7 +170,7 @@ def test_cli_subprocess_json_on_stdout_and_text_file(tiny_pair, near_draft_dir, 
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert [r["token_ids"] for r in doc["rows"]] == singles[:3]
-    assert [r["line"] for r in doc["rows"]] == [1, 2, 4]
+    assert [r["line"] for r in doc["rows"]] == [f"{pf}, block {i} (line {n})" for i, n in ((1, 1), (2, 3), (3, 6))]
 
 
 def test_cli_sampled_rows_follow_their_seeds(tiny_pair, near_draft_dir, api_pair, tmp_path, capsys):
@@ -224,22 +210,22 @@ def _bad_cases(tmp_path, tiny_pair):
     f = str(good)
     return [
         (["--prompts-file", f, "--prompt", "hi"], "not both"),
-        (["--prompts-file", str(tmp_path / "missing.jsonl")], "no such file"),
-        (["--prompts-file", str(tmp_path)], "a directory, not a file"),
-        (["--prompts-file", str(empty)], "holds no prompt"),
-        (["--prompts-file", str(not_json)], "line 2: not JSON"),
-        (["--prompts-file", str(no_prompt)], 'line 1: no "prompt" field'),
-        (["--prompts-file", str(bad_budget)], '"max_new_tokens" must be an integer >= 0'),
+        (["--prompts-file", str(tmp_path / "missing.jsonl")], "no such prompt file"),
+        (["--prompts-file", str(tmp_path)], "is a directory, not a prompt file"),
+        (["--prompts-file", str(empty)], "file is empty"),
+        (["--prompts-file", str(not_json)], "line 2: invalid JSON"),
+        (["--prompts-file", str(no_prompt)], "line 1: unknown record format"),
+        (["--prompts-file", str(bad_budget)], "'max_new_tokens' must be an integer >= 0"),
         (["--prompts-file", str(not_object)], "expected a JSON object"),
         (["--prompts-file", f, "--batch-size", "0"], "--batch-size must be >= 1"),
         (["--prompts-file", f, "--batch-size", str(LLAMACPP_MAX_ROWS + 1), "--backend", "llamacpp"],
          f"at most {LLAMACPP_MAX_ROWS} rows"),
         (["--prompts-file", f, "--compile"], "eager"),
-        (["--prompt", "hi", "--batch-size", "2"], "need --prompts-file"),
+        (["--prompt", "hi", "--batch-size", "2"], "--batch-size needs --prompts-file"),
         ([], "give --prompt TEXT, or --prompts-file"),
         (["--prompts-file", f, "--policy", "heuristic"], "--policy 'heuristic' is not available"),
-        (["--prompts-file", f, "--k", "0"], "--k must be >= 1"),
-        (["--prompts-file", f, "--baseline"], "--baseline: run one prompt at a time"),
+        (["--prompts-file", f, "--k", "0"], "--k must be an integer >= 1"),
+        (["--prompts-file", f, "--pad-verify"], "--pad-verify runs one prompt at a time"),
         (["--prompts-file", f, "--drafter", "magic"], "unknown --drafter 'magic'"),
         (["--prompts-file", str(long), "--k", "2", "--max-new-tokens", "8"], "long.jsonl, line 2: prompt"),
         (["--prompts-file", f, "--out", str(existing)], "already exists"),
@@ -264,14 +250,19 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_pair, tmp_path, capsys, c
     assert not (cache_env / "costs").exists()  # nothing measured either
 
 
-def test_batch_size_one_without_a_prompts_file_is_the_single_prompt_command(tiny_pair, capsys):
-    args = ["generate", "--target", str(tiny_pair.target_dir), "--prompt", TEXTS[1], "--drafter", "ngram",
-            "--k", "2", "--max-new-tokens", "6", "--dtype", "float32", "--json"]
-    code, out, err = cli(args, capsys)
-    code1, out1, _ = cli([*args, "--batch-size", "1"], capsys)
-    assert code == code1 == 0, err
-    a, b = json.loads(out), json.loads(out1)
-    assert a.keys() == b.keys() and "rows" not in a and a["token_ids"] == b["token_ids"]
+def test_one_prompt_and_a_file_of_one_prompt_give_one_document(tiny_pair, tmp_path, capsys):
+    """``--prompt`` and ``--batch-size 1`` beside it, and a prompts file holding that prompt: the same JSON
+    document shape (one row), the same tokens."""
+    args = ["generate", "--target", str(tiny_pair.target_dir), "--drafter", "ngram", "--k", "2",
+            "--max-new-tokens", "6", "--dtype", "float32", "--json"]
+    pf = write_jsonl(tmp_path / "one.jsonl", [TEXTS[1]])
+    docs = []
+    for extra in (["--prompt", TEXTS[1]], ["--prompt", TEXTS[1], "--batch-size", "1"], ["--prompts-file", str(pf)]):
+        code, out, err = cli([*args, *extra], capsys)
+        assert code == 0, err
+        docs.append(json.loads(out))
+    assert docs[0].keys() == docs[1].keys() == docs[2].keys()
+    assert docs[0]["rows"][0]["token_ids"] == docs[1]["rows"][0]["token_ids"] == docs[2]["rows"][0]["token_ids"]
 
 
 # -- the Python API ---------------------------------------------------------------------------------------
@@ -285,7 +276,8 @@ def test_api_list_of_prompts_equals_single_prompt_outputs(api_pair, singles, cac
             outs = generate(api_pair, TEXTS, batch_size=b, max_new_tokens=NEW, k=k, drafter=drafter)
             assert isinstance(outs, list) and all(isinstance(o, Generation) for o in outs)
             assert [o.token_ids for o in outs] == singles, (b, k)
-            assert all(o.policy == ("fixed" if k else "cost") and o.drafter == drafter for o in outs)
+            assert all(o.policy == ("fixed" if k else "cost") and o.drafter == drafter_entry(drafter).name
+                       for o in outs)
             assert all(o.text == api_pair.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs)
     ids = [api_pair.tokenizer(t).input_ids for t in TEXTS[:2]]
     outs = generate(api_pair, ids, max_new_tokens=NEW, k=2, drafter=drafter)  # token-id lists, one batch
@@ -307,7 +299,7 @@ def test_api_bad_input(api_pair):
 
     with pytest.raises(ValueError, match="needs a list of prompts"):
         generate(api_pair, "hi", batch_size=2)
-    with pytest.raises(ValueError, match="batch size must be >= 1"):
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
         generate(api_pair, ["a", "b"], batch_size=0, k=2)
     with pytest.raises(ValueError, match="not available"):
         generate(api_pair, ["a", "b"], policy="confidence")
@@ -317,16 +309,23 @@ def test_api_bad_input(api_pair):
         generate(api_pair, ["a", " "], k=2)
     with pytest.raises(ValueError, match="not single token ids"):
         generate(api_pair, [[5, 6], 7], k=2)
-    with pytest.raises(ValueError, match="exceeds the target's context"):
-        generate(api_pair, ["a", "abc " * 200], k=2)
+    with pytest.raises(ValueError, match="prompt 1: .* exceeds the target's context"):
+        generate(api_pair, ["a", "abc " * 200], k=2, max_new_tokens=8)
+    with pytest.raises(ValueError, match="prompt 1: token id 999999 is outside the vocabulary"):
+        generate(api_pair, [[5, 6], [7, 999999]], k=2)
+    with pytest.raises(ValueError, match="token id -1 is outside the vocabulary"):
+        generate(api_pair, [5, -1], k=2)
+    with pytest.raises(ValueError, match="no prompt"):
+        generate(api_pair, [], k=2)
 
 
-def test_run_batches_report_of_zero_budgets(api_pair):
+def test_run_report_of_zero_budgets(api_pair):
     """Rows with no budget finish "empty"; the aggregate rate is None when nothing was generated."""
     ids = [api_pair.tokenizer(t).input_ids for t in TEXTS[:3]]
-    run = run_batches(api_pair.loaded, ids, 0, batch_size=2, drafter="ngram", k=2)
-    assert isinstance(run, BatchRun) and [r.finish_reason for r in run.results] == ["empty"] * 3
-    doc = batch_report(run, ["", "", ""])
+    settings = g.check_settings(drafter="ngram", k=2, max_new_tokens=0, batch_size=2, many=True)
+    run = g.run(api_pair, settings, ids)
+    assert isinstance(run, g.Run) and [r.finish_reason for r in run.results] == ["empty"] * 3
+    doc = report(run, ["", "", ""], runtime=api_pair.runtime)
     assert doc["aggregate_tokens_per_s"] is None and doc["total_tokens"] == 0
     json.dumps(doc, allow_nan=False)
 
@@ -334,15 +333,16 @@ def test_run_batches_report_of_zero_budgets(api_pair):
 # -- specdec.runtimes.batched_loading ------------------------------------------------------------------------------
 
 def test_batched_loading_transformers(tiny_pair, near_draft_dir):
+    from specdec.catalogue.drafters import DraftSource, batched_drafter
     from specdec.drafters.model import BatchedModelDrafter
     from specdec.engine.batched import generate_batch
     from specdec.engine.decoding import autoregressive_generate
-    from specdec.runtimes.batched_loading import batched_backend, batched_pair
+    from specdec.runtimes.batched_loading import batched_backend
     from specdec.runtimes.hf_batched import BatchedHFBackend
     from specdec.runtimes.loading import LoadedPair, load_pair
 
     loaded = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), dtype="float32", threads=1)
-    target, drafter = batched_pair(loaded, 3)
+    target, drafter = batched_backend(loaded.target, 3), batched_drafter("draft", DraftSource(loaded, rows=3))
     assert isinstance(target, BatchedHFBackend) and isinstance(drafter, BatchedModelDrafter)
     assert target.model is loaded.target.hf_model and drafter.backend.model is loaded.draft.hf_model  # same weights
     assert target.max_length == loaded.target.backend.max_length and drafter.vocab_size == loaded.vocab_size
@@ -352,7 +352,8 @@ def test_batched_loading_transformers(tiny_pair, near_draft_dir):
         ref = autoregressive_generate(loaded.target.backend, p, 8, eos_ids=loaded.eos_ids, vocab_size=loaded.vocab_size)
         assert o.token_ids == ref.token_ids
     alone = LoadedPair(loaded.target, None, loaded.vocab_size, loaded.eos_ids)
-    assert batched_pair(alone, 2)[1] is None
+    with pytest.raises(ValueError, match="needs a draft model"):
+        batched_drafter("draft", DraftSource(alone, rows=2))
     for bad in (0, -1):
         with pytest.raises(ValueError, match="batch size must be >= 1"):
             batched_backend(loaded.target, bad)
@@ -360,7 +361,8 @@ def test_batched_loading_transformers(tiny_pair, near_draft_dir):
     with pytest.raises(ValueError, match="eager"):
         batched_backend(compiled, 2)
     with pytest.raises(ValueError, match="eager"):
-        batched_pair(LoadedPair(loaded.target, compiled, loaded.vocab_size, loaded.eos_ids), 2)
+        batched_drafter("draft", DraftSource(LoadedPair(loaded.target, compiled, loaded.vocab_size, loaded.eos_ids),
+                                             rows=2))
     with pytest.raises(ValueError, match="no batched backend"):
         batched_backend(dataclasses.replace(loaded.target, runtime="onnx"), 2)
     # through the API a compiled pair is refused before any batch runs
@@ -387,14 +389,16 @@ def llama_loaded(smollm2_gguf):
 def test_batched_loading_llamacpp(llama_loaded, smollm2_gguf):
     """A second context over the same GGUF with the single backend's threads and repacking, `max_rows` rows,
     a row context of at most 2048 tokens; its greedy rows equal single-sequence decoding."""
+    from specdec.catalogue.drafters import DraftSource, batched_drafter
     from specdec.drafters.model import BatchedModelDrafter
     from specdec.engine.batched import generate_batch
     from specdec.engine.decoding import autoregressive_generate
-    from specdec.runtimes.batched_loading import batched_backend, batched_pair
+    from specdec.runtimes.batched_loading import batched_backend
     from specdec.runtimes.llamacpp_batched import DEFAULT_ROW_CTX, BatchedLlamaCppBackend
 
     single = llama_loaded.target.backend
-    target, drafter = batched_pair(llama_loaded, 2)
+    target = batched_backend(llama_loaded.target, 2)
+    drafter = batched_drafter("draft", DraftSource(llama_loaded, rows=2))
     try:
         assert isinstance(target, BatchedLlamaCppBackend) and isinstance(drafter, BatchedModelDrafter)
         assert target.max_rows == 2 and target.max_length == min(single.max_length, DEFAULT_ROW_CTX)
@@ -420,7 +424,8 @@ def test_cli_llamacpp_batched_greedy_equals_single_prompt_output(llama_loaded, s
     from specdec import generate
     from specdec.entrypoints.api import Pair
 
-    pair = Pair(llama_loaded, str(smollm2_gguf), str(smollm2_gguf), "llamacpp", "cpu", None, 1)
+    pair = Pair(llama_loaded, str(smollm2_gguf), str(smollm2_gguf), "llamacpp", "cpu", None, 1,
+                runtime={"backend": "llamacpp"})
     want = {d: [generate(pair, t, max_new_tokens=8, k=2, drafter=d).token_ids for t in LLAMA_TEXTS]
             for d in ("model", "ngram")}
     pf = write_jsonl(tmp_path / "p.jsonl", LLAMA_TEXTS)
@@ -431,23 +436,24 @@ def test_cli_llamacpp_batched_greedy_equals_single_prompt_output(llama_loaded, s
         assert code == 0, err
         doc = json.loads(out)
         assert [r["token_ids"] for r in doc["rows"]] == want[drafter], drafter
-        assert doc["backend"] == "llamacpp" and doc["dtype"] is None
+        assert doc["runtime"]["backend"] == "llamacpp" and doc["runtime"]["dtype"] is None
         if drafter == "model":  # the draft is the target itself: every draft is accepted
             assert all(r["num_accepted"] == r["num_drafted"] > 0 for r in doc["rows"])
 
 
 # -- the batch cost policy's pricing ----------------------------------------------------------------------
 
-def test_batch_measure_times_the_batch_shapes(api_pair):
-    from specdec.entrypoints.batch_generate import _batch_ns, batch_measure
+def test_batch_costs_time_the_batch_shapes(api_pair):
     from specdec.measure.costs import CostCurve
+    from specdec.measure.timing import batch_ns, measure_forwards
 
-    assert _batch_ns(3, 51) == [1, 3, 6, 9, 15, 27, 51] and _batch_ns(1, 17) == [1, 2, 3, 5, 9, 17]
-    assert _batch_ns(8, 128) == [1, 8, 16, 24, 40, 72, 128]
+    assert batch_ns(3, 51) == ([1, 3, 6, 9, 15, 27, 51], [1, 3]) and batch_ns(1, 17)[0] == [1, 2, 3, 5, 9, 17]
+    assert batch_ns(8, 128)[0] == [1, 8, 16, 24, 40, 72, 128]
     ticks = iter(range(10**6))
-    costs = batch_measure(api_pair.loaded, max_n=51, rows=3, repeats=1, clock=lambda: float(next(ticks)))
+    costs = measure_forwards(api_pair.loaded, *batch_ns(3, 51), repeats=1, context_tokens=32,
+                             clock=lambda: float(next(ticks)))
     assert sorted(int(n) for n in costs["target_forward_s"]) == [1, 3, 6, 9, 15, 27, 51]
-    assert sorted(int(n) for n in costs["draft_forward_s"]) == [1, 3] and costs["rows"] == 3
+    assert sorted(int(n) for n in costs["draft_forward_s"]) == [1, 3]
     curve = CostCurve.from_costs(costs)
     assert curve.draft_forward(3) > 0 and curve.forward_s(51) > 0
 
@@ -461,7 +467,9 @@ def test_batch_cost_policy_follows_the_prices(api_pair, singles, cheap):
     costs = {"target_forward_s": {n: (1.0 if cheap else float(n)) for n in ns},
              "draft_step_s": 0.0 if cheap else 5.0, "draft_forward_s": None if cheap else {1: 5.0, 2: 10.0}}
     ids = [api_pair.tokenizer(t).input_ids for t in TEXTS[:2]]
-    run = run_batches(api_pair.loaded, ids, NEW, batch_size=2, drafter="model", policy="cost", k=5, costs=costs)
+    settings = g.check_settings(drafter="draft", policy="cost", k=5, max_new_tokens=NEW, batch_size=2, many=True,
+                                costs=costs)
+    run = g.run(api_pair, settings, ids)
     assert [r.token_ids for r in run.results] == singles[:2] and run.k == 5 and run.policy == "cost"
     asked = [x.k_requested for x in run.results[0].rounds]
     # three timed plain rounds (the measured reference), then the priced choice; later rounds are priced at
@@ -469,3 +477,43 @@ def test_batch_cost_policy_follows_the_prices(api_pair, singles, cheap):
     assert asked[:3] == [0, 0, 0] and asked[3] == (5 if cheap else 0)
     if not cheap:
         assert set(asked) == {0}
+
+
+def test_out_into_a_missing_folder_is_made_before_anything_runs(tiny_pair, tmp_path, capsys):
+    """``--out`` into a folder that does not exist yet: made before the models load, so the run's JSON lands."""
+    out = tmp_path / "new" / "deeper" / "run.json"
+    code, _, err = cli(["generate", "--target", str(tiny_pair.target_dir), "--prompt", TEXTS[1], "--drafter",
+                        "ngram", "--k", "2", "--max-new-tokens", "4", "--dtype", "float32", "--out", str(out)],
+                            capsys)
+    assert code == 0, err
+    assert json.loads(out.read_text())["rows"][0]["num_tokens"] == 4
+
+
+def test_batched_baseline_reports_each_rows_agreement(tiny_pair, near_draft_dir, singles, tmp_path, capsys):
+    """``--baseline`` with a prompts file: batched target-only decoding of the same rows, per row the speedup
+    and whether greedy output equals target-only output (fp32: every row does)."""
+    pf = write_jsonl(tmp_path / "p.jsonl", TEXTS[:3])
+    code, out, err = cli(["generate", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir),
+                          "--prompts-file", str(pf), "--batch-size", "2", "--k", "2", "--max-new-tokens", str(NEW),
+                          "--dtype", "float32", "--threads", "1", "--baseline", "--json"], capsys)
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert [r["baseline_token_ids"] for r in rows] == singles[:3]
+    assert all(r["identical_to_baseline"] and r["divergence"] is None and r["speedup"] > 0 for r in rows)
+    assert "same as target-only" in err
+
+
+def test_a_divergent_row_is_reported_with_its_margin(api_pair):
+    """A row whose output leaves target-only output: the first differing token and the target's top-2 margin
+    there are recorded for that row (here made to differ by a drafter whose row reads another model)."""
+    from specdec.engine.metrics import GenerationResult
+    from specdec.entrypoints.generation import Run, _divergences
+
+    settings = g.check_settings(drafter="ngram", k=2, many=True)
+    ids = [api_pair.tokenizer(t).input_ids for t in TEXTS[:2]]
+    base = [GenerationResult("baseline", p, list(s[:4]), "length") for p, s in zip(ids, [[1, 2, 3, 4], [5, 6, 7, 8]])]
+    spec = [GenerationResult("speculative", ids[0], [1, 2, 3, 4], "length"),
+            GenerationResult("speculative", ids[1], [5, 6, 9, 8], "length")]
+    div = _divergences(api_pair, settings, ids, spec, base)
+    assert div[0] is None and div[1]["step"] == 2 and div[1]["compiled_token"] == 9 and div[1]["margin"] >= 0
+    assert isinstance(Run(spec, "ngram", "fixed", 2).divergences, list)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from specdec.bench.export import export_runs
+from specdec.bench.merge import merge_stores
 from specdec.bench.store import Store, StoreError
 from specdec.bench.store_batch import BatchTables, batch_cell_key
 
@@ -162,3 +163,77 @@ def test_export_never_writes_a_silent_zero(tmp_path, capsys):
     # a directory given as the store is named as one
     code, _, err = _cli(capsys, "export", "--db", tmp_path, "--out", out)
     assert code == 2 and "is a directory" in _one_error_line(err) and not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------- merge
+
+
+def test_merge_carries_a_published_batch_store(tmp_path, capsys):
+    db = _published(tmp_path)
+    out = tmp_path / "merged.db"
+    code, stdout, err = _cli(capsys, "merge", "--out", out, db)
+    assert code == 0, err
+    assert f"{PUBLISHED_RUNS} batched runs added" in stdout
+    assert _count(out, "SELECT COUNT(*) FROM batch_runs") == PUBLISHED_RUNS
+    assert _count(out, "SELECT COUNT(*) FROM batch_calibration") == _count(db, "SELECT COUNT(*) FROM batch_calibration")
+    assert _count(out, "SELECT status FROM batch_sweeps") == _count(db, "SELECT status FROM batch_sweeps")
+    con_a, con_b = sqlite3.connect(db), sqlite3.connect(out)
+    try:
+        sql = "SELECT * FROM batch_runs ORDER BY run_id"
+        assert con_a.execute(sql).fetchall() == con_b.execute(sql).fetchall()  # the same rows, in run order
+    finally:
+        con_a.close()
+        con_b.close()
+    # merging the same store again adds nothing and counts the duplicates
+    code, stdout, err = _cli(capsys, "merge", "--out", out, db)
+    assert code == 0 and f"0 batched runs added ({PUBLISHED_RUNS} duplicate(s) kept once)" in stdout, stdout + err
+    assert _count(out, "SELECT COUNT(*) FROM batch_runs") == PUBLISHED_RUNS
+
+
+def test_merge_unions_both_kinds_by_the_single_sequence_rules(tmp_path):
+    a, b, out = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "m.db"
+    _add_single(a, prompts=range(3), machine=MACHINE)
+    _add_single(b, prompts=range(2, 5), machine=OTHER_MACHINE)
+    _add_batch(a, batches=range(2), fail={(1, 1)}, status="interrupted")
+    _add_batch(b, batches=range(1, 3), machine=OTHER_MACHINE)
+    res = merge_stores(out, [a, b])
+    assert res.sweep_ids == [SID] and res.batch_sweep_ids == [BSID]
+    assert (res.added, res.duplicates) == (5, 1)
+    # batch 1 is in both: its 4 successful runs are kept once, its failed run in a is replaced by b's success
+    # (written again: added counts it, as it does a replaced single-sequence run)
+    assert (res.batch_added, res.batch_duplicates, res.batch_replaced) == (16, 4, 1)
+    assert _count(out, "SELECT COUNT(*) FROM batch_runs") == 15
+    assert _count(out, "SELECT COUNT(*) FROM batch_runs WHERE error IS NOT NULL") == 0
+    assert _count(out, "SELECT COUNT(DISTINCT machine_id) FROM batch_runs") == 2
+    assert _count(out, "SELECT COUNT(*) FROM batch_calibration") == 2  # one point per machine
+    assert res.status == "interrupted"  # a's batch sweep was interrupted
+    assert _count(out, "SELECT status FROM batch_sweeps") == "interrupted"
+
+
+def test_merge_refuses_another_batch_sweep_in_one_line(tmp_path, capsys):
+    a, b, out = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "m.db"
+    _add_batch(a)
+    _add_batch(b, sid="cccc000011112222")
+    code, _, err = _cli(capsys, "merge", "--out", out, a, b)
+    line = _one_error_line(err)
+    assert code == 2 and "batch sweep" in line and str(b) in line and "cccc000011112222" in line
+    # a store with the single-sequence sweep only beside one with the batch sweep too: refused, not dropped
+    c, d = tmp_path / "c.db", tmp_path / "d.db"
+    _add_single(c)
+    _add_single(d)
+    _add_batch(d)
+    code, _, err = _cli(capsys, "merge", "--out", tmp_path / "m2.db", c, d)
+    line = _one_error_line(err)
+    assert code == 2 and BSID in line and "batch sweep" in line and not (tmp_path / "m2.db").exists()
+
+
+def test_merge_into_an_earlier_merge_without_its_batched_runs_adds_them(tmp_path):
+    """A merge made before batched runs were carried holds the single sweep alone: merging the sources
+    again into it adds their batched runs."""
+    a, out = tmp_path / "a.db", tmp_path / "m.db"
+    _add_single(a)
+    _add_single(out)
+    _add_batch(a)
+    res = merge_stores(out, [a])
+    assert res.batch_added == 10 and res.duplicates == 3 and res.added == 0
+    assert _count(out, "SELECT COUNT(*) FROM batch_runs") == 10

@@ -237,3 +237,19 @@ def test_merge_into_an_earlier_merge_without_its_batched_runs_adds_them(tmp_path
     res = merge_stores(out, [a])
     assert res.batch_added == 10 and res.duplicates == 3 and res.added == 0
     assert _count(out, "SELECT COUNT(*) FROM batch_runs") == 10
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def test_report_names_the_batched_runs_it_carries(tmp_path, capsys):
+    db = _published(tmp_path)
+    code, stdout, err = _cli(capsys, "report", "--db", db, "--out", tmp_path / "rep")
+    assert code == 0, err
+    assert f"{PUBLISHED_RUNS} batched runs" in stdout.splitlines()[0]
+    assert "Speedup against batch size" in (tmp_path / "rep" / "report.md").read_text()
+    # --sweep naming the batch sweep: one line saying how its runs are reported, not "sweeps: none"
+    bsid = _count(db, "SELECT sweep_id FROM batch_sweeps")
+    code, _, err = _cli(capsys, "report", "--db", db, "--out", tmp_path / "rep2", "--sweep", bsid[:6])
+    line = _one_error_line(err)
+    assert code == 2 and "batch sweep" in line and bsid in line and "without --sweep" in line

@@ -253,3 +253,37 @@ def test_report_names_the_batched_runs_it_carries(tmp_path, capsys):
     code, _, err = _cli(capsys, "report", "--db", db, "--out", tmp_path / "rep2", "--sweep", bsid[:6])
     line = _one_error_line(err)
     assert code == 2 and "batch sweep" in line and bsid in line and "without --sweep" in line
+
+
+# ------------------------------------------------------------------ paths checked before any model loads
+
+
+def _sweep_args(tiny_pair, prompt_file, db) -> list:
+    return ["sweep", "--target", tiny_pair.target_dir, "--draft", tiny_pair.draft_dir, "--prompts", prompt_file,
+            "--ks", "1", "--secondary-ks", "", "--max-new-tokens", "4", "--no-peers", "--policies", "none",
+            "--no-progress", "--configs", "transformers-eager", "--db", db]
+
+
+def _batch_args(tiny_pair, db) -> list:
+    return ["batch-sweep", "--target", tiny_pair.target_dir, "--draft", tiny_pair.draft_dir, "--batch-sizes", "1",
+            "--batches", "1", "--max-new-tokens", "4", "--groups", "repetitive", "--configs", "transformers-eager",
+            "--methods", "ngram", "--max-k", "2", "--calibration-repeats", "1", "--no-single-reference", "--db", db]
+
+
+def test_another_programs_database_is_never_written_by_a_sweep(tiny_pair, prompt_file, tmp_path, capsys):
+    """An existing SQLite file that is not a results store (another program's data) given as --db: one
+    line before any model loads, and the file is left byte for byte as it was."""
+    other = tmp_path / "notes.sqlite"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE notes (id INTEGER, body TEXT)")
+    con.execute("INSERT INTO notes VALUES (1, 'precious')")
+    con.commit()
+    con.close()
+    before = other.read_bytes()
+    for args in (_sweep_args(tiny_pair, prompt_file, other), _batch_args(tiny_pair, other),
+                 ["merge", "--out", other, other.with_name("absent.db")]):
+        code, out, err = _cli(capsys, *args)
+        line = _one_error_line(err)
+        assert code == 2 and str(other) in line and "not a specdec results database" in line, line
+        assert "loading" not in out + err
+        assert other.read_bytes() == before

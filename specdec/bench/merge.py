@@ -171,6 +171,8 @@ def merge_stores(
         raise StoreError(f"merge: --out {out} exists and is not a results store: it is never overwritten; "
                          f"name a new file or an existing merge")
     check_writable(out)  # a read-only --out: one line before any source is read
+    if out.is_file() and out.stat().st_size > 0:
+        _sweeps_of(out)  # another program's SQLite database (or a damaged store): one line, before the sources
     found = {p: _sweeps_of(p) for p in paths}
     _check_one_sweep(paths, found, out)
     ref = found[paths[0]]

@@ -75,11 +75,19 @@ class MergeResult:
     status: str = "done"
 
 
+def _flat(config: dict, prefix: str = "") -> dict:
+    """`config` with nested objects spread into dotted keys (a batch sweep's ``settings.batches``)."""
+    out = {}
+    for k, v in config.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def _config_diff(a: str | None, b: str | None) -> str:
     """The settings whose values differ between two ``config_json`` strings (``key=A vs B`` ...)."""
     try:
-        ca, cb = json.loads(a or "{}"), json.loads(b or "{}")
-    except ValueError:
+        ca, cb = _flat(json.loads(a or "{}")), _flat(json.loads(b or "{}"))
+    except (ValueError, AttributeError):
         return "unreadable configuration"
     keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
     if not keys:

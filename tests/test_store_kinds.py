@@ -74,12 +74,13 @@ def _add_single(path: Path, n: int = 3, sid: str = SID, prompts: range | None = 
 
 
 def _add_batch(path: Path, batches: range = range(2), sid: str = BSID, machine: dict | None = None,
-               fail: set[tuple[int, int]] = frozenset(), status: str = "done") -> None:
+               fail: set[tuple[int, int]] = frozenset(), status: str = "done", new_tokens: int = 16) -> None:
     """Add batch sweep `sid` to `path`: per batch index one cell of `CELL` at B = 2 (seq 0..4); the runs
     `(batch, seq)` in `fail` are recorded failed; one calibration point per machine."""
     with Store(path) as st:
         bt = BatchTables(st)
-        bt.begin(sid, {"target": "t", "draft": "d", "batch_sizes": [2]}, resume=True, machine=machine or MACHINE)
+        config = {"target": "t", "settings": {"batch_sizes": [2], "max_new_tokens": new_tokens}}
+        bt.begin(sid, config, resume=True, machine=machine or MACHINE)
         for b in batches:
             for seq, (method, policy) in enumerate(CELL):
                 failed = (b, seq) in fail
@@ -213,10 +214,11 @@ def test_merge_unions_both_kinds_by_the_single_sequence_rules(tmp_path):
 def test_merge_refuses_another_batch_sweep_in_one_line(tmp_path, capsys):
     a, b, out = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "m.db"
     _add_batch(a)
-    _add_batch(b, sid="cccc000011112222")
+    _add_batch(b, sid="cccc000011112222", new_tokens=32)
     code, _, err = _cli(capsys, "merge", "--out", out, a, b)
     line = _one_error_line(err)
     assert code == 2 and "batch sweep" in line and str(b) in line and "cccc000011112222" in line
+    assert "settings.max_new_tokens=32 vs 16" in line  # the nested setting that differs, by name
     # a store with the single-sequence sweep only beside one with the batch sweep too: refused, not dropped
     c, d = tmp_path / "c.db", tmp_path / "d.db"
     _add_single(c)

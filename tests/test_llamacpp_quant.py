@@ -62,7 +62,8 @@ def test_requantized_file_is_made_once_and_reused(smollm2_gguf, cache, quantizer
     again = requant.requantized_gguf(smollm2_gguf, "Q4_0", threads=1)
     assert again == path and path.stat().st_mtime_ns == mtime
     assert len(quantizer_calls) == 1  # reused, not made again
-    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, f".{path.name}.lock"])
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, f".{path.name}.lock",
+                                                                    f"{path.name}.sha256.json"])
 
 
 def test_a_preset_gguf_in_the_cache_keeps_its_plain_name(cache):

@@ -63,10 +63,10 @@ def sweep_on_ray(cfg, db: Path, *, resume: bool, address: str | None, progress: 
 
 
 def merge(
-    shards: Annotated[list[Path], typer.Argument(help="Shard stores (SQLite files) of one sweep.")],
+    shards: Annotated[list[Path], typer.Argument(help="Shard stores (SQLite files) of one sweep (or batch sweep).")],
     out: Annotated[Path, typer.Option("--out", help="The merged store (created, or added to).")],
 ) -> None:
-    """Merge the shard stores of one sweep (specdec sweep --shard I/N) into one store."""
+    """Merge the shard stores of one sweep (specdec sweep --shard I/N) into one store, batched runs included."""
     from specdec.bench.machines import machine_label
     from specdec.bench.merge import merge_stores
     from specdec.bench.store import Store
@@ -76,8 +76,10 @@ def merge(
         res = merge_stores(out, shards, echo=typer.echo)
     with cli_errors(), Store(out, readonly=True) as st:
         labels = {mid: machine_label(js) for mid, js in st.conn.execute("SELECT * FROM machines")}
-    typer.echo(f"merged {len(shards)} store(s) into {out}: sweep {', '.join(res.sweep_ids)}, {res.added} runs "
-               f"added ({res.duplicates} duplicate(s) kept once), shards {', '.join(res.shards) or 'unrecorded'}"
-               f", status {res.status}")
+    typer.echo(f"merged {len(shards)} store(s) into {out}: sweep {', '.join(res.sweep_ids) or 'none'}, {res.added} "
+               f"runs added ({res.duplicates} duplicate(s) kept once); batch sweep "
+               f"{', '.join(res.batch_sweep_ids) or 'none'}, {res.batch_added} batched runs added "
+               f"({res.batch_duplicates} duplicate(s) kept once); shards {', '.join(res.shards) or 'unrecorded'}, "
+               f"status {res.status}")
     for mid, label in labels.items():
         typer.echo(f"  machine {mid}: {label}")

@@ -335,7 +335,8 @@ def export(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file (never a results "
                                         "store).")] = False,
 ) -> None:
-    """Export every run, joined with its sweep's configuration, to CSV, JSON Lines or Parquet."""
+    """Export every run, single-sequence and batched (column kind), joined with its sweep's configuration, to
+    CSV, JSON Lines or Parquet."""
     from specdec.bench.export import EXPORT_FORMATS, export_runs
 
     with cli_errors():
@@ -346,7 +347,8 @@ def export(
                 raise ValueError(f"cannot tell the format from {out.name}; pass --format "
                                  f"{'|'.join(EXPORT_FORMATS)}")
         n = export_runs(db, fmt, out, sweep_id=sweep_id, force=force)
-    typer.echo(f"{n} runs written to {out}")
+    typer.echo(f"{n} runs written to {out} ({n.by_kind['single']} single-sequence, {n.by_kind['batch']} batched; "
+               f"column kind tells them apart)")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,14 @@
-"""Export every run of a results store, joined with its sweep's row, to CSV, JSON Lines or Parquet
-(``specdec export``)."""
+"""Export every run of a results store, of every kind, joined with its sweep's row, to CSV, JSON Lines or
+Parquet (``specdec export``).
+
+A store holds two kinds of run: single-sequence runs (``runs``, written by ``specdec sweep``) and batched
+runs (``batch_runs``, written by ``specdec batch-sweep``). Both go into ONE table, told apart by its first
+column ``kind`` (``single`` or ``batch``): the columns are ``kind``, every ``runs`` column, the columns only
+a batched run has (`BATCH_ONLY`: ``group_name``, ``batch_size``, ``batch_idx``, ``seq``, ``prompt_ids``,
+...; NULL on single-sequence rows) and the sweep's row (``sweep_*``, from ``sweeps`` or ``batch_sweeps``).
+The columns do not depend on what the store holds, so exports of different stores concatenate. ``run_id``
+is numbered per kind: ``(kind, run_id)`` names a row.
+"""
 
 from __future__ import annotations
 
@@ -8,88 +17,146 @@ import csv
 import json
 import os
 from pathlib import Path
+from typing import Self
 
 from specdec.bench.store import Store, StoreError, columns
+from specdec.bench.store_schema import BATCH_TABLES, TABLES
 from specdec.paths import check_output
 
-__all__ = ["EXPORT_FORMATS", "export_runs"]
+__all__ = ["BATCH_ONLY", "EXPORT_FORMATS", "ExportedRuns", "export_columns", "export_runs"]
 
 #: Columns the sweep's row contributes to each exported run (prefixed with ``sweep_``).
 _SWEEP_EXPORT = columns("sweeps")[1:]
+#: Columns of ``batch_runs`` that ``runs`` lacks, exported after the ``runs`` columns.
+BATCH_ONLY: tuple[str, ...] = tuple(c for c in columns("batch_runs") if c not in columns("runs"))
+#: Each kind of run: its runs table and its sweeps table, in export order.
+_KINDS = {"single": ("runs", "sweeps"), "batch": ("batch_runs", "batch_sweeps")}
 
 EXPORT_FORMATS = ("csv", "jsonl", "parquet")
 
 
-def _export_rows(store: Store, sweep_id: str | None) -> list[dict]:
-    sweep_cols = ", ".join(f"s.{c} AS sweep_{c}" for c in _SWEEP_EXPORT)
-    sql = f"SELECT r.*, {sweep_cols} FROM runs r LEFT JOIN sweeps s ON s.sweep_id = r.sweep_id"
+class ExportedRuns(int):
+    """The number of runs written (an int), with ``by_kind``: ``{"single": n, "batch": m}``."""
+
+    by_kind: dict[str, int]
+
+    def __new__(cls, by_kind: dict[str, int]) -> Self:
+        self = super().__new__(cls, sum(by_kind.values()))
+        self.by_kind = dict(by_kind)
+        return self
+
+
+def export_columns() -> list[str]:
+    """The exported columns, in order (the same for every store): ``kind``, the ``runs`` columns,
+    `BATCH_ONLY`, ``sweep_*``."""
+    return ["kind", *columns("runs"), *BATCH_ONLY, *(f"sweep_{c}" for c in _SWEEP_EXPORT)]
+
+
+def _declared_types() -> dict[str, str]:
+    """Column -> SQLite declared type (INTEGER, REAL, TEXT) over both kinds' tables."""
+    decl = {"kind": "TEXT"}
+    for table in ("runs", "batch_runs"):
+        for name, spec in {**TABLES, **BATCH_TABLES}[table]:
+            decl.setdefault(name, spec.split()[0].upper())
+    for name, spec in TABLES["sweeps"][1:]:
+        decl[f"sweep_{name}"] = spec.split()[0].upper()
+    return decl
+
+
+def _kind_rows(store: Store, kind: str, sweep_id: str | None) -> list[dict]:
+    """The runs of one kind joined with their sweep's row (a column the store's tables lack is NULL)."""
+    runs, sweeps = _KINDS[kind]
+    have = {r[1] for r in store.conn.execute(f"PRAGMA table_info({sweeps})")}
+    sweep_cols = ", ".join(f"s.{c} AS sweep_{c}" if c in have else f"NULL AS sweep_{c}" for c in _SWEEP_EXPORT)
+    sql = f"SELECT r.*, {sweep_cols} FROM {runs} r LEFT JOIN {sweeps} s ON s.sweep_id = r.sweep_id"
     params: tuple = ()
     if sweep_id is not None:
         sql += " WHERE r.sweep_id = ?"
         params = (sweep_id,)
     sql += " ORDER BY r.run_id"
-    return [dict(r) for r in store.conn.execute(sql, params).fetchall()]
+    return [{"kind": kind, **dict(r)} for r in store.conn.execute(sql, params).fetchall()]
+
+
+def _sweep_ids(store: Store) -> dict[str, list[str]]:
+    return {kind: [r[0] for r in store.conn.execute(f"SELECT sweep_id FROM {sweeps} ORDER BY sweep_id")]
+            for kind, (_, sweeps) in _KINDS.items()}
 
 
 def export_runs(db: str | Path, fmt: str, out: str | Path, *, sweep_id: str | None = None,
-                force: bool = False) -> int:
-    """Write every run (or one sweep's), joined with its sweep's row, to `out`; return the row count.
+                force: bool = False) -> ExportedRuns:
+    """Write every run of every kind (or one sweep's), joined with its sweep's row, to `out`; return the
+    number written (`ExportedRuns`: an int with its count per kind).
 
-    Columns: all ``runs`` columns (``token_ids`` stays a JSON string) plus ``sweep_name``,
-    ``sweep_config_json``, ``sweep_created_at``, ``sweep_git_commit``, ``sweep_machine_json``,
-    ``sweep_status``.
+    Columns: `export_columns` (see the module; ``token_ids`` and ``prompt_ids`` stay JSON strings).
+    Single-sequence runs come first, each kind in run order.
 
     Args:
         db: an existing results database.
         fmt: ``"csv"``, ``"jsonl"`` (one object per line) or ``"parquet"`` (needs pyarrow).
         out: output file (parent directories are created); written to a temporary file beside it and
             renamed, so a failed export leaves any earlier file as it was.
-        sweep_id: only this sweep's runs.
+        sweep_id: only this sweep's runs (a single-sequence or a batch sweep).
         force: overwrite an existing `out` (never a SQLite store, never `db`: `specdec.paths`).
 
     Raises:
-        StoreError: `db` does not exist, is not a results database or is damaged; unknown `sweep_id`.
+        StoreError: `db` does not exist, is a directory, is not a results database or is damaged; unknown
+            `sweep_id`; no run to export (a header-only file would pass for a result: nothing is written).
         ValueError: unknown format, parquet without pyarrow installed, or `out` refused by
             `specdec.paths.check_output` (it is `db`, a store, or exists without `force`).
     """
     fmt = fmt.lower()
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+    if Path(db).is_dir():
+        raise StoreError(f"{db}: is a directory, not a results store; name the store's file")
     if not Path(db).is_file():
         raise StoreError(f"{db}: no such results database")
     out = check_output(out, inputs=[db], force=force)
     if fmt == "parquet":
         try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+            import pyarrow  # noqa: F401
         except ImportError:
             raise ValueError(
                 "parquet export needs pyarrow: pip install 'specdec[parquet]' (or use --format csv/jsonl)"
             ) from None
     with Store(db, readonly=True) as store:
-        if sweep_id is not None and store.get_sweep(sweep_id) is None:
-            raise StoreError(f"{db}: no sweep {sweep_id!r}; sweeps there: {store.describe_sweeps()}")
-        rows = _export_rows(store, sweep_id)
-        decl = {r[1]: (r[2] or "TEXT").upper() for r in store.conn.execute("PRAGMA table_info(runs)")}
-    columns = list(decl) + [f"sweep_{c}" for c in _SWEEP_EXPORT]
+        ids = _sweep_ids(store)
+        if sweep_id is not None and not any(sweep_id in v for v in ids.values()):
+            raise StoreError(f"{db}: no sweep {sweep_id!r}; sweeps there: {store.describe_sweeps()}; batch sweeps "
+                             f"there: {', '.join(ids['batch']) or 'none'}")
+        by_kind = {kind: _kind_rows(store, kind, sweep_id) for kind in _KINDS}
+    if not any(by_kind.values()):
+        what = f"sweep {sweep_id} has" if sweep_id is not None else f"{db} holds"
+        raise StoreError(f"{what} no runs (single-sequence or batched) yet: nothing to export, no file written")
+    cols = export_columns()
+    rows = [{c: r.get(c) for c in cols} for kind_rows in by_kind.values() for r in kind_rows]
+    _write(out, fmt, cols, rows)
+    return ExportedRuns({kind: len(r) for kind, r in by_kind.items()})
+
+
+def _write(out: Path, fmt: str, cols: list[str], rows: list[dict]) -> None:
+    """Write `rows` to `out` through a temporary sibling renamed into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     try:
         if fmt == "csv":
             with open(tmp, "w", newline="", encoding="utf-8") as fh:
-                writer = csv.DictWriter(fh, fieldnames=columns)
+                writer = csv.DictWriter(fh, fieldnames=cols)
                 writer.writeheader()
                 writer.writerows(rows)
         elif fmt == "jsonl":
             with open(tmp, "w", encoding="utf-8") as fh:
                 fh.writelines(json.dumps(r) + "\n" for r in rows)
         else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
             # An explicit schema from the SQLite declarations, so an all-NULL column still gets its type.
             types = {"INTEGER": pa.int64(), "REAL": pa.float64(), "TEXT": pa.string()}
-            schema = pa.schema([(c, types.get(decl.get(c, "TEXT"), pa.string())) for c in columns])
+            decl = _declared_types()
+            schema = pa.schema([(c, types.get(decl.get(c, "TEXT"), pa.string())) for c in cols])
             pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(tmp))
         os.replace(tmp, out)
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
-    return len(rows)

@@ -8,10 +8,11 @@ write-ahead log is never written to:
 - `check_writable`: the file (or, for a new store, its directory) can be written, checked before a sweep
   loads any model;
 - `connect`: ``PRAGMA quick_check`` before the first write (a damaged store is named with the
-  ``sqlite3 FILE ".recover"`` command that salvages its rows), and a store without tables and without a
-  ``-wal`` file beside it (a WAL store's header, or an empty file read as a store) is named as a copy that
-  may have lost its ``-wal`` file (a WAL store's runs stay there until a checkpoint) instead of being
-  taken for an empty store.
+  ``sqlite3 FILE ".recover"`` command that salvages its rows), an existing SQLite database that is not a
+  results store (another program's tables) is never opened for writing, and a store without tables and
+  without a ``-wal`` file beside it (a WAL store's header, or an empty file read as a store) is named as a
+  copy that may have lost its ``-wal`` file (a WAL store's runs stay there until a checkpoint) instead of
+  being taken for an empty store.
 """
 
 from __future__ import annotations
@@ -156,8 +157,9 @@ def connect(path: str | Path, *, readonly: bool, timeout_s: float) -> sqlite3.Co
 
     Raises:
         sqlite3.OperationalError: the store is locked by another process (the caller retries).
-        StoreError: no such file (`readonly`), not a SQLite database, damaged (`damaged_error`), or a WAL
-            store without tables whose ``-wal`` file is missing.
+        StoreError: no such file (`readonly`), not a SQLite database, damaged (`damaged_error`), a WAL
+            store without tables whose ``-wal`` file is missing, or (not `readonly`) a database whose tables
+            are not a results store's (`specdec.bench.store_schema.check_results_tables`).
     """
     path = Path(path)
     if readonly and not path.is_file():
@@ -198,6 +200,10 @@ def connect(path: str | Path, *, readonly: bool, timeout_s: float) -> sqlite3.Co
                              f"WAL mode keeps its committed runs in {wal.name} until a checkpoint, so this looks "
                              f"like a copy of the .db alone; copy {wal.name} next to it (same name + -wal) and "
                              f"open it again")
+        if not readonly:  # never another program's database: refused before anything is written to it
+            from specdec.bench.store_schema import check_results_tables
+
+            check_results_tables(conn, path)
         return conn
     except sqlite3.OperationalError as exc:
         conn.close()

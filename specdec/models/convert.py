@@ -7,6 +7,13 @@ takes. Conversions of one GGUF in several dtypes coexist (the directory name car
 precision run reuses an existing float32 conversion instead of converting again: transformers dequantizes
 a GGUF to float32 and casts, so casting the float32 checkpoint at load gives the same weights.
 
+A conversion is verified: the sha256 of each of its files is recorded inside it (`files.DIGEST_RECORD`,
+written before the directory is renamed into place, so it is as atomic as the directory) and checked
+whenever the conversion is used (`specdec.models.files.check_digests`: a few ``stat`` calls, a hash only of
+a file whose size, mtime, ctime or inode changed). A conversion that does not match its record, or has no
+record, is not used: it is converted again from its GGUF, with a one-line note on stderr; where the GGUF
+cannot be had (a preset whose chunk packages are gone), loading fails in one line naming the packages.
+
 Also the dtype names the loaders accept (`torch_dtype`).
 """
 
@@ -26,6 +33,7 @@ from typing import Any
 
 from specdec.models import files
 from specdec.models.chunks import assemble_gguf
+from specdec.models.errors import ChunkAssemblyError
 from specdec.models.hub import has_safetensors
 from specdec.models.spec import ResolvedSpec
 
@@ -85,13 +93,14 @@ def converted_dir(r: ResolvedSpec, dtype: Any = "float32") -> Path:
 
 
 def find_conversion(r: ResolvedSpec, dtype: Any = "float32") -> Path | None:
-    """A finished conversion of a GGUF spec that loads as `dtype`: the one in `dtype`'s conversion dtype,
-    else (for bfloat16 / float16) the float32 one, whose cast at load gives the same weights; None when
-    neither exists (a float32 run never loads a half-precision conversion: it lost bits)."""
+    """A finished, verified conversion of a GGUF spec that loads as `dtype`: the one in `dtype`'s conversion
+    dtype, else (for bfloat16 / float16) the float32 one, whose cast at load gives the same weights; None when
+    neither exists or matches its digest record (a float32 run never loads a half-precision conversion: it
+    lost bits). A damaged one is left for `convert_gguf`, which says so and converts it again."""
     want = conversion_dtype(dtype)
     for d in dict.fromkeys((want, "float32")):
         directory = converted_dir(r, d)
-        if conversion_complete(directory):
+        if conversion_complete(directory) and files.check_digests(directory) is None:
             return directory
     return None
 
@@ -209,15 +218,19 @@ def load_from_gguf(gguf: Path, dtype: Any = "float32"):
 
 def convert_gguf(gguf: Path, out_dir: Path, *, source_sha256: str | None = None, dtype: Any = "float32") -> Path:
     """Dequantize `gguf` once and save it in `dtype` (`conversion_dtype` of it) as the safetensors checkpoint
-    directory `out_dir` (about a minute per model); return `out_dir` (immediately if already converted).
+    directory `out_dir` (about a minute per model); return `out_dir` (immediately if already converted and
+    matching its digest record; converted again, with a one-line note on stderr, when it does not).
     A progress line goes to stderr before and after a conversion."""
-    if conversion_complete(out_dir):
+    if conversion_complete(out_dir) and files.check_digests(out_dir) is None:
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     dtype = conversion_dtype(dtype)
     with files.file_lock(out_dir.with_name(f".{out_dir.name}.lock")):
         if conversion_complete(out_dir):
-            return out_dir
+            why = files.check_digests(out_dir)
+            if why is None:  # another process converted it while this one waited
+                return out_dir
+            files.note(f"{out_dir}: {why}; converting {gguf.name} again")
         started = time.perf_counter()
         files.progress(f"converting {gguf.name} to a {dtype} safetensors checkpoint in {out_dir.parent} "
                        "(once; about a minute per model) ...")
@@ -234,7 +247,8 @@ def _write_checkpoint(
 ) -> None:
     """Save a GGUF-loaded (dequantized) model as a safetensors checkpoint at `out_dir`, atomically.
 
-    Built in a temporary sibling directory and renamed into place, so `out_dir` exists only complete.
+    Built in a temporary sibling directory and renamed into place, so `out_dir` exists only complete, with
+    the sha256 of each of its files recorded inside it (`files.record_digests`).
     Embeddings keep the tying the GGUF implies (``tie_word_embeddings`` is True only when the file has no
     ``output.weight``); a tied head is saved once and re-tied on load.
     """
@@ -269,7 +283,8 @@ def _write_checkpoint(
                 indent=1,
             )
         )
-        if out_dir.exists():  # a leftover without the completion marker
+        files.record_digests(tmp)  # inside the directory, renamed into place with it
+        if out_dir.exists():  # a leftover without the completion marker, or a damaged conversion
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
     except BaseException:
@@ -280,9 +295,21 @@ def _write_checkpoint(
 
 def preset_checkpoint(r: ResolvedSpec, dtype: Any = "float32") -> Path:
     """Converted safetensors dir of a ``"chunked"`` spec that loads as `dtype` (`find_conversion`;
-    assembling and converting in `dtype` on first use)."""
+    assembling and converting in `dtype` on first use, or when the conversion does not match its record).
+
+    Raises:
+        ChunkAssemblyError: the GGUF cannot be assembled (one line naming the package(s) to reinstall; it
+            also names a damaged conversion that could not be made again for want of it).
+    """
     found = find_conversion(r, dtype)
     if found is not None:
         return found
-    gguf = assemble_gguf(r.role, r.preset.name)  # type: ignore[arg-type]
+    try:
+        gguf = assemble_gguf(r.role, r.preset.name)  # type: ignore[arg-type]
+    except ChunkAssemblyError as exc:
+        target = converted_dir(r, dtype)
+        why = files.check_digests(target) if conversion_complete(target) else None
+        if why is None:
+            raise
+        raise ChunkAssemblyError(f"{target} cannot be used ({why}) nor converted again: {exc}") from None
     return convert_gguf(gguf, converted_dir(r, dtype), source_sha256=r.chunks.sha256, dtype=dtype)

@@ -3,6 +3,11 @@
 Writers build a file (or directory) under a temporary ``.<name>.*.partial`` sibling and ``os.replace`` it
 into place, under an inter-process lock, so a crash never leaves a complete-looking file; a verified
 file's sha256 is remembered in a ``<file>.verified`` sidecar keyed by its size and mtime.
+
+Files specdec derives itself (a requantized GGUF, a converted checkpoint directory) have no published
+checksum to check against, so one is recorded when they are made (`record_digests`) and checked when
+they are used (`check_digests`): a disk error, a truncation or bytes written into the weights would
+otherwise load and decode garbage, or fail on every later run.
 """
 
 from __future__ import annotations
@@ -18,13 +23,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
+    "DIGEST_RECORD",
     "cache_dir",
     "cached_ok",
+    "check_digests",
     "copy_into",
     "file_lock",
     "fsync_dir",
     "marker_path",
+    "note",
     "progress",
+    "record_digests",
     "remove_stale_partials",
     "sha256_digest",
     "sha256_file",
@@ -61,6 +70,12 @@ def progress(message: str) -> None:
     if os.environ.get("SPECDEC_QUIET", "").strip() not in ("", "0"):
         return
     print(f"specdec: {message}", file=sys.stderr, flush=True)
+
+
+def note(message: str) -> None:
+    """One line on stderr, ``specdec: note: <message>``, for something the user should know even with
+    ``SPECDEC_QUIET=1`` (a damaged cache file made again)."""
+    print(f"specdec: note: {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -164,3 +179,103 @@ def cached_ok(path: Path, size: int, sha256: str) -> bool:
         return False
     write_marker(path, sha256)
     return True
+
+
+# ------------------------------------------------------------------------- digests of derived files
+
+#: The digest record of a derived directory, inside it (a file's is ``<file>.sha256.json`` beside it).
+DIGEST_RECORD = "specdec-sha256.json"
+_DIGEST_FORMAT = 1
+#: What a record keeps of each file's ``stat`` besides its size: a file whose values still match is taken
+#: as recorded without reading it (see `check_digests`).
+_STAT_KEYS = ("mtime_ns", "ctime_ns", "ino")
+#: This process's answers for a record and the stats of its files (a failed check is not hashed twice).
+_checked: dict[tuple, str | None] = {}
+
+
+def _record_path(target: Path) -> Path:
+    return target / DIGEST_RECORD if target.is_dir() else target.with_name(target.name + ".sha256.json")
+
+
+def _members(target: Path) -> dict[str, Path]:
+    """The files a record covers: `target` itself, or every non-hidden file of the directory (but the record)."""
+    if not target.is_dir():
+        return {target.name: target}
+    return {p.name: p for p in sorted(target.iterdir())
+            if p.is_file() and not p.name.startswith(".") and p.name != DIGEST_RECORD}
+
+
+def _entry(path: Path, sha256: str) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "sha256": sha256, **{k: getattr(st, f"st_{k}") for k in _STAT_KEYS}}
+
+
+def _write_record(target: Path, entries: dict[str, dict]) -> None:
+    record = _record_path(target)
+    tmp = record.with_name(f".{record.name}.{os.getpid()}.partial")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"format": _DIGEST_FORMAT, "algorithm": "sha256", "files": entries}, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, record)
+
+
+def record_digests(target: Path) -> None:
+    """Hash `target` (a file, or every file of a directory) and record the sha256, size and stat of each in
+    its digest record, written atomically (a temporary sibling renamed into place): ``<file>.sha256.json``
+    beside a file, `DIGEST_RECORD` inside a directory (written before the directory is renamed into place,
+    it is then as atomic as the directory). Call it when the derived file is complete."""
+    _write_record(target, {name: _entry(p, sha256_file(p)) for name, p in _members(target).items()})
+
+
+def _well_formed(rec) -> bool:
+    """Whether `rec` (parsed JSON) is a digest record of this format: a sha256 per file."""
+    if not isinstance(rec, dict) or (rec.get("format"), rec.get("algorithm")) != (_DIGEST_FORMAT, "sha256"):
+        return False
+    entries = rec.get("files")
+    return isinstance(entries, dict) and bool(entries) and all(
+        isinstance(e, dict) and isinstance(e.get("sha256"), str) for e in entries.values())
+
+
+def check_digests(target: Path) -> str | None:
+    """None when `target` matches the digest record made with it; else why not, in a few words (no record,
+    an unreadable or foreign record, a file missing, added, resized or with another sha256).
+
+    sha256 over whole files (hashlib, about 1-2 GB/s: seconds for a multi-GB checkpoint) is paid when a file
+    is made and only when its stat changed since: a file whose size, mtime, ctime and inode are the recorded
+    ones is not read, so loading an intact cache costs a few ``stat`` calls. The trade-off: bytes rewritten
+    in place with all four restored (or within the filesystem's timestamp tick of the recording) are not
+    seen; every ordinary write, truncation, copy or restore changes them and is hashed. A file whose stat
+    changed but whose sha256 matches gets its stat recorded again (when the record can be written), and a
+    failed check is remembered for this process, so neither is hashed twice.
+    """
+    try:
+        rec = json.loads(_record_path(target).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "it has no checksum record"
+    except (OSError, ValueError):
+        return "its checksum record cannot be read"
+    if not _well_formed(rec):
+        return "its checksum record is not one specdec writes"
+    entries = rec["files"]
+    now = _members(target)
+    if set(now) != set(entries):
+        missing, extra = sorted(set(entries) - set(now)), sorted(set(now) - set(entries))
+        return f"its files differ from the checksum record (missing: {', '.join(missing) or '-'}; not recorded: " \
+               f"{', '.join(extra) or '-'})"
+    stats = {name: p.stat() for name, p in now.items()}
+    for name, st in stats.items():
+        if st.st_size != entries[name].get("size"):
+            return f"{name} is {st.st_size} bytes, {entries[name].get('size')} when it was made"
+    changed = [n for n, st in stats.items() if any(getattr(st, f"st_{k}") != entries[n].get(k) for k in _STAT_KEYS)]
+    if not changed:
+        return None
+    key = (str(target.resolve()), tuple((n, stats[n].st_size, stats[n].st_mtime_ns, stats[n].st_ctime_ns)
+                                        for n in changed))
+    if key not in _checked:
+        bad = next((n for n in changed if sha256_file(now[n]) != entries[n]["sha256"]), None)
+        _checked[key] = None if bad is None else f"{bad}'s sha256 differs from the one recorded when it was made"
+        if bad is None:
+            with contextlib.suppress(OSError):  # a read-only cache: hashed again by the next process
+                _write_record(target, {**entries, **{n: _entry(now[n], entries[n]["sha256"]) for n in changed}})
+    return _checked[key]

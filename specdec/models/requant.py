@@ -10,7 +10,12 @@ in one of those types with llama.cpp's own quantizer (`specdec.runtimes.llamacpp
   hash of its resolved path, size and mtime (two files of one name are never confused);
 * how: under an inter-process lock (`specdec.models.files.file_lock`, as the converted checkpoints), the
   quantizer writes a ``.<name>.<pid>.partial`` sibling that is renamed into place only when complete, so a
-  killed run never leaves a file that a later call would use; leftovers of killed runs are removed.
+  killed run never leaves a file that a later call would use; leftovers of killed runs are removed;
+* verified: its sha256 is recorded beside it (``<name>.sha256.json``, written atomically:
+  `specdec.models.files.record_digests`) once it is in place, and checked on every use
+  (`specdec.models.files.check_digests`: a stat per call, a hash only when the file's size, mtime, ctime or
+  inode changed). A file that does not match its record, or has no readable record (a run killed between
+  the rename and the record), is requantized again from its source, with a one-line note on stderr.
 
 A requantized file is a different model (two roundings stacked): its greedy output is compared with the
 shipped file's and with the fp32 reference by ``benchmarks/llamacpp_candidates.py``.
@@ -69,8 +74,9 @@ def requantized_gguf(src: str | os.PathLike, weight_type: str, *, threads: int |
         threads: quantizer threads (default: the CPUs this process may use).
 
     Returns:
-        The path of the requantized file (`requantized_path`); a progress line goes to stderr when it is made
-        (seconds for a 135M model, about a minute for 1.5B).
+        The path of the requantized file (`requantized_path`), checked against its recorded sha256 (made again
+        when it does not match: see the module); a progress line goes to stderr when it is made (seconds for a
+        135M model, about a minute for 1.5B).
 
     Raises:
         ValueError: unknown `weight_type` (one line). specdec.runtimes.llamacpp.GGUFNotFoundError: `src`
@@ -81,12 +87,15 @@ def requantized_gguf(src: str | os.PathLike, weight_type: str, *, threads: int |
     name = check_gguf_type(weight_type)
     source = _require_file(src)
     dst = requantized_path(source, name)
-    if dst.is_file():
+    if dst.is_file() and files.check_digests(dst) is None:
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
     with files.file_lock(dst.with_name(f".{dst.name}.lock")):
-        if dst.is_file():  # another process made it while this one waited
-            return dst
+        if dst.is_file():
+            why = files.check_digests(dst)
+            if why is None:  # another process made it (or recorded it) while this one waited
+                return dst
+            files.note(f"{dst}: {why}; requantizing it again from {source.name}")
         for leftover in dst.parent.glob(f".{dst.name}.*.partial*"):  # a killed run's; under the lock none is live
             with contextlib.suppress(OSError):
                 leftover.unlink()
@@ -96,6 +105,7 @@ def requantized_gguf(src: str | os.PathLike, weight_type: str, *, threads: int |
         try:
             requantize_gguf(source, part, name, threads=threads)
             os.replace(part, dst)
+            files.record_digests(dst)  # after the rename, so the recorded stat is the file's in place
         finally:
             with contextlib.suppress(OSError):
                 part.unlink()

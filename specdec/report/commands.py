@@ -30,6 +30,25 @@ def out_dir(value: str, *, inputs: Iterable[str | Path] = ()) -> Path:
     return check_output(value, inputs=inputs, directory=True)
 
 
+def batch_sweeps(db: str | Path) -> tuple[list[str], list[str], str | None, int]:
+    """``(batch sweep ids, single-sequence sweep ids, the batch sweep the batch section reports (the newest
+    run's), its number of batched runs)``; empty when the store cannot be read (`write_report` says why)."""
+    import sqlite3
+
+    from specdec.bench.store import Store
+
+    try:
+        with Store(db, readonly=True) as st:
+            ids = [r[0] for r in st.conn.execute("SELECT sweep_id FROM batch_sweeps ORDER BY sweep_id")]
+            singles = [r[0] for r in st.conn.execute("SELECT sweep_id FROM sweeps")]
+            newest = st.conn.execute("SELECT sweep_id FROM batch_runs ORDER BY run_id DESC LIMIT 1").fetchone()
+            n = 0 if newest is None else st.conn.execute(
+                "SELECT COUNT(*) FROM batch_runs WHERE sweep_id = ?", (newest[0],)).fetchone()[0]
+    except (ValueError, OSError, sqlite3.Error):
+        return [], [], None, 0
+    return ids, singles, newest[0] if newest else None, int(n)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``report`` command to `app`.
 
@@ -48,9 +67,16 @@ def register(app: typer.Typer) -> None:
         """Write a self-contained HTML report, a Markdown summary and the figures (PNG + SVG)."""
         from specdec.report.render import write_report
 
-        result = write_report(db, out_dir(out, inputs=[db]), sweep)
+        out_path = out_dir(out, inputs=[db])
+        ids, singles, newest, n_batched = batch_sweeps(db)
+        named = [i for i in ids if sweep and i.startswith(sweep)]
+        if named and not any(i.startswith(sweep) for i in singles):  # --sweep selects a single-sequence sweep
+            raise ValueError(f"--sweep {sweep}: {named[0]} is a batch sweep of {db}; its runs are in the report's "
+                             f"batch section, which reports the newest batch sweep ({newest}): run without --sweep")
+        result = write_report(db, out_path, sweep)
         a = result.analysis
-        typer.echo(f"sweep {a.store.sweep_id or '(none)'}: {len(a.store.runs)} runs, "
+        batched = f"; batch sweep {newest}: {n_batched} batched runs" if newest else ""
+        typer.echo(f"sweep {a.store.sweep_id or '(none)'}: {len(a.store.runs)} runs{batched}, "
                    f"{len(result.drawn)} figures drawn, {len(result.skipped)} skipped")
         for line in a.missing:
             typer.echo(f"  missing: {line}")

@@ -12,9 +12,9 @@ tokens (#MAT: tokens committed per target forward, bonus token included: our blo
     python -m study.spec_bench pick --question /path/to/Spec-Bench/data/spec_bench/question.jsonl \\
         --per-category 10 --out /tmp/spec_bench_10.jsonl
     # 2. time them (any sweep settings; the chat template is what Spec-Bench's questions expect)
-    specdec sweep --prompts /tmp/spec_bench_10.jsonl --chat-template --db results/spec_bench.db ...
+    specdec sweep --prompts /tmp/spec_bench_10.jsonl --chat-template --db results/spec_bench_128.db ...
     # 3. the leaderboard-shaped table
-    python -m study.spec_bench table --db results/spec_bench.db
+    python -m study.spec_bench table --db results/spec_bench_128.db
 """
 
 from __future__ import annotations

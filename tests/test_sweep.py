@@ -665,7 +665,7 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
 
 @pytest.mark.parametrize("db, flags", [
     ("archive/study.db", {"threads": 2, **ORIGINAL_GRID}),  # results/archive/README.md: its continue command
-    ("policy2.db", {"threads": 2, "prompt_types": "natural,code,code_python,technical_ml", "ks": "2,16",
+    ("policy_interleaved.db", {"threads": 2, "prompt_types": "natural,code,code_python,technical_ml", "ks": "2,16",
                     "methods": "baseline,draft", "policies": "cost", "peers": False, "repeats": 2,
                     "baseline_repeats": 3, "name": "policy-interleaved"}),
     ("compiled.db", {"threads": 2, "configs": "transformers-eager,transformers-compiled",
@@ -702,7 +702,7 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
                        "prompt_types": "code,natural,dialogue,repetitive,technical,list_items", "ks": "4",
                        "secondary_ks": "", "methods": "baseline,draft,ngram_hf", "peers": True, "peer_ks": "4",
                        "policies": "none", "max_new_tokens": 128, "name": "fp32-peers"}),
-    ("fp32_peers_b.db", {"threads": 2, "configs": "transformers-eager",
+    ("fp32_peers_other_types.db", {"threads": 2, "configs": "transformers-eager",
                          "prompt_types": "code_python,code_json,technical_ml,creative_fiction,wikipedia_style,"
                                          "repetitive_pattern", "ks": "4", "secondary_ks": "",
                          "methods": "baseline,draft,ngram_hf", "peers": True, "peer_ks": "4", "policies": "none",

@@ -3,7 +3,7 @@
 in one line naming what it did not carry; it never reports a silent zero.
 
 No model is loaded: stores are written through `Store.record_run` and `BatchTables.record_run` with tiny
-rows, and a published batch store (results/batch_bf16_40b.db) is read from a copy.
+rows, and a published batch store (results/batch_bf16_final_rules.db) is read from a copy.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from specdec.bench.store import Store, StoreError
 from specdec.bench.store_batch import BatchTables, batch_cell_key
 
 REPO = Path(__file__).resolve().parents[1]
-PUBLISHED = REPO / "results" / "batch_bf16_40b.db"  # 252 batched runs of one batch sweep, no single run
+PUBLISHED = REPO / "results" / "batch_bf16_final_rules.db"  # 252 batched runs of one batch sweep, no single run
 PUBLISHED_RUNS = 252
 SID = "aaaa000011112222"
 BSID = "bbbb000011112222"

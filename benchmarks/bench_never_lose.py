@@ -62,7 +62,7 @@ def measure(loaded, prompts: Sequence, curve, *, max_new_tokens: int = 128, repe
 
     Args:
         loaded: a `specdec.runtimes.loading.LoadedPair` (with a draft model when "draft" is in `methods`).
-        prompts: `specdec.bench.prompts.Prompt`s. curve: the `specdec.measure.costs.CostCurve` the policy prices with.
+        prompts: `specdec.bench.prompts.Prompt`s. curve: the `specdec.core.costs.CostCurve` the policy prices with.
         max_new_tokens: the budget of every generation. repeats: repetitions of the whole interleaved set.
         methods: of `METHODS`. clock: seconds. echo: progress lines.
 
@@ -140,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from specdec.bench.prompts import load_builtin, parse_types
+    from specdec.core.costs import CostCurve
     from specdec.entrypoints import api
-    from specdec.measure.costs import CostCurve
     from specdec.measure.timing import measure_costs
     from specdec.prompts import encode_prompt
 

@@ -39,12 +39,12 @@ from pathlib import Path
 import torch
 
 from specdec.bench.sweep import machine_info
+from specdec.core.costs import CostCurve
+from specdec.core.verification import stochastic_verify
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.verification import stochastic_verify
 from specdec.measure import archs
-from specdec.measure.costs import CostCurve
 from specdec.measure.timing import forward_times
 from specdec.report.predicted import PromptModel
 from specdec.runtimes.hf import HFBackend

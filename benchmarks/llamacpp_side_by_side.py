@@ -11,7 +11,7 @@ configuration (another configuration is another model).
 
 Per prompt type it also prints the fastest way to generate: each configuration's target-only tokens/s over
 the type's prompts, the fastest of them, and the speculative cell with the highest speedup over that fastest
-target-only decoding, with a 95% t-interval over the type's prompts (`specdec.measure.stats.ratio_interval`).
+target-only decoding, with a 95% t-interval over the type's prompts (`specdec.core.stats.ratio_interval`).
 
 Caveat printed with the table: across configurations the ratio is unpaired (each configuration's runs were
 timed in its own block of the sweep), so machine drift between blocks enters it; within a configuration it
@@ -104,7 +104,7 @@ def _by_type(medians: dict, base: dict, ptype: dict[str, str]) -> dict:
     """Per prompt type: target-only tokens/s per configuration, the fastest, and the best speculative cell
     against it (see `side_by_side`). `medians`: cell -> prompt -> median tokens/s; `base`: the target-only
     cells' medians by configuration."""
-    from specdec.measure.stats import ratio_interval
+    from specdec.core.stats import ratio_interval
 
     out = {}
     for t in sorted(set(ptype.values())):

@@ -21,9 +21,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from specdec.core import stats
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine.traces import replay
-from specdec.measure import stats
 from specdec.report.load import load_store, prepare_runs
 from specdec.report.model import cost_infos
 from specdec.report.tables import Inputs

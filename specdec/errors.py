@@ -34,14 +34,17 @@ def one_line(error: BaseException | str, *, with_type: bool = False, limit: int 
     return text if limit is None else text[:limit]
 
 
+class SetupError(RuntimeError):
+    """A setup that cannot run: a model that is not available or whose files are damaged, a backend that
+    cannot load or run a model. The base of those errors (`specdec.models.ModelNotAvailableError`,
+    `specdec.models.ChunkAssemblyError`, `specdec.runtimes.base.BackendError`)."""
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types a command reports as bad input or an unusable setup (one line, exit status 2)
-    rather than as a crash: ValueError (and its subclasses: store, prompt-file, output-path errors), a model
-    that is not available or whose chunks are damaged, a backend that cannot load or run a model."""
-    from specdec.models import ChunkAssemblyError, ModelNotAvailableError
-    from specdec.runtimes.base import BackendError
-
-    return (ValueError, ModelNotAvailableError, ChunkAssemblyError, BackendError)
+    rather than as a crash: ValueError (and its subclasses: store, prompt-file, output-path errors) and
+    `SetupError`."""
+    return (ValueError, SetupError)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ best K (its README). Its weights cannot be downloaded here, but what decides a s
 the draft step and the verification cost curve - depends only on the architecture and the hardware. This
 module combines the two: the original's per-type acceptance with costs measured here on randomly initialized
 models of the exact architectures (``specdec costs --arch gpt2,gpt2-medium,gpt2-large --out FILE``,
-`specdec.measure.archs.measure_arch_costs`), through the analytical model (`specdec.measure.theory.refined_speedup`), and
+`specdec.measure.archs.measure_arch_costs`), through the analytical model (`specdec.core.theory.refined_speedup`), and
 lays the prediction beside the original's own figures: `predict` and `comparison` compute, and
 `original_pairs_section` renders them as the report section "The original pairs" (the study report's
 ``--arch-costs FILE``, `study.report`).
@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specdec.measure import theory
+from specdec.core import theory
 from specdec.report.document import Bullets, Section, Table, f
 
 __all__ = ["ORIGINAL", "comparison", "load_arch_costs", "original_pairs_section", "predict"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specdec.measure.costs import CostCurve
+from specdec.core.costs import CostCurve
 
 
 def parse_ms(spec: str) -> dict[int, float]:

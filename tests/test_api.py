@@ -69,7 +69,7 @@ def _target_only(pair, n, **kw):
 
 def test_greedy_generation_equals_target_only_for_each_drafter_and_policy(fp32_pair, tmp_path, monkeypatch):
     from specdec import Generation, generate
-    from specdec.engine.metrics import GenerationResult
+    from specdec.core.metrics import GenerationResult
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     ref = _target_only(fp32_pair, 24)

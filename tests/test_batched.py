@@ -1,4 +1,4 @@
-"""Batched decoding (specdec.engine.batched, specdec.runtimes.hf_batched, specdec.policies.batch) against single-sequence decoding.
+"""Batched decoding (specdec.engine.decoding, specdec.runtimes.hf_batched, specdec.policies.batch) against single-sequence decoding.
 
 The oracle for greedy rows is `autoregressive_generate` on the single-sequence backend of the same model,
 one prompt at a time; for sampled rows with the same seed, `speculative_generate` / `autoregressive_generate`;
@@ -15,16 +15,15 @@ import pytest
 import torch
 from conftest import load_backend
 
-import specdec.engine.verification as ver
+import specdec.core.verification as ver
 import specdec.runtimes.hf_batched as hfb
+from specdec.core.metrics import RoundRecord
+from specdec.core.sampling import SamplingParams
+from specdec.core.theory import expected_tokens_per_round
 from specdec.drafters.base import PerRowDrafters
 from specdec.drafters.model import BatchedModelDrafter, ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
-from specdec.engine.batched import GREEDY, generate_batch
-from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.metrics import RoundRecord
-from specdec.engine.sampling import SamplingParams
-from specdec.measure.theory import expected_tokens_per_round
+from specdec.engine.decoding import GREEDY, autoregressive_generate, generate_batch, speculative_generate
 from specdec.policies.batch import BatchCostPolicy, FixedBatchK, best_batch_k
 from specdec.runtimes.base import BackendError, ContextOverflowError
 from specdec.runtimes.hf_batched import BatchedHFBackend
@@ -219,7 +218,7 @@ def test_zero_budget_rows_and_one_token_prompts(target, btarget, bnear, prompts)
 def test_bad_inputs_and_refusals(btarget, bnear, prompts, mistral_pair):
     with pytest.raises(ValueError, match="no prompts"):
         generate_batch(btarget, [], 4)
-    with pytest.raises(ValueError, match="prompt 1 is empty"):
+    with pytest.raises(ValueError, match="prompt 1: the prompt is empty"):
         generate_batch(btarget, [prompts[0], []], 4)
     with pytest.raises(ValueError, match="budgets"):
         generate_batch(btarget, prompts[:2], [4])
@@ -613,7 +612,7 @@ def test_batch_cost_policy_ledger_counts_the_measured_loss():
     policy.overhead = lambda: 1.0  # isolate the ledger
     ks = _drive_timed(policy, [0, 1], 200, lambda k: 0, cost, 3.0)
     assert 0 < sum(k > 0 for k in ks) < 10
-    assert policy.net_loss() > policy._net_loss  # the measured loss is the larger
+    assert policy.net_loss() > policy.ledger.priced_loss_s  # the measured loss is the larger
     priced_only = BatchCostPolicy(cost, max_k=1, prior_alpha=0.9, prior_weight=1e9, decay=1.0)
     priced_only.start(2, budgets=[1000] * 2)  # untimed: the same rounds, priced only
     priced_only.overhead = lambda: 1.0

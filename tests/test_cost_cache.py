@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.core.costs import CostCurve
 from specdec.measure.cost_cache import cached_costs, model_fingerprint
-from specdec.measure.costs import CostCurve
 from specdec.measure.timing import QUICK_DRAFT_NS, batch_ns, measure_forwards, quick_ns, sweep_ns
 
 

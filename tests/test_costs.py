@@ -1,4 +1,4 @@
-"""The one cost curve (`specdec.measure.costs`): its rule, its readers, and that every caller gets the same answer."""
+"""The one cost curve (`specdec.core.costs`): its rule, its readers, and that every caller gets the same answer."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from specdec.bench import sweep as S
 from specdec.bench.store import Store
-from specdec.measure import theory
-from specdec.measure.costs import CostCurve, curve_value
+from specdec.core import theory
+from specdec.core.costs import CostCurve, curve_value
 from specdec.policies.cost import CostPolicy
 
 STUDY_DB = Path(__file__).resolve().parents[1] / "results" / "archive" / "study.db"
@@ -142,7 +142,7 @@ def test_calibration_block_times_the_drafts_catch_up(tiny_pair, near_draft_dir):
     """The calibration block times the draft's forwards of DRAFT_CALIBRATION_NS tokens scoring the last row only
     (what ModelDrafter's catch-up runs), the target's of 1..max_n scoring every row (verification), and the
     store keeps one draft row per n; a costs dict with them prices the catch-up."""
-    from specdec.measure.costs import DRAFT_CALIBRATION_NS
+    from specdec.core.costs import DRAFT_CALIBRATION_NS
     from specdec.measure.timing import calibration_block
     from specdec.runtimes.loading import load_pair
 

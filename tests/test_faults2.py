@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import ScriptedDrafter, load_backend
 
+from specdec.core.sampling import SamplingParams
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.sampling import SamplingParams
 
 V = 1000
 
@@ -183,7 +183,7 @@ def _reference_warp(logits, params):
     SamplingParams(temperature=0.5),
 ])
 def test_c19_fast_warp_equals_full_sort(params):
-    from specdec.engine.sampling import warp
+    from specdec.core.sampling import warp
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 5000, generator=g) * 3
@@ -199,7 +199,7 @@ def test_c19_fast_warp_equals_full_sort(params):
 
 def test_c19_top_k_prefilters_before_sorting(monkeypatch):
     """With top-k set, nothing of vocabulary width is sorted; with top-p alone on a peaked row, neither."""
-    from specdec.engine.sampling import warp
+    from specdec.core.sampling import warp
 
     widths = []
     real_sort = torch.sort
@@ -218,9 +218,9 @@ def test_c19_top_k_prefilters_before_sorting(monkeypatch):
 def test_c19_target_rows_warped_only_when_reached(tiny_tokenizer, target, monkeypatch):
     """Per round, the target rows warped are those verification reached: the evaluated draft positions,
     plus the bonus row when every draft was accepted (not all K+1)."""
+    import specdec.core.verification as ver
     import specdec.engine.decoding as dec
-    import specdec.engine.verification as ver
-    from specdec.engine.sampling import warp as real_warp
+    from specdec.core.sampling import warp as real_warp
 
     rows = []
 

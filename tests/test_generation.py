@@ -335,8 +335,7 @@ def test_run_report_of_zero_budgets(api_pair):
 def test_batched_loading_transformers(tiny_pair, near_draft_dir):
     from specdec.catalogue.drafters import DraftSource, batched_drafter
     from specdec.drafters.model import BatchedModelDrafter
-    from specdec.engine.batched import generate_batch
-    from specdec.engine.decoding import autoregressive_generate
+    from specdec.engine.decoding import autoregressive_generate, generate_batch
     from specdec.runtimes.batched_loading import batched_backend
     from specdec.runtimes.hf_batched import BatchedHFBackend
     from specdec.runtimes.loading import LoadedPair, load_pair
@@ -391,8 +390,7 @@ def test_batched_loading_llamacpp(llama_loaded, smollm2_gguf):
     a row context of at most 2048 tokens; its greedy rows equal single-sequence decoding."""
     from specdec.catalogue.drafters import DraftSource, batched_drafter
     from specdec.drafters.model import BatchedModelDrafter
-    from specdec.engine.batched import generate_batch
-    from specdec.engine.decoding import autoregressive_generate
+    from specdec.engine.decoding import autoregressive_generate, generate_batch
     from specdec.runtimes.batched_loading import batched_backend
     from specdec.runtimes.llamacpp_batched import DEFAULT_ROW_CTX, BatchedLlamaCppBackend
 
@@ -444,7 +442,7 @@ def test_cli_llamacpp_batched_greedy_equals_single_prompt_output(llama_loaded, s
 # -- the batch cost policy's pricing ----------------------------------------------------------------------
 
 def test_batch_costs_time_the_batch_shapes(api_pair):
-    from specdec.measure.costs import CostCurve
+    from specdec.core.costs import CostCurve
     from specdec.measure.timing import batch_ns, measure_forwards
 
     assert batch_ns(3, 51) == ([1, 3, 6, 9, 15, 27, 51], [1, 3]) and batch_ns(1, 17)[0] == [1, 2, 3, 5, 9, 17]
@@ -506,7 +504,7 @@ def test_batched_baseline_reports_each_rows_agreement(tiny_pair, near_draft_dir,
 def test_a_divergent_row_is_reported_with_its_margin(api_pair):
     """A row whose output leaves target-only output: the first differing token and the target's top-2 margin
     there are recorded for that row (here made to differ by a drafter whose row reads another model)."""
-    from specdec.engine.metrics import GenerationResult
+    from specdec.core.metrics import GenerationResult
     from specdec.entrypoints.generation import Run, _divergences
 
     settings = g.check_settings(drafter="ngram", k=2, many=True)

@@ -20,8 +20,8 @@ import itertools
 
 import torch
 
-import specdec.engine.verification as ver
-from specdec.engine.verification import stochastic_verify
+import specdec.core.verification as ver
+from specdec.core.verification import stochastic_verify
 
 VOCAB = 3
 K = 3

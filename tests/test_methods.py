@@ -9,7 +9,7 @@ import pytest
 from specdec.bench import methods as M
 from specdec.bench.config import RUNTIME_CONFIGS, make_config
 from specdec.catalogue.peers import PEER_PAIRS
-from specdec.engine.metrics import GenerationResult, RoundRecord
+from specdec.core.metrics import GenerationResult, RoundRecord
 
 
 def test_registry_holds_every_timed_method_once():

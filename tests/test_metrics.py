@@ -1,4 +1,4 @@
-"""The rates declared once (`specdec.engine.metrics.RATES`): one definition for GenerationResult, the sweep's console
+"""The rates declared once (`specdec.core.metrics.RATES`): one definition for GenerationResult, the sweep's console
 line and the report's pooled counts."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from specdec.engine.metrics import COUNTS, RATES, GenerationResult, RoundRecord, rates
+from specdec.core.metrics import COUNTS, RATES, GenerationResult, RoundRecord, rates
 
 
 def _result() -> GenerationResult:

@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 
 from specdec.catalogue.policies import make_policy
+from specdec.core.costs import CostCurve
+from specdec.core.metrics import RoundRecord
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.metrics import RoundRecord
 from specdec.engine.traces import AcceptanceTrace, draft_pending, replay
-from specdec.measure.costs import CostCurve
 from specdec.policies.cost import CostPolicy
 
 V = 1000
@@ -83,7 +83,7 @@ def _timed_pair(target, draft, curve: CostCurve, budget: int = 48, drafter_cls=M
     base = autoregressive_generate(t, PROMPT, budget, vocab_size=V, clock=clock)
     policy = CostPolicy.from_costs(curve, **policy_kw)
     spec = speculative_generate(t, drafter_cls(d, V), PROMPT, budget, policy=policy, vocab_size=V,
-                                clock=clock, synchronize=lambda: None)
+                                clock=clock)
     assert spec.token_ids == base.token_ids  # exact either way
     return base, spec, policy, d
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from specdec.measure import archs, theory
+from specdec.core import theory
+from specdec.measure import archs
 from study import original
 
 

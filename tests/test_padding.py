@@ -20,13 +20,13 @@ from conftest import CountingBackend, load_backend, one_row
 from test_joint import CHI2_CRIT_DF26_A001, VOCAB, p_of, q_of
 
 from specdec.catalogue.policies import make_policy
+from specdec.core import theory
+from specdec.core.costs import CostCurve
+from specdec.core.sampling import SamplingParams
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.sampling import SamplingParams
-from specdec.measure import theory
-from specdec.measure.costs import CostCurve
 from specdec.policies.cost import CostPolicy
 
 V = 1000

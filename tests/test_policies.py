@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from specdec.catalogue.policies import POLICIES, make_policy
+from specdec.core.costs import CostCurve
+from specdec.core.metrics import RoundRecord
+from specdec.core.sampling import SamplingParams, warp
+from specdec.core.theory import optimal_k
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.metrics import RoundRecord
-from specdec.engine.sampling import SamplingParams, warp
-from specdec.measure.costs import CostCurve
-from specdec.measure.theory import optimal_k
 from specdec.policies.base import ConfidenceK, FixedK, HeuristicK, RoundPlan
 from specdec.policies.cost import CostPolicy
 
@@ -420,7 +420,7 @@ def test_cost_pays_the_draft_prefill_only_where_it_pays_back():
     assert p.invested == pytest.approx(price) and p.catch_up_steps() == 0.0
     # the prefill is sunk: the ledger's allowance holds it, so one unlucky first round does not end speculation
     # (without it, that round's priced loss of ~price + 1 steps would exceed the 1-step allowance)
-    assert p._net_loss > p.probe_allowance + 1.0
+    assert p.ledger.priced_loss_s / p.round_cost_s[0] > p.probe_allowance + 1.0
     later = []
     for _ in range(10):
         later.append(p.next_k())
@@ -443,7 +443,7 @@ def test_cost_measured_ledger_counts_the_prefill_at_its_price():
     # the prefill ran 3x slower than priced; the round's verification as priced
     verify = p.curve.forward_s(k + 1)
     p.observe(dataclasses.replace(full(k), draft_s=3 * price * t1 + k * step, verify_s=verify))
-    for _ in range(p.MEASURED_PLAIN_ROUNDS):
+    for _ in range(p.ledger.MEASURED_PLAIN_ROUNDS):
         p.observe(dataclasses.replace(rec(0, 0), verify_s=t1))
     # the measured ledger counts the prefill at its price, not at its measured seconds
     expected = price + p.round_steps(k) - (k + 1)

@@ -43,14 +43,14 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from specdec.catalogue.policies import make_policy
+from specdec.core.costs import CostCurve
+from specdec.core.sampling import SamplingParams, warp
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.sampling import SamplingParams, warp
 from specdec.engine.traces import compare_rounds, draft_pending, record_trace, replay
-from specdec.measure.costs import CostCurve
 from specdec.runtimes.base import ContextOverflowError
 from specdec.runtimes.hf import HFBackend
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.core.costs import CostCurve
 from specdec.engine.traces import AcceptanceTrace
-from specdec.measure.costs import CostCurve
 from specdec.report.predicted import PromptModel, trace_best_k, trace_grid
 from study import replay_curve as mod
 

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec.engine.metrics import RATES
-from specdec.measure import stats, theory
+from specdec.core import stats, theory
+from specdec.core.metrics import RATES
 from specdec.report import analyze, load_store
 from specdec.report.cells import cell_table
 from specdec.report.diagnostics import baseline_stability_table, position_acceptance
@@ -199,7 +199,7 @@ def test_exact_two_x_gives_speedup_two_with_zero_width_ci_but_two_prompts_give_n
 
 def test_speedup_interval_is_the_t_interval_over_prompts():
     # Five prompts with different speedups: geometric mean of the per-prompt ratios (medians over repeats),
-    # Student-t interval on their logs (specdec.measure.stats), and a verdict now that there are 5 units.
+    # Student-t interval on their logs (specdec.core.stats), and a verdict now that there are 5 units.
     rows = []
     facs = [(10.0, 1.5), (20.0, 2.5), (15.0, 1.8), (12.0, 2.0), (18.0, 1.7)]
     for p, (base, fac) in enumerate(facs):
@@ -932,8 +932,8 @@ def test_time_model_prices_the_drafts_catch_up():
     """The predicted decode time of a draft-model replay prices each round's catch-up on the draft curve:
     an always-agreeing draft at K = 2 accepts everything, so every round after the first feeds 2 tokens.
     Without a measured curve the timed rounds give it (`catchup_from_rounds`: same-K differences)."""
+    from specdec.core.costs import CostCurve
     from specdec.engine.traces import AcceptanceTrace, draft_pending
-    from specdec.measure.costs import CostCurve
     from specdec.report.predicted import PromptModel, catchup_from_rounds
 
     out = tuple(range(10, 22))  # 12 tokens
@@ -971,7 +971,7 @@ def test_a_prompt_without_a_calibration_block_is_priced_with_its_own_machines_co
     """Two machines timed one sweep (a resumed shard): a traced prompt without a calibration block falls back
     to the start-up curve of the machine that timed it, never to the sweep-level ``costs`` (which a resumed
     sweep overwrites with its newest machine's), and to those only for a store without per-machine curves."""
-    from specdec.measure.costs import CostCurve
+    from specdec.core.costs import CostCurve
     from specdec.report.predicted import machine_curves, prompt_models
 
     runs = pd.DataFrame([{"run_id": 1, "ok": True, "config_label": "c", "prompt_id": "p", "prompt_type": "code",

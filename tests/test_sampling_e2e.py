@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from specdec.core.sampling import SamplingParams, warp
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.sampling import SamplingParams, warp
 
 V = 1000
 C9 = SamplingParams(temperature=0.7, top_k=20, top_p=0.9)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from specdec.measure import stats
+from specdec.core import stats
 
 
 @pytest.mark.parametrize("n", [5, 8, 12])

@@ -180,7 +180,7 @@ def test_greedy_equals_target_only(tiny_target, cost, k):
 
 
 def test_sampled_generation_is_reproducible_and_within_budget(tiny_target):
-    from specdec.engine.sampling import SamplingParams
+    from specdec.core.sampling import SamplingParams
 
     sp = SamplingParams(temperature=1.0)
     prompt = [5, 6, 7, 8] * 8

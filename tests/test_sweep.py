@@ -22,8 +22,8 @@ from specdec.bench import sweep as S
 from specdec.bench.export import export_runs
 from specdec.bench.methods import peers_for
 from specdec.bench.store import Store, SweepExistsError, SweepNotFoundError
+from specdec.core.costs import CostCurve
 from specdec.drafters.ngram import PromptLookupDrafter
-from specdec.measure.costs import CostCurve
 from specdec.measure.environment import machine_changes
 from specdec.prompts import Prompt, PromptFileError
 
@@ -96,7 +96,7 @@ def test_sweep_stores_traces_that_replay_its_timed_runs(full_sweep):
     of every timed greedy run (fixed K and every policy, both drafters) - fp32 on tiny models, no near-tie
     flips - and the calibration block is stored once per prompt at the prompt's own context."""
     from specdec.catalogue.policies import make_policy
-    from specdec.engine.metrics import RoundRecord
+    from specdec.core.metrics import RoundRecord
     from specdec.engine.traces import AcceptanceTrace, compare_rounds, replay
 
     cfg, db, result, _ = full_sweep
@@ -108,7 +108,7 @@ def test_sweep_stores_traces_that_replay_its_timed_runs(full_sweep):
         for c in st.calibration(result.sweep_id):  # the cost policy of a prompt decides with its own block
             cal.setdefault(c["prompt_id"], {}).setdefault(c["role"], {})[c["n_tokens"]] = c["seconds"]
         # the block times the draft's step and its catch-up forwards (DRAFT_CALIBRATION_NS tokens)
-        from specdec.measure.costs import DRAFT_CALIBRATION_NS
+        from specdec.core.costs import DRAFT_CALIBRATION_NS
         assert [sorted(c["draft"]) for c in cal.values()] == [sorted(DRAFT_CALIBRATION_NS)] * len(cal)
         checked = 0
         for r in runs:
@@ -182,7 +182,7 @@ def test_costs_table_filled(full_sweep):
     assert target_n == list(range(1, 18))  # 1..17 always covered
     # the draft's catch-up curve, which the cost policy prices a round's first draft forward on, and its
     # prefill-sized forwards (the deferred prefill's price)
-    from specdec.measure.costs import DRAFT_PREFILL_NS
+    from specdec.core.costs import DRAFT_PREFILL_NS
     from specdec.measure.timing import SWEEP_DRAFT_MAX_N
 
     draft_ns = list(range(1, SWEEP_DRAFT_MAX_N + 1)) + list(DRAFT_PREFILL_NS)
@@ -613,7 +613,7 @@ def test_estimate_follows_the_analytical_model():
     assert draft4 == pytest.approx(0.2748 * (1 + 0.0994 / 0.2748) + 128 / 1.9375 * (4 * 0.0994 + 0.5576))
     best = min(S.estimate_generation_s("ngram", k, "fixed", costs, 128) for k in range(1, 17))
     assert S.estimate_generation_s("ngram", 16, "cost", costs, 128) == pytest.approx(best)
-    # the estimate reads forwards off the one cost curve (specdec.measure.costs): interpolated, extended by the
+    # the estimate reads forwards off the one cost curve (specdec.core.costs): interpolated, extended by the
     # least-squares slope past the measured range
     assert S.estimate_generation_s("baseline", None, None, CostCurve({1: 1.0, 3: 2.0}), 1,
                                    prompt_tokens=3) == pytest.approx(1.5 + 1.0)
@@ -978,7 +978,7 @@ def test_sweep_options_come_from_one_declaration_per_setting(app, tmp_path):
 
 def test_shared_options_have_one_help_text_across_commands(app):
     """--pair, --target, --backend ... read the same in `generate`, `sweep` and `costs` (the declarations of
-    `specdec.entrypoints.options.SHARED_OPTIONS`); only a default the command shows may follow."""
+    `specdec.options.SHARED_OPTIONS`); only a default the command shows may follow."""
     from specdec.entrypoints import cli, options
 
     full = typer.Typer()
@@ -1066,7 +1066,7 @@ def test_c18_sampled_runs_use_their_whole_budget(tiny_pair, near_draft_dir, prom
     ran the whole budget. Shown with every token id an EOS: a run that respects EOS stops after 1 token."""
     import dataclasses
 
-    from specdec.engine.sampling import SamplingParams
+    from specdec.core.sampling import SamplingParams
     from specdec.runtimes.loading import load_pair
 
     pair = load_pair(str(tiny_pair.target_dir), str(near_draft_dir), threads=1)
@@ -1286,8 +1286,8 @@ def test_policy_best_times_each_drafter_at_the_k_its_trace_predicts(tmp_path, ti
     The row reads as that fixed-K cell (so the report pairs it with its prediction), its cell key stays the
     planned one (so --resume finds it done), and the K equals what the stored trace and block give."""
     from specdec.bench import sweep as S
+    from specdec.core.costs import CostCurve
     from specdec.engine.traces import AcceptanceTrace
-    from specdec.measure.costs import CostCurve
     from specdec.measure.pricing import TraceModel
 
     cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="", policies="best",

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from specdec.engine.metrics import RATES
-from specdec.measure.theory import (
+from specdec.core.metrics import RATES
+from specdec.core.theory import (
     break_even_alpha,
     cost_at,
     expected_accepted_per_round,
@@ -116,7 +116,7 @@ def test_cost_interpolation_and_extrapolation():
     assert cost_at(v, 1) == 1.0
     assert cost_at(v, 2) == pytest.approx(1.1)
     assert cost_at(v, 6) == pytest.approx(1.8)
-    # beyond the largest measured n: the least-squares slope of the whole curve (specdec.measure.costs' one rule)
+    # beyond the largest measured n: the least-squares slope of the whole curve (specdec.core.costs' one rule)
     slope = np.polyfit([1, 3, 9], [1.0, 1.2, 2.4], 1)[0]
     assert cost_at(v, 17) == pytest.approx(2.4 + 8 * slope)
     assert cost_at(v, 17) > cost_at(v, 9)  # a longer verification never comes out cheaper

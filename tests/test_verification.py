@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from specdec.engine.metrics import GenerationResult, RoundRecord
-from specdec.engine.sampling import SamplingParams, residual, warp
-from specdec.engine.verification import accepted_count, greedy_verify, stochastic_verify
+from specdec.core.metrics import GenerationResult, RoundRecord
+from specdec.core.sampling import SamplingParams, residual, warp
+from specdec.core.verification import accepted_count, greedy_verify, stochastic_verify
 
 
 def logits_with_argmax(argmaxes, vocab=10):

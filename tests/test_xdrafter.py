@@ -14,11 +14,11 @@ import random
 
 import pytest
 import torch
-from conftest import build_tiny_model
+from conftest import build_tiny_model, one_row
 
+from specdec.core.sampling import SamplingParams
 from specdec.drafters.xtok import IntersectionDrafter, StringMatchDrafter, cross_tokenizer_drafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.sampling import SamplingParams
 from specdec.runtimes.compat import IncompatibleTokenizersError, token_keys, vocab_overlap
 
 V_T = 1000
@@ -456,7 +456,7 @@ def test_intersection_negative_control_unnormalised_q():
 
     class Unnormalised(IntersectionDrafter):
         def target_distribution(self, logits, sampling):
-            from specdec.engine.sampling import warp
+            from specdec.core.sampling import warp
 
             q_draft = warp(logits, sampling)  # over the whole draft vocabulary
             out = torch.zeros(self.target_vocab)
@@ -486,7 +486,7 @@ def test_cli_generate_other_tokenizer(tiny_pair, other_draft_dir, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main([*base, "--other-tokenizer", "--k", "3", "--baseline", "--json", *extra])
         assert exit_info.value.code in (0, None)
-        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        out = one_row(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
         assert len(out["token_ids"]) == 12 and out["num_drafted"] > 0
         if not extra:
             assert out["identical_to_baseline"]

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import build_tiny_model, tiny_sweep_config
+from conftest import build_tiny_model, one_row, tiny_sweep_config
 from test_xdrafter import V_D, build_other_tokenizer
 from typer.testing import CliRunner
 
@@ -343,7 +343,7 @@ def test_cli_generate_drafts_text_with_a_flagged_preset_pair(tiny_pair, other_dr
                                    "--max-new-tokens", "16", "--baseline", "--json", "--threads", "1",
                                    "--dtype", "float32"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout[res.stdout.index("{"):])
+    out = one_row(json.loads(res.stdout[res.stdout.index("{"):]))
     assert out["identical_to_baseline"] and out["num_drafted"] > 0
 
 

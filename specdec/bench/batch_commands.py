@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from specdec.entrypoints.options import DraftOpt, PairOpt, TargetOpt, ThreadsOpt
 from specdec.errors import cli_errors
+from specdec.options import DraftOpt, PairOpt, TargetOpt, ThreadsOpt
 
 __all__ = ["batch_sweep"]
 

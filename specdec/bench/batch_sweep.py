@@ -3,7 +3,7 @@ the same B prompts (``specdec batch-sweep``).
 
 A **cell** is (configuration, group, B, batch): B prompts of one prompt group (`GROUPS`, taken from the
 built-in set in a round-robin over the group's types, cycling, batch j starting at prompt j x B) decoded
-together by `specdec.engine.batched.generate_batch`, greedy. Its timed runs are paired as the single-stream sweep
+together by `specdec.engine.decoding.generate_batch`, greedy. Its timed runs are paired as the single-stream sweep
 pairs them (B X1 B X2 ... B): a batched target-only run AT THAT B between every two other runs, the others
 being, per drafting method (``draft``: the draft model, batched; ``ngram``: prompt lookup per row), the
 fixed K that the batch pricing predicts best (policy ``fixed``) and the batch-aware cost policy
@@ -42,7 +42,7 @@ import numpy as np
 
 from specdec.bench.prompts import PROMPT_TYPES, load_builtin
 from specdec.catalogue.drafters import drafter
-from specdec.measure.theory import expected_tokens_per_round
+from specdec.core.theory import expected_tokens_per_round
 from specdec.policies.batch import BatchCostPolicy, best_batch_k
 from specdec.prompts import Prompt, encode_prompt
 
@@ -423,8 +423,8 @@ def summarize_batch(results: Sequence[Any]) -> dict[str, Any]:
 
 
 def _generate(target, prompts, max_new_tokens, **kw):
-    """`specdec.engine.batched.generate_batch` (one seam for tests)."""
-    from specdec.engine.batched import generate_batch
+    """`specdec.engine.decoding.generate_batch` (one seam for tests)."""
+    from specdec.engine.decoding import generate_batch
 
     return generate_batch(target, prompts, max_new_tokens, **kw)
 

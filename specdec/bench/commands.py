@@ -20,7 +20,8 @@ from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  
 from specdec.bench.control import LOCK_WAIT_S
 from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, field_settings, typer_command
 from specdec.bench.shard import shard_plan  # [shards]
-from specdec.entrypoints.options import (
+from specdec.errors import cli_errors
+from specdec.options import (
     BackendOpt,
     CompileOpt,
     DeviceOpt,
@@ -35,7 +36,6 @@ from specdec.entrypoints.options import (
     TargetOpt,
     ThreadsOpt,
 )
-from specdec.errors import cli_errors
 
 __all__ = ["RUN_SETTINGS", "costs", "export", "register", "sweep", "sweep_settings"]
 
@@ -133,7 +133,7 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     opened read-only; with `resume`, it refuses what ``--resume`` itself would (`Store.check_resume`)."""
     from specdec.bench import sweep as S
     from specdec.bench.store import Store
-    from specdec.measure.costs import CostCurve
+    from specdec.core.costs import CostCurve
 
     prepared = S.prepare(cfg)
     sid = prepared.sweep_id
@@ -257,7 +257,7 @@ def costs(
         from specdec.runtimes.llamacpp_record import pair_record, record_lines
 
         runtime = pair_record(loaded)
-        from specdec.measure.costs import DRAFT_PREFILL_NS
+        from specdec.core.costs import DRAFT_PREFILL_NS
 
         # the draft's prefill-sized forwards too: a policy built from this output prices its deferred prefill
         result = measure_costs(loaded, max_n=max_n, repeats=repeats, context_tokens=context_tokens,

@@ -27,7 +27,7 @@ from specdec.catalogue.runtimes import (
     check_available,
     config_for_backends,
 )
-from specdec.engine.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 
 __all__ = [
     "ADAPTIVE_POLICIES",
@@ -93,7 +93,7 @@ class SweepConfig:
     """
 
     name: str | None = setting(None, "A label stored with the sweep (not part of its identity).", PANEL_STORE)
-    pair: str | None = setting(None, panel=PANEL_MODELS)  # help: specdec.entrypoints.options.SHARED_OPTIONS
+    pair: str | None = setting(None, panel=PANEL_MODELS)  # help: specdec.options.SHARED_OPTIONS
     target: str | None = setting(None, panel=PANEL_MODELS)
     draft: str | None = setting(None, panel=PANEL_MODELS)
     prompt_types: tuple[str, ...] | str = setting("all", "'all' or comma-separated prompt types (of the built-in "

@@ -1,4 +1,4 @@
-"""The sweep's console lines: one per finished cell, from its stored rows and the rates of `specdec.engine.metrics`;
+"""The sweep's console lines: one per finished cell, from its stored rows and the rates of `specdec.core.metrics`;
 errors as one line."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import statistics
 
 from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun
-from specdec.engine.metrics import rates
+from specdec.core.metrics import rates
 from specdec.errors import one_line as _one_line
 
 __all__ = ["ERR_LEN", "one_line", "summary_line"]
@@ -24,7 +24,7 @@ def one_line(exc: BaseException) -> str:
 
 def summary_line(cell: PlannedRun, rows: list[dict], baseline: list[float] | None) -> str:
     """The console line of a finished cell: median tokens/s, speedup against the median of `baseline`
-    (tokens/s of the prompt's baseline runs), pooled acceptance rate and alpha-hat (`specdec.engine.metrics.RATES`),
+    (tokens/s of the prompt's baseline runs), pooled acceptance rate and alpha-hat (`specdec.core.metrics.RATES`),
     equality with the baseline, failures."""
     head = cell.describe()
     ok = [r for r in rows if not r.get("error")]

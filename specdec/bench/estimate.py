@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 
 from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun
-from specdec.measure.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCurve
-from specdec.measure.theory import expected_tokens_per_round
+from specdec.core.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCurve
+from specdec.core.theory import expected_tokens_per_round
 
 __all__ = [
     "REFERENCE_COSTS",

@@ -21,7 +21,7 @@ from specdec.bench.config import RuntimeConfig, SweepConfig
 from specdec.bench.estimate import estimate_plan_s, format_duration
 from specdec.bench.methods import METHODS, Runtime
 from specdec.bench.plan import PlannedRun, Prepared, cost_max_n
-from specdec.measure.costs import DRAFT_PREFILL_NS, CostCurve
+from specdec.core.costs import DRAFT_PREFILL_NS, CostCurve
 from specdec.measure.timing import SWEEP_DRAFT_MAX_N, cross_tokenizer_draft_costs, measure_costs
 from specdec.prompts import Prompt, encode_prompt
 
@@ -177,7 +177,7 @@ def _load_pair(cfg: SweepConfig, rc: RuntimeConfig, p: Prepared, loader):
 
 def _sweep_costs(cfg: SweepConfig, pair) -> dict[str, Any]:
     """`measure_costs` with the sweep's settings (target forwards of 1 .. `cost_max_n` tokens and, with a
-    draft model, draft forwards of 1 .. `SWEEP_DRAFT_MAX_N` and of `specdec.measure.costs.DRAFT_PREFILL_NS` tokens,
+    draft model, draft forwards of 1 .. `SWEEP_DRAFT_MAX_N` and of `specdec.core.costs.DRAFT_PREFILL_NS` tokens,
     the deferred prefill's size; seconds)."""
     return measure_costs(pair, max_n=cost_max_n(cfg), repeats=cfg.cost_repeats,
                          context_tokens=cfg.cost_context_tokens, draft_max_n=SWEEP_DRAFT_MAX_N,

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 from specdec.bench.peers import hf_peer_generate
 from specdec.catalogue import drafters as catalogue_drafters
 from specdec.catalogue import policies as catalogue_policies
+from specdec.core.costs import CostCurve
+from specdec.core.metrics import RATES, GenerationResult
+from specdec.core.sampling import SamplingParams
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.metrics import RATES, GenerationResult
-from specdec.engine.sampling import SamplingParams
-from specdec.measure.costs import CostCurve
 
 if TYPE_CHECKING:
     from specdec.catalogue.runtimes import RuntimeConfig
@@ -139,7 +139,7 @@ class RunRecord:
 
     def columns(self) -> dict[str, Any]:
         """The ``runs`` columns this record fills (`specdec.bench.store.TABLES`); ``tokens_per_s`` by
-        `specdec.engine.metrics.RATES` (NaN, stored as NULL, when nothing was timed)."""
+        `specdec.core.metrics.RATES` (NaN, stored as NULL, when nothing was timed)."""
         n = len(self.token_ids)
         return {
             "new_tokens": n, "finish_reason": self.finish_reason, "token_ids": self.token_ids,

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from specdec.core.sampling import SamplingParams
 from specdec.engine.decoding import GREEDY
-from specdec.engine.sampling import SamplingParams
 
 __all__ = ["HF_PEERS", "PeerOutput", "hf_peer_generate"]
 

@@ -26,8 +26,8 @@ from specdec.bench.loaded import LoadedConfig
 from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun, cost_max_n
 from specdec.bench.state import SweepState
+from specdec.core.costs import CostCurve
 from specdec.engine.traces import first_divergence, record_trace, target_margins
-from specdec.measure.costs import CostCurve
 from specdec.measure.timing import calibration_block
 
 __all__ = [

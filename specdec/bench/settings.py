@@ -9,7 +9,7 @@ function with one typer option per setting, each default shown in its help from 
 - a setting a TOML file may hold (`Setting.in_file`) has no default on the command line (None: "not given"),
   so that the file's value, then the declared default, applies when the flag is absent;
 - an option declared once for every command in `specdec.entrypoints.cli` (``--pair``, ``--target``, ``--backend``, ...:
-  `specdec.entrypoints.options.SHARED_OPTIONS`) takes its names and help from there.
+  `specdec.options.SHARED_OPTIONS`) takes its names and help from there.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Setting:
         name: the Python name (`SweepConfig` field, TOML key); the option is ``--name`` with dashes.
         default: its value when neither the command line nor a ``--config`` file gives one.
         help: the option's help text without its default (appended from `default`); None: the shared
-            declaration's (`specdec.entrypoints.options.SHARED_OPTIONS`).
+            declaration's (`specdec.options.SHARED_OPTIONS`).
         panel: the ``--help`` panel (one of `PANELS`).
         type: the command line's type (int, float, str, bool, Path); comma-separated lists are str.
         flags: the option's names when not the plain ``--name`` (booleans: ``--name/--no-name``).
@@ -127,7 +127,7 @@ def _option(s: Setting) -> tuple[Any, Any]:
 
     decls, help_text = s.flags, s.help
     if help_text is None:
-        from specdec.entrypoints.options import SHARED_OPTIONS
+        from specdec.options import SHARED_OPTIONS
 
         if s.name not in SHARED_OPTIONS:
             raise TypeError(f"setting {s.name!r} has no help text and no shared declaration in specdec.entrypoints.cli")

@@ -159,7 +159,7 @@ def connect(path: str | Path, *, readonly: bool, timeout_s: float) -> sqlite3.Co
         sqlite3.OperationalError: the store is locked by another process (the caller retries).
         StoreError: no such file (`readonly`), not a SQLite database, damaged (`damaged_error`), a WAL
             store without tables whose ``-wal`` file is missing, or (not `readonly`) a database whose tables
-            are not a results store's (`specdec.bench.store_schema.check_results_tables`).
+            are not a results store's (`check_results_tables`).
     """
     path = Path(path)
     if readonly and not path.is_file():
@@ -201,8 +201,6 @@ def connect(path: str | Path, *, readonly: bool, timeout_s: float) -> sqlite3.Co
                              f"like a copy of the .db alone; copy {wal.name} next to it (same name + -wal) and "
                              f"open it again")
         if not readonly:  # never another program's database: refused before anything is written to it
-            from specdec.bench.store_schema import check_results_tables
-
             check_results_tables(conn, path)
         return conn
     except sqlite3.OperationalError as exc:
@@ -230,3 +228,19 @@ def _open(path: Path, uri: str | None, timeout_s: float) -> sqlite3.Connection:
         conn = sqlite3.connect(str(path), isolation_level=None, timeout=timeout_s)
     conn.row_factory = sqlite3.Row
     return conn
+
+
+def check_results_tables(conn: sqlite3.Connection, path: str | Path) -> None:
+    """Refuse to write into an existing SQLite database that holds tables but not ``runs`` and ``sweeps``:
+    another program's data, which must not get the store's tables (nor a sweep) added to it. An empty
+    database (a new store) and any results store pass.
+
+    Raises:
+        StoreError: one line naming the file and some of its tables.
+    """
+    have = [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    if have and not {"runs", "sweeps"} <= set(have):
+        shown = ", ".join(have[:4]) + (f" (+{len(have) - 4} more)" if len(have) > 4 else "")
+        raise StoreError(f"{path}: not a specdec results database (its tables: {shown}); nothing was written "
+                         f"to it: name another --db")

@@ -11,7 +11,7 @@ Schema (version 1; `docs/STORE.md` documents every column):
 - ``meta``: ``schema_version``.
 
 Derived figures (acceptance rate, alpha-hat, speedup, ...) are never stored: they are computed at analysis
-time from the raw counts (see `specdec.engine.metrics`). `specdec.bench.store` re-exports every public name.
+time from the raw counts (see `specdec.core.metrics`). `specdec.bench.store` re-exports every public name.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ __all__ = [
     "TABLES",
     "canonical_json",
     "cell_key",
-    "check_results_tables",
     "columns",
     "model_identity",
     "sweep_id_for",
@@ -198,24 +197,6 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
         for name, decl in cols:
             if name not in have:
                 conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl.split()[0]}")
-
-def check_results_tables(conn: sqlite3.Connection, path: str | Path) -> None:
-    """Refuse to write into an existing SQLite database that holds tables but not ``runs`` and ``sweeps``:
-    another program's data, which must not get the store's tables (nor a sweep) added to it. An empty
-    database (a new store) and any results store pass.
-
-    Raises:
-        StoreError: one line naming the file and some of its tables.
-    """
-    from specdec.bench.store_access import StoreError
-
-    have = [r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-    if have and not {"runs", "sweeps"} <= set(have):
-        shown = ", ".join(have[:4]) + (f" (+{len(have) - 4} more)" if len(have) > 4 else "")
-        raise StoreError(f"{path}: not a specdec results database (its tables: {shown}); nothing was written "
-                         f"to it: name another --db")
-
 
 def canonical_json(obj: Any) -> str:
     """JSON with sorted keys, no whitespace, ASCII only: the same object always gives the same string."""

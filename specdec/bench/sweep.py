@@ -72,7 +72,7 @@ from specdec.bench.plan import (
     select_prompts,
 )
 from specdec.bench.runner import LoadedConfig, SweepResult, execute, interrupt_exit_status, run_sweep
-from specdec.engine.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 from specdec.measure.environment import git_commit, machine_info
 from specdec.prompts import encode_prompt
 

@@ -38,9 +38,9 @@ class DraftSource:
         pair: the loaded models (`specdec.runtimes.loading.LoadedPair`): the target, the draft model (or
             None) and the shared vocabulary; a pair loaded with ``other_tokenizer`` holds a draft of another
             tokenizer.
-        sampling: the generation's `specdec.engine.sampling.SamplingParams` (None: greedy).
+        sampling: the generation's `specdec.core.sampling.SamplingParams` (None: greedy).
         costs: the measured verification costs (anything with ``v(n)``, e.g. a
-            `specdec.measure.costs.CostCurve`), for drafters that choose their own draft length; None: every
+            `specdec.core.costs.CostCurve`), for drafters that choose their own draft length; None: every
             forward priced as one step.
         ngram: prompt lookup's n-gram sizes (max, min).
         corpus: earlier outputs (target token ids) a corpus drafter matches besides the prompt.
@@ -323,8 +323,8 @@ def _suffix_corpus(s: DraftSource) -> Drafter:
 
 
 def _cross_tokenizer(s: DraftSource) -> Drafter:
+    from specdec.core.sampling import SamplingParams
     from specdec.drafters.xtok import cross_tokenizer_drafter
-    from specdec.engine.sampling import SamplingParams
 
     return cross_tokenizer_drafter(s.pair, s.sampling or SamplingParams())
 

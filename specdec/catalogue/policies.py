@@ -28,8 +28,9 @@ class PolicyEntry:
         default_k: the K it gets when none is given (fixed and the heuristic's start: 4; the largest K of the
             adaptive policies: 16).
         needs_costs: it prices K on a measured cost curve (the cost policy).
-        build: ``build(k, costs, pad_verify)`` -> the policy of one sequence; `costs` a
-            `specdec.measure.costs.CostCurve` (or its dict) with the drafter's step (0 for a model-free one).
+        build: ``build(k, costs, pad_verify, **options)`` -> the policy of one sequence; `costs` a
+            `specdec.core.costs.CostCurve` (or its dict) with the drafter's step (0 for a model-free one);
+            `options` the policy's own (``confidence_threshold``, the heuristic's ``max_k``).
         build_batch: ``build_batch(k, curve, draft_cost)`` -> its form for a batch (one K per round for every
             row; `curve` prices a forward of n tokens in all, `draft_cost(rows, K)` a batch's drafting, None
             when drafting is free); None: no batch form.
@@ -38,15 +39,15 @@ class PolicyEntry:
     name: str
     help: str
     default_k: int
-    build: Callable[[int, Any, bool], KPolicy]
+    build: Callable[..., KPolicy]
     needs_costs: bool = False
     build_batch: Callable[[int, Any, Any], BatchKPolicy] | None = None
 
 
-def _fixed(k, costs, pad_verify):
+def _fixed(k, costs, pad_verify, **options):
     from specdec.policies.base import FixedK
 
-    return FixedK(k)
+    return FixedK(k, **options)
 
 
 def _fixed_batch(k, curve, draft_cost):
@@ -55,22 +56,22 @@ def _fixed_batch(k, curve, draft_cost):
     return FixedBatchK(k)
 
 
-def _heuristic(k, costs, pad_verify):
+def _heuristic(k, costs, pad_verify, **options):
     from specdec.policies.base import HeuristicK
 
-    return HeuristicK(k)
+    return HeuristicK(k, **options)
 
 
-def _confidence(k, costs, pad_verify):
+def _confidence(k, costs, pad_verify, **options):
     from specdec.policies.base import ConfidenceK
 
-    return ConfidenceK(k, 0.4)
+    return ConfidenceK(k, **{"confidence_threshold": 0.4, **options})
 
 
-def _cost(k, costs, pad_verify):
+def _cost(k, costs, pad_verify, **options):
     from specdec.policies.cost import CostPolicy
 
-    return CostPolicy.from_costs(costs, max_k=k, pad_verify=pad_verify)
+    return CostPolicy.from_costs(costs, max_k=k, pad_verify=pad_verify, **options)
 
 
 def _cost_batch(k, curve, draft_cost):
@@ -124,18 +125,21 @@ def resolve_policy(name: str | None, k: int | None, *, batch: bool = False) -> t
     return entry, int(k) if k is not None else entry.default_k
 
 
-def make_policy(name: str, k: int, *, costs: Any = None, pad_verify: bool = False,
-                free_drafts: bool = False) -> KPolicy:
+def make_policy(name: str, k: int, *, costs: Any = None, pad_verify: bool = False, free_drafts: bool = False,
+                **options: Any) -> KPolicy:
     """The policy `name` of one sequence at K = `k` (the fixed K, the heuristic's start, or the largest K).
 
     Args:
-        costs: for a policy that `needs_costs`: a `specdec.measure.costs.CostCurve` or its dict
+        costs: for a policy that `needs_costs`: a `specdec.core.costs.CostCurve` or its dict
             (``{"draft_step_s": s, "target_forward_s": {n: s}, ...}``).
         pad_verify: price verification at the padded shape (`specdec.policies.cost.CostPolicy`).
         free_drafts: the drafter needs no model step: its drafted tokens are priced at 0 s.
+        options: the policy's own settings (``confidence_threshold`` for ``confidence``, default 0.4; ``max_k``
+            for ``heuristic``, a cap on its K; `specdec.policies.cost.CostPolicy`'s keywords for ``cost``).
 
     Raises:
         ValueError: an unknown name, K < 1, or a policy that needs costs without them.
+        TypeError: an option the policy does not take.
     """
     entry = policy(name)
     if entry.needs_costs:
@@ -143,10 +147,10 @@ def make_policy(name: str, k: int, *, costs: Any = None, pad_verify: bool = Fals
             raise ValueError(f"the {entry.name} policy needs measured costs (draft_step_s, target_forward_s): "
                              "measure them with `specdec costs` or pass stored ones")
         if free_drafts:
-            from specdec.measure.costs import CostCurve
+            from specdec.core.costs import CostCurve
 
             costs = (costs if isinstance(costs, CostCurve) else CostCurve.from_costs(costs)).with_draft_step(0.0)
-    return entry.build(int(k), costs, pad_verify)
+    return entry.build(int(k), costs, pad_verify, **options)
 
 
 def batch_policy(name: str, k: int, *, curve: Any = None, draft_cost: Any = None) -> BatchKPolicy:

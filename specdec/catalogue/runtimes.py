@@ -23,7 +23,7 @@ class RuntimeConfig:
         self_draft_quant: draft with a copy of the TARGET quantized this way (e.g. ``"int8"``) instead of
             the sweep's draft model: same tokenizer, cost set by bytes read.
         pad_verify: our speculative methods pad each verification forward to the cheapest shape on the
-            configuration's measured cost curve (`specdec.measure.costs.CostCurve.padded_n`; output unchanged),
+            configuration's measured cost curve (`specdec.core.costs.CostCurve.padded_n`; output unchanged),
             and the cost policy prices K with the padded cost. Loading is unchanged.
         gguf_type: llama.cpp target only: the target's GGUF requantized (pure) to this ggml weight type,
             made once into the model cache (`specdec.models.requant`). The draft keeps its shipped GGUF, so the

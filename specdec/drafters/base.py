@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from specdec.engine.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 
 
 @dataclass
@@ -71,9 +71,10 @@ class BatchedDrafter(Protocol):
         ...
 
     def propose(self, committed: list[list[int]], ks: list[int], sampling: SamplingParams,
-                generators: list[torch.Generator | None]) -> list[Draft]:
+                generators: list[torch.Generator | None], min_confidence: float | None = None) -> list[Draft]:
         """Up to ``ks[i]`` tokens for row i (``ks[i] == 0``: an empty draft, nothing run for that row);
-        sampled drafts draw from ``generators[i]`` only."""
+        sampled drafts draw from ``generators[i]`` only; `min_confidence` is the round's confidence stop
+        (`Drafter.propose`)."""
         ...
 
     def rollback(self, committed: list[list[int]]) -> None:
@@ -92,23 +93,34 @@ class BatchedDrafter(Protocol):
 class PerRowDrafters:
     """A `BatchedDrafter` made of one single-sequence `Drafter` per row, built by ``factory()``.
 
-    For drafters without a model (`specdec.drafters.ngram.PromptLookupDrafter`, `specdec.drafters.suffix`, scripted
-    drafters) nothing is there to batch; with `specdec.drafters.model.ModelDrafter` each row would need its own
-    backend (use `BatchedModelDrafter` instead). The confidence stop is not used (None).
+    For drafters without a model (`specdec.drafters.ngram.PromptLookupDrafter`, `specdec.drafters.suffix`,
+    scripted drafters) nothing is there to batch; a drafter with a model serves one row on its own backend
+    (`one`: B = 1, the single-sequence path), and `specdec.drafters.model.BatchedModelDrafter` serves a batch.
+    The round's confidence stop goes to every row's drafter.
     """
 
-    def __init__(self, factory: Callable[[], Drafter]) -> None:
+    def __init__(self, factory: Callable[[], Drafter], *, rows: int | None = None) -> None:
         self.factory = factory
+        self.max_rows = rows
         self.drafters: list[Drafter] = []
         sample = factory()
         self.name = sample.name
+        #: the drafter caches nothing before its first drafting round (its prefill is priced by the policy)
+        self.defers_prefill = bool(getattr(sample, "defers_prefill", False))
         #: drafting costs nothing, so the loop may ask what each row has to draft before choosing K (`preview`)
         self.free = bool(getattr(sample, "free", False))
         # a shorter K proposes a prefix of a longer K's proposal: a preview's drafts serve the round itself
         self._prefix_drafts = bool(getattr(sample, "prefix_drafts", False))
         self._previewed: tuple[list[int], list[int], list[Draft]] | None = None
 
+    @classmethod
+    def one(cls, drafter: Drafter) -> PerRowDrafters:
+        """`drafter` itself as the one row of a batch of one (any drafter, a model's included)."""
+        return cls(lambda: drafter, rows=1)
+
     def prefill(self, contexts):
+        if self.max_rows is not None and len(contexts) > self.max_rows:
+            raise ValueError(f"drafter {self.name!r} serves {self.max_rows} row(s), got {len(contexts)}")
         self.drafters = [self.factory() for _ in contexts]
         for d, ctx in zip(self.drafters, contexts, strict=True):
             d.prefill(list(ctx))
@@ -128,14 +140,14 @@ class PerRowDrafters:
             self._previewed = ([len(c) for c in committed], list(ks), drafts)
         return [len(d.tokens) for d in drafts]
 
-    def propose(self, committed, ks, sampling, generators):
+    def propose(self, committed, ks, sampling, generators, min_confidence=None):
         previewed, self._previewed = self._previewed, None
         out = []
         for j, (d, c, k, g) in enumerate(zip(self.drafters, committed, ks, generators, strict=True)):
             if previewed is not None and previewed[0][j] == len(c) and k <= previewed[1][j]:
                 out.append(Draft(previewed[2][j].tokens[:max(0, k)], None))
             else:
-                out.append(d.propose(c, k, sampling, g))
+                out.append(d.propose(c, k, sampling, g, min_confidence))
         return out
 
     def rollback(self, committed):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.core.sampling import sample, warp
 from specdec.drafters.base import Draft
-from specdec.engine.sampling import sample, warp
 from specdec.runtimes.base import Backend, BatchedBackend
 
 
@@ -115,7 +115,8 @@ class BatchedModelDrafter:
     ``ks[i]`` (rows that are done feed nothing). Greedy drafts take the argmax; sampled drafts draw from
     ``warp(logits)`` with the row's generator, in the order `ModelDrafter` draws them, so a row's drafts
     are the single-sequence ones for the same generator state. `rollback` truncates each row to the
-    longest prefix its cache shares with its committed sequence, in one call. No confidence stop.
+    longest prefix its cache shares with its committed sequence, in one call. The round's confidence stop
+    (`min_confidence`) stops a row as `ModelDrafter` stops.
 
     Args:
         backend: the draft model's batched backend.
@@ -123,6 +124,8 @@ class BatchedModelDrafter:
     """
 
     name = "model"
+    #: `prefill` caches nothing: a row's first drafting round feeds its whole context (cost policies price it)
+    defers_prefill = True
 
     def __init__(self, backend: BatchedBackend, vocab_size: int) -> None:
         self.backend = backend
@@ -139,10 +142,11 @@ class BatchedModelDrafter:
     def max_k(self, committed_lens):
         return [self.backend.max_length - n + 1 for n in committed_lens]
 
-    def propose(self, committed, ks, sampling, generators):
+    def propose(self, committed, ks, sampling, generators, min_confidence=None):
         b = len(committed)
         drafts: list[list[int]] = [[] for _ in range(b)]
         probs: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        stopped = [False] * b
         if max(ks, default=0) <= 0:
             return [Draft([], None) for _ in range(b)]
         pending = [c[len(cached):] if k > 0 else [] for c, cached, k in zip(committed, self._cached, ks,
@@ -153,13 +157,18 @@ class BatchedModelDrafter:
         for step in range(max(ks)):
             feed: list[list[int]] = [[] for _ in range(b)]
             for i in range(b):
-                if step >= ks[i]:
+                if step >= ks[i] or stopped[i]:
                     continue
                 logits = out[i][-1, : self.vocab_size]
+                q = None if sampling.greedy else warp(logits, sampling)
+                if step >= 1 and min_confidence is not None:  # `ModelDrafter`'s confidence stop, per row
+                    dist = q if q is not None else torch.softmax(logits.float(), dim=-1)
+                    if float(dist.max()) < min_confidence:
+                        stopped[i] = True  # its last draft token is already cached; rollback trims as usual
+                        continue
                 if sampling.greedy:
                     t = int(logits.argmax())
                 else:
-                    q = warp(logits, sampling)
                     g = generators[i]
                     if g is not None and q.device != g.device:
                         q = q.to(g.device)
@@ -173,7 +182,7 @@ class BatchedModelDrafter:
             out = self.backend.forward(feed, last=1)
             for i in range(b):
                 self._cached[i].extend(feed[i])
-        return [Draft(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
+        return [Draft(d, torch.stack(p) if p else None, st) for d, p, st in zip(drafts, probs, stopped, strict=True)]
 
     def rollback(self, committed):
         lengths = []

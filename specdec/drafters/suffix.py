@@ -14,7 +14,7 @@ picks the K that maximizes expected tokens per unit of round time,
 
     E(K) / v(K + 1),   E(K) = (1 - alpha^(K+1)) / (1 - alpha)      (Leviathan et al. 2023, eq. 1),
 
-with v(n) the target's verification cost in single steps from a measured `specdec.measure.costs.CostCurve` (v = 1
+with v(n) the target's verification cost in single steps from a measured `specdec.core.costs.CostCurve` (v = 1
 without one). K = 0 (a plain target step) wins whenever no K > 0 beats one token per step, e.g. for a short
 match on a machine where verifying 2 tokens costs 2 steps. Drafting costs nothing measurable here (a few
 dict look-ups per token), so it is left out of the round time.
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.core.sampling import SamplingParams
 from specdec.drafters.base import Draft
-from specdec.engine.sampling import SamplingParams
 
 __all__ = ["SuffixAutomaton", "SuffixDrafter"]
 
@@ -145,7 +145,7 @@ class SuffixDrafter:
     """The cost-aware suffix drafter (see the module docstring); a `specdec.drafters.base.Drafter`.
 
     Args:
-        cost: the target's measured costs (anything with ``v(n)``, e.g. `specdec.measure.costs.CostCurve`); None
+        cost: the target's measured costs (anything with ``v(n)``, e.g. `specdec.core.costs.CostCurve`); None
             prices every forward as one step (a flat curve, as on a GPU at batch 1).
         min_match: matches shorter than this never draft (default 1: the statistics decide).
         corpus: earlier outputs (token lists) to match as well; their drafts are counted apart.

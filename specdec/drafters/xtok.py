@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.core.sampling import SamplingParams, sample, warp
 from specdec.drafters.base import Draft
-from specdec.engine.sampling import SamplingParams, sample, warp
 from specdec.runtimes.base import Backend
 from specdec.runtimes.compat import real_vocab_size, vocab_overlap
 

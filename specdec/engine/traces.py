@@ -9,7 +9,7 @@ rounds of every fixed K and of every policy follow without running them:
   accepted length of a round starting at i is the run of agreements from i, capped at K;
 - prompt lookup's proposal depends only on the committed text, so the drafter itself is asked.
 
-Hardware then enters only through the cost curve (`specdec.measure.costs`): what the algorithm does is kept apart
+Hardware then enters only through the cost curve (`specdec.core.costs`): what the algorithm does is kept apart
 from what the hardware costs. The replay is exact when the draft's incremental steps
 produce the same greedy tokens as its batched teacher-forced pass; near-ties can flip between those kernels
 (more so in bf16), so `compare_rounds` lists every round where a timed run and its replay disagree.
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.core.metrics import RoundRecord
 from specdec.drafters.base import Drafter
 from specdec.engine.decoding import GREEDY
-from specdec.engine.metrics import RoundRecord
 from specdec.runtimes.base import Backend
 
 __all__ = ["AcceptanceTrace", "ReplayRound", "compare_rounds", "draft_pending", "first_divergence", "record_trace",
@@ -283,7 +283,7 @@ def draft_pending(rounds: Sequence, prompt_len: int | None = None) -> list[int]:
     drafts). Prompt lookup has no cache: this applies to the draft model only.
 
     Args:
-        rounds: `ReplayRound`s or `specdec.engine.metrics.RoundRecord`s in order (``k`` drafted, ``num_accepted``,
+        rounds: `ReplayRound`s or `specdec.core.metrics.RoundRecord`s in order (``k`` drafted, ``num_accepted``,
             ``draft_stopped`` when present).
         prompt_len: the prompt's tokens when the draft's prefill is deferred (None: prefilled eagerly).
 

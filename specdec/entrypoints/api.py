@@ -9,7 +9,7 @@
 
 `load_pair` returns a `Pair` (the loaded models and what they are); `generate` returns a `Generation` (a list
 of them, in prompt order, for a list of prompts decoded `batch_size` at a time), a
-`specdec.engine.metrics.GenerationResult` (new token ids, one `specdec.engine.metrics.RoundRecord` per target
+`specdec.core.metrics.GenerationResult` (new token ids, one `specdec.core.metrics.RoundRecord` per target
 forward, accepted/drafted counts, acceptance rate, block efficiency, tokens/s, TTFT) with the decoded text
 and the settings that produced it. The command line's ``specdec generate`` runs the same code: the settings
 are checked by `specdec.entrypoints.generation.check_settings` and assembled and run by
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from specdec.engine.metrics import GenerationResult
+from specdec.core.metrics import GenerationResult
 from specdec.runtimes.loading import LoadedPair
 
 __all__ = ["Generation", "Pair", "generate", "load_pair"]
@@ -63,7 +63,7 @@ class Pair:
 
 @dataclass
 class Generation(GenerationResult):
-    """One speculative generation: a `specdec.engine.metrics.GenerationResult` plus its text and settings.
+    """One speculative generation: a `specdec.core.metrics.GenerationResult` plus its text and settings.
 
     Inherited: ``token_ids`` (new tokens only, EOS included when it ended the output), ``prompt_ids``,
     ``finish_reason`` (``"eos"``, ``"length"``, ``"empty"``), ``rounds`` (one `RoundRecord` per target
@@ -233,7 +233,7 @@ def generate(
         pair: from `load_pair`.
         prompt: text (encoded by the pair's tokenizer, its special tokens included) or token ids: returns one
             `Generation`. A list of texts (or of token-id lists): returns a list of `Generation`, one per
-            prompt in prompt order, decoded B = `batch_size` at a time (`specdec.engine.batched`: each row
+            prompt in prompt order, decoded B = `batch_size` at a time (`specdec.engine.decoding`: each row
             commits its own accepted length, so a greedy row equals the single-prompt greedy output; prompt i
             samples with seed ``seed + i``). Batches run the eager backends (not ``compile=True``).
         batch_size: rows per batch for a list of prompts (>= 1; None: all of them at once, at most 256 on

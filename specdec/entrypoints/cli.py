@@ -13,7 +13,8 @@ from typing import Annotated
 
 import typer
 
-from specdec.entrypoints.options import (  # the shared option declarations
+from specdec.errors import one_line, user_errors
+from specdec.options import (  # the shared option declarations
     BackendOpt,
     CompileOpt,
     DeviceOpt,
@@ -29,7 +30,6 @@ from specdec.entrypoints.options import (  # the shared option declarations
     TargetOpt,
     ThreadsOpt,
 )
-from specdec.errors import one_line
 
 app = typer.Typer(
     help="Speculative decoding, implemented exactly and measured against target-only decoding.",
@@ -44,6 +44,16 @@ def fail(message: str) -> None:
     """Print one line on stderr and exit with status 2."""
     print(f"specdec: error: {one_line(message)}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def _drafts_with_model(name: str) -> bool:
+    """Whether drafter `name` drafts with the draft model (False for a model-free or unknown one)."""
+    from specdec.catalogue.drafters import drafter
+
+    try:
+        return drafter(name).needs_model
+    except ValueError:
+        return False
 
 
 def _drafter_help() -> str:
@@ -139,6 +149,8 @@ def generate(
         fail("the prompt is empty")
     if compile and prompts_file is not None:
         fail("--compile: batched decoding runs the eager backend (a compiled static cache holds one sequence)")
+    if other_tokenizer and not _drafts_with_model(drafter):
+        fail(f"--other-tokenizer needs a drafter that drafts with the draft model, not --drafter {drafter}")
     try:
         specs = models.resolve_pair(pair, target, draft) if (pair or draft or not target) else (target, None)
         other = other_tokenizer or (specs[1] is not None and models.other_tokenizer_pair(*specs))
@@ -265,9 +277,6 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `specdec` console script: known errors become one stderr line and exit 2."""
     import os
 
-    from specdec.models import ChunkAssemblyError, ModelNotAvailableError
-    from specdec.runtimes.base import BackendError
-
     # Library progress bars ("Loading weights") would break the one-line error contract on stderr.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
@@ -281,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv, standalone_mode=True)
     except SystemExit:
         raise
-    except (ValueError, ModelNotAvailableError, ChunkAssemblyError, BackendError, FileNotFoundError, OSError) as exc:
+    except (*user_errors(), OSError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         print("specdec: interrupted; a sweep resumes with --resume", file=sys.stderr)

@@ -5,7 +5,7 @@ drafter and the K policy from the catalogue, decode, and compare with target-onl
 the caller's own spelling (``--k`` on the command line, ``k`` in Python). `run` takes a loaded pair
 (`specdec.entrypoints.api.Pair`) and prompts as token ids: one prompt runs through
 `specdec.engine.decoding.speculative_generate`; a list runs B = ``batch_size`` rows at a time through
-`specdec.engine.batched.generate_batch`, every row committing its own accepted length (greedy rows equal
+`specdec.engine.decoding.generate_batch`, every row committing its own accepted length (greedy rows equal
 single-prompt greedy decoding; row i samples with seed ``seed + i``). The costs that price K and the suffix
 drafter's draft length come from the one cost cache (`specdec.measure.cost_cache.cached_costs`).
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 from specdec.catalogue import drafters as catalogue_drafters
 from specdec.catalogue import policies as catalogue_policies
-from specdec.engine.metrics import GenerationResult
-from specdec.engine.sampling import SamplingParams
+from specdec.core.metrics import GenerationResult
+from specdec.core.sampling import SamplingParams
 
 __all__ = ["FLAGS", "KEYWORDS", "LLAMACPP_MAX_ROWS", "Run", "Settings", "batch_k_max", "budgets_of",
            "check_settings", "encode_prompts", "replace_budgets", "run"]
@@ -66,6 +66,7 @@ class Settings:
     batch_size: int | None = None
     costs: dict | None = None
     remeasure_costs: bool = False
+    spelling: dict[str, str] = field(default_factory=lambda: dict(KEYWORDS), compare=False)
 
 
 def check_settings(*, drafter: str = "draft", policy: str | None = None, k: int | None = None,
@@ -95,8 +96,8 @@ def check_settings(*, drafter: str = "draft", policy: str | None = None, k: int 
     if entry.needs_model and other_tokenizer:
         entry = next(e for e in catalogue_drafters.DRAFTERS.values() if e.needs_model and e.other_tokenizer)
     if entry.other_tokenizer and (pad_verify or (policy or "").strip().lower() == "cost"):
-        raise ValueError(f"a draft with another tokenizer takes neither {s['policy']} cost nor {s['pad_verify']} "
-                         "(their cost measurement assumes one vocabulary)")
+        raise ValueError(f"{s['other_tokenizer']}: a draft with another tokenizer takes neither {s['policy']} cost "
+                         f"nor {s['pad_verify']} (their cost measurement assumes one vocabulary)")
     try:
         pol, k_used = catalogue_policies.resolve_policy(policy or ("fixed" if entry.other_tokenizer else None), k,
                                                         batch=many)
@@ -118,7 +119,7 @@ def check_settings(*, drafter: str = "draft", policy: str | None = None, k: int 
     return Settings(entry.name, pol.name, k_used, None if k is None else int(k),
                     budgets[0] if isinstance(max_new_tokens, int) else budgets, sampling, int(seed),
                     bool(chat_template), bool(pad_verify), bool(many),
-                    None if batch_size is None else int(batch_size), costs, bool(remeasure_costs))
+                    None if batch_size is None else int(batch_size), costs, bool(remeasure_costs), dict(spelling))
 
 
 def replace_budgets(settings: Settings, budgets: Sequence[int]) -> Settings:
@@ -284,13 +285,16 @@ def _costs(pair: Any, settings: Settings, *, timed_draft: bool, plan: str, max_n
         return cached_costs(on, key, plan=plan, max_n=max_n, rows=rows, refresh=settings.remeasure_costs,
                             progress=progress)
     except ValueError as exc:
+        if settings.pad_verify:
+            raise ValueError(f"{settings.spelling['pad_verify']} needs the target's measured cost curve and none "
+                             f"can be measured: {exc}") from None
         raise ValueError(f"the costs that price K cannot be measured on these models: {exc}; give a fixed K") from None
 
 
 def _run_one(pair, settings: Settings, entry, prompt: list[int], budget: int, drafter_object, baseline: bool,
              progress) -> Run:
+    from specdec.core.costs import CostCurve
     from specdec.engine.decoding import autoregressive_generate, speculative_generate
-    from specdec.measure.costs import CostCurve
 
     loaded = pair.loaded
     pol = catalogue_policies.policy(settings.policy)
@@ -349,8 +353,8 @@ def _divergences(pair, settings: Settings, prompts, results, baselines) -> list[
 
 
 def _run_batches(pair, settings: Settings, entry, prompts, budgets: list[int], baseline: bool, progress) -> Run:
-    from specdec.engine.batched import generate_batch
-    from specdec.measure.costs import CostCurve
+    from specdec.core.costs import CostCurve
+    from specdec.engine.decoding import generate_batch
     from specdec.runtimes.batched_loading import batched_backend
 
     loaded = pair.loaded

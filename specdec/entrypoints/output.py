@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from specdec.engine.metrics import GenerationResult
+from specdec.core.metrics import GenerationResult
 
 __all__ = ["divergence_line", "print_batch", "print_single", "report", "row_figures"]
 

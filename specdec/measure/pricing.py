@@ -6,7 +6,7 @@ replayed round that drafted k tokens (the realized k: a drafter without a model 
 
     round_s(k) = draft_s(k) + F(k + 1) + o_spec        target-only step = F(1) + o_base
 
-F = the target's forward time of n tokens (`specdec.measure.costs.CostCurve.forward_s`; with padded verification the
+F = the target's forward time of n tokens (`specdec.core.costs.CostCurve.forward_s`; with padded verification the
 cheapest measured shape >= n, `CostCurve.padded_value`); draft_s(k) for the draft model = its catch-up
 forward over the round's pending tokens plus k - 1 draft steps (`CostCurve.draft_round_s`,
 `specdec.engine.traces.draft_pending`), for a model-free drafter a constant per round; o_spec and o_base = the
@@ -23,8 +23,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from specdec.core.costs import CostCurve
     from specdec.engine.traces import AcceptanceTrace, ReplayRound
-    from specdec.measure.costs import CostCurve
 
 __all__ = ["TraceModel"]
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from specdec.measure.costs import DRAFT_CALIBRATION_NS, DRAFT_PREFILL_NS, DRAFT_REPEAT_FACTOR, CostCurve
+from specdec.core.costs import DRAFT_CALIBRATION_NS, DRAFT_PREFILL_NS, DRAFT_REPEAT_FACTOR, CostCurve
 from specdec.runtimes.base import Backend
 from specdec.runtimes.loading import LoadedPair
 
@@ -223,7 +223,7 @@ def verification_steps(target_forward_s: dict[int, float]) -> dict[int, float]:
     """v(n) = forward(n) / forward(1): the cost of scoring n tokens in target steps (v(1) = 1).
 
     Raises:
-        ValueError: n = 1 missing or an invalid time (`specdec.measure.costs.CostCurve`)."""
+        ValueError: n = 1 missing or an invalid time (`specdec.core.costs.CostCurve`)."""
     return CostCurve(target_forward_s).relative()
 
 
@@ -256,7 +256,7 @@ def measure_forwards(
         ``{"target_step_s", "draft_step_s" (None without a draft), "c", "target_forward_s": {n: s},
         "target_forward_spread_s": {n: IQR s}, "verify_steps": {n: v(n)}, "draft_forward_s": {n: s} | None,
         "draft_forward_spread_s", "draft_step_spread_s", "repeats", "draft_repeats", "context_tokens",
-        "max_n", "ns"}`` (seconds), readable by `specdec.measure.costs.CostCurve.from_costs`.
+        "max_n", "ns"}`` (seconds), readable by `specdec.core.costs.CostCurve.from_costs`.
 
     Raises:
         ValueError: an n < 1, ``repeats`` or ``context_tokens`` < 1, an empty `context`, or a

@@ -18,7 +18,7 @@ Policies (built by name by `specdec.catalogue.policies.make_policy`):
   ``assistant_confidence_threshold``): its `RoundPlan` carries the threshold, and `ModelDrafter.propose`
   stops there (a drafter without probabilities, prompt lookup, ignores it).
 - ``cost`` (`CostPolicy`, ours): picks the K in 0..max_k that maximises expected tokens per second under the
-  analytical model of Leviathan et al. 2023 (Sec. 3.4; `specdec.measure.theory.refined_speedup`) with the measured
+  analytical model of Leviathan et al. 2023 (Sec. 3.4; `specdec.core.theory.refined_speedup`) with the measured
   draft step time and target verification cost curve, using a decayed running estimate of alpha; K = 0
   decodes plainly and is left again by periodic probes.
 """
@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from specdec.engine.metrics import RoundRecord
+from specdec.core.metrics import RoundRecord
 
 
 class KPolicy(Protocol):

@@ -11,19 +11,20 @@ device, so K shrinks as B grows; on a CPU it grows almost linearly and speculati
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from specdec.engine.metrics import RoundRecord
-from specdec.measure.theory import expected_tokens_per_round
+from specdec.core.metrics import RoundRecord
+from specdec.core.theory import expected_tokens_per_round
+from specdec.policies.base import RoundPlan
+from specdec.policies.ledger import Ledger
 
 __all__ = ["BatchCostPolicy", "BatchKPolicy", "FixedBatchK", "batch_committed", "best_batch_k"]
 
 
 def batch_committed(alphas: Sequence[float], k: int, caps: Sequence[int]) -> float:
     """Expected tokens a round of K commits over the batch when row i drafts ``min(K, caps[i])`` tokens at
-    acceptance ``alphas[i]``: ``sum_i E(alphas[i], min(K, caps[i]))`` (`specdec.measure.theory.expected_tokens_per_round`)."""
+    acceptance ``alphas[i]``: ``sum_i E(alphas[i], min(K, caps[i]))`` (`specdec.core.theory.expected_tokens_per_round`)."""
     return sum(expected_tokens_per_round(float(a), min(k, c)) for a, c in zip(alphas, caps, strict=True))
 
 
@@ -87,10 +88,11 @@ class BatchKPolicy(Protocol):
         will carry their wall-clock seconds (the decoding loop; not a replay)."""
         ...
 
-    def next_k(self, rows: Sequence[int], available: Sequence[int] | None = None) -> int:
-        """K for this round of the live `rows` (0: a plain step); `available`, where the drafter is free to
-        ask before the round (`specdec.drafters.base.PerRowDrafters.preview`), is the most tokens each row (in
-        `rows` order) has to draft this round (None: not known)."""
+    def next_round(self, rows: Sequence[int], available: Sequence[int] | None = None) -> RoundPlan:
+        """What to do this round for the live `rows`: K (0: a plain step) and the draft's confidence stop;
+        `available`, where the drafter is free to ask before the round
+        (`specdec.drafters.base.PerRowDrafters.preview`), is the most tokens each row (in `rows` order) has to
+        draft this round (None: not known)."""
         ...
 
     def alpha_estimate(self, rows: Sequence[int]) -> float | None:
@@ -120,6 +122,9 @@ class FixedBatchK:
     def next_k(self, rows, available=None) -> int:
         return self.k
 
+    def next_round(self, rows, available=None) -> RoundPlan:
+        return RoundPlan(self.next_k(rows, available))
+
     def alpha_estimate(self, rows) -> float | None:
         return None
 
@@ -135,7 +140,7 @@ class BatchCostPolicy:
     second, ``sum_i E(a_i, K) / (target_cost(B (K + 1)) + draft_cost(B, K))`` (`best_batch_k`; K = 0 is one
     plain step per row), where row i's estimate is ``(w * prior_alpha + S_i) / (w + S_i + F_i)``, after each
     of its rounds with K > 0 ``S_i <- decay * S_i + accepted`` and ``F_i <- decay * F_i + rejected`` (the
-    alpha-hat of `specdec.engine.metrics`, decayed). Rounds with K = 0 carry no evidence. A free drafter (prompt
+    alpha-hat of `specdec.core.metrics`, decayed). Rounds with K = 0 carry no evidence. A free drafter (prompt
     lookup, suffix) says before the round how many tokens each row has to draft (``next_k``'s `available`,
     from `specdec.drafters.base.PerRowDrafters.preview`): row i then commits ``E(a_i, min(K, available_i))``, a row
     without a match exactly 1 token, and a round where no row has a match is plain. So the estimate is the
@@ -182,7 +187,7 @@ class BatchCostPolicy:
 
     Args:
         target_cost: seconds of one target forward over n tokens in total (e.g. a measured
-            `specdec.measure.costs.CostCurve`'s ``forward_s``).
+            `specdec.core.costs.CostCurve`'s ``forward_s``).
         max_k: largest K (>= 1).
         draft_cost: ``draft_cost(B, K)`` seconds of drafting K tokens for B rows (one draft step per token,
             the catch-up of 1 token per row included), None for free drafting (prompt lookup, suffix).
@@ -258,18 +263,13 @@ class BatchCostPolicy:
         # the ledger's allowance in plain steps: `probe_allowance`, at most `allowance_fraction` of the longest
         # budget (so that a short generation is not allowed a larger share of its time)
         self._allowance_steps = min(self.probe_allowance, self.allowance_fraction * max(self._left, default=0))
-        self._elapsed = 0.0  # priced seconds of every settled round
-        self._net_loss = 0.0  # priced seconds of speculative rounds minus the plain time of their tokens
-        self._invested = 0.0  # catch-up seconds taken as investments (they raise the allowance)
+        #: the never-lose ledger, in seconds (its allowance follows the live rows' plain step: `next_k`)
+        self.ledger = Ledger(self.probe_budget, 0.0)
         self._round: tuple[int, int, float] | None = None  # (K, B, catch-up seconds) of the round in flight
         self._round_tokens = 0  # tokens committed in the round in flight
         self._round_verified = 0  # tokens the target verified in it (sum of K_i + 1)
         self._round_width = 0  # the widest row's K_i + 1 in it
         self._round_measured = 0.0  # measured seconds of the round in flight (0: not timed)
-        self._plain_ratio: list[float] = []  # measured / priced seconds of the latest timed plain rounds
-        self._spec_ratio: list[float] = []  # the same for speculative rounds
-        self._spec_measured_s = 0.0  # measured seconds of the timed speculative rounds
-        self._spec_plain_s = 0.0  # priced plain-decoding seconds of the tokens those rounds committed
         self.invested_rounds = 0  # catch-ups dearer than a draft step made (the draft's deferred prefill)
         self.probes = 0  # rounds drafted on the optimistic estimate only (`upper_alpha`)
         self.declined = 0  # rounds made plain because a catch-up would not pay or the ledger was spent
@@ -300,44 +300,26 @@ class BatchCostPolicy:
         t1 = float(self.target_cost(b))
         measured = self._round_measured
         if k == 0:
-            self._elapsed += t1
             self._plain_rounds += 1
             self._dry = [False] * len(self._dry)  # after a plain round every row may have something to draft
-            if measured > 0.0 and t1 > 0.0:
-                self._plain_ratio = [*self._plain_ratio[-31:], measured / t1]
+            self.ledger.plain(t1, measured)
         else:
             # a ragged round runs at its widest row's shape (llama.cpp: padded, or one pass per token depth)
             n = max(b * self._round_width, self._round_verified, b)
             cost = float(self.target_cost(n)) + self._drafting_s(b, k) + extra
-            self._elapsed += cost
-            plain = self._round_tokens * t1 / b
-            self._net_loss += cost - plain
-            if measured > 0.0 and cost > 0.0:
-                self._spec_ratio = [*self._spec_ratio[-31:], measured / cost]
-                self._spec_measured_s += measured
-                self._spec_plain_s += plain
+            self.ledger.speculative(cost, self._round_tokens * t1 / b, measured)
         self._round = None
         self._round_tokens = self._round_verified = self._round_width = 0
         self._round_measured = 0.0
 
-    #: Timed plain rounds before measured times enter the ledger and the speculative rounds' price.
-    MEASURED_PLAIN_ROUNDS = 3
-
     def net_loss(self) -> float:
-        """The ledger's net loss of speculation so far, in priced seconds: the priced one, or once
-        `MEASURED_PLAIN_ROUNDS` plain rounds were timed the larger of it and the measured one."""
-        if len(self._plain_ratio) < self.MEASURED_PLAIN_ROUNDS:
-            return self._net_loss
-        rho = statistics.median(self._plain_ratio)
-        return max(self._net_loss, self._spec_measured_s / rho - self._spec_plain_s)
+        """The ledger's net loss of speculation so far, in priced seconds (`specdec.policies.ledger.Ledger`)."""
+        return self.ledger.net_loss()
 
     def overhead(self) -> float:
         """How many times its curve price a speculative round costs in the decoding loop, relative to a plain
-        round: the median measured/priced ratio of the timed speculative rounds over the plain rounds' (>= 1;
-        1 before `MEASURED_PLAIN_ROUNDS` plain rounds and one speculative round were timed)."""
-        if len(self._plain_ratio) < self.MEASURED_PLAIN_ROUNDS or not self._spec_ratio:
-            return 1.0
-        return max(1.0, statistics.median(self._spec_ratio) / statistics.median(self._plain_ratio))
+        round (`specdec.policies.ledger.Ledger.overhead`)."""
+        return self.ledger.overhead()
 
     def upper_alpha(self, row: int) -> float:
         """Row `row`'s estimate plus `explore_z` standard deviations of a Beta posterior on its trials
@@ -415,27 +397,30 @@ class BatchCostPolicy:
                 # once a prefill was invested in, its rounds are judged at the estimate (abandoning it at the
                 # first rejection would waste it)
                 # (a row with nothing to draft, or a dry one, is already priced at its worst case, 1 token)
-                thin = self._invested == 0.0 and (
+                thin = self.ledger.invested_s == 0.0 and (
                     explore or min((self.trials(r) for r in drafting), default=math.inf) < self.PROBE_EVIDENCE)
                 while k > 0:
                     if thin:  # the estimate is the prior or a guess: price the round as if all drafts fail
                         loss = round_s(k) + (0.0 if invest else paid) - t1
                     else:
                         loss = round_s(k) + (0.0 if invest else paid) - batch_committed(alphas, k, caps) * t1 / b
-                    allowed = (self._allowance_steps * t1 + self._invested + (paid if invest else 0.0)
-                               + self.probe_budget * (self._elapsed + round_s(k) + paid))
-                    if self.net_loss() + loss <= allowed:
+                    if self.ledger.allows(loss, round_s(k) + paid, paid if invest else 0.0,
+                                          allowance_s=self._allowance_steps * t1):
                         break
                     k = k - 1 if thin else 0  # a shorter draft risks less
             if k == 0:
                 self.declined += 1
             elif invest:
-                self._invested += extra  # at the curve price, as the ledger counts it
+                self.ledger.invest(extra)  # at the curve price, as the ledger counts it
                 self.invested_rounds += 1
             elif explore:
                 self.probes += 1
         self._round = (k, b, extra if k > 0 else 0.0)  # the ledger prices at the curve (see net_loss)
         return k
+
+    def next_round(self, rows, available=None) -> RoundPlan:
+        """`next_k`'s K as the round's plan (no confidence stop)."""
+        return RoundPlan(self.next_k(rows, available))
 
     def alpha_estimate(self, rows) -> float | None:
         return sum(self.alpha(r) for r in rows) / len(rows) if rows else None

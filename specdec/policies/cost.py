@@ -4,14 +4,14 @@ bounds what speculation may lose to target-only decoding (`CostPolicy`)."""
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from specdec.engine.metrics import RoundRecord
-from specdec.measure.costs import CostCurve
-from specdec.measure.theory import expected_tokens_per_round
+from specdec.core.costs import CostCurve
+from specdec.core.metrics import RoundRecord
+from specdec.core.theory import expected_tokens_per_round
 from specdec.policies.base import KOnly, check_k
+from specdec.policies.ledger import Ledger
 
 
 class CostPolicy(KOnly):
@@ -20,7 +20,7 @@ class CostPolicy(KOnly):
     `next_k` returns the K in ``0..max_k`` with the highest ``E(a, K) / round_cost_s[K]`` (ties -> the
     smaller K), where ``E(a, K) = (1 - a^(K+1)) / (1 - a)`` tokens (Leviathan et al. 2023, Thm. 3.8) and
     ``round_cost_s[K] = K * draft_step_s + T(K + 1)`` seconds, T being the measured target forward curve
-    (`specdec.measure.costs.CostCurve`; Sec. 3.4 with a measured verification cost); K = 0 is one plain step.
+    (`specdec.core.costs.CostCurve`; Sec. 3.4 with a measured verification cost); K = 0 is one plain step.
     Two departures from that argmax: it drafts with a probe's K when the optimistic estimate `upper_alpha`
     (`explore_z` standard deviations above) would draft, and after `backoff` consecutive plain rounds it
     probes (`probe_plan`: the fewest plain rounds that keep one probe's expected overhead within
@@ -140,7 +140,7 @@ class CostPolicy(KOnly):
             raise ValueError(f"explore_z must be finite and >= 0, got {explore_z}")
         self.explore_z = float(explore_z)
 
-        # Round cost in seconds for K = 0..max_k, fixed for the policy's life (specdec.measure.costs' one rule
+        # Round cost in seconds for K = 0..max_k, fixed for the policy's life (specdec.core.costs' one rule
         # for forwards longer than the measured curve).
         self.c = self.curve.c  # Leviathan's c (dimensionless)
         self.pad_verify = bool(pad_verify)
@@ -227,13 +227,9 @@ class CostPolicy(KOnly):
         self._pending = max(1, int(prefill_tokens)) if prefill_tokens is not None else 1
         self._prefill_due = prefill_tokens is not None and self.catch_up_steps() > (self.c or 0.0)
         self._left = int(budget) if budget is not None else self.default_budget  # new tokens still to come
-        self.invested = 0.0  # target steps of deferred prefill paid (they raise the ledger's allowance)
         self.declined = 0  # rounds kept plain because the draft's prefill would not pay back
-        self._elapsed = 0.0  # priced time of every observed round, in target steps
-        self._net_loss = 0.0  # priced steps of speculative rounds minus the tokens they committed
-        self._plain_s: list[float] = []  # measured seconds of the latest plain rounds (the step as it runs)
-        self._spec_s = 0.0  # measured seconds of the speculative rounds
-        self._spec_tokens = 0  # tokens those rounds committed
+        #: the never-lose ledger, in seconds (one target step is ``round_cost_s[0]``)
+        self.ledger = Ledger(self.probe_budget, self.probe_allowance * self.round_cost_s[0])
         self.probes = 0  # probes taken in this generation
 
     def current_alpha(self) -> float:
@@ -328,32 +324,29 @@ class CostPolicy(KOnly):
         saved = max(0, self._left) * (1.0 - self.round_steps(k) / expected_tokens_per_round(alpha, k))
         return saved >= self.invest_margin * self.catch_up_steps()
 
-    #: Plain rounds measured before their median serves as the measured target step of the ledger.
-    MEASURED_PLAIN_ROUNDS = 3
+    @property
+    def invested(self) -> float:
+        """Target steps of the draft's deferred prefill paid in this generation (they raise the ledger's
+        allowance)."""
+        return self.ledger.invested_s / self.round_cost_s[0]
 
     def net_loss(self) -> float:
-        """The ledger's net loss of speculation so far, in target steps: the priced one (each speculative
-        round's priced cost minus the tokens it committed), or, once `MEASURED_PLAIN_ROUNDS` plain rounds
-        have been timed, the larger of it and the measured one (the speculative rounds' measured seconds over
-        the median measured plain round, minus their tokens). The measured form catches a verification
-        dearer in the decoding loop than in the calibration (rounds replayed from traces carry no times and
-        keep the priced form); it counts the draft's deferred prefill at its price (`invested`), as the
-        allowance does."""
-        if len(self._plain_s) < self.MEASURED_PLAIN_ROUNDS:
-            return self._net_loss
-        step = statistics.median(self._plain_s)
-        return max(self._net_loss, self._spec_s / step + self.invested - self._spec_tokens)
+        """The ledger's net loss of speculation so far, in target steps (`specdec.policies.ledger.Ledger`: each
+        speculative round's priced cost minus the tokens it committed, or, once `Ledger.MEASURED_PLAIN_ROUNDS`
+        plain rounds were timed, the larger of it and the measured one). The measured form catches a
+        verification dearer in the decoding loop than in the calibration (rounds replayed from traces carry no
+        times and keep the priced form); it counts the draft's deferred prefill at its price, as the allowance
+        does."""
+        return self.ledger.net_loss() / self.round_cost_s[0]
 
     def probe_affordable(self, k: int, alpha: float) -> bool:
         """Whether a round of K drafts fits the ledger: `net_loss()` + `probe_loss(k, alpha)` <=
         `probe_allowance` + the prefill invested (`invested`, and this round's when it pays it) +
         `probe_budget` x (priced time so far + the round's cost)."""
-        if math.isinf(self.probe_budget):
-            return True
-        cost = self.round_steps(k, self._pending)
+        t1 = self.round_cost_s[0]
         paying = self.catch_up_steps() if self._prefill_due else 0.0
-        allowed = self.probe_allowance + self.invested + paying + self.probe_budget * (self._elapsed + cost)
-        return self.net_loss() + self.probe_loss(k, alpha) <= allowed
+        return self.ledger.allows(self.probe_loss(k, alpha) * t1, self.round_steps(k, self._pending) * t1,
+                                  paying * t1)
 
     def next_k(self) -> int:
         a = self.current_alpha()
@@ -412,28 +405,24 @@ class CostPolicy(KOnly):
         return self.probe_plan(self._probe_alpha())[1]
 
     def observe(self, record: RoundRecord) -> None:
+        t1 = self.round_cost_s[0]
         cost = self.round_steps(record.k, self._pending)
-        self._elapsed += cost
         self._left -= record.num_emitted
         paid = 0.0
         if record.k > 0 and self._prefill_due:
             paid = self.catch_up_steps()  # the deferred prefill, paid in this round: sunk from now on
-            self.invested += paid
+            self.ledger.invest(paid * t1)
             self._prefill_due = False
         measured = record.draft_s + record.verify_s + record.other_s
-        if measured > 0.0:
-            if record.k > 0:
-                # the prefill's measured seconds leave the measured ledger (`net_loss` counts its price)
-                catch_up = max(0.0, record.draft_s - record.k * self.draft_step_s) if paid else 0.0
-                self._spec_s += measured - catch_up
-                self._spec_tokens += record.num_emitted
-            else:
-                self._plain_s = [*self._plain_s[-31:], measured]
         if record.k > 0:
-            self._net_loss += cost - record.num_emitted
+            # the prefill's measured seconds leave the measured ledger, which counts it at its price
+            catch_up = max(0.0, record.draft_s - record.k * self.draft_step_s) if paid else 0.0
+            self.ledger.speculative(cost * t1, record.num_emitted * t1, max(0.0, measured - catch_up),
+                                    investment_s=paid * t1)
             full = record.num_accepted >= record.k and not record.draft_stopped
             self._pending = 2 if full else 1
         else:
+            self.ledger.plain(cost * t1, measured)
             self._pending += 1
         if record.k > 0:
             self._succ = self.decay * self._succ + record.num_accepted

@@ -8,8 +8,8 @@ is missing. Words (cell, pooled row, run key) are defined in :mod:`~specdec.repo
 
 Conventions used by every table:
 
-* Every rate is derived from raw counts summed over runs (definitions in :mod:`specdec.engine.metrics`); every
-  prediction comes from :mod:`specdec.measure.theory`.
+* Every rate is derived from raw counts summed over runs (definitions in :mod:`specdec.core.metrics`); every
+  prediction comes from :mod:`specdec.core.theory`.
 * Runs whose ``error`` is set are failed runs: excluded from every figure and listed in the gaps.
 * Missing data never raises: a table that cannot be computed is empty and a sentence saying what is
   missing goes to :attr:`Analysis.missing`.

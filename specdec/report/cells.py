@@ -1,7 +1,7 @@
 """The cell table: one row per **cell** (defined in :mod:`specdec.report.vocab`), and the best fixed K.
 
 Every rate is evaluated here on raw counts summed over the cell's runs, by its one definition in
-`specdec.engine.metrics.RATES`; the speedup statistics come from :mod:`specdec.report.speedup`. Runs whose
+`specdec.core.metrics.RATES`; the speedup statistics come from :mod:`specdec.report.speedup`. Runs whose
 ``error`` is set are failed runs: they count in ``n_failed`` and in no other column.
 
 Units: tokens/s, seconds (``*_s``), milliseconds (``*_ms``); shares are fractions of ``total_s``.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from specdec.engine.metrics import rates
+from specdec.core.metrics import rates
 from specdec.report.load import ROUND_COLUMNS, empty_frame, ensure_prepared, run_rate, with_round_stats
 from specdec.report.speedup import paired_ratio_ci, paired_reference
 from specdec.report.vocab import ALL_PROMPTS, BASELINE, CELL_KEY, FIXED_POLICIES, SPEC_METHODS
@@ -32,12 +32,12 @@ _LEAD_COLUMNS = [*CELL_KEY, "n_prompts", "n_prompts_expected", "n_runs", "n_fail
                  "speedup", "speedup_lo", "speedup_hi", "verdict", "n_aligned", "ci_over"]
 
 
-#: The rates of a cell, each by its one definition in `specdec.engine.metrics.RATES`.
+#: The rates of a cell, each by its one definition in `specdec.core.metrics.RATES`.
 CELL_RATES = ("acceptance_rate", "alpha_hat", "mean_accepted", "block_efficiency", "mean_k")
 
 
 def _counts(g: pd.DataFrame) -> dict:
-    """Raw counts summed over the runs of `g` and the `CELL_RATES` evaluated on them (`specdec.engine.metrics.RATES`)."""
+    """Raw counts summed over the runs of `g` and the `CELL_RATES` evaluated on them (`specdec.core.metrics.RATES`)."""
     def total(col):
         s = g[col].dropna()
         return float(s.sum()) if len(s) else np.nan

@@ -125,12 +125,12 @@ def aa_table(runs: pd.DataFrame) -> pd.DataFrame:
     other runs, so the ratio is the drift the prompt's speedups are exposed to). A prompt resumed on another
     machine gives one ratio per machine and none across them: dividing two machines' timings measures the
     machines, not the noise. Pooled per config_label over prompts like any speedup
-    (`specdec.measure.stats.ratio_interval`: geometric mean, t-interval, no verdict below 5 prompts), with the
+    (`specdec.core.stats.ratio_interval`: geometric mean, t-interval, no verdict below 5 prompts), with the
     median |ratio - 1|: a speedup within that of 1 is not a measurable difference on this machine.
 
     Columns: config_label, n_prompts, aa_ratio, aa_lo, aa_hi, verdict, median_abs_dev (fraction).
     """
-    from specdec.measure import stats
+    from specdec.core import stats
 
     cols = ["config_label", "n_prompts", "aa_ratio", "aa_lo", "aa_hi", "verdict", "median_abs_dev"]
     df = ensure_prepared(runs)

@@ -11,7 +11,7 @@ with its neighbouring target-only runs).
 
 The ratio of two drafters A/B (e.g. suffix vs prompt lookup) is paired twice: each run is divided by its own
 neighbouring target-only runs, and per prompt A's geometric-mean ratio is divided by B's; the interval is
-over the prompts both were measured on (`specdec.measure.stats.ratio_interval`), so the machine's drift between the
+over the prompts both were measured on (`specdec.core.stats.ratio_interval`), so the machine's drift between the
 two drafters' runs cancels as it does in each speedup.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from specdec.catalogue import drafters as catalogue_drafters
-from specdec.measure import stats
+from specdec.core import stats
 from specdec.report.cells import cell_table
 from specdec.report.load import ensure_prepared
 from specdec.report.speedup import PROMPT_KEY, paired_reference

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from specdec.bench import store
-from specdec.engine.metrics import RATES
+from specdec.core.metrics import RATES
 from specdec.store_info import machine_label, missing_shards
 
 __all__ = [
@@ -339,7 +339,7 @@ def ensure_prepared(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_rate(runs: pd.DataFrame, name: str) -> pd.Series:
-    """`specdec.engine.metrics.RATES` ``[name]`` of each run (row) of `runs`, from its count columns: NaN where a count
+    """`specdec.core.metrics.RATES` ``[name]`` of each run (row) of `runs`, from its count columns: NaN where a count
     is missing or the denominator is not > 0.
 
     Raises:

@@ -1,7 +1,7 @@
 """The analytical model against the measurement: measured costs, break-even alpha, predicted speedup
 and predicted optimal K per fixed-K cell of our speculative methods.
 
-Every prediction comes from :mod:`specdec.measure.theory` (Leviathan et al. 2023, refined with the measured
+Every prediction comes from :mod:`specdec.core.theory` (Leviathan et al. 2023, refined with the measured
 verification cost curve v(n)); c is one draft step / one target step, v(n) one target forward over n
 tokens / one single-token step. A **cell** is defined in :mod:`specdec.report.vocab`.
 """
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from specdec.catalogue.drafters import DRAFT_MODEL, PROMPT_LOOKUP, analytic_c
-from specdec.engine.metrics import RATES
-from specdec.measure import theory
-from specdec.measure.costs import DRAFT_ROLE, TARGET_ROLE, CostCurve
+from specdec.core import theory
+from specdec.core.costs import DRAFT_ROLE, TARGET_ROLE, CostCurve
+from specdec.core.metrics import RATES
 from specdec.report.cells import spec_fixed_cells
 
 __all__ = [
@@ -59,7 +59,7 @@ class CostInfo:
         return analytic_c(method, self.c)
 
     def v_at(self, n: int) -> float:
-        """v(n) by :func:`specdec.measure.theory.cost_at` (NaN without a curve)."""
+        """v(n) by :func:`specdec.core.theory.cost_at` (NaN without a curve)."""
         return theory.cost_at(self.v, n) if self.v else np.nan
 
     @property
@@ -108,7 +108,7 @@ def break_even_table(infos: dict[str, CostInfo], ks_by_config: dict[str, list[in
     """Minimum alpha at which each K breaks even, per config_label and method.
 
     For ``draft`` (measured c) and ``ngram`` (c = 0): ``break_even_ideal`` with v(K+1) = 1 and
-    ``break_even_refined`` with the measured v (:func:`specdec.measure.theory.break_even_alpha`); ``inf`` means no
+    ``break_even_refined`` with the measured v (:func:`specdec.core.theory.break_even_alpha`); ``inf`` means no
     alpha breaks even. ``v_extrapolated`` is True when K+1 exceeds the largest measured n.
     """
     cols = ["config_label", "method", "k", "c", "v_k1", "break_even_ideal", "break_even_refined",
@@ -172,7 +172,7 @@ def model_table(cells: pd.DataFrame, infos: dict[str, CostInfo]) -> pd.DataFrame
 
     Columns: the cell key; ``alpha_hat``; ``c``; ``v_k1`` = v(K+1); ``expected_tokens`` =
     (1 - a^(K+1)) / (1 - a) (model, bonus included) against the measured ``block_efficiency``;
-    ``ideal`` = :func:`specdec.measure.theory.ideal_speedup`; ``refined`` = :func:`specdec.measure.theory.refined_speedup`
+    ``ideal`` = :func:`specdec.core.theory.ideal_speedup`; ``refined`` = :func:`specdec.core.theory.refined_speedup`
     (NaN without v); ``speedup`` (measured); ``efficiency`` = measured / refined (the runtime's
     efficiency; NaN without v).
     """
@@ -195,7 +195,7 @@ def model_table(cells: pd.DataFrame, infos: dict[str, CostInfo]) -> pd.DataFrame
 
 
 def optimal_k_table(cells: pd.DataFrame, infos: dict[str, CostInfo], best: pd.DataFrame) -> pd.DataFrame:
-    """Predicted optimal K (:func:`specdec.measure.theory.optimal_k` over the K values tried, with alpha pooled
+    """Predicted optimal K (:func:`specdec.core.theory.optimal_k` over the K values tried, with alpha pooled
     over them) against the measured best K, per (config_label, pair, prompt_type, method).
 
     Columns: key, ``alpha_pooled`` = sum accepted / (sum accepted + sum rejections) over the fixed-K

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.catalogue.drafters import DRAFT_MODEL, PROMPT_LOOKUP
-from specdec.measure import theory
+from specdec.core import theory
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.cells import spec_fixed_cells

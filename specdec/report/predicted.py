@@ -11,7 +11,7 @@ drafted k tokens (the realized k: a prompt-lookup round may draft fewer than K, 
 
     round_s(k) = draft_s(k) + F(k + 1) + o_spec        target-only step = F(1) + o_base
 
-with F the calibration block's median forward time (`specdec.measure.costs.CostCurve`, one rule beyond the measured
+with F the calibration block's median forward time (`specdec.core.costs.CostCurve`, one rule beyond the measured
 range; for a configuration that pads verification, e.g. `transformers-padded`, which `padded_configs` reads
 from the store, the cost of the cheapest measured shape >= k + 1: `CostCurve.padded_value`), draft_s(k) for the draft model = its catch-up forward over the round's pending tokens
 (`specdec.engine.traces.draft_pending`: 1, 2 after an all-accepted round, more after plain rounds) + (k - 1) draft
@@ -41,9 +41,9 @@ import numpy as np
 import pandas as pd
 
 from specdec.catalogue.drafters import free_drafters, grid_drafters, model_drafters
-from specdec.engine.metrics import RATES
-from specdec.measure import stats
-from specdec.measure.costs import CostCurve
+from specdec.core import stats
+from specdec.core.costs import CostCurve
+from specdec.core.metrics import RATES
 from specdec.measure.pricing import TraceModel
 from specdec.report.load import ensure_prepared, is_missing, run_rate
 from specdec.report.model import CostInfo, cost_infos
@@ -259,7 +259,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
 def padded_configs(runs: pd.DataFrame, rounds: pd.DataFrame | None) -> set[str]:
     """The config_labels that pad verification (`RuntimeConfig.pad_verify`), as the store records it: a round of
     one of our speculative methods (`SPEC_METHODS`) with ``rounds.n_forward`` set (the engine records the
-    forward's token count exactly when it pads, `specdec.engine.metrics.RoundRecord.n_forward`). A configuration
+    forward's token count exactly when it pads, `specdec.core.metrics.RoundRecord.n_forward`). A configuration
     without such a round (no speculative run timed, or no round trace) reads as unpadded.
 
     Args:
@@ -320,7 +320,7 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
 
 
 def positive_geomean(x: pd.Series) -> float:
-    """`specdec.measure.stats.geometric_mean` of the finite, positive values of `x` (NaN when there are none)."""
+    """`specdec.core.stats.geometric_mean` of the finite, positive values of `x` (NaN when there are none)."""
     v = x.astype(float)
     return stats.geometric_mean(v[np.isfinite(v) & (v > 0)])
 
@@ -356,7 +356,7 @@ def type_ks_flags(best: pd.DataFrame) -> dict[str, str]:
 
 
 def _timed_records(rounds: pd.DataFrame, run_id: int):
-    from specdec.engine.metrics import RoundRecord
+    from specdec.core.metrics import RoundRecord
 
     g = rounds[rounds["run_id"] == run_id].sort_values("round_idx")
     return [RoundRecord(k=int(x.k), num_accepted=int(x.num_accepted), accept_flags=(), next_kind=str(x.next_kind),

@@ -5,7 +5,7 @@ Pairing as the single-stream report: a run's ratio is its aggregate tokens/s (ev
 batch's end-to-end seconds) over the geometric mean of the batched target-only runs just before and after
 it in its cell (the same configuration, group, B and batch); the batches are the units, so a (configuration,
 group, B, method) speedup is the geometric mean of its batches' ratios with a t-interval on their logs
-(`specdec.measure.stats.ratio_interval`). The crossover B is the first B whose interval lies below 1. Reads the
+(`specdec.core.stats.ratio_interval`). The crossover B is the first B whose interval lies below 1. Reads the
 store only (read-only, `specdec.bench.store.connect`).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from specdec.bench import store
-from specdec.measure.stats import geometric_mean, ratio_interval
+from specdec.core.stats import geometric_mean, ratio_interval
 from specdec.report.document import Section, Table
 from specdec.report.figure_kit import MARKERS, FigureEntry, colour_cycle, new_figure, save_figure, tex_safe
 

@@ -9,14 +9,14 @@ is divided by it; a run with none (older stores, a resumed sweep) by the prompt'
 in time (`nearest_baseline`; a merged sharded store holds runs of several machines, never divided by each
 other). Per prompt, the ratio is the geometric mean of its runs' ratios (repeats).
 
-**Interval** (`specdec.measure.stats`): the unit is the prompt. A group's ratio is
+**Interval** (`specdec.core.stats`): the unit is the prompt. A group's ratio is
 the geometric mean of its per-prompt ratios with Student's t-interval on their logs (nominal 95 %; its
 coverage at n = 5, 8, 12 is a test). With a single aligned prompt the units are its runs (each run's ratio
 to the prompt's reference median); with a single run there is no interval (verdict
 :data:`~specdec.report.vocab.SINGLE_RUN`).
 
 **verdict**: ``"win"`` (interval above 1), ``"loss"`` (below 1), ``"no measurable difference"``, or
-``"too few units"`` below `specdec.measure.stats.MIN_UNITS` (5) units, whatever the interval says.
+``"too few units"`` below `specdec.core.stats.MIN_UNITS` (5) units, whatever the interval says.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from specdec.measure import stats
+from specdec.core import stats
 from specdec.report.vocab import BASELINE, SINGLE_RUN
 
 __all__ = ["PROMPT_KEY", "by_machine", "nearest_baseline", "paired_ratio_ci", "paired_reference",
@@ -166,7 +166,7 @@ def paired_ratio_ci(runs: pd.DataFrame, ref: dict[int, float], col: str = "token
     """Speedup of `runs` from per-run ratios ``col / ref[run_id]`` (`paired_reference`), with its interval.
 
     Per prompt: the geometric mean of its runs' ratios. Two or more prompts: the interval is over prompts
-    (`specdec.measure.stats.ratio_interval`); one prompt with two or more runs: over its runs; one run: a point.
+    (`specdec.core.stats.ratio_interval`); one prompt with two or more runs: over its runs; one run: a point.
 
     Returns:
         dict with ``speedup``, ``speedup_lo``, ``speedup_hi``, ``verdict``, ``n_aligned`` (prompts with a

@@ -15,8 +15,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from specdec.errors import SetupError
 
-class BackendError(RuntimeError):
+
+class BackendError(SetupError):
     """A backend cannot do what was asked (cache cannot be cropped, context overflow, ...)."""
 
 
@@ -131,3 +133,53 @@ class BatchedBackend(Protocol):
     def synchronize(self) -> None:
         """Wait for queued device work before a clock read."""
         ...
+
+
+class OneRow:
+    """A single-sequence `Backend` as a `BatchedBackend` of one row: the decoding loop serves B = 1 through the
+    same code as any B, on the backend that decodes one sequence (no row masks, no per-row positions).
+
+    `prefill` with one context resets the cache and feeds it; `forward` takes one row's tokens and returns
+    its logits in a one-element list; `truncate` acts on that row; `keep` of no row ends it, leaving the cache
+    as the row's last round left it (the committed sequence minus its last token).
+
+    Raises:
+        ValueError: more than one row asked for.
+    """
+
+    max_rows = 1
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name, self.vocab_size, self.max_length = backend.name, backend.vocab_size, backend.max_length
+        self.device = backend.device
+        self._rows = 0
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    @property
+    def cache_lengths(self) -> list[int]:
+        return [self.backend.cache_length] * self._rows
+
+    def prefill(self, contexts: list[list[int]]) -> None:
+        if len(contexts) != 1:
+            raise ValueError(f"a single-sequence backend serves one row, got {len(contexts)}")
+        self.backend.reset()
+        self.backend.forward(list(contexts[0]), logits=False)
+        self._rows = 1
+
+    def forward(self, tokens: list[list[int]], *, last: int | None = None) -> list[torch.Tensor]:
+        if len(tokens) != self._rows:
+            raise ValueError(f"got {len(tokens)} rows of tokens for {self._rows} live rows")
+        return [self.backend.forward(list(tokens[0]), last=last)]
+
+    def truncate(self, lengths: list[int]) -> None:
+        self.backend.truncate(int(lengths[0]))
+
+    def keep(self, rows: list[int]) -> None:
+        self._rows = len(rows)
+
+    def synchronize(self) -> None:
+        self.backend.synchronize()

@@ -169,7 +169,7 @@ def target_padded_baseline(analyses) -> None:
     baseline_padded. Each ratio is paired inside its own store; with several stores of one configuration
     (e.g. results/bf16_all.db and results/bf16_padded.db) the default policy / padded ratio divides two such
     ratios of one prompt taken in different sweeps."""
-    from specdec.measure import stats
+    from specdec.core import stats
     from specdec.report.predicted import positive_geomean
     from specdec.report.speedup import paired_reference
 
@@ -243,7 +243,7 @@ def target_padded_baseline(analyses) -> None:
 def _other_curve(db: str):
     """(label, CostCurve) of the fp32 transformers costs stored in `db` (e.g. results/archive/study.db, the Intel
     machine), or None."""
-    from specdec.measure.costs import CostCurve
+    from specdec.core.costs import CostCurve
     from specdec.report import load_store
     from specdec.report.model import cost_infos
 

@@ -6,7 +6,7 @@
 3. A/A pairs (target-only timed as a method between two target-only runs): median |ratio - 1| <= 5% and the
    A/A interval contains 1.
 4. The t-interval on log ratios covers >= 90% at n = 5, 8, 12 units, with a false-win rate <= 5% at a true
-   speedup of 1 (simulated, `specdec.measure.stats.coverage`).
+   speedup of 1 (simulated, `specdec.core.stats.coverage`).
 
     python -m study.targets.method --db results/method.db             # read a store
     python -m study.targets.method --run --db results/method.db       # run the small sweep first
@@ -48,7 +48,7 @@ def main() -> None:
     if args.run:
         _run(args)
 
-    from specdec.measure import stats
+    from specdec.core import stats
     from specdec.report import analyze, load_store
     from specdec.report import tables as T
     from specdec.report.predicted import summary

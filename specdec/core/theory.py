@@ -34,7 +34,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from specdec.measure.costs import curve_value
+from specdec.core.costs import curve_value
 
 __all__ = [
     "CostModel",
@@ -182,12 +182,12 @@ def cost_at(v: CostModel, n: int) -> float:
     """Relative target forward cost ``v(n)`` (units of one target single-token step).
 
     ``v`` is either a callable ``n -> float`` (called as ``v(n)``) or a mapping ``{n: v(n)}`` of
-    measured points.  For a mapping, ``v(n)`` follows the one rule of :mod:`specdec.measure.costs`
-    (:func:`specdec.measure.costs.curve_value`): linear interpolation between measured ``n``, the smallest
+    measured points.  For a mapping, ``v(n)`` follows the one rule of :mod:`specdec.core.costs`
+    (:func:`specdec.core.costs.curve_value`): linear interpolation between measured ``n``, the smallest
     measured value below them, and beyond the largest measured ``n`` the least-squares slope of the whole
     curve (the rule the cost policy and the sweep's estimate use too).  A mapping that contains
     ``n == 1`` must have ``v[1] == 1`` (to 1e-6): passing raw seconds is an error; convert them with
-    :meth:`specdec.measure.costs.CostCurve.relative` first.
+    :meth:`specdec.core.costs.CostCurve.relative` first.
 
     Raises:
         ValueError: empty mapping, non-positive keys, ``v[1] != 1``, or a non-finite or
@@ -228,7 +228,7 @@ def refined_speedup(alpha, k, c, v: CostModel):
         speedup = E[tokens per round] / (k c + v(k + 1))
 
     ``v`` as in :func:`cost_at` (callable or ``{n: relative_cost}`` mapping, evaluated by the rule of
-    :mod:`specdec.measure.costs`).  Units: dimensionless ratio.  Scalar or array ``alpha``.
+    :mod:`specdec.core.costs`).  Units: dimensionless ratio.  Scalar or array ``alpha``.
 
     Raises:
         ValueError: ``alpha`` outside ``[0, 1]``, ``k < 0``, ``c`` negative / non-finite, or an

@@ -10,7 +10,7 @@ over every committed token the draft has not cached yet (its *catch-up*, `specde
 the 2-token catch-up costs 1.75-1.9 draft steps in fp32 transformers and 2.0 on llama.cpp, 1.0 in bf16
 (`results/fp32_all.db`, `results/fast.db`, `results/bf16_all.db`); pricing every round at K draft steps
 had made fp32 and llama.cpp predictions optimistic. The analytical model
-(`specdec.measure.theory`, through `curve_value`), the cost policy (`specdec.policies.cost.CostPolicy`) and the
+(`specdec.core.theory`, through `curve_value`), the cost policy (`specdec.policies.cost.CostPolicy`) and the
 sweep's duration estimate (`specdec.bench.estimate`) all evaluate the curve through it, so the report's
 prediction, the policy's choice of K and the planner's estimate cannot disagree about what a forward costs.
 
@@ -348,5 +348,5 @@ class CostCurve:
 
     def padded_v(self, n: int) -> float:
         """`padded_value` in target steps: the relative cost v'(n) = padded_value(n) / target_step_s
-        (a callable `specdec.measure.theory` cost model: ``theory.refined_speedup(alpha, k, c, curve.padded_v)``)."""
+        (a callable `specdec.core.theory` cost model: ``theory.refined_speedup(alpha, k, c, curve.padded_v)``)."""
         return self.padded_value(n) / self.target_step_s

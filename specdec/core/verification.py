@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.engine.sampling import SamplingParams, residual, sample, warp
+from specdec.core.sampling import SamplingParams, residual, sample, warp
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec.drafters.model import ModelDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.runtimes.compiled import DEFAULT_BUCKETS, MODES, CompiledHFBackend, first_divergence
+from specdec.engine.traces import divergence_with_margin
+from specdec.runtimes.compiled import DEFAULT_BUCKETS, MODES, CompiledHFBackend
 from specdec.runtimes.hf import HFBackend
 
 
@@ -214,7 +215,7 @@ def main(argv=None) -> int:
                                         vocab_size=vocab)
             t_spec = time.perf_counter() - t0
             same = spec.token_ids == comp_ids
-            div = first_divergence(eager_ids, comp_ids, lambda seq: rows[len(seq) - len(prompt)], prompt=prompt)
+            div = divergence_with_margin(eager_ids, comp_ids, lambda seq: rows[len(seq) - len(prompt)], prompt=prompt)
             print(f"greedy {args.tokens} tokens: compiled target-only {t_ar:.1f} s, compiled speculative "
                   f"K={args.k} {t_spec:.1f} s (acceptance {spec.acceptance_rate:.2f}); "
                   f"speculative == target-only: {same}")

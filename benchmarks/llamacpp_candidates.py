@@ -96,7 +96,8 @@ def main() -> None:
     )
     from specdec.measure.timing import interleaved_forward_times
     from specdec.models.loaders import gguf_file
-    from specdec.runtimes.llamacpp import gguf_matmul_flops, gguf_weight_types, load_llamacpp, repack_default
+    from specdec.runtimes.gguf import gguf_matmul_flops, gguf_weight_types
+    from specdec.runtimes.llamacpp import load_llamacpp, repack_default
     from specdec.runtimes.llamacpp_record import ggml_env
 
     default_target = "qwen2.5-coder:target"

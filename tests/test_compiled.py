@@ -15,15 +15,10 @@ from conftest import build_tiny_model, load_backend
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
+from specdec.engine.traces import divergence_with_margin, next_token_logits
 from specdec.runtimes.base import Backend, BackendError, ContextOverflowError
-from specdec.runtimes.compiled import (
-    CompiledHFBackend,
-    PackedLinear,
-    first_divergence,
-    grouped_sdpa,
-    next_token_logits,
-    pack_linears,
-)
+from specdec.runtimes.compiled import CompiledHFBackend
+from specdec.runtimes.kernels import PackedLinear, grouped_sdpa, pack_linears
 
 V = 1000
 BUCKETS = (1, 2, 4, 8, 17)
@@ -98,7 +93,7 @@ def test_greedy_speculative_equals_target_only_on_compiled_path(tiny_tokenizer, 
             assert out.token_ids == ref, (drafter.name, text, k)
         # Against eager: identical, or the first difference is a near-tie of the eager target (rounding).
         eager = baseline(eager_target, prompt, 40)
-        div = first_divergence(eager, ref, lambda seq: next_token_logits(eager_target, seq), prompt=prompt)
+        div = divergence_with_margin(eager, ref, lambda seq: next_token_logits(eager_target, seq), prompt=prompt)
         assert div is None or div["margin"] < 1e-3, div
 
 
@@ -257,7 +252,7 @@ def test_pack_linears_matches_dense(keep_dense):
             torch.testing.assert_close(model(torch.arange(n).unsqueeze(0) + 10).logits, ref, atol=ATOL, rtol=ATOL)
 
 
-def test_first_divergence():
+def test_divergence_with_margin():
     logits = torch.zeros(10)
     logits[3], logits[7] = 2.0, 1.5
 
@@ -265,11 +260,11 @@ def test_first_divergence():
         assert seq == [1, 2, 5, 6]
         return logits
 
-    assert first_divergence([5, 6, 7], [5, 6, 7], fn, prompt=[1, 2]) is None
-    div = first_divergence([5, 6, 7], [5, 6, 8], fn, prompt=[1, 2])
+    assert divergence_with_margin([5, 6, 7], [5, 6, 7], fn, prompt=[1, 2]) is None
+    div = divergence_with_margin([5, 6, 7], [5, 6, 8], fn, prompt=[1, 2])
     assert div == {"step": 2, "eager_token": 7, "compiled_token": 8, "top1": 3, "top2": 7, "margin": 0.5,
                    "length_only": False}
-    assert first_divergence([5, 6], [5, 6, 8], fn, prompt=[1, 2])["length_only"]
+    assert divergence_with_margin([5, 6], [5, 6, 8], fn, prompt=[1, 2])["length_only"]
 
 
 @slow
@@ -328,7 +323,7 @@ def test_qwen2_gqa_compiled_matches_eager(tiny_tokenizer):
         torch.testing.assert_close(backend.forward(tokens), eager.forward(tokens), atol=ATOL, rtol=ATOL)
     prompt = ids_of(tiny_tokenizer, PROMPTS[3])
     ref = baseline(backend, prompt, 40)
-    div = first_divergence(baseline(eager, prompt, 40), ref, lambda seq: next_token_logits(eager, seq), prompt=prompt)
+    div = divergence_with_margin(baseline(eager, prompt, 40), ref, lambda seq: next_token_logits(eager, seq), prompt=prompt)
     assert div is None or div["margin"] < 1e-3, div
     for k in (1, 4, 16):
         assert speculative_generate(backend, PromptLookupDrafter(), prompt, 40, k=k, vocab_size=V).token_ids == ref

@@ -186,23 +186,23 @@ def test_a_damaged_conversion_that_cannot_be_made_again_fails_in_one_line(tiny_p
 def quantizer_calls(monkeypatch) -> list:
     """The calls of llama.cpp's quantizer (`requantize_gguf`), which still runs."""
     pytest.importorskip("llama_cpp")
-    from specdec.runtimes import llamacpp as L
+    from specdec.runtimes import gguf as G
 
     calls = []
-    real = L.requantize_gguf
+    real = G.requantize_gguf
 
     def counting(src, dst, weight_type, **kw):
         calls.append(weight_type)
         return real(src, dst, weight_type, **kw)
 
-    monkeypatch.setattr(L, "requantize_gguf", counting)
+    monkeypatch.setattr(G, "requantize_gguf", counting)
     return calls
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_damaged_requantized_gguf_is_made_again(smollm2_gguf, cache, quantizer_calls, capsys, fault):
     from specdec.models import requant
-    from specdec.runtimes import llamacpp as L
+    from specdec.runtimes import gguf as G
 
     path = requant.requantized_gguf(smollm2_gguf, "q8_0", threads=1)
     made = _sha(path)
@@ -213,7 +213,7 @@ def test_a_damaged_requantized_gguf_is_made_again(smollm2_gguf, cache, quantizer
     assert again == path and quantizer_calls == ["Q8_0", "Q8_0"]  # made again, not used damaged
     note = _note(capsys.readouterr().err)
     assert str(path) in note and "requantizing it again" in note
-    assert _sha(path) == made and next(iter(L.gguf_weight_types(path))) == "Q8_0"
+    assert _sha(path) == made and next(iter(G.gguf_weight_types(path))) == "Q8_0"
     assert json.loads(record.read_text())["files"][path.name]["sha256"] == made
     requant.requantized_gguf(smollm2_gguf, "Q8_0", threads=1)
     assert quantizer_calls == ["Q8_0", "Q8_0"] and _specdec_lines(capsys.readouterr().err) == []

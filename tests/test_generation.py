@@ -505,13 +505,13 @@ def test_a_divergent_row_is_reported_with_its_margin(api_pair):
     """A row whose output leaves target-only output: the first differing token and the target's top-2 margin
     there are recorded for that row (here made to differ by a drafter whose row reads another model)."""
     from specdec.core.metrics import GenerationResult
-    from specdec.entrypoints.generation import Run, _divergences
+    from specdec.entrypoints.generation import Run, first_differences
 
     settings = g.check_settings(drafter="ngram", k=2, many=True)
     ids = [api_pair.tokenizer(t).input_ids for t in TEXTS[:2]]
     base = [GenerationResult("baseline", p, list(s[:4]), "length") for p, s in zip(ids, [[1, 2, 3, 4], [5, 6, 7, 8]])]
     spec = [GenerationResult("speculative", ids[0], [1, 2, 3, 4], "length"),
             GenerationResult("speculative", ids[1], [5, 6, 9, 8], "length")]
-    div = _divergences(api_pair, settings, ids, spec, base)
+    div = first_differences(api_pair, settings, ids, spec, base)
     assert div[0] is None and div[1]["step"] == 2 and div[1]["compiled_token"] == 9 and div[1]["margin"] >= 0
     assert isinstance(Run(spec, "ngram", "fixed", 2).divergences, list)

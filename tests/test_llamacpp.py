@@ -19,12 +19,8 @@ from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
 from specdec.runtimes.base import Backend, BackendError, ContextOverflowError
 from specdec.runtimes.compat import IncompatibleTokenizersError, check_tokenizers, check_vocab_fits
-from specdec.runtimes.llamacpp import (
-    GGUFNotFoundError,
-    LlamaCppBackend,
-    hf_tokenizer_from_gguf,
-    load_llamacpp,
-)
+from specdec.runtimes.gguf import hf_tokenizer_from_gguf
+from specdec.runtimes.llamacpp import GGUFNotFoundError, LlamaCppBackend, load_llamacpp
 
 pytest.importorskip("llama_cpp")  # the backend module imports llama_cpp lazily
 
@@ -360,7 +356,7 @@ def test_c17_stop_set_is_llamacpps_end_of_generation_set(smollm2_gguf, target, h
     (<|endoftext|>, <|im_end|>, its FIM repo token). The llama.cpp runtime stops on all of them, and the
     transformers runtime of the same GGUF stops on the same set."""
     from specdec import models
-    from specdec.runtimes.llamacpp import gguf_eog_ids
+    from specdec.runtimes.gguf import gguf_eog_ids
     from specdec.runtimes.loading import load_model
 
     lib = target._lib

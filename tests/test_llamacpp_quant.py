@@ -17,6 +17,7 @@ pytest.importorskip("llama_cpp")
 
 from specdec.measure.agreement import agreement, compare_outputs, greedy_ids
 from specdec.models import requant
+from specdec.runtimes import gguf as G
 from specdec.runtimes import llamacpp as L
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,13 +40,13 @@ def cache(tmp_path, monkeypatch) -> Path:
 def quantizer_calls(monkeypatch) -> list:
     """Count the calls of llama.cpp's quantizer (`requantize_gguf`), which still runs."""
     calls = []
-    real = L.requantize_gguf
+    real = G.requantize_gguf
 
     def counting(src, dst, weight_type, **kw):
         calls.append((Path(src), Path(dst), weight_type))
         return real(src, dst, weight_type, **kw)
 
-    monkeypatch.setattr(L, "requantize_gguf", counting)
+    monkeypatch.setattr(G, "requantize_gguf", counting)
     return calls
 
 
@@ -56,7 +57,7 @@ def test_requantized_file_is_made_once_and_reused(smollm2_gguf, cache, quantizer
     path = requant.requantized_gguf(smollm2_gguf, "q4_0", threads=1)
     assert path.is_file() and path.parent == cache / "gguf" / "requantized"
     assert path.name.startswith("SmolLM2-135M-Instruct.Q4_1-") and path.name.endswith(".Q4_0.gguf")
-    assert next(iter(L.gguf_weight_types(path))) == "Q4_0"  # the bulk of the weights is Q4_0 now
+    assert next(iter(G.gguf_weight_types(path))) == "Q4_0"  # the bulk of the weights is Q4_0 now
     assert len(quantizer_calls) == 1
     mtime = path.stat().st_mtime_ns
     again = requant.requantized_gguf(smollm2_gguf, "Q4_0", threads=1)
@@ -80,7 +81,7 @@ def test_a_killed_run_never_leaves_a_file_that_is_used(smollm2_gguf, cache, monk
         Path(part).write_bytes(b"GGUF half a file")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(L, "requantize_gguf", killed)
+    monkeypatch.setattr(G, "requantize_gguf", killed)
     with pytest.raises(KeyboardInterrupt):
         requant.requantized_gguf(smollm2_gguf, "Q8_0", threads=1)
     assert not dst.exists()
@@ -92,7 +93,7 @@ def test_a_killed_run_never_leaves_a_file_that_is_used(smollm2_gguf, cache, monk
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(cache))
     monkeypatch.setenv("SPECDEC_QUIET", "1")
     path = requant.requantized_gguf(smollm2_gguf, "Q8_0", threads=1)
-    assert path == dst and next(iter(L.gguf_weight_types(path))) == "Q8_0"
+    assert path == dst and next(iter(G.gguf_weight_types(path))) == "Q8_0"
     assert not list(dst.parent.glob("*.partial*"))
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.runtimes.llamacpp import AMX_FLAGS, GGUFNotFoundError, gguf_weight_types, repack_default
+from specdec.runtimes.gguf import gguf_weight_types
+from specdec.runtimes.llamacpp import AMX_FLAGS, GGUFNotFoundError, repack_default
 
 ZEN4 = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "fma"}
 
@@ -71,7 +72,7 @@ def _write_gguf(path, tensors):
 
 
 def test_matmul_flops_count_the_embedding_only_when_it_is_the_output_layer(tmp_path):
-    from specdec.runtimes.llamacpp import gguf_matmul_flops
+    from specdec.runtimes.gguf import gguf_matmul_flops
 
     layer = {"blk.0.ffn_up.weight": (8, 4), "blk.0.attn_norm.weight": (4,)}  # 32 elements; a norm is no product
     tied = _write_gguf(tmp_path / "tied.gguf", {"token_embd.weight": (10, 4), **layer})
@@ -85,7 +86,7 @@ def test_matmul_flops_count_the_embedding_only_when_it_is_the_output_layer(tmp_p
 
 
 def test_matmul_flops_of_smollm2_match_its_published_shapes(smollm2_gguf):
-    from specdec.runtimes.llamacpp import gguf_matmul_flops
+    from specdec.runtimes.gguf import gguf_matmul_flops
 
     # SmolLM2-135M: hidden 576, 30 layers, 9 query and 3 key/value heads of 64, MLP 1536, vocab 49152, tied
     h, layers, kv, mlp, vocab = 576, 30, 3 * 64, 1536, 49152

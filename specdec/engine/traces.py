@@ -17,7 +17,7 @@ produce the same greedy tokens as its batched teacher-forced pass; near-ties can
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,8 +27,18 @@ from specdec.drafters.base import Drafter
 from specdec.engine.decoding import GREEDY
 from specdec.runtimes.base import Backend
 
-__all__ = ["AcceptanceTrace", "ReplayRound", "compare_rounds", "draft_pending", "first_divergence", "record_trace",
-           "replay", "target_margins"]
+__all__ = [
+    "AcceptanceTrace",
+    "ReplayRound",
+    "compare_rounds",
+    "divergence_with_margin",
+    "draft_pending",
+    "first_divergence",
+    "next_token_logits",
+    "record_trace",
+    "replay",
+    "target_margins",
+]
 
 
 @dataclass(frozen=True)
@@ -323,3 +333,52 @@ def compare_rounds(timed: Sequence[RoundRecord], replayed: Sequence[ReplayRound]
         out.append({"round": min(len(timed), len(replayed)), "position": pos, "timed": len(timed),
                     "replayed": len(replayed)})
     return out
+
+
+def next_token_logits(backend, ids: Sequence[int]) -> torch.Tensor:
+    """Next-token logits ``[vocab]`` after `ids` from a fresh cache (``reset``, prefill ``ids[:-1]``,
+    then one forward of the last token, as the decoding loops do). Resets `backend` first."""
+    backend.reset()
+    backend.forward(list(ids[:-1]), logits=False)
+    row = backend.forward([ids[-1]])[-1]
+    backend.reset()
+    return row
+
+
+def divergence_with_margin(
+    eager_ids: Sequence[int],
+    compiled_ids: Sequence[int],
+    logits_fn: Callable[[list[int]], torch.Tensor],
+    *,
+    prompt: Sequence[int] = (),
+) -> dict | None:
+    """The first step where two greedy generations differ, with the target's top-2 margin there.
+
+    Args:
+        eager_ids: new tokens from one path (e.g. eager target-only greedy).
+        compiled_ids: new tokens from the other path (e.g. compiled).
+        logits_fn: ``prefix -> [vocab]`` next-token logits of the reference target after
+            ``prompt + prefix`` (e.g. ``lambda p: next_token_logits(eager_target, p)``); it receives the
+            full sequence ``list(prompt) + common_prefix``.
+        prompt: the prompt both generations continued.
+
+    Returns:
+        None when the sequences are identical; otherwise ``{"step": i (0-based new-token index),
+        "eager_token", "compiled_token", "top1", "top2" (token ids), "margin" (top1 - top2 logit, same units
+        as the logits), "length_only" (True when one sequence is a prefix of the other)}``.
+    """
+    a, b = list(eager_ids), list(compiled_ids)
+    if a == b:
+        return None
+    step = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    logits = logits_fn(list(prompt) + a[:step]).float()
+    top = torch.topk(logits, 2)
+    return {
+        "step": step,
+        "eager_token": a[step] if step < len(a) else None,
+        "compiled_token": b[step] if step < len(b) else None,
+        "top1": int(top.indices[0]),
+        "top2": int(top.indices[1]),
+        "margin": float(top.values[0] - top.values[1]),
+        "length_only": step >= min(len(a), len(b)),
+    }

@@ -139,19 +139,10 @@ def load_pair(
     """
     import time
 
-    from specdec import models
-    from specdec.measure.cost_cache import model_fingerprint
     from specdec.runtimes import loading
     from specdec.runtimes.precision import draft_quant_arg, resolve_dtype
 
-    if draft is not None and target is None:
-        raise ValueError("a draft needs a target: load_pair(target=..., draft=...)")
-    if target is not None and draft is None and pair is None:
-        target_spec, draft_spec = target, None  # target only: model-free drafters
-    else:
-        target_spec, draft_spec = models.resolve_pair(pair, target, draft)
-    if not with_draft:
-        draft_spec = None
+    target_spec, draft_spec = _specs(pair, target, draft, with_draft)
     dtype = resolve_dtype(dtype, device)
     if gguf_type is not None:
         from specdec.models.requant import check_gguf_type
@@ -172,16 +163,46 @@ def load_pair(
                                **({"gguf_type": gguf_type} if gguf_type is not None else {}))
     if slow:
         progress(f"loaded in {time.perf_counter() - t0:.1f} s")
-    cost_key = {"target": model_fingerprint(target_spec), "draft": model_fingerprint(draft_spec),
-                "backend": backend, "draft_backend": draft_backend, "device": device, "dtype": dtype,
-                "threads": threads, "compile": compile,
-                # only when set, so that the costs cached for full-precision setups keep their keys
-                **{n: v for n, v in (("quant", quant), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant),
-                                     ("gguf_type", gguf_type)) if v is not None}}
-    runtime = {"backend": backend, "dtype": loaded.target.dtype, "quant": quant, "gguf_type": gguf_type,
-               "draft_backend": draft_backend or backend if loaded.draft is not None else None,
-               "draft_dtype": loaded.draft.dtype if loaded.draft is not None else None}
-    return Pair(loaded, target_spec, draft_spec, backend, device, loaded.target.dtype, threads, cost_key, runtime)
+    settings = {"backend": backend, "draft_backend": draft_backend, "device": device, "dtype": dtype,
+                "threads": threads, "compile": compile, "quant": quant, "draft_dtype": draft_dtype,
+                "draft_quant": draft_quant, "gguf_type": gguf_type}
+    return Pair(loaded, target_spec, draft_spec, backend, device, loaded.target.dtype, threads,
+                _cost_key(target_spec, draft_spec, settings), _runtime_record(loaded, settings))
+
+
+def _cost_key(target_spec: str, draft_spec: str | None, settings: dict) -> dict:
+    """What identifies the setup's cost measurement: the models' files and every setting that changes a
+    forward's time (the optional ones only when set, so that full-precision setups keep their keys)."""
+    from specdec.measure.cost_cache import model_fingerprint
+
+    optional = ("quant", "draft_dtype", "draft_quant", "gguf_type")
+    return {"target": model_fingerprint(target_spec), "draft": model_fingerprint(draft_spec),
+            **{n: v for n, v in settings.items() if n not in optional or v is not None}}
+
+
+def _runtime_record(loaded: LoadedPair, settings: dict) -> dict:
+    """What ran, recorded with every generation (`Pair.runtime`)."""
+    draft = loaded.draft
+    return {"backend": settings["backend"], "dtype": loaded.target.dtype, "quant": settings["quant"],
+            "gguf_type": settings["gguf_type"],
+            "draft_backend": (settings["draft_backend"] or settings["backend"]) if draft is not None else None,
+            "draft_dtype": draft.dtype if draft is not None else None}
+
+
+def _specs(pair: str | None, target: str | None, draft: str | None, with_draft: bool) -> tuple[str, str | None]:
+    """``(target spec, draft spec or None)`` from a preset or specs (a target alone: target only).
+
+    Raises:
+        ValueError: a draft without a target, an unknown preset.
+    """
+    from specdec import models
+
+    if draft is not None and target is None:
+        raise ValueError("a draft needs a target: load_pair(target=..., draft=...)")
+    if target is not None and draft is None and pair is None:
+        return target, None  # target only: model-free drafters
+    target_spec, draft_spec = models.resolve_pair(pair, target, draft)
+    return target_spec, draft_spec if with_draft else None
 
 
 def runtime_label(runtime: dict) -> str:

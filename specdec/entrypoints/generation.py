@@ -24,7 +24,7 @@ from specdec.core.metrics import GenerationResult
 from specdec.core.sampling import SamplingParams
 
 __all__ = ["FLAGS", "KEYWORDS", "LLAMACPP_MAX_ROWS", "Run", "Settings", "batch_k_max", "budgets_of",
-           "check_settings", "encode_prompts", "replace_budgets", "run"]
+           "check_settings", "encode_prompts", "first_differences", "replace_budgets", "run"]
 
 #: llama.cpp serves at most this many sequences in one context (its ``LLAMA_MAX_SEQ``), so a batch on
 #: llama.cpp has at most this many rows.
@@ -190,7 +190,7 @@ class Run:
         batches: one dict per batch: ``{"index", "rows", "tokens", "wall_s", "tokens_per_s"}``.
         baselines: target-only results of the same prompts (with ``baseline``), else None.
         divergences: per prompt, where a greedy output first differs from its target-only output, with the
-            target's top-2 margin there (`specdec.runtimes.compiled.first_divergence`), or None.
+            target's top-2 margin there (`specdec.engine.traces.divergence_with_margin`), or None.
         notes: one-line notes (where the costs came from).
         padded: verification was padded to the cheapest measured shape.
     """
@@ -331,14 +331,14 @@ def _run_one(pair, settings: Settings, entry, prompt: list[int], budget: int, dr
         # with padding the baseline pads its 1-token steps by the same curve: where a 2-token forward is
         # cheaper (bf16 on some CPUs), plain target-only would be an unfairly slow baseline
         out.baselines = [autoregressive_generate(target, prompt, budget, **common)]
-        out.divergences = _divergences(pair, settings, [prompt], out.results, out.baselines)
+        out.divergences = first_differences(pair, settings, [prompt], out.results, out.baselines)
     return out
 
 
-def _divergences(pair, settings: Settings, prompts, results, baselines) -> list[dict | None]:
+def first_differences(pair, settings: Settings, prompts, results, baselines) -> list[dict | None]:
     """Per prompt, where greedy output first differs from target-only output, with the target's top-2 margin
     (single-sequence reference); None where they agree or the run sampled."""
-    from specdec.runtimes.compiled import first_divergence, next_token_logits
+    from specdec.engine.traces import divergence_with_margin, next_token_logits
 
     loaded = pair.loaded
     out: list[dict | None] = []
@@ -346,7 +346,7 @@ def _divergences(pair, settings: Settings, prompts, results, baselines) -> list[
         if not settings.sampling.greedy or r.token_ids == b.token_ids:
             out.append(None)
             continue
-        out.append(first_divergence(b.token_ids, r.token_ids,
+        out.append(divergence_with_margin(b.token_ids, r.token_ids,
                                     lambda seq: next_token_logits(loaded.target.backend, seq)[: loaded.vocab_size],
                                     prompt=ids))
     return out
@@ -397,7 +397,7 @@ def _run_batches(pair, settings: Settings, entry, prompts, budgets: list[int], b
             base_results.extend(generate_batch(target, [prompts[i] for i in idx], [budgets[i] for i in idx], **kw))
     if baseline:
         out.baselines = base_results
-        out.divergences = _divergences(pair, settings, prompts, out.results, base_results)
+        out.divergences = first_differences(pair, settings, prompts, out.results, base_results)
     return out
 
 

@@ -236,7 +236,7 @@ def shape_roofline(step_s: dict[int, float], flops_per_token: float, weight_byte
 
     Args:
         step_s: width n (>= 1) -> seconds of one forward of n tokens on a warm cache; must include n = 1.
-        flops_per_token: FLOPs of one token's forward (e.g. `specdec.runtimes.llamacpp.gguf_matmul_flops`).
+        flops_per_token: FLOPs of one token's forward (e.g. `specdec.runtimes.gguf.gguf_matmul_flops`).
         weight_bytes: bytes of weights a forward reads (optional: adds achieved GB/s per width).
         bandwidth_gbps: the machine's bandwidth in GB/s (optional, with weight_bytes: adds the step the
             bandwidth allows, ``bound_step_s``).

@@ -3,7 +3,7 @@
 llama.cpp's CPU kernels decide how a verification forward of n tokens scales: weight types with a repacked
 GEMM kernel (Q4_0, IQ4_NL, Q8_0 on x86) read each weight row once for several tokens, while the shipped
 Q4_K_M mix keeps per-row dot products for its Q6_K tensors. `requantized_gguf` makes a pure copy of a GGUF
-in one of those types with llama.cpp's own quantizer (`specdec.runtimes.llamacpp.requantize_gguf`), once:
+in one of those types with llama.cpp's own quantizer (`specdec.runtimes.gguf.requantize_gguf`), once:
 
 * where: ``cache_dir()/gguf/requantized/<stem>.<TYPE>.gguf`` for a GGUF that lives in the cache's ``gguf``
   folder (the presets' assembled files), ``<stem>-<key>.<TYPE>.gguf`` for any other file, `key` being a
@@ -38,9 +38,9 @@ def check_gguf_type(weight_type: str) -> str:
     """The canonical name of a requantization weight type (``"q4_0"`` -> ``"Q4_0"``).
 
     Raises:
-        ValueError: not a type `specdec.runtimes.llamacpp.requantize_gguf` knows (one line, the known ones).
+        ValueError: not a type `specdec.runtimes.gguf.requantize_gguf` knows (one line, the known ones).
     """
-    from specdec.runtimes.llamacpp import REQUANT_TYPES
+    from specdec.runtimes.gguf import REQUANT_TYPES
 
     name = str(weight_type).strip().upper()
     if name not in REQUANT_TYPES:
@@ -70,7 +70,7 @@ def requantized_gguf(src: str | os.PathLike, weight_type: str, *, threads: int |
 
     Args:
         src: a GGUF file (e.g. `specdec.models.gguf_file` of a preset member).
-        weight_type: a `specdec.runtimes.llamacpp.REQUANT_TYPES` name, any case (``q4_0``, ``IQ4_NL``).
+        weight_type: a `specdec.runtimes.gguf.REQUANT_TYPES` name, any case (``q4_0``, ``IQ4_NL``).
         threads: quantizer threads (default: the CPUs this process may use).
 
     Returns:
@@ -82,10 +82,11 @@ def requantized_gguf(src: str | os.PathLike, weight_type: str, *, threads: int |
         ValueError: unknown `weight_type` (one line). specdec.runtimes.llamacpp.GGUFNotFoundError: `src`
             missing. specdec.runtimes.base.BackendError: llama.cpp's quantizer failed (nothing is left).
     """
-    from specdec.runtimes.llamacpp import _require_file, requantize_gguf
+    from specdec.runtimes.gguf import requantize_gguf
+    from specdec.runtimes.llamacpp import require_file
 
     name = check_gguf_type(weight_type)
-    source = _require_file(src)
+    source = require_file(src)
     dst = requantized_path(source, name)
     if dst.is_file() and files.check_digests(dst) is None:
         return dst

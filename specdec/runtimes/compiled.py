@@ -72,15 +72,14 @@ import inspect
 import itertools
 import time
 import types
-import weakref
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import nn
 
 from specdec.errors import one_line
 from specdec.runtimes.base import BackendError, ContextOverflowError
-from specdec.runtimes.hf import _context_length, cache_layer_kinds
+from specdec.runtimes.hf import cache_layer_kinds, context_length
+from specdec.runtimes.kernels import ATTENTION, pack_linears, register_attention
 
 MODES = ("onednn", "hybrid", "inductor", "max-autotune", "frozen", "eager")
 #: K+1 = 5 (K = 4) has its own bucket: oneDNN costs about the same for 1..5 rows, 8 rows cost ~15% more.
@@ -100,133 +99,6 @@ DEFAULT_MAX_LENGTH = 4096
 PREFILL_CHUNK = 256
 
 _step_ids = itertools.count()
-
-
-# ----------------------------------------------------------------------------------------------- oneDNN linear
-
-_PACKED: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
-_handles = itertools.count()
-
-
-@torch.library.custom_op("specdec::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, handle: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W.T + bias`` with the oneDNN-prepacked ``W`` registered under `handle` (a `PackedLinear`).
-
-    Args:
-        x: ``[..., in_features]`` float tensor.
-        handle: the `PackedLinear.handle` of a live module (a constant in compiled graphs).
-        bias: ``[out_features]`` or None.
-
-    Returns:
-        ``[..., out_features]``.
-    """
-    module = _PACKED[handle]
-    return torch.ops.mkldnn._linear_pointwise(x, module.packed_weight, bias, "none", [], "")
-
-
-@packed_linear.register_fake
-def _packed_linear_fake(x, handle, bias):
-    return x.new_empty((*x.shape[:-1], _PACKED[handle].out_features))
-
-
-class PackedLinear(nn.Module):
-    """A linear layer whose weight is stored prepacked for oneDNN.
-
-    Args:
-        weight: dense ``[out_features, in_features]`` weight (``nn.Linear`` layout).
-        bias: ``[out_features]`` parameter or None.
-        keep_dense: also keep the dense weight and use it (ATen/MKL) for single-row inputs, where MKL's
-            GEMV streams the weight faster than oneDNN; otherwise the dense weight is dropped (one copy).
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, keep_dense: bool = False) -> None:
-        super().__init__()
-        self.out_features, self.in_features = (int(s) for s in weight.shape)
-        with torch.no_grad():
-            # batch_size None: one blocked layout for every row count (measured best for 2..17 rows).
-            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
-            dense = weight.detach().contiguous() if keep_dense else None
-        self.weight = None if dense is None else nn.Parameter(dense, requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self.handle = next(_handles)
-        _PACKED[self.handle] = self
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # the row count is static inside a compiled bucket graph, so this branch is resolved at trace time
-        if self.weight is not None and x.numel() == self.in_features:
-            return nn.functional.linear(x, self.weight, self.bias)
-        return torch.ops.specdec.packed_linear(x, self.handle, self.bias)
-
-    def extra_repr(self) -> str:
-        dense = " + dense for 1 row" if self.weight is not None else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, onednn-prepacked{dense}"
-
-
-def pack_linears(model: nn.Module, *, keep_dense: bool = False) -> int:
-    """Replace every ``nn.Linear`` and transformers ``Conv1D`` of `model` in place by a `PackedLinear`.
-
-    Returns:
-        the number of layers replaced.
-    """
-    from transformers.pytorch_utils import Conv1D
-
-    replaced = 0
-    for _, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                weight = child.weight
-            elif isinstance(child, Conv1D):  # y = x @ W + b with W [in, out]
-                weight = child.weight.t()
-            else:
-                continue
-            setattr(parent, child_name, PackedLinear(weight, child.bias, keep_dense=keep_dense))
-            replaced += 1
-    return replaced
-
-
-# -------------------------------------------------------------------------------------------------- attention
-
-#: The attention implementation this backend installs on its model (registered with transformers).
-ATTENTION = "specdec_sdpa"
-
-
-def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """SDPA for grouped-query attention with an explicit mask, without materialising repeated keys/values.
-
-    transformers' ``sdpa`` attention, given a 4-D mask on CPU, repeats each key/value head for every query
-    head of its group (``repeat_kv``): over a static cache that copies ``heads / kv_heads`` times the whole
-    cache per layer and step (measured: +10% on a 1.5B single step). Here the queries of a group are stacked
-    instead: ``[B, H, q, D] -> [B, H_kv, g*q, D]`` (query head ``i*g + j`` uses key/value head ``i``, the
-    ``repeat_kv`` order) with the mask rows repeated ``g`` times, so one SDPA call reads each cached key once.
-
-    Args:
-        query: ``[B, H, q, D]``; key, value: ``[B, H_kv, S, D]``; attention_mask: additive or boolean
-            ``[B or 1, 1, q, S]`` (or None); scaling: softmax scale (default ``D ** -0.5``).
-
-    Returns:
-        ``([B, q, H, D], None)`` as transformers' attention functions.
-    """
-    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
-        raise BackendError("specdec's grouped SDPA supports neither softcap nor sliding windows")
-    b, h, q, d = query.shape
-    groups = h // key.shape[1]
-    if groups > 1:
-        query = query.reshape(b, h // groups, groups * q, d)
-        if attention_mask is not None:
-            attention_mask = attention_mask.repeat(1, 1, groups, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling,
-        is_causal=bool(is_causal) and attention_mask is None and q > 1,
-    )
-    return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTENTION, grouped_sdpa)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 # ------------------------------------------------------------------------------------------------------ backend
@@ -294,7 +166,7 @@ class CompiledHFBackend:
         self.device = param.device
         self.dtype = param.dtype
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self._context = _context_length(self.config)
+        self._context = context_length(self.config)
         self.max_length = int(max_length or min(self._context, DEFAULT_MAX_LENGTH))
         if self.max_length > self._context:
             raise BackendError(f"max_length {self.max_length} exceeds the model's context of {self._context}")
@@ -316,7 +188,7 @@ class CompiledHFBackend:
         if any(p.requires_grad for p in model.parameters()):
             model.requires_grad_(False)
         if attn != ATTENTION:
-            _register_attention()
+            register_attention()
             try:
                 model.set_attn_implementation(ATTENTION)
             except Exception as exc:  # one line: this model does not dispatch attention through transformers
@@ -531,55 +403,3 @@ class CompiledHFBackend:
                 if logits and first < i + len(chunk):
                     rows.append(out[max(0, first - i) : len(chunk)].float())
         return torch.cat(rows) if logits else None
-
-
-# ----------------------------------------------------------------------------------------------- exactness
-
-
-def next_token_logits(backend, ids: Sequence[int]) -> torch.Tensor:
-    """Next-token logits ``[vocab]`` after `ids` from a fresh cache (``reset``, prefill ``ids[:-1]``,
-    then one forward of the last token, as the decoding loops do). Resets `backend` first."""
-    backend.reset()
-    backend.forward(list(ids[:-1]), logits=False)
-    row = backend.forward([ids[-1]])[-1]
-    backend.reset()
-    return row
-
-
-def first_divergence(
-    eager_ids: Sequence[int],
-    compiled_ids: Sequence[int],
-    logits_fn: Callable[[list[int]], torch.Tensor],
-    *,
-    prompt: Sequence[int] = (),
-) -> dict | None:
-    """The first step where two greedy generations differ, with the target's top-2 margin there.
-
-    Args:
-        eager_ids: new tokens from one path (e.g. eager target-only greedy).
-        compiled_ids: new tokens from the other path (e.g. compiled).
-        logits_fn: ``prefix -> [vocab]`` next-token logits of the reference target after
-            ``prompt + prefix`` (e.g. ``lambda p: next_token_logits(eager_target, p)``); it receives the
-            full sequence ``list(prompt) + common_prefix``.
-        prompt: the prompt both generations continued.
-
-    Returns:
-        None when the sequences are identical; otherwise ``{"step": i (0-based new-token index),
-        "eager_token", "compiled_token", "top1", "top2" (token ids), "margin" (top1 - top2 logit, same units
-        as the logits), "length_only" (True when one sequence is a prefix of the other)}``.
-    """
-    a, b = list(eager_ids), list(compiled_ids)
-    if a == b:
-        return None
-    step = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    logits = logits_fn(list(prompt) + a[:step]).float()
-    top = torch.topk(logits, 2)
-    return {
-        "step": step,
-        "eager_token": a[step] if step < len(a) else None,
-        "compiled_token": b[step] if step < len(b) else None,
-        "top1": int(top.indices[0]),
-        "top2": int(top.indices[1]),
-        "margin": float(top.values[0] - top.values[1]),
-        "length_only": step >= min(len(a), len(b)),
-    }

@@ -76,7 +76,7 @@ def _rows_to_keep(n: int, last: int | None) -> int:
     return 0 if last >= n else int(last)
 
 
-def _context_length(config) -> int:
+def context_length(config) -> int:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
@@ -108,7 +108,7 @@ class HFBackend:
         self.config = model.config
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.max_length = int(max_length or _context_length(self.config))
+        self.max_length = int(max_length or context_length(self.config))
         self._length = 0
         self.cache = self._new_cache()  # raises BackendError for layers that cannot be rolled back
         # transformers >= 5.24 names the cache argument `cache`; earlier 5.x releases `past_key_values`.

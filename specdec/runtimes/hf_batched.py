@@ -30,7 +30,7 @@ import inspect
 import torch
 
 from specdec.runtimes.base import BackendError, ContextOverflowError
-from specdec.runtimes.hf import _context_length, cache_layer_kinds, rollback_cache
+from specdec.runtimes.hf import cache_layer_kinds, context_length, rollback_cache
 
 #: Physical slots allowed beyond the longest row before the cache is compacted.
 COMPACT_SLACK = 64
@@ -68,7 +68,7 @@ class BatchedHFBackend:
             )
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.max_length = int(max_length or _context_length(self.config))
+        self.max_length = int(max_length or context_length(self.config))
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._lengths: list[int] = []

@@ -39,7 +39,7 @@ def model_record(model: Any) -> dict[str, Any] | None:
         return None
     if getattr(model, "runtime", None) != "llamacpp":
         return {"runtime": getattr(model, "runtime", "transformers"), "dtype": getattr(model, "dtype", None)}
-    from specdec.runtimes.llamacpp import gguf_weight_types
+    from specdec.runtimes.gguf import gguf_weight_types
 
     backend = model.backend
     path = getattr(backend, "model_path", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,6 @@ from specdec.runtimes.base import Backend
 from specdec.runtimes.compat import check_tokenizers, check_vocab_fits, eos_ids_for, real_vocab_size
 from specdec.runtimes.precision import apply_quant, check_dtype_supported, resolve_dtype
 
-RUNTIMES = ("transformers", "llamacpp")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -88,7 +88,7 @@ def _source_gguf_eog(spec: str) -> frozenset[int]:
     except (models.ModelNotAvailableError, models.ChunkAssemblyError):
         return frozenset()
     try:
-        from specdec.runtimes.llamacpp import gguf_eog_ids
+        from specdec.runtimes.gguf import gguf_eog_ids
 
         return gguf_eog_ids(path)
     except BackendError:
@@ -144,10 +144,6 @@ def load_model(
         specdec.runtimes.base.BackendError: compilation failed (one line).
         specdec.models.ModelNotAvailableError: the weights are not available (one-line message).
     """
-    import time
-
-    from specdec import models
-
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown backend {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     dtype = resolve_dtype(dtype, device)
@@ -157,38 +153,53 @@ def load_model(
         raise ValueError("--device cuda was asked for but torch sees no CUDA device")
     if quant is not None and (runtime != "transformers" or compile):
         raise ValueError("--quant applies to the eager transformers backend only (llama.cpp: pick a quantized GGUF)")
-    if gguf_type is not None:
-        from specdec.models.requant import check_gguf_type
-
-        if runtime != "llamacpp":
-            raise ValueError("--gguf-type applies to the llama.cpp backend only (--backend llamacpp)")
-        gguf_type = check_gguf_type(gguf_type)
-    if runtime == "transformers":
-        check_dtype_supported(dtype, device)
+    if gguf_type is not None and runtime != "llamacpp":
+        raise ValueError("--gguf-type applies to the llama.cpp backend only (--backend llamacpp)")
+    if compile and runtime != "transformers":
+        raise ValueError("--compile applies to the transformers backend only")
     t0 = time.perf_counter()
-    if runtime == "llamacpp":
-        from specdec.runtimes.llamacpp import load_llamacpp
+    model = RUNTIMES[runtime](spec, device=device, dtype=dtype, threads=threads, compile=compile, n_ctx=n_ctx,
+                              trust_remote_code=trust_remote_code, compile_mode=compile_mode, quant=quant,
+                              last_row_graphs=last_row_graphs, gguf_type=gguf_type, buckets=buckets,
+                              max_length=max_length)
+    model.load_s = time.perf_counter() - t0
+    return model
 
-        if compile:
-            raise ValueError("--compile applies to the transformers backend only")
-        path = models.gguf_file(spec)
-        if gguf_type is not None:
-            from specdec.models.requant import requantized_gguf
 
-            path = requantized_gguf(path, gguf_type, threads=threads)
-        backend = load_llamacpp(path, n_ctx=n_ctx, n_threads=threads)
-        tok = models.hf_tokenizer(spec)
-        # every token llama.cpp itself ends generation on, not only the tokenizer's EOS
-        eos = eos_ids_for(tok) | backend.eog_ids()
-        return LoadedModel(spec, runtime, backend, tok, None, eos, time.perf_counter() - t0, gguf_type=gguf_type)
+def _load_llamacpp(spec: str, *, threads, n_ctx, gguf_type, **_) -> LoadedModel:
+    """`load_model` on llama.cpp: the spec's GGUF (requantized when asked), its tokenizer and every token
+    llama.cpp itself ends generation on."""
+    from specdec import models
+    from specdec.runtimes.llamacpp import load_llamacpp
+
+    path = models.gguf_file(spec)
+    if gguf_type is not None:
+        from specdec.models.requant import check_gguf_type, requantized_gguf
+
+        gguf_type = check_gguf_type(gguf_type)
+        path = requantized_gguf(path, gguf_type, threads=threads)
+    backend = load_llamacpp(path, n_ctx=n_ctx, n_threads=threads)
+    tok = models.hf_tokenizer(spec)
+    # every token llama.cpp itself ends generation on, not only the tokenizer's EOS
+    return LoadedModel(spec, "llamacpp", backend, tok, None, eos_ids_for(tok) | backend.eog_ids(),
+                       gguf_type=gguf_type)
+
+
+def _load_transformers(spec: str, *, device, dtype, compile, trust_remote_code, compile_mode, quant,
+                       last_row_graphs, buckets, max_length, **_) -> LoadedModel:
+    """`load_model` on transformers: eager (`specdec.runtimes.hf.HFBackend`) or compiled at load
+    (`specdec.runtimes.compiled.CompiledHFBackend.warmup`: compilation never lands inside a timed run)."""
+    from specdec import models
+
+    check_dtype_supported(dtype, device)
     model, tok = models.load_hf(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     apply_quant(model, quant)
+    compile_s = 0.0
     if compile:
         from specdec.runtimes.compiled import CompiledHFBackend
 
         backend = CompiledHFBackend(model, mode=compile_mode, last_row_graphs=last_row_graphs, buckets=buckets,
                                     max_length=max_length)
-        # Compile every shape bucket now, at load: compilation never lands inside a timed generation.
         compile_s = backend.warmup()
     else:
         from specdec.runtimes.hf import HFBackend
@@ -196,8 +207,11 @@ def load_model(
         backend = HFBackend(model)
     # the same GGUF on llama.cpp stops on llama.cpp's end-of-generation set: stop on it here too
     eos = eos_ids_for(tok, getattr(model, "generation_config", None)) | _source_gguf_eog(spec)
-    return LoadedModel(spec, runtime, backend, tok, model, eos, time.perf_counter() - t0, compile,
-                       compile_s if compile else 0.0, dtype)
+    return LoadedModel(spec, "transformers", backend, tok, model, eos, 0.0, compile, compile_s, dtype)
+
+
+#: Every runtime by name: its loader of one model (`load_model`'s arguments by keyword).
+RUNTIMES = {"transformers": _load_transformers, "llamacpp": _load_llamacpp}
 
 
 def draft_compile_args(target_mode: str) -> dict:
@@ -272,30 +286,34 @@ def load_pair(
     target = load_model(target_spec, runtime=backend, compile=compile, dtype=dtype, quant=quant,
                         compile_mode=compile_mode,
                         **({"gguf_type": gguf_type} if gguf_type is not None else {}), **kw)
-    draft = None
-    vocab = real_vocab_size(target.tokenizer)
-    if draft_spec is not None:
-        # The draft's forwards are 1-2 tokens, where MKL's GEMV beats oneDNN's packed GEMM: inductor (ATen
-        # GEMMs, compiled elementwise) measured 110 vs 129 ms per draft step against eager; oneDNN 122 vs 120
-        # (benchmarks/bench_compiled.py, interleaved, 2 threads, default pair).
-        draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile,
-                           **draft_compile_args(compile_mode), dtype=draft_dtype or dtype,
-                           quant=quant if draft_quant == "same" else draft_quant, **kw)
-        from specdec.runtimes.compat import IncompatibleTokenizersError, vocab_overlap
+    if draft_spec is None:
+        check_vocab_fits(real_vocab_size(target.tokenizer), target=target.backend)
+        return LoadedPair(target, None, real_vocab_size(target.tokenizer), target.eos_ids)
+    # The draft's forwards are 1-2 tokens, where MKL's GEMV beats oneDNN's packed GEMM: inductor (ATen
+    # GEMMs, compiled elementwise) measured 110 vs 129 ms per draft step against eager; oneDNN 122 vs 120
+    # (benchmarks/bench_compiled.py, interleaved, 2 threads, default pair).
+    draft = load_model(draft_spec, runtime=draft_backend or backend, compile=compile,
+                       **draft_compile_args(compile_mode), dtype=draft_dtype or dtype,
+                       quant=quant if draft_quant == "same" else draft_quant, **kw)
+    return _paired(target, draft, other_tokenizer)
 
-        if other_tokenizer:
-            check_vocab_fits(vocab, target=target.backend)
-            check_vocab_fits(real_vocab_size(draft.tokenizer), draft=draft.backend)
-            return LoadedPair(target, draft, vocab, target.eos_ids,  # draft EOS ids are draft-space ids
-                              {"vocab_overlap": vocab_overlap(target.tokenizer, draft.tokenizer).summary()})
-        try:
-            vocab = check_tokenizers(target.tokenizer, draft.tokenizer)
-        except IncompatibleTokenizersError as exc:
-            raise IncompatibleTokenizersError(f"{exc} (or pass --other-tokenizer / other_tokenizer=True)") from None
-        check_vocab_fits(vocab, target=target.backend, draft=draft.backend)
-    else:
+
+def _paired(target: LoadedModel, draft: LoadedModel, other_tokenizer: bool) -> LoadedPair:
+    """Target and draft as a pair: their shared vocabulary checked (or, with `other_tokenizer`, what their
+    vocabularies share recorded) and the ids that end generation."""
+    from specdec.runtimes.compat import IncompatibleTokenizersError, vocab_overlap
+
+    vocab = real_vocab_size(target.tokenizer)
+    if other_tokenizer:
         check_vocab_fits(vocab, target=target.backend)
+        check_vocab_fits(real_vocab_size(draft.tokenizer), draft=draft.backend)
+        return LoadedPair(target, draft, vocab, target.eos_ids,  # draft EOS ids are draft-space ids
+                          {"vocab_overlap": vocab_overlap(target.tokenizer, draft.tokenizer).summary()})
+    try:
+        vocab = check_tokenizers(target.tokenizer, draft.tokenizer)
+    except IncompatibleTokenizersError as exc:
+        raise IncompatibleTokenizersError(f"{exc} (or pass --other-tokenizer / other_tokenizer=True)") from None
+    check_vocab_fits(vocab, target=target.backend, draft=draft.backend)
     # A pair stops on every id either model marks end-of-generation on its runtime, so a mixed-runtime pair
     # stops on the same set whichever runtime holds the target.
-    eos = target.eos_ids | (draft.eos_ids if draft is not None else frozenset())
-    return LoadedPair(target, draft, vocab, eos)
+    return LoadedPair(target, draft, vocab, target.eos_ids | draft.eos_ids)

@@ -18,6 +18,7 @@ import typer
 
 from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  # [shards]
 from specdec.bench.control import LOCK_WAIT_S
+from specdec.bench.grid import batch_cost_ns
 from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, field_settings, typer_command
 from specdec.bench.shard import shard_plan  # [shards]
 from specdec.entrypoints.options import (
@@ -38,7 +39,6 @@ from specdec.entrypoints.options import (
 from specdec.errors import cli_errors
 
 __all__ = ["RUN_SETTINGS", "costs", "export", "register", "sweep", "sweep_settings"]
-
 
 
 def _echo(msg: str) -> None:
@@ -149,7 +149,7 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
         if not measure:
             costs_by = {label: CostCurve.from_costs(c) for label, c in stored.items() if c is not None}
     n_planned = len(plan)
-    plan = [c for c in plan if c.key(sid) not in done]
+    plan = [c for c in plan if not c.is_done(sid, done)]
     sources = [f"costs stored in {db_path}"] if costs_by else []
     if measure:
         from specdec.bench.runner import measure_here
@@ -170,9 +170,10 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     source = " and ".join(sources)
     timed, warm = S.estimate_plan_s(plan, costs_by, max_new_tokens=cfg.max_new_tokens,
                                     warmup_tokens=cfg.warmup_tokens)
-    measure_s = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats)
+    batch_ns = batch_cost_ns(cfg)[0]
+    measure_s = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats, batch_ns)
                     for label in cfg.configs)
-    n_prompts = len({c.prompt.id for c in plan})
+    n_prompts = len({c.prompt.id for c in plan if c.batch_id is None})  # traces and blocks: single-sequence only
     instr = n_prompts * sum(
         S.instrumentation_s(costs_by[label], max_n=S.cost_max_n(cfg), calibration_repeats=cfg.calibration_repeats,
                             traces=cfg.traces and cfg.greedy, new_tokens=cfg.max_new_tokens)
@@ -181,6 +182,11 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
           f"{', '.join(cfg.configs)}; {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)")
     left = f" ({n_planned - len(plan)} of {n_planned} already done in {db_path}: the runs left)" \
         if len(plan) < n_planned else ""
+    batches = {(c.batch_size, c.batch_id) for c in plan if c.batch_id is not None}
+    if batches:
+        per_b = {b: sum(1 for bb, _ in batches if bb == b) for b in sorted({b for b, _ in batches})}
+        _echo("batch axis: " + ", ".join(f"B={b}: {n} batches" for b, n in per_b.items()) + " of one prompt group "
+              "each, every batched run between two batched target-only runs of its prompts at its B")
     _echo(f"{len(plan)} timed generations{left}:")
     for key, n in S.plan_summary(plan).items():
         _echo(f"  {key:<34} {n}")
@@ -357,6 +363,3 @@ def register(app: typer.Typer) -> None:
     app.command("costs")(costs)
     app.command("export")(export)
     app.command("merge")(merge)  # [shards] specdec/bench/cluster_commands.py
-    from specdec.bench.batch_commands import batch_sweep  # the batch axis: specdec/bench/batch_sweep.py
-
-    app.command("batch-sweep")(batch_sweep)

@@ -121,7 +121,8 @@ def _sweep(**opts) -> None:
 
 sweep = typer_command(_sweep, sweep_settings(), "Run the study on this machine: per prompt a target-only run "
                       "(its acceptance trace and calibration block predict every K), then the cells they single "
-                      "out, each between two target-only runs; every run stored in SQLite as it finishes.")
+                      "out, each between two target-only runs, and with --batch-sizes batches of prompts against "
+                      "batched target-only decoding; every run stored in SQLite as it finishes.")
 
 
 def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False, loader=None,
@@ -248,12 +249,7 @@ def costs(
                     context_tokens=context_tokens, as_json=as_json, out=out)
         return
     with cli_errors():
-        if gguf_type is not None:  # before any model loads
-            from specdec.models.requant import check_gguf_type
-
-            if backend != "llamacpp":
-                raise ValueError("--gguf-type applies to the llama.cpp backend only (add --backend llamacpp)")
-            gguf_type = check_gguf_type(gguf_type)
+        gguf_type = _gguf_type(gguf_type, backend)  # before any model loads
         target_spec, draft_spec = models.resolve_pair(pair, target, draft)
         typer.echo(f"loading {target_spec} and {draft_spec} ...", err=True)
         loaded = load_pair(target_spec, draft_spec, backend=backend, draft_backend=draft_backend, device=device,
@@ -282,6 +278,27 @@ def costs(
         }  # fmt: skip
         typer.echo(json.dumps(out, sort_keys=True))
         return
+    _print_costs(result, roof, bandwidth, record_lines(runtime))
+
+
+def _gguf_type(gguf_type: str | None, backend: str) -> str | None:
+    """``--gguf-type`` checked (`specdec.models.requant.check_gguf_type`); None when not given.
+
+    Raises:
+        ValueError: given for a backend other than llama.cpp, or not a requantization type.
+    """
+    if gguf_type is None:
+        return None
+    from specdec.models.requant import check_gguf_type
+
+    if backend != "llamacpp":
+        raise ValueError("--gguf-type applies to the llama.cpp backend only (add --backend llamacpp)")
+    return check_gguf_type(gguf_type)
+
+
+def _print_costs(result: dict, roof: dict, bandwidth: dict, runtime_lines: list[str]) -> None:
+    """``specdec costs``'s text output: the steps and c, the draft's longer forwards, the target's forward
+    curve with v(n), the roofline and what the models ran on."""
     c = result["c"]
     typer.echo(f"target step  {result['target_step_s'] * 1e3:9.2f} ms")
     if result["draft_step_s"] is not None:
@@ -301,7 +318,7 @@ def costs(
                f"{roof['achieved_gbps']:.2f} GB/s achieved at n = 1; machine bandwidth "
                f"{roof['bandwidth_gbps']:.2f} GB/s (streaming copy of {bandwidth['size_mib']:g} MiB, best of "
                f"{bandwidth['repeats']}): share {roof['bandwidth_share']:.2f}")
-    for line in record_lines(runtime):
+    for line in runtime_lines:
         typer.echo(line)
 
 

@@ -12,7 +12,8 @@
 
 Around the timed runs, the probes of `specdec.bench.probes` (roofline, equality with our baseline under
 greedy decoding, acceptance trace, calibration block) are walked at their moments; the state shared by the
-whole call is one `specdec.bench.state.SweepState`.
+whole call is one `specdec.bench.state.SweepState`. A batched run (B > 1) is timed, checked and turned into
+its B rows by `specdec.bench.batch_runs`, and its rows are committed together.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from specdec.bench import machines
 from specdec.bench.export import export_runs
 from specdec.bench.merge import merge_stores
-from specdec.bench import machines
 from specdec.bench.store import Store, StoreError, canonical_json
 
 REPO = Path(__file__).resolve().parents[1]

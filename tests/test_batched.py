@@ -24,7 +24,8 @@ from specdec.drafters.base import PerRowDrafters
 from specdec.drafters.model import BatchedModelDrafter, ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.engine.decoding import GREEDY, autoregressive_generate, generate_batch, speculative_generate
-from specdec.policies.batch import BatchCostPolicy, FixedBatchK, best_batch_k
+from specdec.policies.batch import FixedBatchK, best_batch_k
+from specdec.policies.batch_cost import BatchCostPolicy
 from specdec.runtimes.base import BackendError, ContextOverflowError
 from specdec.runtimes.hf_batched import BatchedHFBackend
 

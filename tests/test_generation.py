@@ -17,8 +17,9 @@ import pytest
 
 from specdec.catalogue.drafters import drafter as drafter_entry
 from specdec.entrypoints import generation as g
-from specdec.entrypoints.generation import LLAMACPP_MAX_ROWS, batch_k_max
+from specdec.entrypoints.generation import LLAMACPP_MAX_ROWS
 from specdec.entrypoints.output import report
+from specdec.policies.batch import batch_k_max
 
 #: Prompts of different lengths (1 to 20 tokens), one repetitive enough for prompt lookup to draft.
 TEXTS = ["hello world the quick brown fox", "abc abc abc abc abc abc abc abc", "zq",

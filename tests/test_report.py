@@ -42,7 +42,8 @@ CREATE TABLE runs (run_id INTEGER PRIMARY KEY, sweep_id TEXT REFERENCES sweeps, 
   finish_reason TEXT, token_ids TEXT, matches_baseline INTEGER, num_rounds INTEGER, num_drafted INTEGER,
   num_accepted INTEGER, num_rejections INTEGER, prefill_s REAL, ttft_s REAL, decode_s REAL, total_s REAL,
   draft_s REAL, verify_s REAL, tokens_per_s REAL, error TEXT, created_at TEXT, machine_id TEXT,
-  first_divergence INTEGER, policy_note TEXT);
+  first_divergence INTEGER, policy_note TEXT, batch_size INTEGER, batch_id TEXT, row INTEGER,
+  batch_total_s REAL, batch_tokens_per_s REAL, matches_single INTEGER, predicted_speedup REAL);
 CREATE TABLE rounds (run_id INTEGER REFERENCES runs, round_idx INTEGER, k INTEGER, k_requested INTEGER,
   num_accepted INTEGER, accept_flags TEXT, next_kind TEXT, num_emitted INTEGER, draft_s REAL, verify_s REAL,
   other_s REAL, alpha_estimate REAL, forward_s REAL, n_forward INTEGER, PRIMARY KEY (run_id, round_idx));

@@ -21,6 +21,7 @@ SCHEMA = {
         "max_new_tokens", "new_tokens", "finish_reason", "token_ids", "matches_baseline", "num_rounds",
         "num_drafted", "num_accepted", "num_rejections", "prefill_s", "ttft_s", "decode_s", "total_s",
         "draft_s", "verify_s", "tokens_per_s", "error", "created_at", "machine_id", "first_divergence", "policy_note",
+        "batch_size", "batch_id", "row", "batch_total_s", "batch_tokens_per_s", "matches_single", "predicted_speedup",
     ],
     "rounds": [
         "run_id", "round_idx", "k", "k_requested", "num_accepted", "accept_flags", "next_kind", "num_emitted",
@@ -250,9 +251,11 @@ def test_schema_declared_once_matches_the_published_store(tmp_path):
         # (runs.machine_id, the machine tables, rounds.forward_s, runs.first_divergence, traces and calibration
         # came later: opening an older store adds them, and the published stores were opened so - a checkout
         # does not change on first use)
-        # roofline.runtime_json and runs.policy_note came after the published store was last written: opening
-        # it adds the columns
-        later = {("roofline", "runtime_json"), ("runs", "policy_note")}
+        # roofline.runtime_json, runs.policy_note and the batch axis's runs columns came after the published
+        # store was last written: opening it adds the columns
+        later = {("roofline", "runtime_json"), ("runs", "policy_note")} | {
+            ("runs", c) for c in ("batch_size", "batch_id", "row", "batch_total_s", "batch_tokens_per_s",
+                                  "matches_single", "predicted_speedup")}
         for table, cols in S.TABLES.items():
             got = [(r[1], r[2]) for r in conn.execute(f"PRAGMA table_info({table})")]
             assert [g for g in got if (table, g[0]) not in later] == [

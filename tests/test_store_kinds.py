@@ -1,9 +1,9 @@
-"""Store commands carry every kind of run: single-sequence runs (``specdec sweep``) and batched runs
-(``specdec batch-sweep``) are exported, merged and reported, alone or side by side, or a command refuses
-in one line naming what it did not carry; it never reports a silent zero.
+"""Store commands carry every kind of run: single-sequence runs (``specdec sweep``) and the batched runs of
+the former batch harness's tables (its published stores) are exported, merged and reported, alone or side
+by side, or a command refuses in one line naming what it did not carry; it never reports a silent zero.
 
-No model is loaded: stores are written through `Store.record_run` and `BatchTables.record_run` with tiny
-rows, and a published batch store (results/batch_bf16_final_rules.db) is read from a copy.
+No model is loaded: stores are written through `Store.record_run` and, for the harness's tables, plain SQL
+with tiny rows, and a published batch store (results/batch_bf16_final_rules.db) is read from a copy.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from specdec.bench import machines
 from specdec.bench.export import export_runs
 from specdec.bench.merge import merge_stores
-from specdec.bench.store import Store, StoreError
-from specdec.bench.store_batch import BatchTables, batch_cell_key
+from specdec.bench.store import Store, StoreError, canonical_json
 
 REPO = Path(__file__).resolve().parents[1]
 PUBLISHED = REPO / "results" / "batch_bf16_final_rules.db"  # 252 batched runs of one batch sweep, no single run
@@ -73,27 +73,33 @@ def _add_single(path: Path, n: int = 3, sid: str = SID, prompts: range | None = 
         st.set_status(sid, "done")
 
 
+def _insert(conn, table: str, row: dict) -> None:
+    conn.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+
+
 def _add_batch(path: Path, batches: range = range(2), sid: str = BSID, machine: dict | None = None,
                fail: set[tuple[int, int]] = frozenset(), status: str = "done", new_tokens: int = 16) -> None:
-    """Add batch sweep `sid` to `path`: per batch index one cell of `CELL` at B = 2 (seq 0..4); the runs
-    `(batch, seq)` in `fail` are recorded failed; one calibration point per machine."""
-    with Store(path) as st:
-        bt = BatchTables(st)
+    """Add a batch sweep `sid` of the former harness to `path`: per batch index one cell of `CELL` at B = 2
+    (seq 0..4); the runs `(batch, seq)` in `fail` are recorded failed; one calibration point per machine."""
+    machine = machine or MACHINE
+    with Store(path) as st, st.transaction() as conn:
+        mid = machines.register_machine(conn, machine)
         config = {"target": "t", "settings": {"batch_sizes": [2], "max_new_tokens": new_tokens}}
-        bt.begin(sid, config, resume=True, machine=machine or MACHINE)
+        conn.execute("INSERT OR IGNORE INTO batch_sweeps (sweep_id, config_json, machine_json, status) VALUES "
+                     "(?, ?, ?, ?)", (sid, canonical_json(config), json.dumps(machine, sort_keys=True), status))
         for b in batches:
             for seq, (method, policy) in enumerate(CELL):
                 failed = (b, seq) in fail
-                bt.record_run({
-                    "sweep_id": sid, "cell_key": batch_cell_key(sid, "eager", "code", 2, b, seq, method, policy),
-                    "config_label": "eager", "group_name": "code", "batch_size": 2, "batch_idx": b, "seq": seq,
-                    "prompt_ids": json.dumps(["code-01", "code-02"]), "method": method, "policy": policy,
-                    "k": None if method == "baseline" else 3, "new_tokens": None if failed else 16,
-                    "total_s": None if failed else 1.0, "tokens_per_s": None if failed else 16.0 + seq,
-                    "error": "E: boom" if failed else None,
-                })
-        bt.save_calibration(sid, "eager", [{"role": "target", "batch_size": 2, "n_tokens": 1, "seconds": 0.1}])
-        bt.set_status(sid, status)
+                key = "|".join(map(str, (sid, "eager", "code", 2, b, seq, method, policy or "-")))
+                _insert(conn, "batch_runs", {
+                    "sweep_id": sid, "cell_key": key, "config_label": "eager", "group_name": "code", "batch_size": 2,
+                    "batch_idx": b, "seq": seq, "prompt_ids": json.dumps(["code-01", "code-02"]), "method": method,
+                    "policy": policy, "k": None if method == "baseline" else 3,
+                    "new_tokens": None if failed else 16, "total_s": None if failed else 1.0,
+                    "tokens_per_s": None if failed else 16.0 + seq, "error": "E: boom" if failed else None,
+                    "machine_id": mid})
+        _insert(conn, "batch_calibration", {"sweep_id": sid, "config_label": "eager", "machine_id": mid,
+                                            "role": "target", "batch_size": 2, "n_tokens": 1, "seconds": 0.1})
 
 
 def _count(path: Path, sql: str):
@@ -266,12 +272,6 @@ def _sweep_args(tiny_pair, prompt_file, db) -> list:
             "--no-progress", "--configs", "transformers-eager", "--db", db]
 
 
-def _batch_args(tiny_pair, db) -> list:
-    return ["batch-sweep", "--target", tiny_pair.target_dir, "--draft", tiny_pair.draft_dir, "--batch-sizes", "1",
-            "--batches", "1", "--max-new-tokens", "4", "--groups", "repetitive", "--configs", "transformers-eager",
-            "--methods", "ngram", "--max-k", "2", "--calibration-repeats", "1", "--no-single-reference", "--db", db]
-
-
 def test_another_programs_database_is_never_written_by_a_sweep(tiny_pair, prompt_file, tmp_path, capsys):
     """An existing SQLite file that is not a results store (another program's data) given as --db: one
     line before any model loads, and the file is left byte for byte as it was."""
@@ -282,7 +282,8 @@ def test_another_programs_database_is_never_written_by_a_sweep(tiny_pair, prompt
     con.commit()
     con.close()
     before = other.read_bytes()
-    for args in (_sweep_args(tiny_pair, prompt_file, other), _batch_args(tiny_pair, other),
+    for args in (_sweep_args(tiny_pair, prompt_file, other), [*_sweep_args(tiny_pair, prompt_file, other),
+                                                              "--batch-sizes", "1,2"],
                  ["merge", "--out", other, other.with_name("absent.db")]):
         code, out, err = _cli(capsys, *args)
         line = _one_error_line(err)

@@ -18,6 +18,7 @@ import typer
 
 from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  # [shards]
 from specdec.bench.control import LOCK_WAIT_S
+from specdec.bench.grid import batch_cost_ns
 from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, field_settings, typer_command
 from specdec.bench.shard import shard_plan  # [shards]
 from specdec.errors import cli_errors
@@ -38,7 +39,6 @@ from specdec.options import (
 )
 
 __all__ = ["RUN_SETTINGS", "costs", "export", "register", "sweep", "sweep_settings"]
-
 
 
 def _echo(msg: str) -> None:
@@ -121,7 +121,8 @@ def _sweep(**opts) -> None:
 
 sweep = typer_command(_sweep, sweep_settings(), "Run the study on this machine: per prompt a target-only run "
                       "(its acceptance trace and calibration block predict every K), then the cells they single "
-                      "out, each between two target-only runs; every run stored in SQLite as it finishes.")
+                      "out, each between two target-only runs, and with --batch-sizes batches of prompts against "
+                      "batched target-only decoding; every run stored in SQLite as it finishes.")
 
 
 def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False, loader=None,
@@ -149,7 +150,7 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
         if not measure:
             costs_by = {label: CostCurve.from_costs(c) for label, c in stored.items() if c is not None}
     n_planned = len(plan)
-    plan = [c for c in plan if c.key(sid) not in done]
+    plan = [c for c in plan if not c.is_done(sid, done)]
     sources = [f"costs stored in {db_path}"] if costs_by else []
     if measure:
         from specdec.bench.runner import measure_here
@@ -170,9 +171,10 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     source = " and ".join(sources)
     timed, warm = S.estimate_plan_s(plan, costs_by, max_new_tokens=cfg.max_new_tokens,
                                     warmup_tokens=cfg.warmup_tokens)
-    measure_s = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats)
+    batch_ns = batch_cost_ns(cfg)[0]
+    measure_s = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats, batch_ns)
                     for label in cfg.configs)
-    n_prompts = len({c.prompt.id for c in plan})
+    n_prompts = len({c.prompt.id for c in plan if c.batch_id is None})  # traces and blocks: single-sequence only
     instr = n_prompts * sum(
         S.instrumentation_s(costs_by[label], max_n=S.cost_max_n(cfg), calibration_repeats=cfg.calibration_repeats,
                             traces=cfg.traces and cfg.greedy, new_tokens=cfg.max_new_tokens)
@@ -181,6 +183,11 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
           f"{', '.join(cfg.configs)}; {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)")
     left = f" ({n_planned - len(plan)} of {n_planned} already done in {db_path}: the runs left)" \
         if len(plan) < n_planned else ""
+    batches = {(c.batch_size, c.batch_id) for c in plan if c.batch_id is not None}
+    if batches:
+        per_b = {b: sum(1 for bb, _ in batches if bb == b) for b in sorted({b for b, _ in batches})}
+        _echo("batch axis: " + ", ".join(f"B={b}: {n} batches" for b, n in per_b.items()) + " of one prompt group "
+              "each, every batched run between two batched target-only runs of its prompts at its B")
     _echo(f"{len(plan)} timed generations{left}:")
     for key, n in S.plan_summary(plan).items():
         _echo(f"  {key:<34} {n}")
@@ -242,12 +249,7 @@ def costs(
                     context_tokens=context_tokens, as_json=as_json, out=out)
         return
     with cli_errors():
-        if gguf_type is not None:  # before any model loads
-            from specdec.models.requant import check_gguf_type
-
-            if backend != "llamacpp":
-                raise ValueError("--gguf-type applies to the llama.cpp backend only (add --backend llamacpp)")
-            gguf_type = check_gguf_type(gguf_type)
+        gguf_type = _gguf_type(gguf_type, backend)  # before any model loads
         target_spec, draft_spec = models.resolve_pair(pair, target, draft)
         typer.echo(f"loading {target_spec} and {draft_spec} ...", err=True)
         loaded = load_pair(target_spec, draft_spec, backend=backend, draft_backend=draft_backend, device=device,
@@ -276,6 +278,27 @@ def costs(
         }  # fmt: skip
         typer.echo(json.dumps(out, sort_keys=True))
         return
+    _print_costs(result, roof, bandwidth, record_lines(runtime))
+
+
+def _gguf_type(gguf_type: str | None, backend: str) -> str | None:
+    """``--gguf-type`` checked (`specdec.models.requant.check_gguf_type`); None when not given.
+
+    Raises:
+        ValueError: given for a backend other than llama.cpp, or not a requantization type.
+    """
+    if gguf_type is None:
+        return None
+    from specdec.models.requant import check_gguf_type
+
+    if backend != "llamacpp":
+        raise ValueError("--gguf-type applies to the llama.cpp backend only (add --backend llamacpp)")
+    return check_gguf_type(gguf_type)
+
+
+def _print_costs(result: dict, roof: dict, bandwidth: dict, runtime_lines: list[str]) -> None:
+    """``specdec costs``'s text output: the steps and c, the draft's longer forwards, the target's forward
+    curve with v(n), the roofline and what the models ran on."""
     c = result["c"]
     typer.echo(f"target step  {result['target_step_s'] * 1e3:9.2f} ms")
     if result["draft_step_s"] is not None:
@@ -295,7 +318,7 @@ def costs(
                f"{roof['achieved_gbps']:.2f} GB/s achieved at n = 1; machine bandwidth "
                f"{roof['bandwidth_gbps']:.2f} GB/s (streaming copy of {bandwidth['size_mib']:g} MiB, best of "
                f"{bandwidth['repeats']}): share {roof['bandwidth_share']:.2f}")
-    for line in record_lines(runtime):
+    for line in runtime_lines:
         typer.echo(line)
 
 
@@ -357,6 +380,3 @@ def register(app: typer.Typer) -> None:
     app.command("costs")(costs)
     app.command("export")(export)
     app.command("merge")(merge)  # [shards] specdec/bench/cluster_commands.py
-    from specdec.bench.batch_commands import batch_sweep  # the batch axis: specdec/bench/batch_sweep.py
-
-    app.command("batch-sweep")(batch_sweep)

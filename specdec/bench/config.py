@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.grid import BEST_K, _as_list, _int_list, parse_batch_sizes, parse_type_ks, policy_name
 from specdec.bench.methods import METHODS, our_methods, peer_methods
 from specdec.bench.settings import (
     PANEL_MODELS,
@@ -46,21 +47,12 @@ __all__ = [
     "default_config",
     "load_config_file",
     "make_config",
-    "method_ks",
-    "parse_type_ks",
-    "policies_for",
-    "policy_name",
     "to_json",
-    "type_ks_entries",
-    "type_ks_for",
 ]
 
 OUR_METHODS = tuple(m.name for m in our_methods() if m.default)
 PEER_METHODS = tuple(m.name for m in peer_methods())
 ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
-#: A fixed K chosen per prompt: the K in 1..--policy-k that the prompt's acceptance trace, priced with its
-#: calibration block, predicts fastest (`specdec.measure.pricing.TraceModel.best_fixed_k`; greedy sweeps with traces).
-BEST_K = "best"
 POLICIES = (BEST_K, *ADAPTIVE_POLICIES)
 #: The default runtime configuration: the fastest exact-by-design transformers path this machine supports
 #: (`default_config`).
@@ -110,6 +102,10 @@ class SweepConfig:
                                        "prompt's grid is not timed twice.")
     max_new_tokens: int = setting(128, "New tokens per generation.")
     repeats: int = setting(1, "Timed runs per cell (repeat r samples with seed + r).")
+    batch_sizes: tuple[int, ...] = setting((1,), "Batch sizes B (1..16): 1 is the single-sequence sweep; each B > "
+                                           "1 adds batches of B prompts of one group (code, prose, repetitive), "
+                                           "decoded together and timed between batched target-only runs at that "
+                                           "B.")
     baseline_repeats: int = setting(2, "Target-only runs per prompt when not bracketed (--pairing none): one "
                                     "before and the rest after its other runs (at least --repeats).")
     pairing: str = setting("bracket", "bracket: a target-only run between every two other runs, each speedup "
@@ -193,103 +189,6 @@ FILE_SETTINGS = (Setting("db", DEFAULT_DB, "SQLite results file.", PANEL_STORE, 
 FILE_ONLY_KEYS = tuple(s.name for s in FILE_SETTINGS)
 
 
-def _as_list(value: Any, what: str) -> list:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [p.strip() for p in value.split(",") if p.strip()]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    raise ValueError(f"{what} must be a comma-separated string or a list, got {value!r}")
-
-
-def _int_list(value: Any, what: str, *, allow_empty: bool) -> tuple[int, ...]:
-    items = _as_list(value, what)
-    out = []
-    for item in items:
-        try:
-            k = int(item)
-        except (TypeError, ValueError):
-            raise ValueError(f"{what}: {item!r} is not an integer") from None
-        if isinstance(item, float) and item != k:
-            raise ValueError(f"{what}: {item!r} is not an integer")
-        if k < 1:
-            raise ValueError(f"{what}: K must be >= 1, got {k}")
-        out.append(k)
-    if not out and not allow_empty:
-        raise ValueError(f"{what}: give at least one value")
-    return tuple(dict.fromkeys(out))
-
-
-def parse_type_ks(value: Any, methods: tuple[str, ...]) -> tuple[str, ...]:
-    """Validate ``type_ks`` entries ``"method:type=K"`` (a comma-separated string or a list; ``type=K`` alone
-    means every drafting method of the sweep) and return them normalized, one (method, type, K) per entry,
-    in the order given without repeats.
-
-    Raises:
-        ValueError: an entry not of that form, a method that takes no K or is not in the sweep's methods,
-            or K < 1 (one line naming the entry).
-    """
-    drafting = [m.name for m in our_methods() if m.takes_k and m.name in methods]
-    out: list[str] = []
-    for item in _as_list(value, "type_ks"):
-        entry = str(item).strip()
-        head, eq, k_txt = entry.partition("=")
-        method, colon, ptype = head.partition(":")
-        if not colon:
-            method, ptype = "", head
-        method, ptype = method.strip().lower(), ptype.strip()
-        try:
-            k = int(k_txt)
-        except ValueError:
-            k = 0
-        if not eq or not ptype or k < 1:
-            raise ValueError(f"type_ks: {entry!r} is not method:type=K with K >= 1 (e.g. draft:code=3)")
-        if method and method not in drafting:
-            raise ValueError(f"type_ks: {entry!r}: {method!r} is not a drafting method of this sweep "
-                             f"({', '.join(drafting) or 'none'})")
-        for m in [method] if method else drafting:
-            out.append(f"{m}:{ptype}={k}")
-    return tuple(dict.fromkeys(out))
-
-
-def type_ks_entries(cfg: SweepConfig) -> list[tuple[str, str, int]]:
-    """`cfg.type_ks` (normalized by `parse_type_ks`) as ``(method, prompt_type, K)`` triples, in order."""
-    out = []
-    for e in cfg.type_ks:
-        head, _, k = e.rpartition("=")
-        method, _, ptype = head.partition(":")
-        out.append((method, ptype, int(k)))
-    return out
-
-
-def type_ks_for(cfg: SweepConfig, method: str, prompt_type: str) -> tuple[int, ...]:
-    """The extra fixed K of `cfg.type_ks` for one drafting method and prompt type (tokens, in order)."""
-    return tuple(k for m, t, k in type_ks_entries(cfg) if (m, t) == (method, prompt_type))
-
-
-def policy_name(entry: str) -> str:
-    """The policy of a `SweepConfig.policies` entry: ``"cost"`` for ``"cost"`` and for ``"draft:cost"``."""
-    return entry.split(":", 1)[1] if ":" in entry else entry
-
-
-def policies_for(cfg: SweepConfig, method: str, *, primary: bool = True) -> tuple[str, ...]:
-    """The policies timed for drafting `method` on a primary (or a non-primary) prompt: the entries without a
-    method and those of the form ``method:policy``; never `BEST_K` for a cross-tokenizer method (no trace of
-    it is recorded to choose K from: it runs at `method_ks` instead)."""
-    entries = cfg.policies if primary else cfg.secondary_policies
-    out = dict.fromkeys(policy_name(e) for e in entries if ":" not in e or e.split(":", 1)[0] == method)
-    if method in METHODS and METHODS[method].cross_tokenizer:
-        out.pop(BEST_K, None)
-    return tuple(out)
-
-
-def method_ks(cfg: SweepConfig, method: str) -> tuple[int, ...]:
-    """The fixed K a method gets on every prompt besides the K grids: `SweepConfig.xtok_ks` for a
-    cross-tokenizer method (`Method.cross_tokenizer`), none for the others."""
-    return cfg.xtok_ks if method in METHODS and METHODS[method].cross_tokenizer else ()
-
-
 def default_config(device: str = "cpu") -> str:
     """The runtime configuration ``auto`` stands for: ``transformers-bf16`` on a CPU with native bf16 kernels
     (`specdec.runtimes.precision.default_dtype`), else ``transformers-eager`` (fp32); both are exact by design against
@@ -369,6 +268,14 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     v["xtok_ks"] = _int_list(v["xtok_ks"], "xtok_ks", allow_empty=False)
     _normalize_names(v)
     _check_xtok(v)
+    v["batch_sizes"] = parse_batch_sizes(v["batch_sizes"])
+    if max(v["batch_sizes"]) > 1:
+        for label in v["configs"]:
+            rc = RUNTIME_CONFIGS[label]
+            if rc.compile or rc.pad_verify:
+                why = "is compiled (static cache)" if rc.compile else "pads verification"
+                raise ValueError(f"batch_sizes: {label} {why}, and batched decoding runs the eager backend unpadded; "
+                                 "give B = 1 alone for it, or an uncompiled, unpadded configuration")
     v["type_ks"] = parse_type_ks(v["type_ks"], v["methods"])
     pt = v["prompt_types"]
     if isinstance(pt, (list, tuple)):

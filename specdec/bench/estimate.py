@@ -87,27 +87,32 @@ def estimate_generation_s(
     *,
     prompt_tokens: int = 100,
     alpha: float = 0.5,
+    rows: int = 1,
 ) -> float:
-    """A rough duration (seconds) of one generation, from the costs and a GUESSED acceptance `alpha`.
+    """A rough duration (seconds) of one generation of `rows` prompts decoded together (1: one sequence),
+    from the costs and a GUESSED acceptance `alpha`.
 
     Model (Leviathan et al. 2023 with the measured forward curve): prefill = one target forward over the
-    prompt (plus c times that for a draft model); target-only = ``new_tokens`` steps; a fixed-K round costs
-    ``K * draft_step_s + forward(K + 1)`` (draft cost 0 for prompt lookup) and yields
-    ``(1 - alpha^(K+1)) / (1 - alpha)`` tokens. An adaptive policy is assumed to run at the best fixed
-    K <= its K. Not a measurement: the sweep prints it labelled as a rough estimate.
+    prompts (plus c times that for a draft model); target-only = ``new_tokens`` steps of `rows` tokens; a
+    fixed-K round costs ``K`` draft steps (draft cost 0 for prompt lookup; over `rows` rows, a draft forward
+    of `rows` tokens) plus one target forward of ``rows (K + 1)`` tokens, and yields
+    ``(1 - alpha^(K+1)) / (1 - alpha)`` tokens per row. An adaptive policy is assumed to run at the best
+    fixed K <= its K. Not a measurement: the sweep prints it labelled as a rough estimate.
     """
-    step = costs.target_step_s
-    draft_step = costs.draft_step_s or 0.0
-    prefill = costs.forward_s(max(1, prompt_tokens - 1))
+    step = costs.forward_s(rows)
+    prefill = costs.forward_s(max(1, rows * (prompt_tokens - 1)))
     m = METHODS[method]
     if not m.takes_k:
         return prefill + new_tokens * step
     uses_model = m.drafts_with_model
     if uses_model:
-        prefill *= 1.0 + draft_step / step
+        prefill *= 1.0 + (costs.draft_step_s or 0.0) / costs.target_step_s
 
     def fixed(kk: int) -> float:
-        per_round = costs.round_s(kk, draft=uses_model)
+        if rows == 1:
+            per_round = costs.round_s(kk, draft=uses_model)
+        else:
+            per_round = costs.forward_s(rows * (kk + 1)) + (kk * costs.draft_forward(rows) if uses_model else 0.0)
         return prefill + new_tokens / float(expected_tokens_per_round(alpha, kk)) * per_round
 
     kk = int(k or 1)
@@ -127,7 +132,8 @@ def estimate_plan_s(
     warmed: Iterable[tuple] = (),
 ) -> tuple[float, float]:
     """``(timed_s, warmup_s)``: the rough duration of `cells` and of their warm-ups (one per group not in
-    `warmed`), by `estimate_generation_s`. Cells whose config has no costs are left out.
+    `warmed`), by `estimate_generation_s` (a batched run's rows at its longest prompt). Cells whose config has
+    no costs are left out.
 
     `prompt_tokens` maps prompt ids to their token counts (default 100 each).
     """
@@ -140,19 +146,21 @@ def estimate_plan_s(
             continue
         if METHODS[c.method].skip:
             continue  # recorded as skipped, costs nothing
-        n_prompt = pt.get(c.prompt.id, 100)
+        n_prompt = max(pt.get(p.id, 100) for p in c.rows or (c.prompt,))
         timed += estimate_generation_s(c.method, c.k, c.policy, costs, max_new_tokens,
-                                       prompt_tokens=n_prompt, alpha=alpha)
+                                       prompt_tokens=n_prompt, alpha=alpha, rows=c.batch_size)
         if c.group not in seen:
             seen.add(c.group)
             warm += estimate_generation_s(c.method, c.k, c.policy, costs, min(warmup_tokens, max_new_tokens),
-                                          prompt_tokens=n_prompt, alpha=alpha)
+                                          prompt_tokens=n_prompt, alpha=alpha, rows=c.batch_size)
     return timed, warm
 
 
-def cost_measurement_s(costs: CostCurve, max_n: int, repeats: int) -> float:
-    """Rough seconds `measure_costs` takes: (repeats + 1 warm-up) passes over forwards of 1..max_n tokens."""
-    return (repeats + 1) * sum(costs.forward_s(n) for n in range(1, max_n + 1))
+def cost_measurement_s(costs: CostCurve, max_n: int, repeats: int, extra_ns: Iterable[int] = ()) -> float:
+    """Rough seconds `measure_costs` takes: (repeats + 1 warm-up) passes over forwards of 1..max_n tokens and
+    of `extra_ns` tokens (the forwards that price a batch's K, `specdec.bench.grid.batch_cost_ns`)."""
+    return (repeats + 1) * (sum(costs.forward_s(n) for n in range(1, max_n + 1))
+                            + sum(costs.forward_s(n) for n in extra_ns))
 
 
 def instrumentation_s(costs: CostCurve, *, max_n: int, calibration_repeats: int, traces: bool,

@@ -1,13 +1,15 @@
 """Export every run of a results store, of every kind, joined with its sweep's row, to CSV, JSON Lines or
 Parquet (``specdec export``).
 
-A store holds two kinds of run: single-sequence runs (``runs``, written by ``specdec sweep``) and batched
-runs (``batch_runs``, written by ``specdec batch-sweep``). Both go into ONE table, told apart by its first
-column ``kind`` (``single`` or ``batch``): the columns are ``kind``, every ``runs`` column, the columns only
-a batched run has (`BATCH_ONLY`: ``group_name``, ``batch_size``, ``batch_idx``, ``seq``, ``prompt_ids``,
-...; NULL on single-sequence rows) and the sweep's row (``sweep_*``, from ``sweeps`` or ``batch_sweeps``).
-The columns do not depend on what the store holds, so exports of different stores concatenate. ``run_id``
-is numbered per kind: ``(kind, run_id)`` names a row.
+A store holds two kinds of run: single-sequence runs and batched runs. ``specdec sweep`` writes both to
+``runs`` (a batched run of B prompts as B rows, ``batch_size`` > 1); the former batch harness wrote one row
+per batched run to ``batch_runs`` (its published stores). All go into ONE table, told apart by its first
+column ``kind`` (``single``, or ``batch`` for a row of a batched run of either table): the columns are
+``kind``, every ``runs`` column, the columns only a ``batch_runs`` row has (`BATCH_ONLY`: ``group_name``,
+``batch_idx``, ``seq``, ``prompt_ids``, ...; NULL on ``runs`` rows) and the sweep's row (``sweep_*``, from
+``sweeps`` or ``batch_sweeps``). The columns do not depend on what the store holds, so exports of different
+stores concatenate. ``run_id`` is numbered per table: ``(kind, run_id)`` names a row of ``batch_runs``,
+``run_id`` alone one of ``runs``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ __all__ = ["BATCH_ONLY", "EXPORT_FORMATS", "ExportedRuns", "export_columns", "ex
 _SWEEP_EXPORT = columns("sweeps")[1:]
 #: Columns of ``batch_runs`` that ``runs`` lacks, exported after the ``runs`` columns.
 BATCH_ONLY: tuple[str, ...] = tuple(c for c in columns("batch_runs") if c not in columns("runs"))
-#: Each kind of run: its runs table and its sweeps table, in export order.
+#: Each table of runs and its sweeps table, by the kind of its rows, in export order.
 _KINDS = {"single": ("runs", "sweeps"), "batch": ("batch_runs", "batch_sweeps")}
 
 EXPORT_FORMATS = ("csv", "jsonl", "parquet")
@@ -64,7 +66,8 @@ def _declared_types() -> dict[str, str]:
 
 
 def _kind_rows(store: Store, kind: str, sweep_id: str | None) -> list[dict]:
-    """The runs of one kind joined with their sweep's row (a column the store's tables lack is NULL)."""
+    """The rows of one table of runs (`_KINDS`) joined with their sweep's row (a column the store's tables lack
+    is NULL), each with its kind."""
     runs, sweeps = _KINDS[kind]
     have = {r[1] for r in store.conn.execute(f"PRAGMA table_info({sweeps})")}
     sweep_cols = ", ".join(f"s.{c} AS sweep_{c}" if c in have else f"NULL AS sweep_{c}" for c in _SWEEP_EXPORT)
@@ -74,7 +77,8 @@ def _kind_rows(store: Store, kind: str, sweep_id: str | None) -> list[dict]:
         sql += " WHERE r.sweep_id = ?"
         params = (sweep_id,)
     sql += " ORDER BY r.run_id"
-    return [{"kind": kind, **dict(r)} for r in store.conn.execute(sql, params).fetchall()]
+    rows = [dict(r) for r in store.conn.execute(sql, params).fetchall()]
+    return [{"kind": "batch" if (r.get("batch_size") or 1) > 1 else kind, **r} for r in rows]
 
 
 def _sweep_ids(store: Store) -> dict[str, list[str]]:
@@ -85,10 +89,10 @@ def _sweep_ids(store: Store) -> dict[str, list[str]]:
 def export_runs(db: str | Path, fmt: str, out: str | Path, *, sweep_id: str | None = None,
                 force: bool = False) -> ExportedRuns:
     """Write every run of every kind (or one sweep's), joined with its sweep's row, to `out`; return the
-    number written (`ExportedRuns`: an int with its count per kind).
+    number of rows written (`ExportedRuns`: an int with its count per kind).
 
     Columns: `export_columns` (see the module; ``token_ids`` and ``prompt_ids`` stay JSON strings).
-    Single-sequence runs come first, each kind in run order.
+    The rows of ``runs`` come first, then those of ``batch_runs``, each in run order.
 
     Args:
         db: an existing results database.
@@ -124,14 +128,13 @@ def export_runs(db: str | Path, fmt: str, out: str | Path, *, sweep_id: str | No
         if sweep_id is not None and not any(sweep_id in v for v in ids.values()):
             raise StoreError(f"{db}: no sweep {sweep_id!r}; sweeps there: {store.describe_sweeps()}; batch sweeps "
                              f"there: {', '.join(ids['batch']) or 'none'}")
-        by_kind = {kind: _kind_rows(store, kind, sweep_id) for kind in _KINDS}
-    if not any(by_kind.values()):
+        found = [r for table in _KINDS for r in _kind_rows(store, table, sweep_id)]
+    if not found:
         what = f"sweep {sweep_id} has" if sweep_id is not None else f"{db} holds"
         raise StoreError(f"{what} no runs (single-sequence or batched) yet: nothing to export, no file written")
     cols = export_columns()
-    rows = [{c: r.get(c) for c in cols} for kind_rows in by_kind.values() for r in kind_rows]
-    _write(out, fmt, cols, rows)
-    return ExportedRuns({kind: len(r) for kind, r in by_kind.items()})
+    _write(out, fmt, cols, [{c: r.get(c) for c in cols} for r in found])
+    return ExportedRuns({kind: sum(r["kind"] == kind for r in found) for kind in _KINDS})
 
 
 def _write(out: Path, fmt: str, cols: list[str], rows: list[dict]) -> None:

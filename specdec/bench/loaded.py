@@ -66,6 +66,7 @@ class LoadedConfig:
             (`specdec.measure.timing.cross_tokenizer_draft_costs`), or None before they are measured.
         outputs: prompt id -> its first target-only output (target ids) stored so far: the corpus of the
             OTHER prompts' runs of a corpus-drafting method (`Runtime.corpus`).
+        batch: what its batched runs share (`specdec.bench.batch_runs.BatchState`), None without them.
     """
 
     cfg: SweepConfig
@@ -79,6 +80,7 @@ class LoadedConfig:
     xtok: Any = None
     xtok_costs: dict | None = None
     outputs: dict[str, list[int]] = field(default_factory=dict)
+    batch: Any = None
     _ids: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
@@ -294,9 +296,9 @@ def measure_here(cfg: SweepConfig, rc: RuntimeConfig, prepared: Prepared, *, loa
 def announce(loaded: LoadedConfig, cells: list[PlannedRun], log: Callable[[str], None]) -> None:
     """Log the configuration's rough duration (from its measured costs and an assumed acceptance)."""
     counts = {}
-    for c in cells:
+    for p in {p.id: p for c in cells for p in c.rows or (c.prompt,)}.values():
         with contextlib.suppress(Exception):
-            counts[c.prompt.id] = len(loaded.prompt_ids(c.prompt))
+            counts[p.id] = len(loaded.prompt_ids(p))
     cfg, label = loaded.cfg, loaded.rc.label
     timed, warm = estimate_plan_s(cells, {label: CostCurve.from_costs(loaded.costs)},
                                   max_new_tokens=cfg.max_new_tokens, warmup_tokens=cfg.warmup_tokens,
@@ -307,8 +309,9 @@ def announce(loaded: LoadedConfig, cells: list[PlannedRun], log: Callable[[str],
 
 
 def fitting(loaded: LoadedConfig, cells: list[PlannedRun], s: SweepState) -> list[PlannedRun]:
-    """The cells whose prompt + `max_new_tokens` fits the target's and (for drafting methods) the draft's
-    context; the others are skipped with one line when the sweep says so, else refused.
+    """The cells whose prompt (every row's, for a batched run) + `max_new_tokens` fits the target's and (for
+    drafting methods) the draft's context; the others are skipped with one line when the sweep says so, else
+    refused.
 
     Raises:
         PlanDoesNotFitError: a prompt does not fit and ``skip_long_prompts`` is off.
@@ -320,7 +323,7 @@ def fitting(loaded: LoadedConfig, cells: list[PlannedRun], s: SweepState) -> lis
     if loaded.xtok is not None:  # counted in target tokens: a rough bound for the draft's own tokens
         limits["cross-tokenizer draft"] = loaded.xtok.draft.backend.max_length
     too_long: dict[str, str] = {}
-    for prompt in {c.prompt.id: c.prompt for c in cells}.values():
+    for prompt in {p.id: p for c in cells for p in c.rows or (c.prompt,)}.values():
         n = len(loaded.prompt_ids(prompt))
         over = [f"the {role}'s context of {ctx}" for role, ctx in limits.items() if n + budget > ctx]
         if over:
@@ -332,7 +335,7 @@ def fitting(loaded: LoadedConfig, cells: list[PlannedRun], s: SweepState) -> lis
         raise PlanDoesNotFitError(
             f"[{loaded.rc.label}] {len(too_long)} prompt(s) + {budget} new tokens do not fit: {names}; "
             "skip them with --skip-long-prompts, or lower --max-new-tokens")
-    kept = [c for c in cells if c.prompt.id not in too_long]
+    kept = [c for c in cells if not any(p.id in too_long for p in c.rows or (c.prompt,))]
     s.log(f"[{loaded.rc.label}] skipping {len(cells) - len(kept)} runs of {len(too_long)} prompt(s) that do "
           f"not fit with {budget} new tokens: {names}")
     s.result.skipped += len(cells) - len(kept)

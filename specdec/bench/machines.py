@@ -84,19 +84,20 @@ def record_shard(store, sweep_id: str, shard: Any = None) -> None:
         )
 
 
-def machine_cost_rows(conn, sweep_id: str, config_label: str, mid: str | None) -> list | None:
-    """``(role, n_tokens, seconds, repeats, spread_s)`` rows of machine `mid`'s own cost curve, ``[]`` when
-    other machines measured this sweep and config_label but `mid` did not (so it must measure its own), or
-    None when the store has no per-machine costs for it (a store from before them: use ``costs``)."""
+def machine_cost_rows(conn, sweep_id: str, config_label: str, mid: str | None,
+                      roles: tuple[str, ...] = ("target", "draft")) -> list | None:
+    """``(role, n_tokens, seconds, repeats, spread_s)`` rows of `roles` of machine `mid`'s own cost curve, ``[]``
+    when other machines measured this sweep and config_label but `mid` did not (so it must measure its own),
+    or None when the store has no per-machine costs for it (a store from before them: use ``costs``)."""
     if mid is None:
         return None
-    have = conn.execute(
-        "SELECT COUNT(*) FROM machine_costs WHERE sweep_id = ? AND config_label = ?", (sweep_id, config_label)
-    ).fetchone()[0]
+    among = f"role IN ({', '.join('?' * len(roles))})"
+    have = conn.execute(f"SELECT COUNT(*) FROM machine_costs WHERE sweep_id = ? AND config_label = ? AND {among}",
+                        (sweep_id, config_label, *roles)).fetchone()[0]
     if not have:
         return None
     return conn.execute(
         "SELECT role, n_tokens, seconds, repeats, spread_s FROM machine_costs WHERE sweep_id = ? AND "
-        "config_label = ? AND machine_id = ? ORDER BY role, n_tokens",
-        (sweep_id, config_label, mid),
+        f"config_label = ? AND machine_id = ? AND {among} ORDER BY role, n_tokens",
+        (sweep_id, config_label, mid, *roles),
     ).fetchall()

@@ -13,8 +13,9 @@ written, plus the machine of every run:
   ``sweeps.machine_json``), ``machines``, ``machine_costs`` (each machine's own cost curve) and ``shards``
   are unioned; ``costs`` keeps the first source's curve per config_label (older readers see one machine);
 - the merged ``sweeps.status`` is ``done`` when every source is done, else ``interrupted``;
-- batched runs (``specdec batch-sweep``'s tables) follow the same rules: the sources hold the same batch
-  sweep(s), ``batch_runs`` are unioned by ``cell_key`` (`specdec.bench.store_batch.BatchTables.merge_from`),
+- a sweep's batched runs are rows of ``runs`` and merge with them; the former batch harness's tables
+  (its published stores) follow the same rules: the sources hold the same batch sweep(s), ``batch_runs``
+  are unioned by ``cell_key`` (`specdec.bench.store_batch.BatchTables.merge_from`),
   ``batch_calibration`` per machine, and ``batch_sweeps.status`` is merged like ``sweeps.status``. An
   existing `out` holding no sweep of one kind is not compared for that kind: a merge that lacks the batched
   runs gets them added.
@@ -156,7 +157,7 @@ def merge_stores(
     Args:
         out: the merged store (created if missing; an existing one must hold the same sweeps and is added to,
             so merging again after a shard was resumed is safe). Must not be one of `sources`.
-        sources: shard stores (SQLite files written by `specdec sweep` or `specdec batch-sweep`), at least one.
+        sources: shard stores (SQLite files written by `specdec sweep`, or the former batch harness), at least one.
         echo: receives one-line notes (duplicates, missing shards); default: none.
 
     Returns:

@@ -8,7 +8,9 @@ each peer is compared with is `specdec.catalogue.peers.PEER_PAIRS` (the report r
 
 Every drafter of the catalogue (`specdec.catalogue.drafters`) is one speculative method of the same name:
 adding a drafter there makes ``--methods ...,NAME`` plan it over the K grid and the policies, and the runner
-time it.
+time it. A method with a batched form (`Method.batch`: target-only, the A/A run, and every drafter of one
+target tokenizer whose rows draft on their own) also runs in batches of B > 1 prompts,
+``batch(batch_runtime, batch_request) -> [RunRecord per row]`` through `specdec.engine.decoding.generate_batch`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = [
     "LLAMA_PROMPT_LOOKUP_SKIP",
     "METHODS",
+    "BatchRequest",
+    "BatchRuntime",
     "Method",
     "RunRecord",
     "RunRequest",
@@ -41,6 +45,7 @@ __all__ = [
     "reference_method",
     "register",
     "speculative",
+    "speculative_batch",
 ]
 
 LLAMA_PROMPT_LOOKUP_SKIP = (
@@ -94,6 +99,52 @@ class RunRequest:
     (``"fixed"``/None or an adaptive policy name, for methods that take K) and seed."""
 
     prompt_ids: list[int]
+    max_new_tokens: int
+    k: int | None = None
+    policy: str | None = None
+    seed: int = 0
+
+
+@dataclass
+class BatchRuntime:
+    """What a method runs on at B > 1: one loaded configuration's batched backends and batch pricing.
+
+    Attributes:
+        target: the target's `specdec.runtimes.base.BatchedBackend` (built for the sweep's largest B).
+        runtime: the configuration's `Runtime` (pair, sampling, n-gram sizes, stop ids).
+        rows: B. row_tokens: the most tokens a row holds (sizes a batched draft model's cache).
+        costs: the batch pricing's `CostCurve` (forwards of B x (K + 1) tokens, the draft's step over B rows),
+            or None. drafters: the batched drafters built so far, by (method, B) (built once, reused).
+    """
+
+    target: Any
+    runtime: Runtime
+    rows: int
+    row_tokens: int | None = None
+    costs: CostCurve | None = None
+    drafters: dict[tuple[str, int], Any] = field(default_factory=dict)
+
+    def drafter(self, name: str) -> Any:
+        """The batched drafter of catalogue drafter `name` for `rows` rows (`batched_drafter`), built once."""
+        if (name, self.rows) not in self.drafters:
+            rt = self.runtime
+            source = catalogue_drafters.DraftSource(rt.pair, rt.sampling, self.costs, (rt.ngram_max, rt.ngram_min),
+                                                    rows=self.rows, row_tokens=self.row_tokens)
+            self.drafters[name, self.rows] = catalogue_drafters.batched_drafter(name, source)
+        return self.drafters[name, self.rows]
+
+    def draft_cost(self, rows: int, k: int) -> float:
+        """Seconds of drafting K tokens for `rows` rows with the draft model: K draft forwards over `rows`
+        tokens (one token per row), as ``generate`` prices a batch."""
+        return k * self.costs.draft_forward(rows) if self.costs is not None else 0.0
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One batched generation: each row's prompt token ids, the new-token budget of every row, K (None for
+    target-only), policy (``"fixed"`` or a policy with a batch form) and the seed of every row."""
+
+    prompt_ids: list[list[int]]
     max_new_tokens: int
     k: int | None = None
     policy: str | None = None
@@ -174,6 +225,8 @@ class Method:
             (`Runtime.corpus`).
         replay_as: the drafter whose trace replay chooses this method's K under policy ``best``
             (`specdec.measure.pricing.DRAFTERS`); None: the method's own name.
+        batch: ``batch(batch_runtime, batch_request) -> [RunRecord per row]``: its batched form (planned at
+            B > 1), or None.
     """
 
     name: str
@@ -189,6 +242,7 @@ class Method:
     cross_tokenizer: bool = False
     uses_corpus: bool = False
     replay_as: str | None = None
+    batch: Callable[[BatchRuntime, BatchRequest], list[RunRecord]] | None = None
 
 
 #: Every timed method by name, in plan order (`register` adds one).
@@ -291,6 +345,45 @@ def speculative(drafter: str):
     return run
 
 
+def _batch_common(rt: BatchRuntime, req: BatchRequest) -> dict[str, Any]:
+    return {"sampling": rt.runtime.sampling, "eos_ids": rt.runtime.stop_ids, "vocab_size": rt.runtime.pair.vocab_size,
+            "seed": [req.seed] * len(req.prompt_ids)}
+
+
+def _batch_baseline(rt: BatchRuntime, req: BatchRequest) -> list[RunRecord]:
+    """Batched target-only decoding of the rows (every row with the run's seed)."""
+    from specdec.engine.decoding import generate_batch
+
+    res = generate_batch(rt.target, req.prompt_ids, req.max_new_tokens, **_batch_common(rt, req))
+    return [RunRecord.from_result(r) for r in res]
+
+
+def speculative_batch(drafter: str):
+    """The batched run function of catalogue drafter `drafter`: its batched drafter (`BatchRuntime.drafter`) at
+    a fixed K or under a policy's batch form (`specdec.catalogue.policies.batch_policy`, priced by the batch
+    costs; a model-free drafter's tokens cost nothing)."""
+    entry = catalogue_drafters.drafter(drafter)
+
+    def run(rt: BatchRuntime, req: BatchRequest) -> list[RunRecord]:
+        from specdec.engine.decoding import generate_batch
+
+        if req.policy in (None, "fixed"):
+            how: dict[str, Any] = {"k": req.k}
+        else:
+            how = {"policy": catalogue_policies.batch_policy(
+                req.policy, int(req.k), curve=rt.costs, draft_cost=rt.draft_cost if entry.needs_model else None)}
+        res = generate_batch(rt.target, req.prompt_ids, req.max_new_tokens, drafter=rt.drafter(entry.name), **how,
+                             **_batch_common(rt, req))
+        return [RunRecord.from_result(r) for r in res]
+
+    return run
+
+
+def _batched(e: catalogue_drafters.DrafterEntry) -> bool:
+    """Whether drafter `e` runs in a batch: one tokenizer, no per-row corpus, no row limit."""
+    return e.max_rows is None and not e.other_tokenizer and not e.uses_corpus
+
+
 # ------------------------------------------------------------------------------------------- peers
 
 
@@ -314,11 +407,12 @@ def _eager_transformers_target(rc: RuntimeConfig) -> bool:
 
 
 for _m in (
-    Method("baseline", _baseline, reference=True),
-    Method("aa", _baseline, aa=True),
+    Method("baseline", _baseline, reference=True, batch=_batch_baseline),
+    Method("aa", _baseline, aa=True, batch=_batch_baseline),
     Method("baseline_padded", _baseline_padded, default=False),
     *(Method(e.name, speculative(e.name), takes_k=True, drafts_with_model=e.needs_model, default=e.in_sweep,
-             cross_tokenizer=e.other_tokenizer, uses_corpus=e.uses_corpus, replay_as=e.replay_as)
+             cross_tokenizer=e.other_tokenizer, uses_corpus=e.uses_corpus, replay_as=e.replay_as,
+             batch=speculative_batch(e.name) if _batched(e) else None)
       for e in catalogue_drafters.DRAFTERS.values()),
     Method("hf_generate", _hf_peer("hf_generate"), peer=True, applies=_eager_transformers_target),
     Method("hf_assisted", _hf_peer("hf_assisted"), peer=True, takes_k=True, drafts_with_model=True,

@@ -1,7 +1,9 @@
 """The plan of a sweep: its prompts, its cells in execution order, and its identity (`prepare`).
 
 Vocabulary: a **cell** is (config_label, prompt, method, K, policy); a **run** is one timed generation of a
-cell, and a `PlannedRun` is one run to do (cell x repeat; `PlannedRun.cell` is its cell).
+cell, and a `PlannedRun` is one run to do (cell x repeat; `PlannedRun.cell` is its cell). A batched run
+decodes the B prompts of one batch together (`specdec.bench.grid`); its cell is (config_label, batch, method,
+K, policy), and it is stored as B rows.
 Everything in this module is checked without loading a model.
 """
 
@@ -13,10 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.bench.config import (
-    RUNTIME_CONFIGS,
-    SweepConfig,
-    check_available,
+from specdec.bench.config import RUNTIME_CONFIGS, SweepConfig, check_available
+from specdec.bench.grid import (
+    batch_k,
+    batch_policies,
+    batch_units,
     method_ks,
     policies_for,
     type_ks_entries,
@@ -73,7 +76,10 @@ def primary_ids(prompts: Sequence[Prompt]) -> set[str]:
 @dataclass(frozen=True)
 class PlannedRun:
     """One run to do: a cell x repeat. ``k`` is None for ``baseline``/``hf_generate``; ``policy`` is
-    ``"fixed"`` or an adaptive policy for ``draft``/``ngram`` and None for baseline and peers."""
+    ``"fixed"`` or an adaptive policy for ``draft``/``ngram`` and None for baseline and peers.
+
+    A batched run (B > 1) has its batch's prompts in `rows` and its id in `batch_id`
+    (`specdec.bench.store.batch_id_for`); `prompt` is its first row's (the shard that runs the batch)."""
 
     config_label: str
     prompt: Prompt
@@ -82,20 +88,41 @@ class PlannedRun:
     policy: str | None
     repeat: int
     primary: bool = True
+    rows: tuple[Prompt, ...] = ()
+    batch_id: str | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows) or 1
+
+    @property
+    def unit(self) -> str:
+        """What the run is paired within (its bracket's target-only runs): the prompt's id, or the batch's."""
+        return self.batch_id or self.prompt.id
 
     def key(self, sweep_id: str) -> str:
-        return cell_key(sweep_id, self.config_label, self.prompt.id, self.method, self.k, self.policy,
-                        self.repeat)
+        """The run's ``cell_key`` (a batched run's first row's: its rows are stored together)."""
+        return self.row_key(sweep_id, 0)
+
+    def is_done(self, sweep_id: str, done: set[str]) -> bool:
+        """Whether the run is stored successfully: its key (every row's, for a batched run) in `done`."""
+        return all(self.row_key(sweep_id, i) in done for i in range(self.batch_size))
+
+    def row_key(self, sweep_id: str, row: int) -> str:
+        """The ``cell_key`` of row `row` of a batched run (of the run itself for a single sequence)."""
+        pid = self.rows[row].id if self.rows else self.prompt.id
+        return cell_key(sweep_id, self.config_label, pid, self.method, self.k, self.policy, self.repeat,
+                        self.batch_id, row if self.batch_id is not None else None)
 
     @property
     def group(self) -> tuple:
-        """(config_label, method, k, policy): what one warm-up covers."""
-        return (self.config_label, self.method, self.k, self.policy)
+        """(config_label, method, k, policy, B): what one warm-up covers."""
+        return (self.config_label, self.method, self.k, self.policy, self.batch_size)
 
     @property
     def cell(self) -> tuple:
-        """(config_label, prompt_id, method, k, policy): the cell, all repeats."""
-        return (self.config_label, self.prompt.id, self.method, self.k, self.policy)
+        """(config_label, prompt or batch id, method, k, policy): the cell, all repeats."""
+        return (self.config_label, self.unit, self.method, self.k, self.policy)
 
     def describe(self) -> str:
         what = self.method
@@ -103,25 +130,32 @@ class PlannedRun:
             what += f" K={self.k}"
         if self.policy not in (None, "fixed"):
             what += f" {self.policy}"
-        return f"[{self.config_label}] {self.prompt.id} {what}"
+        where = f"batch {self.batch_id} (B={self.batch_size})" if self.batch_id else self.prompt.id
+        return f"[{self.config_label}] {where} {what}"
+
+
+Group = tuple[str, int | None, str | None]  # (method, K, policy) of one run of a pass
 
 
 def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
-    """Every run of the sweep, in execution order, per config and per prompt.
+    """Every run of the sweep, in execution order, per config: the prompts' runs (B = 1, when
+    ``batch_sizes`` holds 1), then each larger B's batches (`specdec.bench.grid.batch_units`).
 
-    The prompt's other runs (the A/A run ``aa``, draft and ngram over K, their policies, the peers) form one
-    pass; with ``repeats`` > 1 the pass runs once per repeat (repeat 0 of every run, then repeat 1 ...), so
-    a machine that slows down inside a prompt's window hits every method in every pass.
+    A prompt's (or batch's) other runs (the A/A run ``aa``, draft and ngram over K, their policies, the peers)
+    form one pass; with ``repeats`` > 1 the pass runs once per repeat (repeat 0 of every run, then repeat 1
+    ...), so a machine that slows down inside a prompt's window hits every method in every pass.
 
     - ``pairing="bracket"`` (default): a target-only baseline run before each run of the pass and one after
       the last (B X1 B X2 ... Xn B); each X is then timed between two baselines adjacent in time, and its
-      speedup is the ratio to those two (a drift of the machine's speed cancels out of the ratio).
+      speedup is the ratio to those two (a drift of the machine's speed cancels out of the ratio). In a
+      batch, the baselines are batched target-only runs of the same prompts at the same B.
     - ``pairing="none"``: baseline first, the pass, then ``baseline_repeats - repeats`` extra baselines.
 
     Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
     `secondary_ks` and `secondary_policies` only; every prompt also gets its type's `type_ks` (after its grid,
     a K already in the grid not repeated) and its method's `method_ks` (a cross-tokenizer draft's fixed K).
-    Baseline runs of a prompt are numbered 0, 1, ... in plan order (their ``repeat``).
+    A batch gets the methods with a batched form under the policies with one (`specdec.bench.grid`).
+    Baseline runs of a prompt (a batch) are numbered 0, 1, ... in plan order (their ``repeat``).
     """
     prim = primary_ids(prompts)
     types = {p.type for p in prompts}
@@ -130,50 +164,73 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
         raise ValueError(f"type_ks names prompt type(s) not in this sweep: {', '.join(unknown)} "
                          f"(its types: {', '.join(sorted(types))})")
     plan: list[PlannedRun] = []
-    base = reference_method().name
     for label in cfg.configs:
-        rc = RUNTIME_CONFIGS[label]
-        peers = [m for m in peer_methods() if (cfg.peers or m.name in cfg.methods) and m.applies(rc)]
-        plain = [m.name for m in our_methods() if not m.takes_k and not m.reference and m.name in cfg.methods]
-        drafting = [m.name for m in our_methods() if m.takes_k and m.name in cfg.methods]
-        for prompt in prompts:
-            is_primary = prompt.id in prim
-            ks = cfg.ks if is_primary else cfg.secondary_ks
-            groups: list[tuple[str, int | None, str | None]] = [(m, None, None) for m in plain]
-            for m in drafting:
-                groups.extend((m, k, "fixed") for k in ks)
-                groups.extend((m, k, "fixed") for k in type_ks_for(cfg, m, prompt.type) if k not in ks)
-                groups.extend((m, k, "fixed") for k in method_ks(cfg, m)
-                              if k not in ks and k not in type_ks_for(cfg, m, prompt.type))
-            for m in drafting:
-                groups.extend((m, cfg.policy_k, p) for p in policies_for(cfg, m, primary=is_primary))
-            if is_primary:
-                for pm in peers:
-                    groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
-            with_base = base in cfg.methods
-
-            def add(method: str, k: int | None, policy: str | None, r: int, label=label, prompt=prompt,
-                    is_primary=is_primary) -> None:
-                plan.append(PlannedRun(label, prompt, method, k, policy, r, is_primary))
-
-            if cfg.pairing == "bracket" and with_base and groups:
-                n_base = 0
-                add(base, None, None, n_base)
-                for r in range(cfg.repeats):  # repeats outermost: each pass runs every group once
-                    for method, k, policy in groups:
-                        add(method, k, policy, r)
-                        n_base += 1
-                        add(base, None, None, n_base)  # closes this pair and opens the next one
+        if 1 in cfg.batch_sizes:
+            for prompt in prompts:
+                groups = _prompt_groups(cfg, label, prompt, prompt.id in prim)
+                plan += _pass(cfg, groups, lambda m, k, p, r, prompt=prompt, label=label: PlannedRun(
+                    label, prompt, m, k, p, r, prompt.id in prim))
+        for b in cfg.batch_sizes:
+            if b == 1:
                 continue
-            for r in range(cfg.repeats):
-                if with_base:
-                    add(base, None, None, r)
-                for method, k, policy in groups:
-                    add(method, k, policy, r)
-            if with_base:
-                for r in range(cfg.repeats, cfg.baseline_repeats):
-                    add(base, None, None, r)
+            groups = _batch_groups(cfg, b)
+            for batch_id, rows in batch_units(prompts, b):
+                plan += _pass(cfg, groups, lambda m, k, p, r, rows=rows, batch_id=batch_id, label=label: PlannedRun(
+                    label, rows[0], m, k, p, r, True, rows, batch_id))
     return plan
+
+
+def _prompt_groups(cfg: SweepConfig, label: str, prompt: Prompt, is_primary: bool) -> list[Group]:
+    """The runs of one prompt's pass, baselines aside (see `build_plan`)."""
+    rc = RUNTIME_CONFIGS[label]
+    peers = [m for m in peer_methods() if (cfg.peers or m.name in cfg.methods) and m.applies(rc)]
+    plain = [m.name for m in our_methods() if not m.takes_k and not m.reference and m.name in cfg.methods]
+    drafting = [m.name for m in our_methods() if m.takes_k and m.name in cfg.methods]
+    ks = cfg.ks if is_primary else cfg.secondary_ks
+    groups: list[Group] = [(m, None, None) for m in plain]
+    for m in drafting:
+        extra = type_ks_for(cfg, m, prompt.type)
+        groups.extend((m, k, "fixed") for k in ks)
+        groups.extend((m, k, "fixed") for k in extra if k not in ks)
+        groups.extend((m, k, "fixed") for k in method_ks(cfg, m) if k not in ks and k not in extra)
+    for m in drafting:
+        groups.extend((m, cfg.policy_k, p) for p in policies_for(cfg, m, primary=is_primary))
+    if is_primary:
+        for pm in peers:
+            groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
+    return groups
+
+
+def _batch_groups(cfg: SweepConfig, batch_size: int) -> list[Group]:
+    """The runs of one batch's pass at B = `batch_size`, baselines aside (see `build_plan`)."""
+    ours = [m for m in our_methods() if m.batch is not None and not m.reference and m.name in cfg.methods]
+    groups: list[Group] = [(m.name, None, None) for m in ours if not m.takes_k]
+    for m in ours:
+        if m.takes_k:
+            groups.extend((m.name, batch_k(cfg, batch_size), p) for p in batch_policies(cfg, m.name))
+    return groups
+
+
+def _pass(cfg: SweepConfig, groups: list[Group], make) -> list[PlannedRun]:
+    """One prompt's (batch's) runs in order: `groups` once per repeat, placed among its target-only runs as
+    ``pairing`` says; ``make(method, k, policy, repeat)`` builds each `PlannedRun`."""
+    base = reference_method().name
+    out: list[PlannedRun] = []
+    with_base = base in cfg.methods
+    if cfg.pairing == "bracket" and with_base and groups:
+        out.append(make(base, None, None, 0))
+        for r in range(cfg.repeats):  # repeats outermost: each pass runs every group once
+            for method, k, policy in groups:
+                out.append(make(method, k, policy, r))
+                out.append(make(base, None, None, len(out) // 2))  # closes this pair and opens the next one
+        return out
+    for r in range(cfg.repeats):
+        if with_base:
+            out.append(make(base, None, None, r))
+        out.extend(make(method, k, policy, r) for method, k, policy in groups)
+    if with_base:
+        out.extend(make(base, None, None, r) for r in range(cfg.repeats, cfg.baseline_repeats))
+    return out
 
 
 def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str | None) -> dict[str, Any]:
@@ -217,10 +274,11 @@ def cost_max_n(cfg: SweepConfig) -> int:
 
 
 def plan_summary(plan: Sequence[PlannedRun]) -> dict[str, int]:
-    """Runs per method label (``draft K=4``, ``ngram cost``, ``hf_generate`` ...), for ``--dry-run``."""
+    """Runs per method label (``draft K=4``, ``ngram cost``, ``hf_generate`` ..., ``B=4 draft best`` for a
+    batched run), for ``--dry-run``."""
     out: dict[str, int] = {}
     for c in plan:
-        key = c.method
+        key = (f"B={c.batch_size} " if c.batch_id else "") + c.method
         if c.policy not in (None, "fixed"):
             key += f" {c.policy} (K<={c.k})"
         elif c.k is not None:
@@ -246,10 +304,10 @@ def rebracket(todo: Sequence[PlannedRun]) -> list[PlannedRun]:
         todo: planned runs (`build_plan` order, finished ones removed).
 
     Returns:
-        The same runs, reordered within each (configuration, prompt) block of consecutive runs.
+        The same runs, reordered within each (configuration, prompt or batch) block of consecutive runs.
     """
     out: list[PlannedRun] = []
-    for _, group in itertools.groupby(todo, key=lambda c: (c.config_label, c.prompt.id)):
+    for _, group in itertools.groupby(todo, key=lambda c: (c.config_label, c.unit)):
         block = list(group)
         ref = [METHODS[c.method].reference for c in block]
         if not any(ref) or not any(not a and not b for a, b in itertools.pairwise(ref)):  # already alternates

@@ -157,7 +157,7 @@ def stored_outputs(loaded: LoadedConfig, s: SweepState) -> None:
     first: dict[str, tuple[int, list[int]]] = {}
     for r in s.store.runs(s.sweep_id, config_label=loaded.label):
         m = METHODS.get(r["method"])
-        if m is None or not m.reference or r["error"] is not None or r["token_ids"] is None:
+        if m is None or not m.reference or r["error"] is not None or r["token_ids"] is None or r["batch_id"]:
             continue
         ids = json.loads(r["token_ids"]) if isinstance(r["token_ids"], str) else list(r["token_ids"])
         if r["prompt_id"] not in first or r["repeat"] < first[r["prompt_id"]][0]:
@@ -229,7 +229,7 @@ def measure_missed(loaded: LoadedConfig, s: SweepState, prompt) -> bool:
     """
     import json
 
-    rows = [r for r in s.store.runs(s.sweep_id, config_label=loaded.label, prompt_id=prompt.id)
+    rows = [r for r in s.store.runs(s.sweep_id, config_label=loaded.label, prompt_id=prompt.id, batch_id=None)
             if METHODS[r["method"]].reference and r["error"] is None and r["token_ids"] is not None
             and (r.get("machine_id") or "") == (s.store.machine_id or "")]
     if not rows:

@@ -220,10 +220,6 @@ def run_sweep_ray(
         ValueError: Ray missing (install hint), bad settings (before any task starts), shard stores of this
             sweep already present without `resume`, or no node with CPUs.
     """
-    from tqdm.auto import tqdm
-
-    from specdec.bench.merge import merge_stores
-    from specdec.bench.store import StoreError
     from specdec.bench.sweep import prepare
 
     ray = require_ray()
@@ -249,97 +245,133 @@ def run_sweep_ray(
         if len(todo) < n:
             say(f"{n - len(todo)} shard(s) hold no prompt (only {len({c.prompt.id for c in plan})} prompts)")
         if not resume:
-            clash = [str(shard_store_path(db, s)) for s in todo if _has_sweep(shard_store_path(db, s), sid)]
-            if _has_sweep(db, sid):
-                clash.insert(0, str(db))
-            if clash:
-                raise StoreError(f"{clash[0]} already holds runs of this sweep (id {sid}); pass --resume to "
-                                 f"continue it, or --db NEW.db to start afresh")
+            _refuse_started(db, todo, sid)
         say(f"sweep {sid}: {len(plan)} timed generations in {len(todo)} shard(s) on {len(nodes)} Ray node(s), "
             f"one shard per node at a time, each holding all its node's CPUs")
-
-        @ray.remote(num_cpus=0)
-        class _Progress:
-            def __init__(self) -> None:
-                self.done: dict[str, int] = {}
-
-            def start(self, shard: str) -> None:
-                self.done.setdefault(shard, 0)
-
-            def add(self, shard: str, k: int) -> None:
-                self.done[shard] = self.done.get(shard, 0) + k
-
-            def snapshot(self) -> dict[str, int]:
-                return dict(self.done)
-
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        actor = _Progress.remote()
-        task = ray.remote(_shard_task)
-        refs: dict[Any, Shard] = {}
-        for s in todo:
-            node = nodes[(s.index - 1) % len(nodes)]
-            res = node.get("Resources", {})
-            copy = shard_store_path(db, s)
-            data = copy.read_bytes() if resume and copy.is_file() else None
-            opts: dict[str, Any] = {
-                "num_cpus": res.get("CPU", 1),
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-                "max_retries": 0,
-            }
-            if res.get("GPU"):
-                opts["num_gpus"] = res["GPU"]
-            ref = task.options(**opts).remote(cfg, s, sid, data, resume, actor, max_runs, local_dir)
-            refs[ref] = s
-        total = sum(len(parts[s.index - 1]) for s in todo)
-        bar = tqdm(total=total, unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
-                   desc=f"sweep ({len(todo)} shards)")
+        actor = ray.remote(num_cpus=0)(_Progress).remote()
+        refs = _submit(ray, todo, nodes, cfg, sid, db, resume, actor, max_runs, local_dir)
         out = RaySweepResult(sid, str(db))
-        pending = list(refs)
-        try:
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-                with_done = sum(ray.get(actor.snapshot.remote()).values())
-                bar.update(max(0, with_done - bar.n))
-                for ref in ready:
-                    s = refs[ref]
-                    try:
-                        r = ray.get(ref)
-                    except Exception as exc:  # noqa: BLE001 - a failed/lost shard is reported, the rest merge
-                        line = str(exc).strip().splitlines()
-                        msg = next((x for x in reversed(line) if x.strip()), type(exc).__name__)[:300]
-                        out.shards.append(ShardOutcome(str(s), None, "failed", error=msg))
-                        bar.write(f"shard {s} failed: {msg}")
-                        continue
-                    path = shard_store_path(db, s)
-                    _write_atomic(path, r["data"])
-                    out.shards.append(ShardOutcome(str(s), r["node"], r["status"], r["ran"], r["failed"],
-                                                   path=str(path)))
-                    bar.write(f"shard {s} {r['status']} on node {r['node'][:8]}: {r['ran']} runs now "
-                              f"({r['failed']} failed); store {path}")
-        finally:
-            bar.close()
-        stores = [shard_store_path(db, Shard(i + 1, n)) for i in range(n)]
-        stores = [p for p in stores if p.is_file()]
+        _collect(ray, refs, actor, db, out, total=sum(len(parts[s.index - 1]) for s in todo), progress=progress)
+        stores = [p for p in (shard_store_path(db, Shard(i + 1, n)) for i in range(n)) if p.is_file()]
         if stores:
-            merged = db.with_name(db.name + ".merging")
-            for side in ("", "-wal", "-shm"):
-                Path(str(merged) + side).unlink(missing_ok=True)
-            if db.is_file():  # an earlier merge (or the user's store): kept, and added to
-                src, dst = sqlite3.connect(str(db)), sqlite3.connect(str(merged))
-                try:
-                    src.backup(dst)
-                finally:
-                    src.close()
-                    dst.close()
-            out.merge = merge_stores(merged, stores, echo=lambda m: None if "already in" in m else say(m))
-            for side in ("-wal", "-shm"):
-                Path(str(db) + side).unlink(missing_ok=True)
-            os.replace(merged, db)
-            Path(str(merged) + "-wal").unlink(missing_ok=True)
-            Path(str(merged) + "-shm").unlink(missing_ok=True)
+            out.merge = _merge_into(db, stores, say)
         out.shards.sort(key=lambda o: int(o.shard.split("/")[0]))
         return out
     finally:
         if started:
             ray.shutdown()
+
+
+def _refuse_started(db: Path, todo: list[Shard], sid: str) -> None:
+    """Without --resume: refuse a merged store or a shard store that already holds runs of this sweep.
+
+    Raises:
+        StoreError: one line naming the first such store.
+    """
+    from specdec.bench.store import StoreError
+
+    clash = [str(shard_store_path(db, s)) for s in todo if _has_sweep(shard_store_path(db, s), sid)]
+    if _has_sweep(db, sid):
+        clash.insert(0, str(db))
+    if clash:
+        raise StoreError(f"{clash[0]} already holds runs of this sweep (id {sid}); pass --resume to "
+                         f"continue it, or --db NEW.db to start afresh")
+
+
+class _Progress:
+    """Runs done per shard, as the shard tasks report them (a Ray actor: `run_sweep_ray`)."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, int] = {}
+
+    def start(self, shard: str) -> None:
+        self.done.setdefault(shard, 0)
+
+    def add(self, shard: str, k: int) -> None:
+        self.done[shard] = self.done.get(shard, 0) + k
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.done)
+
+
+def _submit(ray, todo: list[Shard], nodes: list[dict], cfg, sid: str, db: Path, resume: bool, actor,
+            max_runs: int | None, local_dir: str | None) -> dict[Any, Shard]:
+    """Start one task per shard, pinned to its node and holding all of the node's CPUs (and GPUs); with
+    `resume` it gets the driver's copy of its store. Returns task ref -> shard."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(_shard_task)
+    refs: dict[Any, Shard] = {}
+    for s in todo:
+        node = nodes[(s.index - 1) % len(nodes)]
+        res = node.get("Resources", {})
+        copy = shard_store_path(db, s)
+        data = copy.read_bytes() if resume and copy.is_file() else None
+        opts: dict[str, Any] = {
+            "num_cpus": res.get("CPU", 1),
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+            "max_retries": 0,
+        }
+        if res.get("GPU"):
+            opts["num_gpus"] = res["GPU"]
+        ref = task.options(**opts).remote(cfg, s, sid, data, resume, actor, max_runs, local_dir)
+        refs[ref] = s
+    return refs
+
+
+def _collect(ray, refs: dict[Any, Shard], actor, db: Path, out: RaySweepResult, *, total: int,
+             progress: bool) -> None:
+    """Wait for the shard tasks, one progress bar over all their runs; keep each finished shard's store
+    beside `db` and record every shard's outcome in `out` (a failed or lost shard is reported, not raised)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
+               desc=f"sweep ({len(refs)} shards)")
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            with_done = sum(ray.get(actor.snapshot.remote()).values())
+            bar.update(max(0, with_done - bar.n))
+            for ref in ready:
+                s = refs[ref]
+                try:
+                    r = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - a failed/lost shard is reported, the rest merge
+                    line = str(exc).strip().splitlines()
+                    msg = next((x for x in reversed(line) if x.strip()), type(exc).__name__)[:300]
+                    out.shards.append(ShardOutcome(str(s), None, "failed", error=msg))
+                    bar.write(f"shard {s} failed: {msg}")
+                    continue
+                path = shard_store_path(db, s)
+                _write_atomic(path, r["data"])
+                out.shards.append(ShardOutcome(str(s), r["node"], r["status"], r["ran"], r["failed"],
+                                               path=str(path)))
+                bar.write(f"shard {s} {r['status']} on node {r['node'][:8]}: {r['ran']} runs now "
+                          f"({r['failed']} failed); store {path}")
+    finally:
+        bar.close()
+
+
+def _merge_into(db: Path, stores: list[Path], say):
+    """Merge the shard `stores` into `db` (an existing `db` is kept and added to) through a temporary copy
+    renamed into place; returns the `specdec.bench.merge.MergeResult`."""
+    from specdec.bench.merge import merge_stores
+
+    merged = db.with_name(db.name + ".merging")
+    for side in ("", "-wal", "-shm"):
+        Path(str(merged) + side).unlink(missing_ok=True)
+    if db.is_file():  # an earlier merge (or the user's store): kept, and added to
+        src, dst = sqlite3.connect(str(db)), sqlite3.connect(str(merged))
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+    result = merge_stores(merged, stores, echo=lambda m: None if "already in" in m else say(m))
+    for side in ("-wal", "-shm"):
+        Path(str(db) + side).unlink(missing_ok=True)
+    os.replace(merged, db)
+    Path(str(merged) + "-wal").unlink(missing_ok=True)
+    Path(str(merged) + "-shm").unlink(missing_ok=True)
+    return result

@@ -12,7 +12,8 @@
 
 Around the timed runs, the probes of `specdec.bench.probes` (roofline, equality with our baseline under
 greedy decoding, acceptance trace, calibration block) are walked at their moments; the state shared by the
-whole call is one `specdec.bench.state.SweepState`.
+whole call is one `specdec.bench.state.SweepState`. A batched run (B > 1) is timed, checked and turned into
+its B rows by `specdec.bench.batch_runs`, and its rows are committed together.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdec.bench import probes
+from specdec.bench import batch_runs, probes
 from specdec.bench.config import BEST_K, DEFAULT_DB, SweepConfig
 from specdec.bench.console import ERR_LEN, one_line, summary_line
 from specdec.bench.control import LOCK_WAIT_S, SIGTERM_REASON, for_shard, interrupt_exit_status, sweep_guard
@@ -85,9 +86,15 @@ def _run(loaded: LoadedConfig, cell: PlannedRun, ids: list[int], n: int) -> RunR
 def _resolve(loaded: LoadedConfig, cell: PlannedRun, s: SweepState) -> tuple[PlannedRun, str | None]:
     """What runs for `cell`: itself, or for policy ``best`` the same drafter at the fixed K its prompt's trace
     predicts fastest (`probes.best_k`; the row then reads as that fixed-K cell, its ``cell_key`` stays the
-    planned one). Second: a skip reason when that K cannot be chosen."""
+    planned one; a batched run's K is its batch's, `specdec.bench.batch_runs.resolve`). Second: a skip reason
+    when that K cannot be chosen."""
     if cell.policy != BEST_K:
         return cell, None
+    if cell.batch_id is not None:
+        try:
+            return batch_runs.resolve(loaded, cell, s), None
+        except Exception as exc:  # noqa: BLE001 - recorded as skipped; the pre-run fails as the run would
+            return cell, f"skipped: {one_line(exc)}"
     try:
         k = probes.best_k(loaded, s, cell)
     except ValueError as exc:
@@ -136,37 +143,54 @@ def _warm_up(loaded: LoadedConfig, cell: PlannedRun, prompt: Prompt, log: Callab
 
 
 def _baseline_tps(store: Store, sid: str) -> dict[tuple[str, str], list[float]]:
-    """Tokens/s of the sweep's stored target-only runs per (config_label, prompt_id), for the console's
-    "x vs baseline": only those timed on this machine (`store.machine_id`), since a sweep resumed on another
+    """Tokens/s of the sweep's stored target-only runs per (config_label, prompt or batch id; a batch's
+    aggregate tokens/s), for the console's "x vs baseline": only those timed on this machine (`store.machine_id`), since a sweep resumed on another
     machine would otherwise print a ratio of two machines' timings."""
     out: dict[tuple[str, str], list[float]] = {}
     here = store.machine_id or ""
     for r in store.runs(sid, method=reference_method().name):
-        if r["error"] is None and r["tokens_per_s"] and (r.get("machine_id") or "") == here:
-            out.setdefault((r["config_label"], r["prompt_id"]), []).append(r["tokens_per_s"])
+        tps = r["tokens_per_s"] if r["batch_id"] is None else r["batch_tokens_per_s"] if r["row"] == 0 else None
+        if r["error"] is None and tps and (r.get("machine_id") or "") == here:
+            out.setdefault((r["config_label"], r["batch_id"] or r["prompt_id"]), []).append(tps)
     return out
 
 
-def _record(cell: PlannedRun, row: dict, rounds: list[dict], s: SweepState) -> int:
-    """Store one run with its rounds (one transaction) and count it; return its run id."""
-    run_id = s.store.record_run(row, rounds)
+def _record(cell: PlannedRun, rows: list[dict], rounds: list[list[dict]], s: SweepState) -> list[int]:
+    """Store one run (a batched run's rows) with its rounds (one transaction) and count it; return the run
+    ids."""
+    run_ids = s.store.record_runs(list(zip(rows, rounds, strict=True)))
     s.result.ran += 1
+    row = rows[0] if cell.batch_id is None else batch_runs.aggregate(rows)
     if row.get("error"):
         if str(row["error"]).startswith("skipped:"):
             s.result.skipped += 1
         else:
             s.result.failed += 1
     if METHODS[cell.method].reference and not row.get("error") and row.get("tokens_per_s"):
-        s.baseline_tps.setdefault((cell.config_label, cell.prompt.id), []).append(row["tokens_per_s"])
+        s.baseline_tps.setdefault((cell.config_label, cell.unit), []).append(row["tokens_per_s"])
     if s.on_run is not None:
-        s.on_run(row)
+        for r in rows:
+            s.on_run(r)
     s.advance()
-    return run_id
+    return run_ids
 
 
 def _first_baseline(cell: PlannedRun, row: dict) -> bool:
-    """Whether `row` is its prompt's first successful target-only run (the one the probes measure after)."""
-    return METHODS[cell.method].reference and cell.repeat == 0 and not row.get("error")
+    """Whether `row` is its prompt's first successful single-sequence target-only run (the one the probes
+    measure after)."""
+    return METHODS[cell.method].reference and cell.repeat == 0 and not row.get("error") and cell.batch_id is None
+
+
+def _execute(loaded: LoadedConfig, cell: PlannedRun, run: PlannedRun, skip: str | None,
+             s: SweepState) -> tuple[list[dict], list[list[dict]]]:
+    """Time `run` (`cell` resolved) and return its rows and rounds, keyed by the planned `cell`, the `RUN`
+    probes walked."""
+    if cell.batch_id is not None:
+        return batch_runs.execute(loaded, cell, run, _row(loaded, run, s.prepared), s, skip)
+    row, rounds = execute(loaded, run, s.prepared, skip=skip)
+    row["cell_key"] = cell.key(s.sweep_id)  # the planned cell: what --resume finds done
+    probes.walk(probes.RUN, s, probes.At(loaded, cell, row))
+    return [row], [rounds]
 
 
 def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: SweepState) -> bool:
@@ -185,18 +209,19 @@ def _run_config(loaded: LoadedConfig, cells: list[PlannedRun], s: SweepState) ->
         run, skip = _resolve(loaded, cell, s)
         if run.group not in warmed and skip is None:
             warmed.add(run.group)
-            _warm_up(loaded, run, cells[0].prompt, s.log)
-        row, rounds = execute(loaded, run, s.prepared, skip=skip)
-        row["cell_key"] = cell.key(s.sweep_id)  # the planned cell: what --resume finds done
-        probes.walk(probes.RUN, s, probes.At(loaded, cell, row))
-        run_id = _record(cell, row, rounds, s)
-        if _first_baseline(cell, row):
-            probes.walk(probes.FIRST_BASELINE, s, probes.At(loaded, cell, row, run_id))
-        finished.setdefault(cell.cell, []).append(row)
+            if run.batch_id is None:
+                _warm_up(loaded, run, cells[0].prompt, s.log)
+            else:
+                batch_runs.warm_up(loaded, run, s.log)
+        rows, rounds = _execute(loaded, cell, run, skip, s)
+        run_ids = _record(cell, rows, rounds, s)
+        if _first_baseline(cell, rows[0]):
+            probes.walk(probes.FIRST_BASELINE, s, probes.At(loaded, cell, rows[0], run_ids[0]))
+        finished.setdefault(cell.cell, []).append(rows[0] if cell.batch_id is None else batch_runs.aggregate(rows))
         remaining[cell.cell] -= 1
         if remaining[cell.cell] == 0:
             # the line names what ran (policy best: the fixed K its trace chose)
-            s.log(summary_line(run, finished.pop(cell.cell), s.baseline_tps.get((loaded.label, cell.prompt.id))))
+            s.log(summary_line(run, finished.pop(cell.cell), s.baseline_tps.get((loaded.label, cell.unit))))
     return False
 
 
@@ -212,6 +237,7 @@ def _run_configs(todo: list[PlannedRun], s: SweepState) -> bool:
             cells = fitting(loaded, cells, s)  # before any forward runs, cost measurement included
             if cells:
                 measure_config_costs(loaded, s)
+                batch_runs.prepare(loaded, cells, s)  # the batch pricing and backends, when it has batched runs
                 probes.walk(probes.CONFIGURATION, s, probes.At(loaded))
         except PlanDoesNotFitError:
             raise
@@ -225,6 +251,7 @@ def _run_configs(todo: list[PlannedRun], s: SweepState) -> bool:
             if cells and _run_config(loaded, cells, s):
                 return True
         finally:
+            batch_runs.close(loaded)
             pair, xtok, loaded = loaded.pair, loaded.xtok, None
             free(pair)
             free_models(xtok.draft if xtok is not None else None)
@@ -247,7 +274,7 @@ def _begin(cfg: SweepConfig, prepared: Prepared, store: Store, resume: bool, log
         log(f"warning: this sweep was started with another {', '.join(changed)}; the runs added now are "
             f"timed on this machine, so compare them with care")
     done = store.done_cells(sid)
-    todo = [c for c in plan if c.key(sid) not in done]
+    todo = [c for c in plan if not c.is_done(sid, done)]
     return rebracket(todo) if cfg.pairing == "bracket" else todo
 
 
@@ -267,7 +294,7 @@ def _finish(todo: list[PlannedRun], stopped: bool, s: SweepState) -> SweepResult
     result.status = "interrupted" if (stopped or result.failed_configs) else "done"
     store.set_status(sid, result.status)
     done = store.done_cells(sid)  # of the whole sweep: a shard's plan is part of it
-    stored = sum(c.key(sid) in done for c in plan)
+    stored = sum(c.is_done(sid, done) for c in plan)
     s.log(f"sweep {sid} {result.status}: {result.ran} runs now ({result.failed} failed, {result.skipped} "
           f"skipped), {stored}/{len(plan)} planned runs stored successfully")
     return result

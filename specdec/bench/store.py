@@ -21,7 +21,7 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -33,6 +33,7 @@ from specdec.bench.store_access import (
     SweepExistsError,
     SweepNotFoundError,
     _is_busy,
+    _storage_failure,
     check_writable,
     connect,
     damaged_error,
@@ -48,6 +49,8 @@ from specdec.bench.store_schema import (
     _add_missing_columns,
     _clean,
     _now,
+    batch_group,
+    batch_id_for,
     canonical_json,
     cell_key,
     columns,
@@ -56,30 +59,10 @@ from specdec.bench.store_schema import (
 )
 
 __all__ = [
-    "ROUND_COLUMNS",
-    "RUN_COLUMNS",
-    "SCHEMA_VERSION",
-    "TABLES",
-    "Store",
-    "StoreBusyError",
-    "StoreError",
-    "SweepExistsError",
-    "SweepNotFoundError",
-    "canonical_json",
-    "cell_key",
-    "columns",
-    "connect",
-    "model_identity",
-    "sweep_id_for",
-    "writer_lock",
-]
-
-def _storage_failure(exc: sqlite3.Error) -> bool:
-    """Whether `exc` is the file failing (read-only, damaged, disk full), not a locked store or a bug."""
-    text = str(exc).lower()
-    return type(exc) in (sqlite3.DatabaseError, sqlite3.OperationalError) and any(
-        w in text for w in ("readonly", "read-only", "malformed", "disk i/o", "not a database", "disk is full",
-                            "corrupt", "unable to open"))
+    "ROUND_COLUMNS", "RUN_COLUMNS", "SCHEMA_VERSION", "TABLES", "Store", "StoreBusyError", "StoreError",
+    "SweepExistsError", "SweepNotFoundError", "batch_group", "batch_id_for", "canonical_json", "cell_key", "columns", "connect",
+    "model_identity", "sweep_id_for", "writer_lock",
+]  # fmt: skip
 
 
 class Store(MeasurementTables):
@@ -357,20 +340,45 @@ class Store(MeasurementTables):
         return {r[0] for r in rows}
 
     def record_run(self, row: Mapping[str, Any], rounds: Iterable[Mapping[str, Any]] = ()) -> int:
-        """Insert one run and its rounds in ONE transaction; return its ``run_id``.
+        """Insert one run and its rounds in ONE transaction; return its ``run_id`` (`record_runs`)."""
+        return self.record_runs([(row, rounds)])[0]
+
+    def record_runs(self, runs: Sequence[tuple[Mapping[str, Any], Iterable[Mapping[str, Any]]]]) -> list[int]:
+        """Insert runs with their rounds in ONE transaction (the B rows of a batched run commit together);
+        return their ``run_id`` s.
 
         A previous row with the same ``cell_key`` (a failed run being retried) is replaced, its rounds
         deleted with it, in the same transaction.
 
         Args:
-            row: values for `RUN_COLUMNS` (missing ones are NULL; ``created_at`` defaults to now, UTC).
-                Lists (``token_ids``) are stored as JSON; NaN/inf as NULL.
-            rounds: dicts with the `ROUND_COLUMNS` (``round_idx`` defaults to the position); ``accept_flags``
-                may be a string like ``'1101'`` or a sequence of bools.
+            runs: ``(row, rounds)`` pairs. row: values for `RUN_COLUMNS` (missing ones are NULL;
+                ``created_at`` defaults to now, UTC); lists (``token_ids``) are stored as JSON, NaN/inf as
+                NULL. rounds: dicts with the `ROUND_COLUMNS` (``round_idx`` defaults to the position);
+                ``accept_flags`` may be a string like ``'1101'`` or a sequence of bools.
 
         Raises:
             ValueError: ``cell_key`` or ``sweep_id`` missing, or an unknown column.
         """
+        prepared = [(self._run_values(row), self._round_rows(rounds)) for row, rounds in runs]
+        cols, marks = ", ".join(RUN_COLUMNS), ", ".join("?" for _ in RUN_COLUMNS)
+        rcols = ", ".join(("run_id",) + ROUND_COLUMNS)
+        rmarks = ", ".join("?" for _ in range(len(ROUND_COLUMNS) + 1))
+        ids = []
+        with self.transaction():
+            for values, round_rows in prepared:
+                old = self.conn.execute("SELECT run_id FROM runs WHERE cell_key = ?", (values["cell_key"],)).fetchone()
+                if old is not None:
+                    self.conn.execute("DELETE FROM rounds WHERE run_id = ?", (old[0],))
+                    self.conn.execute("DELETE FROM runs WHERE run_id = ?", (old[0],))
+                cur = self.conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})",
+                                        tuple(values[c] for c in RUN_COLUMNS))
+                ids.append(int(cur.lastrowid))
+                if round_rows:
+                    self.conn.executemany(f"INSERT INTO rounds ({rcols}) VALUES ({rmarks})",
+                                          [(ids[-1],) + r for r in round_rows])
+        return ids
+
+    def _run_values(self, row: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(row) - set(RUN_COLUMNS)
         if unknown:
             raise ValueError(f"unknown runs column(s): {', '.join(sorted(unknown))}")
@@ -381,7 +389,11 @@ class Store(MeasurementTables):
             values["created_at"] = _now()
         if values["machine_id"] is None:
             values["machine_id"] = self.machine_id  # the machine that timed the run
-        round_rows = []
+        return values
+
+    @staticmethod
+    def _round_rows(rounds: Iterable[Mapping[str, Any]]) -> list[tuple]:
+        out = []
         for i, r in enumerate(rounds):
             d = {c: r.get(c) for c in ROUND_COLUMNS}
             if d["round_idx"] is None:
@@ -389,27 +401,8 @@ class Store(MeasurementTables):
             flags = d["accept_flags"]
             if flags is not None and not isinstance(flags, str):
                 d["accept_flags"] = "".join("1" if f else "0" for f in flags)
-            round_rows.append(tuple(_clean(d[c]) for c in ROUND_COLUMNS))
-        cols = ", ".join(RUN_COLUMNS)
-        marks = ", ".join("?" for _ in RUN_COLUMNS)
-        with self.transaction():
-            old = self.conn.execute(
-                "SELECT run_id FROM runs WHERE cell_key = ?", (values["cell_key"],)
-            ).fetchone()
-            if old is not None:
-                self.conn.execute("DELETE FROM rounds WHERE run_id = ?", (old[0],))
-                self.conn.execute("DELETE FROM runs WHERE run_id = ?", (old[0],))
-            cur = self.conn.execute(
-                f"INSERT INTO runs ({cols}) VALUES ({marks})", tuple(values[c] for c in RUN_COLUMNS)
-            )
-            run_id = int(cur.lastrowid)
-            if round_rows:
-                rcols = ", ".join(("run_id",) + ROUND_COLUMNS)
-                rmarks = ", ".join("?" for _ in range(len(ROUND_COLUMNS) + 1))
-                self.conn.executemany(
-                    f"INSERT INTO rounds ({rcols}) VALUES ({rmarks})", [(run_id,) + r for r in round_rows]
-                )
-        return run_id
+            out.append(tuple(_clean(d[c]) for c in ROUND_COLUMNS))
+        return out
 
     def runs(self, sweep_id: str | None = None, **where: Any) -> list[dict]:
         """Rows of ``runs`` (dicts, ``token_ids`` left as JSON text), filtered by equality on columns.
@@ -439,10 +432,11 @@ class Store(MeasurementTables):
         return [dict(r) for r in rows]
 
     def baseline_tokens(self, sweep_id: str, config_label: str, prompt_id: str) -> list[int] | None:
-        """Token ids of our successful baseline run for this config_label and prompt (lowest repeat), or None."""
+        """Token ids of our successful single-sequence baseline run for this config_label and prompt (lowest
+        repeat), or None."""
         row = self.conn.execute(
             "SELECT token_ids FROM runs WHERE sweep_id = ? AND config_label = ? AND prompt_id = ? "
-            "AND method = 'baseline' AND error IS NULL ORDER BY repeat LIMIT 1",
+            "AND method = 'baseline' AND error IS NULL AND batch_size IS NULL ORDER BY repeat LIMIT 1",
             (sweep_id, config_label, prompt_id),
         ).fetchone()
         return json.loads(row[0]) if row is not None and row[0] is not None else None

@@ -56,6 +56,14 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in text or "busy" in text
 
 
+def _storage_failure(exc: sqlite3.Error) -> bool:
+    """Whether `exc` is the file failing (read-only, damaged, disk full), not a locked store or a bug."""
+    text = str(exc).lower()
+    return type(exc) in (sqlite3.DatabaseError, sqlite3.OperationalError) and any(
+        w in text for w in ("readonly", "read-only", "malformed", "disk i/o", "not a database", "disk is full",
+                            "corrupt", "unable to open"))
+
+
 @contextmanager
 def writer_lock(db: str | Path, *, wait_s: float = 10.0, poll_s: float = 0.2) -> Iterator[None]:
     """Hold the one-writer lock of a results store: an OS advisory lock (``flock``) on ``<db>.lock``, which

@@ -117,34 +117,38 @@ class MeasurementTables:
 
     # ------------------------------------------------------------------------------------------ costs
 
-    def save_costs(self, sweep_id: str, config_label: str, costs: Mapping[str, Any]) -> None:
-        """Store a `specdec.measure.timing.measure_costs` result (replacing any earlier one) in one transaction.
+    def save_costs(self, sweep_id: str, config_label: str, costs: Mapping[str, Any], *, batch: bool = False) -> None:
+        """Store a `specdec.measure.timing.measure_forwards` result (replacing any earlier one of its roles) in
+        one transaction.
 
-        Rows: role ``'target'``, n_tokens 1..max_n from ``target_forward_s``; role ``'draft'`` from
-        ``draft_forward_s`` (at least n_tokens 1 = the draft step) when a draft was measured. ``c`` is derived.
-        ``repeats`` per row: ``draft_repeats`` for the draft's rows when given, else ``repeats``.
+        Rows: role ``'target'``, one per n of ``target_forward_s``; role ``'draft'`` from ``draft_forward_s``
+        (at least n_tokens 1 = the draft step) when a draft was measured; with `batch`, roles
+        ``'batch_target'`` and ``'batch_draft'``: the forwards that price a batch's K (`batch_ns`), kept apart
+        from the single-sequence curve. ``c`` is derived. ``repeats`` per row: ``draft_repeats`` for the
+        draft's rows when given, else ``repeats``.
         """
+        roles = _roles(batch)
         rows = []
-        for role in ("target", "draft"):
-            repeats = costs.get(f"{role}_repeats") or costs.get("repeats")  # draft_repeats: 3x the target's
-            fwd = costs.get(f"{role}_forward_s") or {}
-            spread = costs.get(f"{role}_forward_spread_s") or {}
+        for base, role in zip(("target", "draft"), roles, strict=True):
+            repeats = costs.get(f"{base}_repeats") or costs.get("repeats")  # draft_repeats: 3x the target's
+            fwd = costs.get(f"{base}_forward_s") or {}
+            spread = costs.get(f"{base}_forward_spread_s") or {}
             for n, s in fwd.items():
                 sp = spread.get(n, spread.get(str(n)))
                 rows.append((sweep_id, config_label, role, int(n), _clean(float(s)), repeats, _clean(sp)))
         with self.transaction():
-            self.conn.execute(
-                "DELETE FROM costs WHERE sweep_id = ? AND config_label = ?", (sweep_id, config_label)
-            )
+            self.conn.execute("DELETE FROM costs WHERE sweep_id = ? AND config_label = ? AND role IN (?, ?)",
+                              (sweep_id, config_label, *roles))
             self.conn.executemany("INSERT INTO costs VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
             if self.machine_id is not None:  # each machine's own curve
                 self.conn.execute("DELETE FROM machine_costs WHERE sweep_id = ? AND config_label = ? AND "
-                                  "machine_id = ?", (sweep_id, config_label, self.machine_id))
+                                  "machine_id = ? AND role IN (?, ?)", (sweep_id, config_label, self.machine_id, *roles))
                 self.conn.executemany("INSERT INTO machine_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                       [(r[0], self.machine_id, *r[1:]) for r in rows])
 
-    def load_costs(self, sweep_id: str, config_label: str) -> dict | None:
-        """The costs stored for this sweep and config_label, in `measure_costs`'s shape, or None when absent.
+    def load_costs(self, sweep_id: str, config_label: str, *, batch: bool = False) -> dict | None:
+        """The costs stored for this sweep and config_label (with `batch`: its batch pricing's forwards), in
+        `measure_costs`'s shape, or None when absent.
 
         Keys: ``target_step_s``, ``draft_step_s`` (None without a draft), ``c`` (draft/target step; None
         without a draft), ``target_forward_s`` / ``draft_forward_s`` (``{n: seconds}``), the matching
@@ -153,12 +157,13 @@ class MeasurementTables:
         other machines measured them, so the sweep measures its own); stores without per-machine costs
         give the ``costs`` table's.
         """
-        rows = _machines.machine_cost_rows(self.conn, sweep_id, config_label, self.machine_id)
+        roles = _roles(batch)
+        rows = _machines.machine_cost_rows(self.conn, sweep_id, config_label, self.machine_id, roles)
         if rows is None:
             rows = self.conn.execute(
                 "SELECT role, n_tokens, seconds, repeats, spread_s FROM costs WHERE sweep_id = ? AND "
-                "config_label = ? ORDER BY role, n_tokens",
-                (sweep_id, config_label),
+                "config_label = ? AND role IN (?, ?) ORDER BY role, n_tokens",
+                (sweep_id, config_label, *roles),
             ).fetchall()
         if not rows:
             return None
@@ -167,9 +172,10 @@ class MeasurementTables:
             "draft_forward_s": {}, "draft_forward_spread_s": {}, "repeats": None, "draft_repeats": None,
         }  # fmt: skip
         for role, n, s, reps, spread in rows:
-            out[f"{role}_forward_s"][int(n)] = s
-            out[f"{role}_forward_spread_s"][int(n)] = spread
-            out["repeats" if role == "target" else "draft_repeats"] = reps
+            base = "target" if role == roles[0] else "draft"
+            out[f"{base}_forward_s"][int(n)] = s
+            out[f"{base}_forward_spread_s"][int(n)] = spread
+            out["repeats" if base == "target" else "draft_repeats"] = reps
         t1 = out["target_forward_s"].get(1)
         d1 = out["draft_forward_s"].get(1)
         out["target_step_s"] = t1
@@ -178,3 +184,9 @@ class MeasurementTables:
         if not out["draft_forward_s"]:
             out["draft_forward_s"] = out["draft_forward_spread_s"] = None
         return out
+
+
+def _roles(batch: bool) -> tuple[str, str]:
+    """The ``costs`` roles of the target's and the draft's forwards: the single-sequence curve, or (`batch`)
+    the forwards that price a batch's K."""
+    return ("batch_target", "batch_draft") if batch else ("target", "draft")

@@ -5,7 +5,8 @@ Schema (version 1; `docs/STORE.md` documents every column):
 - ``sweeps``: one row per sweep configuration. ``sweep_id`` is ``sha256[:16]`` of the canonical JSON of the
   configuration that gives rows their meaning (`sweep_id_for`).
 - ``runs``: one row per timed generation (a cell x repeat), unique by ``cell_key``
-  (``sweep_id|config_label|prompt_id|method|k|policy|repeat``). A failed run is a row with ``error`` set.
+  (``sweep_id|config_label|prompt_id|method|k|policy|repeat``); a batched run of B prompts is B rows
+  (``batch_size``, ``batch_id``, ``row``). A failed run is a row with ``error`` set.
 - ``rounds``: the per-round trace of our own runs (baseline, draft, ngram), keyed by ``(run_id, round_idx)``.
 - ``costs``: measured step/forward times per sweep x config_label x role x n_tokens.
 - ``meta``: ``schema_version``.
@@ -31,6 +32,8 @@ __all__ = [
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
     "TABLES",
+    "batch_group",
+    "batch_id_for",
     "canonical_json",
     "cell_key",
     "columns",
@@ -69,6 +72,12 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("first_divergence", "INTEGER"),
         # the K policy's note on the run (`specdec.policies.cost.CostPolicy.note`), e.g. target-only from the start
         ("policy_note", "TEXT"),
+        # the batch axis (`specdec.bench.batches`; NULL on a single-sequence run, B = 1): a batched run of B
+        # prompts is B rows, row `row` of batch `batch_id` (`batch_id_for`), each with the batch's wall time and
+        # aggregate tokens/s; matches_single: the row's greedy tokens equal single-sequence target-only
+        # decoding of its prompt; predicted_speedup: the batch pricing's prediction at the batch's acceptance
+        ("batch_size", "INTEGER"), ("batch_id", "TEXT"), ("row", "INTEGER"), ("batch_total_s", "REAL"),
+        ("batch_tokens_per_s", "REAL"), ("matches_single", "INTEGER"), ("predicted_speedup", "REAL"),
     ),
     "rounds": (
         ("run_id", "INTEGER REFERENCES runs(run_id)"), ("round_idx", "INTEGER"),
@@ -118,13 +127,13 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("runtime_json", "TEXT"),
     ),
 }  # fmt: skip
-#: The batch sweep's tables (`specdec.bench.batch_sweep`, written through `specdec.bench.store_batch`), declared
-#: apart from `TABLES` so that the single-stream schema (and the published stores pinned to it) is unchanged;
-#: they are created with the others when a store is opened for writing (a read-only older store reads them
-#: as empty). ``batch_sweeps``: one row per batch sweep (its id hashes the settings that give its rows their
-#: meaning); ``batch_runs``: one row per timed batched generation of B prompts, unique by ``cell_key``;
-#: ``batch_calibration``: the batched target forward of B rows x m tokens (role ``target``, n_tokens = m)
-#: and the batched draft step (role ``draft``, m = 1), timed on a warm cache, median and IQR of `repeats`.
+#: The tables of the former batch harness (``specdec batch-sweep``), kept so that its published stores
+#: (results/batch_*.db) stay readable, exportable and mergeable (`specdec.bench.store_batch`); nothing writes
+#: new batch runs there: a sweep's batch axis is in ``runs`` (``batch_size`` > 1). Declared apart from
+#: `TABLES` and created empty with the others (a read-only older store reads them as empty).
+#: ``batch_sweeps``: one row per batch sweep; ``batch_runs``: one row per timed batched generation of B
+#: prompts (``seq``: its place in its cell), unique by ``cell_key``; ``batch_calibration``: batched forwards
+#: of B rows x m tokens.
 BATCH_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "batch_sweeps": (
         ("sweep_id", "TEXT PRIMARY KEY"), ("config_json", "TEXT NOT NULL"), ("created_at", "TEXT"),
@@ -265,12 +274,24 @@ def _key_part(value: Any) -> str:
 
 def cell_key(
     sweep_id: str, config_label: str, prompt_id: str, method: str, k: int | None, policy: str | None,
-    repeat: int,
+    repeat: int, batch_id: str | None = None, row: int | None = None,
 ) -> str:
-    """The unique key of one timed run: ``sweep_id|config_label|prompt_id|method|k|policy|repeat``
-    (``-`` stands for a NULL k or policy)."""
+    """The unique key of one timed run: ``sweep_id|config_label|prompt_id|method|k|policy|repeat`` (``-``
+    stands for a NULL k or policy); a row of a batched run appends ``|batch_id|row``, since one prompt sits
+    in several batches (and a batch of a group smaller than B holds it more than once)."""
     parts = (sweep_id, config_label, prompt_id, method, k, policy, repeat)
-    return "|".join(_key_part(p) for p in parts)
+    key = "|".join(_key_part(p) for p in parts)
+    return key if batch_id is None else f"{key}|{batch_id}|{row}"
+
+
+def batch_id_for(group: str, batch_size: int, index: int) -> str:
+    """The id of batch `index` of prompt group `group` at batch size B: ``group/B/index``."""
+    return f"{group}/{int(batch_size)}/{int(index)}"
+
+
+def batch_group(batch_id: str) -> str:
+    """The prompt group a `batch_id_for` id names."""
+    return str(batch_id).rsplit("/", 2)[0]
 
 
 def _now() -> str:

@@ -20,11 +20,13 @@ work is done by one module per job:
   one declaration per setting, from which ``specdec sweep``'s options are built; `specdec.catalogue.runtimes`:
   the runtime configurations;
 - `specdec.bench.plan`: prompts, `PlannedRun`, `build_plan`, the sweep's identity (`meaning`), `prepare`;
+  `specdec.bench.grid`: what each prompt and batch is timed at (K grids, policies, the batch axis);
 - `specdec.bench.methods`: the `Method` registry (ours and the peers) and `RunRecord`;
   `specdec.bench.peers`: the transformers peers;
 - `specdec.bench.runner`: `run_sweep` (plan -> run -> record); `specdec.bench.loaded`: one configuration
   loaded (fit check, costs); `specdec.bench.probes`: roofline, equality check, acceptance trace and
-  calibration beside the timed runs; `specdec.bench.state`: the state a sweep carries;
+  calibration beside the timed runs; `specdec.bench.batch_runs`: the batched runs (``--batch-sizes``: their
+  pricing, backends, rows and exactness); `specdec.bench.state`: the state a sweep carries;
   `specdec.bench.control`: the store's lock, SIGTERM, shards;
 - `specdec.bench.estimate`: rough durations (``--dry-run``);
 - `specdec.measure.environment`: the machine fingerprint; `specdec.measure.timing`: cost measurement;

@@ -75,7 +75,7 @@ def _cost(k, costs, pad_verify, **options):
 
 
 def _cost_batch(k, curve, draft_cost):
-    from specdec.policies.batch import BatchCostPolicy
+    from specdec.policies.batch_cost import BatchCostPolicy
 
     return BatchCostPolicy(curve.forward_s, max_k=k, draft_cost=draft_cost)
 

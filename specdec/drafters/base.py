@@ -127,7 +127,7 @@ class PerRowDrafters:
 
     def preview(self, committed: list[list[int]], ks: list[int], sampling: SamplingParams) -> list[int]:
         """For a free drafter (`free`): how many tokens row i would draft at up to ``ks[i]``, before the round's
-        K is chosen (`specdec.policies.batch.BatchCostPolicy` prices rows without a match at 1 token). Where shorter
+        K is chosen (`specdec.policies.batch_cost.BatchCostPolicy` prices rows without a match at 1 token). Where shorter
         drafts are prefixes of longer ones the proposals serve this round's `propose`.
 
         Raises:

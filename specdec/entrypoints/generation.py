@@ -22,16 +22,14 @@ from specdec.catalogue import drafters as catalogue_drafters
 from specdec.catalogue import policies as catalogue_policies
 from specdec.core.metrics import GenerationResult
 from specdec.core.sampling import SamplingParams
+from specdec.policies.batch import batch_k_max
 
-__all__ = ["FLAGS", "KEYWORDS", "LLAMACPP_MAX_ROWS", "Run", "Settings", "batch_k_max", "budgets_of",
+__all__ = ["FLAGS", "KEYWORDS", "LLAMACPP_MAX_ROWS", "Run", "Settings", "budgets_of",
            "check_settings", "encode_prompts", "first_differences", "replace_budgets", "run"]
 
 #: llama.cpp serves at most this many sequences in one context (its ``LLAMA_MAX_SEQ``), so a batch on
 #: llama.cpp has at most this many rows.
 LLAMACPP_MAX_ROWS = 256
-#: The batch cost policy's default largest K is capped so that a round's verification, B x (K + 1) tokens,
-#: stays within this many tokens.
-MAX_BATCH_TOKENS = 128
 
 #: How each setting is spelled in messages: on the command line, and in Python.
 FLAGS = {"drafter": "--drafter", "policy": "--policy", "k": "--k", "max_new_tokens": "--max-new-tokens",
@@ -169,14 +167,6 @@ def encode_prompts(loaded: Any, prompts: Sequence[str | Sequence[int]], *, chat_
             raise ValueError(f"{where} is empty")
         out.append(ids)
     return out
-
-
-def batch_k_max(rows: int, context: int | None = None) -> int:
-    """The batch cost policy's default largest K for batches of `rows` rows: 16, capped so that
-    ``rows x (K + 1) <= MAX_BATCH_TOKENS`` (and below `context`, so that one forward of that many tokens can
-    be timed), never below 1."""
-    cap = MAX_BATCH_TOKENS if context is None else min(MAX_BATCH_TOKENS, int(context) - 1)
-    return max(1, min(16, cap // int(rows) - 1))
 
 
 @dataclass

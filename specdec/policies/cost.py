@@ -44,7 +44,7 @@ class CostPolicy(KOnly):
       optimism alone, so a generation whose estimate cannot pay it back never runs the draft model. Once
       paid, F is sunk: it raises the ledger's allowance by F (`invested`), so the rounds after it are
       judged at the estimate and one unlucky first round does not end speculation
-      (`specdec.policies.batch.BatchCostPolicy` makes the same decision per batch);
+      (`specdec.policies.batch_cost.BatchCostPolicy` makes the same decision per batch);
     - every speculative round, a probe (a round the point estimate would not take) or not, is taken only
       while a ledger allows it (`probe_affordable`): the net loss of the speculative rounds so far (each
       one's priced cost in target steps minus the tokens it committed; a round that won refunds; the

@@ -1,6 +1,6 @@
 """The never-lose ledger: what speculation has lost to target-only decoding so far, priced and measured, and
 whether a round may risk more. The cost policies keep one per generation (`specdec.policies.cost.CostPolicy`
-for one sequence, `specdec.policies.batch.BatchCostPolicy` for a batch; one row is one sequence).
+for one sequence, `specdec.policies.batch_cost.BatchCostPolicy` for a batch; one row is one sequence).
 
 Every amount is in seconds. A round is settled into the ledger after it ran: a plain round (K = 0) at its
 priced time (one plain step of every row), a speculative round at its priced time minus the plain time of

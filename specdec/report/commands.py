@@ -31,8 +31,9 @@ def out_dir(value: str, *, inputs: Iterable[str | Path] = ()) -> Path:
 
 
 def batch_sweeps(db: str | Path) -> tuple[list[str], list[str], str | None, int]:
-    """``(batch sweep ids, single-sequence sweep ids, the batch sweep the batch section reports (the newest
-    run's), its number of batched runs)``; empty when the store cannot be read (`write_report` says why)."""
+    """The former batch harness's tables: ``(batch sweep ids, single-sequence sweep ids, the batch sweep the
+    batch section reports when the sweep has no batched runs of its own (the newest run's), its number of
+    batched runs)``; empty when the store cannot be read (`write_report` says why)."""
     import sqlite3
 
     from specdec.bench.store import Store
@@ -47,6 +48,21 @@ def batch_sweeps(db: str | Path) -> tuple[list[str], list[str], str | None, int]
     except (ValueError, OSError, sqlite3.Error):
         return [], [], None, 0
     return ids, singles, newest[0] if newest else None, int(n)
+
+
+def sweep_batched_runs(db: str | Path, sweep_id: str | None) -> int:
+    """How many batched runs (B > 1; each is B rows of ``runs``) sweep `sweep_id` holds (0 for a store
+    from before the batch axis)."""
+    import sqlite3
+
+    from specdec.bench.store import Store
+
+    try:
+        with Store(db, readonly=True) as st:
+            return int(st.conn.execute("SELECT COUNT(*) FROM runs WHERE sweep_id = ? AND batch_size > 1 AND row = 0",
+                                       (sweep_id,)).fetchone()[0])
+    except (ValueError, OSError, sqlite3.Error):
+        return 0
 
 
 def register(app: typer.Typer) -> None:
@@ -75,7 +91,9 @@ def register(app: typer.Typer) -> None:
                              f"batch section, which reports the newest batch sweep ({newest}): run without --sweep")
         result = write_report(db, out_path, sweep)
         a = result.analysis
-        batched = f"; batch sweep {newest}: {n_batched} batched runs" if newest else ""
+        n_own = sweep_batched_runs(db, a.store.sweep_id)
+        batched = (f"; {n_own} batched runs (B > 1)" if n_own
+                   else f"; batch sweep {newest}: {n_batched} batched runs" if newest else "")
         typer.echo(f"sweep {a.store.sweep_id or '(none)'}: {len(a.store.runs)} runs{batched}, "
                    f"{len(result.drawn)} figures drawn, {len(result.skipped)} skipped")
         for line in a.missing:

@@ -2,15 +2,19 @@
 
 Acceptance by draft position (is acceptance i.i.d. along the draft, as the model assumes?), the failed
 and skipped runs, cells measured on fewer prompts than planned, the stability of the baseline behind every
-speedup, and the machine's drift in speed between a run and its baseline. A **cell** is defined in
+speedup, the machine's drift in speed between a run and its baseline, where greedy runs left the target-only
+output (`divergence_table`) and the bandwidth each cell drew (`roofline_table`). A **cell** is defined in
 :mod:`specdec.report.vocab`.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
+from specdec.catalogue.drafters import model_drafters
 from specdec.report.load import ensure_prepared, is_missing
 from specdec.report.model import CostInfo
 from specdec.report.speedup import PROMPT_KEY, by_machine, nearest_baseline
@@ -20,10 +24,12 @@ __all__ = [
     "DRIFT_FLAG",
     "baseline_stability_table",
     "coverage_table",
+    "divergence_table",
     "drift_cells",
     "drift_runs",
     "gaps_table",
     "position_acceptance",
+    "roofline_table",
 ]
 
 #: |drift| above this marks a run as taken while the machine ran at another speed than its baseline.
@@ -228,3 +234,72 @@ def coverage_table(cells: pd.DataFrame) -> pd.DataFrame:
     if cells.empty:
         return pd.DataFrame(columns=cols)
     return cells[cells["n_prompts"] < cells["n_prompts_expected"]][cols].reset_index(drop=True)
+
+
+def divergence_table(runs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
+    """Greedy runs whose output left the target-only output: where, and the target's top-2 margin there
+    (from the prompt's trace, teacher forced; NaN without a trace). Columns: run_id, config_label,
+    prompt_id, method, policy, k, first_divergence, target_margin."""
+    cols = ["run_id", "config_label", "prompt_id", "method", "policy", "k", "first_divergence", "target_margin"]
+    df = ensure_prepared(runs)
+    if df.empty or "first_divergence" not in df.columns:
+        return pd.DataFrame(columns=cols)
+    d = df[df["ok"] & pd.to_numeric(df["first_divergence"], errors="coerce").notna()]
+    margins = {}
+    if traces is not None and len(traces):
+        for t in traces.itertuples(index=False):
+            tm = json.loads(t.target_margin) if isinstance(t.target_margin, str) else t.target_margin
+            margins[(t.config_label, t.prompt_id)] = tm
+    rows = []
+    for r in d.itertuples(index=False):
+        pos = int(r.first_divergence)
+        tm = margins.get((r.config_label, r.prompt_id))
+        rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
+                     "method": r.method, "policy": r.policy, "k": r.k, "first_divergence": pos,
+                     "target_margin": float(tm[pos]) if tm is not None and pos < len(tm) else np.nan})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def roofline_table(runs: pd.DataFrame, roofline: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: decode tokens/s next to the weight bytes it read per second and the share of the machine's
+    memory bandwidth (`specdec.measure.roofline`; gpt-fast's "achieved bandwidth").
+
+    Bytes read in a run's decode = target weight bytes x target forwards (its rounds) + draft weight bytes x
+    draft steps (its drafted tokens; the draft model only); achieved GB/s = that / decode_s / 1e9; share =
+    achieved / the machine's streaming-copy GB/s. Columns: config_label, prompt_type, method, policy, k,
+    n_runs, decode_tok_s, target_gb (per target step), achieved_gbps, bandwidth_gbps, share (medians over
+    the cell's runs). Empty without roofline rows or rounds counts (peers are left out).
+    """
+    cols = ["config_label", "prompt_type", "method", "policy", "k", "n_runs", "decode_tok_s", "target_gb",
+            "achieved_gbps", "bandwidth_gbps", "share"]
+    df = ensure_prepared(runs)
+    if df.empty or roofline is None or roofline.empty:
+        return pd.DataFrame(columns=cols)
+    ok = df[df["ok"] & pd.to_numeric(df["num_rounds"], errors="coerce").notna()].copy()
+    rl = roofline.assign(machine_id=roofline["machine_id"].astype(object).fillna(""))
+    info = {(r.config_label, r.machine_id): r for r in rl.itertuples(index=False)}
+    by_label = {r.config_label: r for r in rl.itertuples(index=False)}
+    rows = []
+    for r in ok.itertuples(index=False):
+        mid = "" if is_missing(getattr(r, "machine_id", None)) else str(r.machine_id)
+        x = info.get((r.config_label, mid)) or by_label.get(r.config_label)
+        dec = float(r.decode_s) if not is_missing(r.decode_s) else np.nan
+        if x is None or is_missing(x.target_weight_bytes) or not np.isfinite(dec) or dec <= 0:
+            continue
+        draft_b = (0.0 if r.method not in model_drafters() or is_missing(x.draft_weight_bytes)
+                   else float(x.draft_weight_bytes))
+        moved = float(x.target_weight_bytes) * float(r.num_rounds) + draft_b * float(r.num_drafted or 0)
+        gbps = moved / dec / 1e9
+        bw = float(x.bandwidth_gbps) if not is_missing(x.bandwidth_gbps) else np.nan
+        rows.append({"config_label": r.config_label, "prompt_type": r.prompt_type, "method": r.method,
+                     "policy": r.policy, "k": r.k, "decode_tok_s": float(r.new_tokens) / dec,
+                     "target_gb": float(x.target_weight_bytes) / 1e9, "achieved_gbps": gbps,
+                     "bandwidth_gbps": bw, "share": gbps / bw if bw and np.isfinite(bw) else np.nan})
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    d = pd.DataFrame(rows)
+    key = ["config_label", "prompt_type", "method", "policy", "k"]
+    g = d.groupby(key, dropna=False, sort=True)
+    out = g[["decode_tok_s", "target_gb", "achieved_gbps", "bandwidth_gbps", "share"]].median().reset_index()
+    out["n_runs"] = g.size().to_numpy()
+    return out[cols]

@@ -59,7 +59,8 @@ class StoreData:
         sweep_id: the selected sweep (None when the store holds none).
         sweep: the selected ``sweeps`` row as a dict (None when the sweep has no row there).
         sweeps: every ``sweeps`` row in the store (to name the sweeps not reported).
-        runs: the selected sweep's ``runs`` rows, failed ones included (columns of the schema).
+        runs: the selected sweep's single-sequence ``runs`` rows, failed ones included (columns of the schema);
+            its batched rows (``batch_size`` > 1) are the batch section's (`specdec.report.batches`).
         rounds: ``rounds`` rows of those runs.
         costs: ``costs`` rows of the sweep.
         meta: the ``meta`` table as a dict.
@@ -241,6 +242,8 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
     params = (sweep_id,)
     runs = _conform(read("SELECT * FROM runs WHERE sweep_id = ? ORDER BY run_id", params, "runs",
                          RUN_COLUMNS), RUN_COLUMNS)
+    batched = pd.to_numeric(runs["batch_size"], errors="coerce").fillna(1) > 1  # the batch section's
+    runs = runs[~batched].reset_index(drop=True)
     if "runs" in tables and "rounds" in tables:
         rounds = read(
             "SELECT r.* FROM rounds r JOIN runs u ON r.run_id = u.run_id WHERE u.sweep_id = ? "
@@ -248,6 +251,7 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
     else:
         rounds = empty_frame(ROUND_COLUMNS)
     rounds = _conform(rounds, ROUND_COLUMNS)
+    rounds = rounds[rounds["run_id"].isin(runs["run_id"])].reset_index(drop=True) if batched.any() else rounds
     costs = _conform(read("SELECT * FROM costs WHERE sweep_id = ?", params, "costs", COST_COLUMNS),
                      COST_COLUMNS)
     machines = read("SELECT machine_id, machine_json FROM machines", table="machines",

@@ -58,13 +58,11 @@ __all__ = [
     "PromptModel",
     "catchup_from_rounds",
     "catchup_summary",
-    "divergence_table",
     "machine_curves",
     "padded_configs",
     "positive_geomean",
     "predicted_vs_measured",
     "prompt_models",
-    "roofline_table",
     "stored_curves",
     "summary",
     "trace_best_k",
@@ -191,8 +189,6 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         ngram: the sweep's (ngram_max, ngram_min).
         machine_costs: (config_label, machine_id) -> that machine's own curve (`machine_curves`).
     """
-    from specdec.engine.traces import AcceptanceTrace
-
     if traces is None or traces.empty:
         return []
     df = ensure_prepared(runs)
@@ -240,20 +236,29 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
             o_spec = _median(s["verify_s"] - s["forward_s"] + s["other_s"].fillna(0.0))
             ng_ids = set(sel[sel["method"].isin(free_drafters())]["run_id"])
             ng = _median(rr[rr["run_id"].isin(ng_ids)]["draft_s"])
-        dec = [json.loads(x) if isinstance(x, str) else x for x in (t.prompt_ids, t.target_ids, t.draft_ids,
-                                                                    t.draft_top_prob)]
-        if is_missing(dec[0]) or is_missing(dec[1]):
-            raise ValueError(f"the acceptance trace of {t.prompt_id} ({t.config_label}) has no "
-                             f"{'prompt' if is_missing(dec[0]) else 'target'} token ids (a store written before "
-                             "traces recorded them): its rounds cannot be replayed")
-        trace = AcceptanceTrace(tuple(dec[0]), tuple(dec[1]), None if dec[2] is None else tuple(dec[2]),
-                                None if dec[3] is None else tuple(dec[3]), int(t.max_new_tokens))
         ctx = None if is_missing(t.draft_context) else int(t.draft_context)
-        out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]), trace,
-                               curve, o_base, o_spec, ng, ngram, ctx,
-                               padded=t.config_label in padded,
+        out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]), _trace_of(t),
+                               curve, o_base, o_spec, ng, ngram, ctx, padded=t.config_label in padded,
                                catchup=catchup))
     return out
+
+
+def _trace_of(t):
+    """The `AcceptanceTrace` of a ``traces`` row (JSON columns decoded).
+
+    Raises:
+        ValueError: a row without prompt or target token ids (a store written before traces recorded them).
+    """
+    from specdec.engine.traces import AcceptanceTrace
+
+    dec = [json.loads(x) if isinstance(x, str) else x for x in (t.prompt_ids, t.target_ids, t.draft_ids,
+                                                                t.draft_top_prob)]
+    if is_missing(dec[0]) or is_missing(dec[1]):
+        raise ValueError(f"the acceptance trace of {t.prompt_id} ({t.config_label}) has no "
+                         f"{'prompt' if is_missing(dec[0]) else 'target'} token ids (a store written before "
+                         "traces recorded them): its rounds cannot be replayed")
+    return AcceptanceTrace(tuple(dec[0]), tuple(dec[1]), None if dec[2] is None else tuple(dec[2]),
+                           None if dec[3] is None else tuple(dec[3]), int(t.max_new_tokens))
 
 
 def padded_configs(runs: pd.DataFrame, rounds: pd.DataFrame | None) -> set[str]:
@@ -409,30 +414,6 @@ def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequ
     return pd.DataFrame(rows, columns=cols)
 
 
-def divergence_table(runs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
-    """Greedy runs whose output left the target-only output: where, and the target's top-2 margin there
-    (from the prompt's trace, teacher forced; NaN without a trace). Columns: run_id, config_label,
-    prompt_id, method, policy, k, first_divergence, target_margin."""
-    cols = ["run_id", "config_label", "prompt_id", "method", "policy", "k", "first_divergence", "target_margin"]
-    df = ensure_prepared(runs)
-    if df.empty or "first_divergence" not in df.columns:
-        return pd.DataFrame(columns=cols)
-    d = df[df["ok"] & pd.to_numeric(df["first_divergence"], errors="coerce").notna()]
-    margins = {}
-    if traces is not None and len(traces):
-        for t in traces.itertuples(index=False):
-            tm = json.loads(t.target_margin) if isinstance(t.target_margin, str) else t.target_margin
-            margins[(t.config_label, t.prompt_id)] = tm
-    rows = []
-    for r in d.itertuples(index=False):
-        pos = int(r.first_divergence)
-        tm = margins.get((r.config_label, r.prompt_id))
-        rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
-                     "method": r.method, "policy": r.policy, "k": r.k, "first_divergence": pos,
-                     "target_margin": float(tm[pos]) if tm is not None and pos < len(tm) else np.nan})
-    return pd.DataFrame(rows, columns=cols)
-
-
 def summary(pvm: pd.DataFrame) -> dict:
     """Headline figures of `predicted_vs_measured`: replay exact share, median predicted/measured, its
     spread, and the share of cells within 10 %."""
@@ -444,48 +425,3 @@ def summary(pvm: pd.DataFrame) -> dict:
             "median_ratio": float(r.median()) if len(r) else np.nan,
             "within_10pct": float(((r - 1).abs() <= 0.10).mean()) if len(r) else np.nan,
             "interval": stats.ratio_interval(r.to_numpy()) if len(r) >= 2 else None}
-
-
-def roofline_table(runs: pd.DataFrame, roofline: pd.DataFrame) -> pd.DataFrame:
-    """Per cell: decode tokens/s next to the weight bytes it read per second and the share of the machine's
-    memory bandwidth (`specdec.measure.roofline`; gpt-fast's "achieved bandwidth").
-
-    Bytes read in a run's decode = target weight bytes x target forwards (its rounds) + draft weight bytes x
-    draft steps (its drafted tokens; the draft model only); achieved GB/s = that / decode_s / 1e9; share =
-    achieved / the machine's streaming-copy GB/s. Columns: config_label, prompt_type, method, policy, k,
-    n_runs, decode_tok_s, target_gb (per target step), achieved_gbps, bandwidth_gbps, share (medians over
-    the cell's runs). Empty without roofline rows or rounds counts (peers are left out).
-    """
-    cols = ["config_label", "prompt_type", "method", "policy", "k", "n_runs", "decode_tok_s", "target_gb",
-            "achieved_gbps", "bandwidth_gbps", "share"]
-    df = ensure_prepared(runs)
-    if df.empty or roofline is None or roofline.empty:
-        return pd.DataFrame(columns=cols)
-    ok = df[df["ok"] & pd.to_numeric(df["num_rounds"], errors="coerce").notna()].copy()
-    rl = roofline.assign(machine_id=roofline["machine_id"].astype(object).fillna(""))
-    info = {(r.config_label, r.machine_id): r for r in rl.itertuples(index=False)}
-    by_label = {r.config_label: r for r in rl.itertuples(index=False)}
-    rows = []
-    for r in ok.itertuples(index=False):
-        mid = "" if is_missing(getattr(r, "machine_id", None)) else str(r.machine_id)
-        x = info.get((r.config_label, mid)) or by_label.get(r.config_label)
-        dec = float(r.decode_s) if not is_missing(r.decode_s) else np.nan
-        if x is None or is_missing(x.target_weight_bytes) or not np.isfinite(dec) or dec <= 0:
-            continue
-        draft_b = (0.0 if r.method not in model_drafters() or is_missing(x.draft_weight_bytes)
-                   else float(x.draft_weight_bytes))
-        moved = float(x.target_weight_bytes) * float(r.num_rounds) + draft_b * float(r.num_drafted or 0)
-        gbps = moved / dec / 1e9
-        bw = float(x.bandwidth_gbps) if not is_missing(x.bandwidth_gbps) else np.nan
-        rows.append({"config_label": r.config_label, "prompt_type": r.prompt_type, "method": r.method,
-                     "policy": r.policy, "k": r.k, "decode_tok_s": float(r.new_tokens) / dec,
-                     "target_gb": float(x.target_weight_bytes) / 1e9, "achieved_gbps": gbps,
-                     "bandwidth_gbps": bw, "share": gbps / bw if bw and np.isfinite(bw) else np.nan})
-    if not rows:
-        return pd.DataFrame(columns=cols)
-    d = pd.DataFrame(rows)
-    key = ["config_label", "prompt_type", "method", "policy", "k"]
-    g = d.groupby(key, dropna=False, sort=True)
-    out = g[["decode_tok_s", "target_gb", "achieved_gbps", "bandwidth_gbps", "share"]].median().reset_index()
-    out["n_runs"] = g.size().to_numpy()
-    return out[cols]

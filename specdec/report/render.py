@@ -22,7 +22,7 @@ from specdec.report.document import Bullets, Pre, Section, Table
 from specdec.report.load import load_store
 from specdec.report.plots import FigureEntry, make_figures
 from specdec.report.sections import build_sections
-from specdec.report.sections_batch import batch_report  # the batch sweep's section, when the store has one
+from specdec.report.sections_batch import batch_report  # the batch axis's section, when the store has one
 
 __all__ = ["ReportResult", "html_page", "markdown_page", "render_html", "render_markdown", "write_report"]
 
@@ -222,7 +222,7 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None) -> R
     fig_dir = out_dir / "figures"
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = make_figures(analysis, fig_dir)
-    extra, batch_figures = batch_report(db, fig_dir)
+    extra, batch_figures = batch_report(db, fig_dir, analysis.store.sweep_id)
     html_path = out_dir / "report.html"
     md_path = out_dir / "report.md"
     html_path.write_text(render_html(analysis, figures, extra), encoding="utf-8")

@@ -1,45 +1,30 @@
 """The report's batch section: speedup of speculative decoding against batched target-only decoding at each
-batch size B, from the ``batch_runs`` of a store (``specdec batch-sweep``); nothing when it has none.
+batch size B, from a store's batched runs in one shape (`specdec.report.batches.load_batch_runs`: a sweep's
+batched rows of ``runs``, or the former batch harness's ``batch_runs``); nothing when it has none.
 
 Pairing as the single-stream report: a run's ratio is its aggregate tokens/s (every row's new tokens over the
 batch's end-to-end seconds) over the geometric mean of the batched target-only runs just before and after
-it in its cell (the same configuration, group, B and batch); the batches are the units, so a (configuration,
-group, B, method) speedup is the geometric mean of its batches' ratios with a t-interval on their logs
-(`specdec.core.stats.ratio_interval`). The crossover B is the first B whose interval lies below 1. Reads the
-store only (read-only, `specdec.bench.store.connect`).
+it among its batch's runs (the same configuration, group, B and batch); the batches are the units, so a
+(configuration, group, B, method) speedup is the geometric mean of its batches' ratios with a t-interval on
+their logs (`specdec.core.stats.ratio_interval`). The crossover B is the first B whose interval lies below
+1. Reads the store only (read-only, `specdec.bench.store.connect`).
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
 from pathlib import Path
 
 import pandas as pd
 
-from specdec.bench import store
 from specdec.core.stats import geometric_mean, ratio_interval
+from specdec.report.batches import load_batch_runs
 from specdec.report.document import Section, Table
 from specdec.report.figure_kit import MARKERS, FigureEntry, colour_cycle, new_figure, save_figure, tex_safe
 
-__all__ = ["batch_ratios", "batch_report", "batch_summary", "crossovers", "load_batch_runs"]
+__all__ = ["batch_ratios", "batch_report", "batch_summary", "crossovers"]
 
 _ORDER = {"baseline": 0, "draft": 1, "ngram": 2, "aa": 3}
-
-
-def load_batch_runs(db: str | Path) -> pd.DataFrame:
-    """Every ``batch_runs`` row of the store (empty frame when it has none or no such table)."""
-    cols = list(store.columns("batch_runs"))
-    con = store.connect(Path(db), readonly=True, timeout_s=5.0)
-    try:
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if "batch_runs" not in tables:
-            return pd.DataFrame(columns=cols)
-        return pd.read_sql_query("SELECT * FROM batch_runs ORDER BY run_id", con)
-    except sqlite3.DatabaseError as exc:
-        raise ValueError(f"{db}: cannot read its batch runs ({exc})") from None
-    finally:
-        con.close()
 
 
 def _name(method: str, policy) -> str:
@@ -56,15 +41,16 @@ def _decode_tps(r) -> float:
 
 
 def batch_ratios(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per non-baseline run with a successful baseline on each side (or one, at a cell's edge):
-    ``config_label, group_name, batch_size, batch_idx, method, policy, name, k, ratio, predicted,
+    """One row per non-baseline run (of `runs`, in the one shape of `specdec.report.batches`) with a successful
+    baseline on each side (or one, at its batch's edge): ``config_label, group_name, batch_size, batch, method,
+    policy, name, k, ratio, predicted,
     base_tps, tps, accepted_per_row_round, rows, mismatch_batched, mismatch_single``; ``decode_ratio`` is the
     same ratio on decode tokens/s (new tokens over end-to-end minus the batch prefill), which a batch of long
     prompts and few new tokens would otherwise dilute."""
     ok = runs[runs["error"].isna()] if len(runs) else runs
     out = []
-    for key, cell in ok.groupby(["sweep_id", "config_label", "group_name", "batch_size", "batch_idx"], sort=True):
-        by_seq = {int(r.seq): r for r in cell.itertuples()}
+    for key, cell in ok.groupby(["sweep_id", "config_label", "group_name", "batch_size", "batch"], sort=True):
+        by_seq = {int(r.order): r for r in cell.itertuples()}
         for s, r in by_seq.items():
             if r.method == "baseline" or not r.tokens_per_s or r.tokens_per_s <= 0:
                 continue
@@ -79,7 +65,7 @@ def batch_ratios(runs: pd.DataFrame) -> pd.DataFrame:
             decode_ratio = (d_self / math.exp(sum(math.log(x) for x in dnb) / len(dnb))
                             if dnb and d_self > 0 else math.nan)
             out.append({
-                "config_label": key[1], "group_name": key[2], "batch_size": int(key[3]), "batch_idx": int(key[4]),
+                "config_label": key[1], "group_name": key[2], "batch_size": int(key[3]), "batch": key[4],
                 "method": r.method, "policy": r.policy, "name": _name(r.method, r.policy), "k": r.k,
                 "ratio": r.tokens_per_s / base, "decode_ratio": decode_ratio, "predicted": r.predicted_speedup, "base_tps": base,
                 "tps": r.tokens_per_s,
@@ -206,32 +192,29 @@ def _figure(summary: pd.DataFrame, out: Path) -> FigureEntry:
     return save_figure(fig, out, entry)
 
 
-def batch_report(db: str | Path, fig_dir: Path) -> tuple[list[Section], list[FigureEntry]]:
-    """The batch section and its figure for the store `db` (``([], [])`` when it holds no batch run).
+def batch_report(db: str | Path, fig_dir: Path,
+                 sweep_id: str | None = None) -> tuple[list[Section], list[FigureEntry]]:
+    """The batch section and its figure for the store `db` (``([], [])`` when it holds no batched run): the
+    batched runs of sweep `sweep_id` (the report's), else the former harness's newest batch sweep.
 
     Raises:
-        ValueError: the store's batch runs cannot be read.
+        ValueError: the store's batched runs cannot be read.
     """
-    runs = load_batch_runs(db)
+    runs, source = load_batch_runs(db, sweep_id)
     if runs.empty:
         return [], []
     sec = Section("Speedup against batch size", "batch")
-    ids = list(dict.fromkeys(runs["sweep_id"].astype(str)))
-    if len(ids) > 1:  # one batch sweep per section: its runs share their settings (the newest run's sweep)
-        newest = str(runs.iloc[-1]["sweep_id"])
-        sec.blocks.append(f"The store holds {len(ids)} batch sweeps; this section reports {newest}, the one "
-                          f"with the newest run (left out: {', '.join(i for i in ids if i != newest)}).")
-        runs = runs[runs["sweep_id"].astype(str) == newest]
     ratios = batch_ratios(runs)
     n_err = int(runs["error"].notna().sum())
     sec.blocks.append(
-        f"{len(runs)} batched runs ({n_err} failed) of batch sweep {ids[-1] if len(ids) == 1 else newest}. Each "
+        f"{len(runs)} batched runs ({n_err} failed) of {source}. Each "
         "speculative run is paired with the batched target-only runs on either side of it AT THE SAME B (never "
         "B single streams); speedup = aggregate tokens/s (all rows' new tokens over the batch's end-to-end "
-        "seconds) over theirs (decode speedup: the same without the batch prefill, geometric mean); batches are the units of the intervals (95%, t on log ratios). Predicted: the "
-        "batch pricing from this configuration's batched calibration at the pre-run's acceptance. Mismatching "
-        "rows: rows whose greedy tokens differ from the batched / single-sequence target-only rows (counted, "
-        "not fatal: batched bf16 and llama.cpp kernels may flip a near tie).")
+        "seconds) over theirs (decode speedup: the same without the batch prefill, geometric mean); batches are "
+        "the units of the intervals (95%, t on log ratios). Predicted: the batch pricing (the configuration's "
+        "measured batch costs) at the pre-run's acceptance. Mismatching rows: rows whose greedy tokens differ "
+        "from the batched / single-sequence target-only rows (counted, not fatal: batched bf16 and llama.cpp "
+        "kernels may flip a near tie).")
     if ratios.empty:
         sec.blocks.append("No speculative batch run has a successful baseline beside it yet.")
         return [sec], []

@@ -54,6 +54,28 @@ def traces_section(a: Analysis) -> Section:
         "draft steps and one target forward of K + 1 tokens. 'predicted' and 'measured' are both decode-only speedups "
         "(prefill left out on both sides); measured = the run's decode tokens/s over its two adjacent "
         "baselines'. Prompt-lookup predictions use the drafted length each round actually had.")
+    sec.blocks.append(Bullets(lines + _summary_lines(a, pvm)))
+    if len(best):
+        sec.blocks += _best_k_blocks(a, best)
+    if len(grid):
+        sec.blocks += _grid_blocks(grid)
+    if len(pvm):
+        t = table_of(pvm, [("run", lambda r: i(r["run_id"])), *key_columns("prompt", "method", "policy", "K"),
+                           ("replay exact", lambda r: yn(r["replay_exact"])),
+                           ("predicted", lambda r: f(r["predicted"])), ("measured", lambda r: f(r["measured"])),
+                           ("pred / meas", lambda r: f(r["ratio"], 3)),
+                           ("adjacent baselines", lambda r: i(r["n_adjacent"])),
+                           ("first mismatch", lambda r: s(r["mismatch"]) if r["mismatch"] else "")])
+        t.caption = "Every timed greedy draft/ngram run on a traced prompt."
+        t.collapsed = True
+        sec.blocks.append(t)
+    sec.blocks += _divergence_blocks(a, div)
+    return sec
+
+
+def _summary_lines(a: Analysis, pvm) -> list[str]:
+    """How many timed runs the replay reproduced, predicted / measured, how the draft's catch-up was priced."""
+    lines = []
     sm = summary(pvm)
     if sm.get("n"):
         lines.append(f"Replay: {sm['n_exact']} of {sm['n']} timed greedy runs have exactly the replayed rounds "
@@ -69,64 +91,63 @@ def traces_section(a: Analysis) -> Section:
                      f"configuration's timed draft rounds on {cu['timed rounds']} (blocks that timed the draft step "
                      f"alone), at one draft step on {cu['none']}; a 2-token catch-up costs "
                      f"{f(cu['d2'], 2)} draft steps (median over prompts).")
-    sec.blocks.append(Bullets(lines))
-    if len(best):
-        cells = a[T.CELLS]
-        timed_best = a[T.BEST_K]
+    return lines
 
-        def timed(r, col):
-            m = timed_best[(timed_best["config_label"] == r["config_label"])
-                           & (timed_best["prompt_type"] == r["prompt_type"]) & (timed_best["method"] == r["method"])]
-            return m.iloc[0][col] if len(m) else np.nan
 
-        def measured_at(r):
-            m = cells[(cells["config_label"] == r["config_label"]) & (cells["prompt_type"] == r["prompt_type"])
-                      & (cells["method"] == r["method"]) & (cells["policy"] == "fixed")
-                      & (cells["k"] == r["best_k"])]
-            return m.iloc[0]["speedup"] if len(m) else np.nan
+def _best_k_blocks(a: Analysis, best) -> list:
+    """The traces' best fixed K per prompt type beside the best timed K, and the --type-ks flags to time it."""
+    cells = a[T.CELLS]
+    timed_best = a[T.BEST_K]
 
-        t = table_of(best, [*key_columns("config", "prompt type", "method"),
-                            ("best K (traces)", lambda r: i(r["best_k"])),
-                            ("predicted at it", lambda r: f(r["predicted"])),
-                            ("predicted K=4", lambda r: f(r["predicted_k4"])),
-                            ("cost policy predicted", lambda r: f(r["policy_predicted"])),
-                            ("best timed K", lambda r: i(timed(r, "best_k"))),
-                            ("measured at best timed K", lambda r: f(timed(r, "speedup"))),
-                            ("measured at trace's best K", lambda r: f(measured_at(r))),
-                            ("prompts", lambda r: i(r["n_prompts"]))])
-        t.caption = ("Best fixed K per prompt type from the traces (K = 1..16; geometric mean of the predicted "
-                     "decode speedups over the type's prompts), next to the best K among the timed ones "
-                     "(end-to-end, paired). '-' where that K was not timed.")
-        sec.blocks.append(t)
-        sec.blocks.append(Bullets([f"To time these K on every prompt of each type ({label}): specdec sweep ... "
-                                   f"--type-ks {flags}" for label, flags in type_ks_flags(best).items()]))
-    if len(grid):
-        fx = grid[grid["policy"] == "fixed"]
-        per_type = (fx.groupby(["config_label", "prompt_type", "method", "k"])["predicted"].apply(positive_geomean)
-                    .unstack("k").reset_index())
-        ks = [k for k in per_type.columns if isinstance(k, (int, np.integer))]
-        t = table_of(per_type, [*key_columns("config", "prompt type", "method"),
-                                *[(f"K={k}", lambda r, k=k: f(r[k])) for k in ks]])
-        t.caption = ("The K grid per prompt type from the traces: predicted decode speedup at each fixed K "
-                     "(geometric mean over the type's traced prompts); the timed confirmations are in the table "
-                     "above ('measured at trace's best K') and in 'predicted vs measured' below.")
-        sec.blocks.append(t)
-        piv = fx.groupby(["config_label", "method", "k"])["predicted"].apply(positive_geomean).reset_index()
-        t = table_of(piv, [("config", lambda r: s(r["config_label"])), *key_columns("method", "K"),
-                           ("predicted decode speedup (all prompts)", lambda r: f(r["predicted"]))])
-        t.caption = f"The whole K grid from the traces, geometric mean over {ALL_PROMPTS.strip('()')}."
-        t.collapsed = True
-        sec.blocks.append(t)
-    if len(pvm):
-        t = table_of(pvm, [("run", lambda r: i(r["run_id"])), *key_columns("prompt", "method", "policy", "K"),
-                           ("replay exact", lambda r: yn(r["replay_exact"])),
-                           ("predicted", lambda r: f(r["predicted"])), ("measured", lambda r: f(r["measured"])),
-                           ("pred / meas", lambda r: f(r["ratio"], 3)),
-                           ("adjacent baselines", lambda r: i(r["n_adjacent"])),
-                           ("first mismatch", lambda r: s(r["mismatch"]) if r["mismatch"] else "")])
-        t.caption = "Every timed greedy draft/ngram run on a traced prompt."
-        t.collapsed = True
-        sec.blocks.append(t)
+    def timed(r, col):
+        m = timed_best[(timed_best["config_label"] == r["config_label"])
+                       & (timed_best["prompt_type"] == r["prompt_type"]) & (timed_best["method"] == r["method"])]
+        return m.iloc[0][col] if len(m) else np.nan
+
+    def measured_at(r):
+        m = cells[(cells["config_label"] == r["config_label"]) & (cells["prompt_type"] == r["prompt_type"])
+                  & (cells["method"] == r["method"]) & (cells["policy"] == "fixed")
+                  & (cells["k"] == r["best_k"])]
+        return m.iloc[0]["speedup"] if len(m) else np.nan
+
+    t = table_of(best, [*key_columns("config", "prompt type", "method"),
+                        ("best K (traces)", lambda r: i(r["best_k"])),
+                        ("predicted at it", lambda r: f(r["predicted"])),
+                        ("predicted K=4", lambda r: f(r["predicted_k4"])),
+                        ("cost policy predicted", lambda r: f(r["policy_predicted"])),
+                        ("best timed K", lambda r: i(timed(r, "best_k"))),
+                        ("measured at best timed K", lambda r: f(timed(r, "speedup"))),
+                        ("measured at trace's best K", lambda r: f(measured_at(r))),
+                        ("prompts", lambda r: i(r["n_prompts"]))])
+    t.caption = ("Best fixed K per prompt type from the traces (K = 1..16; geometric mean of the predicted "
+                 "decode speedups over the type's prompts), next to the best K among the timed ones "
+                 "(end-to-end, paired). '-' where that K was not timed.")
+    return [t, Bullets([f"To time these K on every prompt of each type ({label}): specdec sweep ... "
+                        f"--type-ks {flags}" for label, flags in type_ks_flags(best).items()])]
+
+
+def _grid_blocks(grid) -> list:
+    """The traces' K grid per prompt type and over all prompts."""
+    fx = grid[grid["policy"] == "fixed"]
+    per_type = (fx.groupby(["config_label", "prompt_type", "method", "k"])["predicted"].apply(positive_geomean)
+                .unstack("k").reset_index())
+    ks = [k for k in per_type.columns if isinstance(k, (int, np.integer))]
+    t = table_of(per_type, [*key_columns("config", "prompt type", "method"),
+                            *[(f"K={k}", lambda r, k=k: f(r[k])) for k in ks]])
+    t.caption = ("The K grid per prompt type from the traces: predicted decode speedup at each fixed K "
+                 "(geometric mean over the type's traced prompts); the timed confirmations are in the table "
+                 "above ('measured at trace's best K') and in 'predicted vs measured' below.")
+    piv = fx.groupby(["config_label", "method", "k"])["predicted"].apply(positive_geomean).reset_index()
+    t2 = table_of(piv, [("config", lambda r: s(r["config_label"])), *key_columns("method", "K"),
+                        ("predicted decode speedup (all prompts)", lambda r: f(r["predicted"]))])
+    t2.caption = f"The whole K grid from the traces, geometric mean over {ALL_PROMPTS.strip('()')}."
+    t2.collapsed = True
+    return [t, t2]
+
+
+def _divergence_blocks(a: Analysis, div) -> list:
+    """Per configuration, the greedy speculative runs that left the target-only output, and where."""
+    out = []
     ex = exactness(a[T.EQUALITY])
     if len(ex):
         div_lines = []
@@ -138,7 +159,7 @@ def traces_section(a: Analysis) -> Section:
                          + (f" ({pct(r.n_diverged / r.n_checked)}); the largest target top-2 margin at a first "
                             f"difference was {f(top, 4)}" if r.n_diverged else ""))
             div_lines.append(lines_div + ".")
-        sec.blocks.append(Bullets(div_lines))
+        out.append(Bullets(div_lines))
     if len(div):
         t = table_of(div, [("run", lambda r: i(r["run_id"])), *key_columns("config", "prompt", "method", "K"),
                            ("first differing token", lambda r: i(r["first_divergence"])),
@@ -146,9 +167,8 @@ def traces_section(a: Analysis) -> Section:
         t.caption = ("Greedy runs whose output left the target-only output, and the target's top-1 minus top-2 "
                      "probability at the first differing position (teacher forced): a small margin is a "
                      "near-tie flipped by batched numerics, a large one a bug.")
-        sec.blocks.append(t)
-    return sec
-
+        out.append(t)
+    return out
 
 
 def roofline_section(a: Analysis) -> Section:

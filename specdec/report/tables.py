@@ -28,10 +28,12 @@ from specdec.report.diagnostics import (
     aa_table,
     baseline_stability_table,
     coverage_table,
+    divergence_table,
     drift_cells,
     drift_runs,
     gaps_table,
     position_acceptance,
+    roofline_table,
 )
 from specdec.report.drafters import drafter_ratio_table, drafter_table
 from specdec.report.load import parse_json
@@ -44,11 +46,9 @@ from specdec.report.model import (
     speedup_condition_table,
 )
 from specdec.report.predicted import (
-    divergence_table,
     machine_curves,
     predicted_vs_measured,
     prompt_models,
-    roofline_table,
     stored_curves,
     trace_best_k,
     trace_grid,

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.grid import BEST_K, _as_list, _int_list, parse_batch_sizes, parse_type_ks, policy_name
 from specdec.bench.methods import METHODS, our_methods, peer_methods
 from specdec.bench.settings import (
     PANEL_MODELS,
@@ -21,6 +20,7 @@ from specdec.bench.settings import (
     Setting,
     setting,
 )
+from specdec.bench.values import BEST_K, as_list, int_list, parse_batch_sizes, parse_type_ks, policy_name
 from specdec.catalogue.runtimes import (
     CONFIG_ALIASES,
     RUNTIME_CONFIGS,
@@ -200,7 +200,7 @@ def default_config(device: str = "cpu") -> str:
 
 def _normalize_names(v: dict[str, Any]) -> None:
     """Validate the name lists in place: methods (`METHODS`), policies, configs (aliases resolved)."""
-    methods = [m.lower() for m in _as_list(v["methods"], "methods")]
+    methods = [m.lower() for m in as_list(v["methods"], "methods")]
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(METHODS)}")
@@ -208,7 +208,7 @@ def _normalize_names(v: dict[str, Any]) -> None:
         raise ValueError("methods: give at least one method")
     v["methods"] = tuple(dict.fromkeys(methods))
     for field in ("policies", "secondary_policies"):
-        policies = [p.lower() for p in _as_list(v[field], field)]
+        policies = [p.lower() for p in as_list(v[field], field)]
         if policies in (["none"], ["off"]):
             policies = []
         bad = [p for p in policies if policy_name(p) not in POLICIES]
@@ -222,7 +222,7 @@ def _normalize_names(v: dict[str, Any]) -> None:
                 raise ValueError(f"policy {p!r} names {m!r}, which is not a drafting method")
         v[field] = tuple(dict.fromkeys(policies))
     configs = []
-    for c in _as_list(v["configs"], "configs"):
+    for c in as_list(v["configs"], "configs"):
         label = default_config(v.get("device", "cpu")) if c.lower() == AUTO_CONFIG else CONFIG_ALIASES.get(c.lower(), c)
         if label not in RUNTIME_CONFIGS:
             raise ValueError(
@@ -262,10 +262,10 @@ def _check_xtok(v: dict[str, Any]) -> None:
 def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     """Coerce and validate raw values (from defaults, QUICK, a TOML file and flags)."""
     v = dict(values)
-    v["ks"] = _int_list(v["ks"], "ks", allow_empty=True)
-    v["secondary_ks"] = _int_list(v["secondary_ks"], "secondary_ks", allow_empty=True)
-    v["peer_ks"] = _int_list(v["peer_ks"], "peer_ks", allow_empty=True)
-    v["xtok_ks"] = _int_list(v["xtok_ks"], "xtok_ks", allow_empty=False)
+    v["ks"] = int_list(v["ks"], "ks", allow_empty=True)
+    v["secondary_ks"] = int_list(v["secondary_ks"], "secondary_ks", allow_empty=True)
+    v["peer_ks"] = int_list(v["peer_ks"], "peer_ks", allow_empty=True)
+    v["xtok_ks"] = int_list(v["xtok_ks"], "xtok_ks", allow_empty=False)
     _normalize_names(v)
     _check_xtok(v)
     v["batch_sizes"] = parse_batch_sizes(v["batch_sizes"])
@@ -377,7 +377,7 @@ def make_config(
     if values.get("backend") or values.get("draft_backend"):
         tb = values.get("backend") or "transformers"
         label = config_for_backends(tb, values.get("draft_backend") or tb)
-        if "configs" in explicit and _as_list(values["configs"], "configs") != [label]:
+        if "configs" in explicit and as_list(values["configs"], "configs") != [label]:
             raise ValueError("give either --configs or --backend/--draft-backend, not both")
         values["configs"] = (label,)
     return SweepConfig(**_normalize(values))

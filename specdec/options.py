@@ -43,5 +43,5 @@ SHARED_OPTIONS = {
     "pair": PairOpt, "target": TargetOpt, "draft": DraftOpt, "backend": BackendOpt,
     "draft_backend": DraftBackendOpt, "device": DeviceOpt, "dtype": DtypeOpt, "threads": ThreadsOpt,
     "compile": CompileOpt, "quant": QuantOpt, "draft_dtype": DraftDtypeOpt, "draft_quant": DraftQuantOpt,
-    "trust_remote_code": RemoteOpt,
+    "trust_remote_code": RemoteOpt, "gguf_type": GGUFTypeOpt,
 }  # fmt: skip

@@ -14,22 +14,6 @@ from typing import Annotated
 import typer
 
 from specdec.errors import one_line, user_errors
-from specdec.options import (  # the shared option declarations
-    BackendOpt,
-    CompileOpt,
-    DeviceOpt,
-    DraftBackendOpt,
-    DraftDtypeOpt,
-    DraftOpt,
-    DraftQuantOpt,
-    DtypeOpt,
-    GGUFTypeOpt,
-    PairOpt,
-    QuantOpt,
-    RemoteOpt,
-    TargetOpt,
-    ThreadsOpt,
-)
 
 app = typer.Typer(
     help="Speculative decoding, implemented exactly and measured against target-only decoding.",
@@ -38,6 +22,10 @@ app = typer.Typer(
     add_completion=False,
 )
 
+
+
+GENERATE_DOC = """Generate from one prompt (or, with --prompts-file, many, --batch-size at a time) with speculative
+decoding and print the text and its statistics."""
 
 
 def fail(message: str) -> None:
@@ -59,7 +47,7 @@ def _drafts_with_model(name: str) -> bool:
 def _drafter_help() -> str:
     from specdec.catalogue.drafters import DRAFTERS
 
-    return "; ".join(f"{n}: {e.help}" for n, e in DRAFTERS.items()) + " (default: draft)."
+    return "; ".join(f"{n}: {e.help}" for n, e in DRAFTERS.items()) + "."
 
 
 def _policy_help() -> str:
@@ -69,102 +57,104 @@ def _policy_help() -> str:
             + ". Default: fixed when --k is given, else cost (K chosen per round).")
 
 
-@app.command()
-def generate(
-    prompt: Annotated[str | None, typer.Option("--prompt", help="Text to continue (or --prompts-file).")] = None,
-    pair: PairOpt = None,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    k: Annotated[int | None, typer.Option("--k", help="K: draft tokens per round (fixed), or the largest K an "
-                                          "adaptive policy may ask for (the heuristic's starting K). Default: 4 "
-                                          "fixed/heuristic, 16 otherwise.")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 128,
-    drafter: Annotated[str, typer.Option("--drafter", help=_drafter_help())] = "draft",
-    policy: Annotated[str | None, typer.Option("--policy", help=_policy_help())] = None,
-    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy.")] = 0.0,
-    top_k: Annotated[int, typer.Option("--top-k")] = 0,
-    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    chat_template: Annotated[bool, typer.Option("--chat-template", help="Wrap the prompt in the chat template.")] = False,
-    baseline: Annotated[bool, typer.Option("--baseline", help="Also run target-only decoding of the same prompts "
-                                           "and compare: speedup, and where greedy output first differs.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (the text and the "
-                                          "statistics go to stderr).")] = False,
-    backend: BackendOpt = "transformers",
-    draft_backend: DraftBackendOpt = None,
-    device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "auto",
-    threads: ThreadsOpt = None,
-    compile: CompileOpt = False,
-    trust_remote_code: RemoteOpt = False,
-    quant: QuantOpt = None,
-    draft_dtype: DraftDtypeOpt = None,
-    draft_quant: DraftQuantOpt = None,
-    pad_verify: Annotated[bool, typer.Option(
-        "--pad-verify", help="Pad each verification forward to the cheapest shape on the target's measured "
-        "cost curve (the full 1..17-token curve; measured now when not cached); the cost policy prices "
-        "K with the padded cost; --baseline pads its target-only steps by the same curve.")] = False,
-    other_tokenizer: Annotated[bool, typer.Option(
-        "--other-tokenizer", help="The draft model has another tokenizer: draft text, verify target ids "
-        "(string-level exact match when greedy, token-level intersection when sampling). K fixed by default.")] = False,
-    remeasure_costs: Annotated[bool, typer.Option(
-        "--remeasure-costs", help="Time the cost policy's forward shapes again instead of reusing the "
-        "measurement cached for this machine, models, dtype and threads (a few seconds).")] = False,
-    prompts_file: Annotated[str | None, typer.Option(
-        "--prompts-file", help="Many prompts instead of --prompt, read as `specdec sweep --prompts` reads them: "
-        "JSON Lines (one object per line with a \"prompt\" string and optionally \"max_new_tokens\"), a JSON "
-        "array of such objects, or plain text with one prompt per blank-line-separated block. Prints each "
-        "text in file order, then a table of per-row figures.")] = None,
-    batch_size: Annotated[int | None, typer.Option(
-        "--batch-size", help="With --prompts-file: decode this many prompts at once (in file order; the last "
-        "batch may be smaller), each row with its own accepted length. Eager backends only. Default: 1.")] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Also write the JSON document to this file.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file.")] = False,
-    gguf_type: GGUFTypeOpt = None,
-) -> None:
-    """Generate from one prompt (or, with --prompts-file, many, --batch-size at a time) with speculative
-    decoding and print the text and its statistics.
+def _generate_settings() -> tuple:
+    """``specdec generate``'s options, each declared once (`specdec.bench.settings.Setting`; the options every
+    command shares take their names and help from `specdec.options.SHARED_OPTIONS`)."""
+    from specdec.bench.settings import (
+        PANEL_MODELS,
+        PANEL_PLAN,
+        PANEL_RUNTIME,
+        PANEL_SAMPLING,
+        PANEL_STORE,
+        Setting,
+    )  # fmt: skip
 
-    The settings are checked before any model loads (`specdec.entrypoints.generation.check_settings`), the
-    pair is loaded by `specdec.entrypoints.api.load_pair` and the generation assembled and run by
-    `specdec.entrypoints.generation.run`, the code the Python API runs. The default dtype is
-    `specdec.runtimes.precision.default_dtype` (``--dtype auto``); the statistics name what ran."""
+    def flag(name, help, panel=PANEL_PLAN):
+        return Setting(name, False, help, panel, bool, (f"--{name.replace('_', '-')}",))
+
+    return (
+        Setting("pair", None, None, PANEL_MODELS), Setting("target", None, None, PANEL_MODELS),
+        Setting("draft", None, None, PANEL_MODELS),
+        flag("other_tokenizer", "The draft model has another tokenizer: draft text, verify target ids (string-level "
+             "exact match when greedy, token-level intersection when sampling). K fixed by default.", PANEL_MODELS),
+        Setting("prompt", None, "Text to continue (or --prompts-file).", PANEL_PLAN),
+        Setting("prompts_file", None, "Many prompts instead of --prompt, read as `specdec sweep --prompts` reads "
+                "them: JSON Lines (one object per line with a \"prompt\" string and optionally \"max_new_tokens\"), "
+                "a JSON array of such objects, or plain text with one prompt per blank-line-separated block.",
+                PANEL_PLAN),
+        Setting("batch_size", None, "With --prompts-file: decode this many prompts at once (in file order; the "
+                "last batch may be smaller), each row with its own accepted length. Eager backends only; 1 when "
+                "not given.", PANEL_PLAN, int),
+        Setting("max_new_tokens", 128, "New tokens per prompt.", PANEL_PLAN, int),
+        Setting("drafter", "draft", _drafter_help(), PANEL_PLAN),
+        Setting("policy", None, _policy_help(), PANEL_PLAN),
+        Setting("k", None, "K: draft tokens per round (fixed), or the largest K an adaptive policy may ask for "
+                "(the heuristic's starting K). Default: 4 fixed/heuristic, 16 otherwise.", PANEL_PLAN, int),
+        flag("chat_template", "Wrap the prompt in the chat template."),
+        flag("baseline", "Also run target-only decoding of the same prompts and compare: speedup, and where "
+             "greedy output first differs."),
+        flag("pad_verify", "Pad each verification forward to the cheapest shape on the target's measured cost "
+             "curve (the full 1..17-token curve; measured now when not cached); the cost policy prices K with "
+             "the padded cost; --baseline pads its target-only steps by the same curve."),
+        flag("remeasure_costs", "Time the cost policy's forward shapes again instead of reusing the measurement "
+             "cached for this machine, models, dtype and threads."),
+        Setting("temperature", 0.0, "0 = greedy.", PANEL_SAMPLING, float),
+        Setting("top_k", 0, "Top-k (0: off).", PANEL_SAMPLING, int),
+        Setting("top_p", 1.0, "Top-p (1: off).", PANEL_SAMPLING, float),
+        Setting("seed", 0, "Sampling seed (prompt i of a file: seed + i).", PANEL_SAMPLING, int),
+        Setting("backend", "transformers", None, PANEL_RUNTIME), Setting("draft_backend", None, None, PANEL_RUNTIME),
+        Setting("device", "cpu", None, PANEL_RUNTIME), Setting("dtype", "auto", None, PANEL_RUNTIME),
+        Setting("threads", None, None, PANEL_RUNTIME, int), Setting("compile", False, None, PANEL_RUNTIME, bool),
+        Setting("quant", None, None, PANEL_RUNTIME), Setting("draft_dtype", None, None, PANEL_RUNTIME),
+        Setting("draft_quant", None, None, PANEL_RUNTIME), Setting("gguf_type", None, None, PANEL_RUNTIME),
+        Setting("trust_remote_code", False, None, PANEL_RUNTIME, bool),
+        Setting("as_json", False, "Print one JSON document on stdout (the text and the statistics go to stderr).",
+                PANEL_STORE, bool, ("--json",)),
+        Setting("out", None, "Also write the JSON document to this file (its folder is made first).", PANEL_STORE),
+        flag("force", "Overwrite an existing --out file.", PANEL_STORE),
+    )
+
+
+def _check_generate(o: dict):
+    """Everything the arguments alone decide, before any model loads: ``(settings, model specs, other
+    tokenizer, --out path, prompt-file entries)``. Fails in one line."""
     from specdec import models
-    from specdec.catalogue.drafters import drafter as drafter_entry
-    from specdec.entrypoints import api, output
     from specdec.entrypoints import generation as g
     from specdec.runtimes.loading import RUNTIMES
 
-    for flag, runtime in (("--backend", backend), ("--draft-backend", draft_backend)):
-        if runtime is not None and runtime not in RUNTIMES:  # before any model loads or a progress line
+    for flag, runtime in (("--backend", o["backend"]), ("--draft-backend", o["draft_backend"])):
+        if runtime is not None and runtime not in RUNTIMES:
             fail(f"unknown {flag} {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    prompt, prompts_file = o["prompt"], o["prompts_file"]
     if (prompt is None) == (prompts_file is None):
         fail("give --prompt TEXT, or --prompts-file FILE for many prompts" if prompt is None
              else "give either --prompt TEXT or --prompts-file FILE, not both")
-    if prompt is not None and batch_size not in (None, 1):
+    if prompt is not None and o["batch_size"] not in (None, 1):
         fail("--batch-size needs --prompts-file FILE (one prompt runs with --prompt TEXT alone)")
-    if threads is not None and threads < 1:
-        fail(f"--threads must be >= 1, got {threads}")
+    if o["threads"] is not None and o["threads"] < 1:
+        fail(f"--threads must be >= 1, got {o['threads']}")
     if prompt is not None and not prompt.strip():
         fail("the prompt is empty")
-    if compile and prompts_file is not None:
+    if o["compile"] and prompts_file is not None:
         fail("--compile: batched decoding runs the eager backend (a compiled static cache holds one sequence)")
-    if other_tokenizer and not _drafts_with_model(drafter):
-        fail(f"--other-tokenizer needs a drafter that drafts with the draft model, not --drafter {drafter}")
+    if o["other_tokenizer"] and not _drafts_with_model(o["drafter"]):
+        fail(f"--other-tokenizer needs a drafter that drafts with the draft model, not --drafter {o['drafter']}")
     try:
+        pair, target, draft = o["pair"], o["target"], o["draft"]
         specs = models.resolve_pair(pair, target, draft) if (pair or draft or not target) else (target, None)
-        other = other_tokenizer or (specs[1] is not None and models.other_tokenizer_pair(*specs))
+        other = o["other_tokenizer"] or (specs[1] is not None and models.other_tokenizer_pair(*specs))
         settings = g.check_settings(
-            drafter=drafter, policy=policy, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
-            top_k=top_k, top_p=top_p, seed=seed, chat_template=chat_template, pad_verify=pad_verify,
-            batch_size=batch_size, many=prompts_file is not None, remeasure_costs=remeasure_costs,
-            other_tokenizer=other, backend=backend, spelling=g.FLAGS)
+            drafter=o["drafter"], policy=o["policy"], k=o["k"], max_new_tokens=o["max_new_tokens"],
+            temperature=o["temperature"], top_k=o["top_k"], top_p=o["top_p"], seed=o["seed"],
+            chat_template=o["chat_template"], pad_verify=o["pad_verify"], batch_size=o["batch_size"],
+            many=prompts_file is not None, remeasure_costs=o["remeasure_costs"], other_tokenizer=other,
+            backend=o["backend"], spelling=g.FLAGS)
         out_path = None
-        if out is not None:  # checked (and its folder made) before any model loads: output is never lost
+        if o["out"] is not None:  # checked (and its folder made) before any model loads: output is never lost
             from specdec.paths import check_output
 
-            out_path = check_output(out, inputs=[prompts_file] if prompts_file else [], force=force, flag="--out",
-                                    create_parent=True)
+            out_path = check_output(o["out"], inputs=[prompts_file] if prompts_file else [], force=o["force"],
+                                    flag="--out", create_parent=True)
         entries = None
         if prompts_file is not None:
             from specdec.prompts import read_prompts
@@ -172,43 +162,52 @@ def generate(
             entries = read_prompts(prompts_file)
     except ValueError as exc:
         fail(str(exc))
+    return settings, specs, other, out_path, entries
+
+
+def _generate(**o) -> None:
+    """``specdec generate``: the settings checked (`_check_generate`), the pair loaded by
+    `specdec.entrypoints.api.load_pair`, the generation assembled and run by `specdec.entrypoints.generation.run`
+    (the code the Python API runs), then printed and written (`specdec.entrypoints.output`)."""
+    from specdec import models
+    from specdec.catalogue.drafters import drafter as drafter_entry
+    from specdec.entrypoints import api, output
+    from specdec.entrypoints import generation as g
+
+    settings, specs, other, out_path, entries = _check_generate(o)
     needs_draft = drafter_entry(settings.drafter).needs_model
     if specs[1] is None and needs_draft:
         fail(f"--drafter {settings.drafter} needs a draft model: give --draft or --pair, or a model-free drafter")
-    the_pair = api.load_pair(pair, target=target, draft=draft, dtype=dtype, device=device, threads=threads,
-                             backend=backend, draft_backend=draft_backend, draft_dtype=draft_dtype, quant=quant,
-                             draft_quant=draft_quant, gguf_type=gguf_type, compile=compile, other_tokenizer=other,
-                             with_draft=needs_draft, trust_remote_code=trust_remote_code, progress=models.progress)
-    texts = [prompt] if entries is None else [e.text for e in entries]
-    lines = None if entries is None else [f"{prompts_file}, {e.where}" for e in entries]
+    load = {n: o[n] for n in ("dtype", "device", "threads", "backend", "draft_backend", "draft_dtype", "quant",
+                              "draft_quant", "gguf_type", "compile", "trust_remote_code")}
+    the_pair = api.load_pair(o["pair"], target=o["target"], draft=o["draft"], other_tokenizer=other,
+                             with_draft=needs_draft, progress=models.progress, **load)
+    texts = [o["prompt"]] if entries is None else [e.text for e in entries]
+    lines = None if entries is None else [f"{o['prompts_file']}, {e.where}" for e in entries]
     if entries is not None:
-        budgets = tuple(max_new_tokens if e.max_new_tokens is None else e.max_new_tokens for e in entries)
-        settings = g.replace_budgets(settings, budgets)
-    ids = g.encode_prompts(the_pair.loaded, texts, chat_template=chat_template)
+        settings = g.replace_budgets(settings, tuple(o["max_new_tokens"] if e.max_new_tokens is None
+                                                     else e.max_new_tokens for e in entries))
+    ids = g.encode_prompts(the_pair.loaded, texts, chat_template=o["chat_template"])
     limit = the_pair.loaded.target.backend.max_length
-    budgets = g.budgets_of(settings, len(ids))
-    for i, (p, n) in enumerate(zip(ids, budgets, strict=True)):
+    for i, (p, n) in enumerate(zip(ids, g.budgets_of(settings, len(ids)), strict=True)):
         if len(p) + n > limit:
             where = f"{lines[i]}: " if lines else ""
             fail(f"{where}prompt ({len(p)} tokens) + max_new_tokens ({n}) exceeds the target's context of {limit} "
                  "tokens")
-    run = g.run(the_pair, settings, ids, baseline=baseline, progress=models.progress)
+    run = g.run(the_pair, settings, ids, baseline=o["baseline"], progress=models.progress)
     for note in run.notes:
         models.progress(note)
     tok = the_pair.loaded.tokenizer
     doc = output.report(run, [tok.decode(r.token_ids, skip_special_tokens=True) for r in run.results],
-                        runtime=the_pair.runtime, lines=lines,
-                        extra={"prompts_file": prompts_file, "temperature": temperature, "seed": seed})
+                        runtime=the_pair.runtime, lines=lines, extra={
+                            "prompts_file": o["prompts_file"], "temperature": o["temperature"], "seed": o["seed"]})
+    show = sys.stderr if o["as_json"] else sys.stdout
     label = api.runtime_label(the_pair.runtime)
-    show = sys.stderr if as_json else sys.stdout
-    if entries is None:
-        output.print_single(doc, label=label, file=show)
-    else:
-        output.print_batch(doc, label=label, file=show)
+    (output.print_single if entries is None else output.print_batch)(doc, label=label, file=show)
     text = json.dumps(doc)
     if out_path is not None:
         out_path.write_text(text + "\n")
-    if as_json:
+    if o["as_json"]:
         print(text)
 
 
@@ -267,6 +266,9 @@ def _human(n) -> str:
 
 def _register_subcommands() -> None:
     from specdec.bench import commands as bench_commands
+    from specdec.bench.settings import typer_command
+
+    app.command("generate")(typer_command(_generate, _generate_settings(), GENERATE_DOC))
     from specdec.report import commands as report_commands
 
     bench_commands.register(app)

@@ -41,6 +41,33 @@ def pytest_configure(config):
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+#: Ids of OTHER, the tokenizer of `build_other_tokenizer`.
+V_D = 600
+
+
+def build_other_tokenizer():
+    """OTHER: byte-level BPE, 600 ids, trained on digits/punctuation-rich text unlike TINY's corpus."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(7)
+    letters = "etaoinshrdlucmfwypvbgkjqxz0123456789.,;:()"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 6))) for _ in range(2000)]
+    corpus = [" ".join(rng.choice(words) for _ in range(20)) + "\n" for _ in range(300)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<s>", "<unk>", "<eos>"]
+    trainer = trainers.BpeTrainer(vocab_size=V_D, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<s>", unk_token="<unk>",
+                                   clean_up_tokenization_spaces=True)
+
+
 def one_row(doc: dict) -> dict:
     """A ``specdec generate --json`` document of one prompt as one flat record: the document's settings, its
     runtime record (backend, dtype, ...) and its one row's figures."""

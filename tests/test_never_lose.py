@@ -107,7 +107,7 @@ def test_no_k_pays_means_target_only_with_no_probe_and_no_overhead(target, same_
     assert overhead <= 0.01, overhead  # on the fake clock it is exactly 0
     assert spec.ttft_s == pytest.approx(base.ttft_s)
     # the run's record says so (runs.policy_note)
-    from specdec.bench.methods import RunRecord
+    from specdec.bench.requests import RunRecord
 
     assert spec.policy_note.startswith("target-only: no K can pay")
     assert RunRecord.from_result(spec).columns()["policy_note"] == spec.policy_note

@@ -370,9 +370,9 @@ def test_rebracket_keeps_alternating_plans_and_brackets_the_rest(tiny_pair, near
 
 def test_a_new_drafting_method_is_one_registry_entry(tmp_path, tiny_pair, near_draft_dir, prompt_file,
                                                      monkeypatch):
-    """Register a drafter (one that repeats the last token) in the catalogue and its method, and nothing else:
-    the plan runs it over the K grid, the runner times and stores it, and greedy output still equals the
-    baseline's."""
+    """Register a drafter (one that repeats the last token) in the catalogue, and nothing else: it is a sweep
+    method of the same name; the plan runs it over the K grid, the runner times and stores it, and greedy
+    output still equals the baseline's."""
     from conftest import ScriptedDrafter
 
     from specdec.catalogue import drafters as catalogue
@@ -380,7 +380,7 @@ def test_a_new_drafting_method_is_one_registry_entry(tmp_path, tiny_pair, near_d
     entry = catalogue.DrafterEntry("echo", "echo", "repeats the last token",
                                    lambda source: ScriptedDrafter(lambda seq, k: [seq[-1]] * k))
     monkeypatch.setitem(catalogue.DRAFTERS, "echo", entry)
-    monkeypatch.setitem(M.METHODS, "echo", M.Method("echo", M.speculative("echo"), takes_k=True))
+    assert "echo" in M.METHODS and M.METHODS["echo"].takes_k
     cfg = _cfg(tiny_pair, near_draft_dir, prompt_file, methods="baseline,echo", ks="2,3", secondary_ks="")
     res = S.run_sweep(cfg, db=tmp_path / "e.db", progress=False, echo=lambda _: None)
     with Store(tmp_path / "e.db") as st:

@@ -14,7 +14,7 @@ import random
 
 import pytest
 import torch
-from conftest import build_tiny_model, one_row
+from conftest import V_D, build_other_tokenizer, build_tiny_model, one_row
 
 from specdec.core.sampling import SamplingParams
 from specdec.drafters.xtok import IntersectionDrafter, StringMatchDrafter, cross_tokenizer_drafter
@@ -22,34 +22,12 @@ from specdec.engine.decoding import autoregressive_generate, speculative_generat
 from specdec.runtimes.compat import IncompatibleTokenizersError, token_keys, vocab_overlap
 
 V_T = 1000
-V_D = 600
 PROMPTS = [
     "hello world the quick brown fox",
     "  two leading spaces , and 's spacing",
     "\n\nnewlines first\n  then indented",
     "zq",
 ]
-
-
-def build_other_tokenizer():
-    """OTHER: byte-level BPE, 600 ids, trained on digits/punctuation-rich text unlike TINY's corpus."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    rng = random.Random(7)
-    letters = "etaoinshrdlucmfwypvbgkjqxz0123456789.,;:()"
-    words = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 6))) for _ in range(2000)]
-    corpus = [" ".join(rng.choice(words) for _ in range(20)) + "\n" for _ in range(300)]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<s>", "<unk>", "<eos>"]
-    trainer = trainers.BpeTrainer(vocab_size=V_D, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<s>", unk_token="<unk>",
-                                   clean_up_tokenization_spaces=True)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import build_tiny_model, one_row, tiny_sweep_config
-from test_xdrafter import V_D, build_other_tokenizer
+from conftest import V_D, build_other_tokenizer, build_tiny_model, one_row, tiny_sweep_config
 from typer.testing import CliRunner
 
 from specdec.bench import sweep as S

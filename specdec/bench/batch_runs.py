@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from specdec.bench.console import one_line
 from specdec.bench.grid import batch_cost_ns, batch_k
-from specdec.bench.methods import METHODS, BatchRequest, BatchRuntime
+from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun
+from specdec.bench.requests import BatchRequest, BatchRuntime
 from specdec.bench.values import BEST_K
 from specdec.core.costs import CostCurve
 from specdec.core.theory import expected_tokens_per_round

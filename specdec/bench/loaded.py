@@ -19,8 +19,9 @@ import torch
 
 from specdec.bench.config import RuntimeConfig, SweepConfig
 from specdec.bench.estimate import estimate_plan_s, format_duration
-from specdec.bench.methods import METHODS, Runtime
+from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun, Prepared, cost_max_n
+from specdec.bench.requests import Runtime
 from specdec.core.costs import DRAFT_PREFILL_NS, CostCurve
 from specdec.measure.timing import SWEEP_DRAFT_MAX_N, cross_tokenizer_draft_costs, measure_costs
 from specdec.prompts import Prompt, encode_prompt

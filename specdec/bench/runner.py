@@ -41,8 +41,9 @@ from specdec.bench.loaded import (
     measure_here,
 )
 from specdec.bench.machines import record_shard
-from specdec.bench.methods import METHODS, RunRecord, RunRequest, reference_method
+from specdec.bench.methods import METHODS, reference_method
 from specdec.bench.plan import PlannedRun, Prepared, prepare, rebracket
+from specdec.bench.requests import RunRecord, RunRequest
 from specdec.bench.state import SweepResult, SweepState
 from specdec.bench.store import Store
 from specdec.measure.environment import git_commit, machine_changes, machine_info

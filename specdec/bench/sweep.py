@@ -60,7 +60,7 @@ from specdec.bench.estimate import (
     instrumentation_s,
     reference_costs,
 )
-from specdec.bench.methods import LLAMA_PROMPT_LOOKUP_SKIP, METHODS, Method, RunRecord
+from specdec.bench.methods import LLAMA_PROMPT_LOOKUP_SKIP, METHODS, Method
 from specdec.bench.peers import hf_peer_generate
 from specdec.bench.plan import (
     PlannedRun,
@@ -73,6 +73,7 @@ from specdec.bench.plan import (
     primary_ids,
     select_prompts,
 )
+from specdec.bench.requests import RunRecord
 from specdec.bench.runner import LoadedConfig, SweepResult, execute, interrupt_exit_status, run_sweep
 from specdec.core.sampling import SamplingParams
 from specdec.measure.environment import git_commit, machine_info

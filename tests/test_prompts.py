@@ -294,3 +294,37 @@ def test_generated_id_colliding_with_explicit_one(tmp_path):
 def test_single_pretty_printed_object_rejected(tmp_path):
     content = json.dumps({"type": "a", "prompt": "x"}, indent=2)
     _rejects(_write(tmp_path, "p.txt", content), "JSON Lines")
+
+
+# -- C30: one prompts file, one meaning, at every entry point ---------------------------------------------
+
+
+@pytest.mark.parametrize("name,content", [
+    ("multi.txt", "def fib(n):\n    return n\n\n\nsecond prompt\nstill the second\n"),
+    ("lines.txt", '{"prompt": "alpha beta", "type": "code"}\n{"prompt": "gamma\\ndelta", "max_new_tokens": 2}\n'),
+    ("bom.jsonl", '\ufeff{"prompt": "with a byte-order mark"}\n'),
+    ("array.data", '[{"prompt": "one"}, {"prompt": "two"}]'),
+])
+def test_sweep_and_generate_read_the_same_prompts(tiny_pair, tmp_path, capsys, name, content):
+    """``specdec sweep --prompts F`` (its plan's prompts) and ``specdec generate --prompts-file F`` (the prompts
+    it continued, in its JSON document) read the same prompts from the same file, whatever its suffix."""
+    import json
+
+    from specdec.bench import sweep as S
+    from specdec.bench.plan import select_prompts
+    from specdec.entrypoints.cli import main
+
+    path = _write(tmp_path, name, content)
+    swept = [p.text for p in select_prompts(S.make_config({"prompts": str(path), "target": str(tiny_pair.target_dir)}))]
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--target", str(tiny_pair.target_dir), "--prompts-file", str(path), "--drafter", "ngram",
+              "--k", "1", "--max-new-tokens", "1", "--dtype", "float32", "--threads", "1", "--json"])
+    assert done.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["prompt"] for r in doc["rows"]] == swept and len(swept) == (2 if name != "bom.jsonl" else 1)
+
+
+def test_a_json_line_in_a_plain_text_file_is_refused_never_taken_literally(tmp_path):
+    path = _write(tmp_path, "mixed.txt", 'a plain first prompt\n\n{"prompt": "then JSON"}\n')
+    with pytest.raises(PromptFileError, match=r"line 3 is a JSON object, but the file is read as plain text"):
+        read_prompts(path)

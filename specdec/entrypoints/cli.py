@@ -200,7 +200,7 @@ def _generate(**o) -> None:
         models.progress(note)
     tok = the_pair.loaded.tokenizer
     doc = output.report(run, [tok.decode(r.token_ids, skip_special_tokens=True) for r in run.results],
-                        runtime=the_pair.runtime, lines=lines, extra={
+                        runtime=the_pair.runtime, lines=lines, prompts=texts, extra={
                             "prompts_file": o["prompts_file"], "temperature": o["temperature"], "seed": o["seed"]})
     show = sys.stderr if o["as_json"] else sys.stdout
     label = api.runtime_label(the_pair.runtime)

@@ -34,15 +34,17 @@ def row_figures(result: GenerationResult) -> dict[str, Any]:
 
 
 def report(run: Any, texts: Sequence[str], *, runtime: dict, lines: Sequence[str] | None = None,
-           extra: dict | None = None) -> dict[str, Any]:
+           prompts: Sequence[str] | None = None, extra: dict | None = None) -> dict[str, Any]:
     """The JSON document of a run (`specdec.entrypoints.generation.Run`): settings, the runtime record (what
     ran: backend, dtype, quantization, requantized GGUF type), one entry per prompt (where it was read, its
     batch, prompt tokens, text, token ids, `row_figures`, the K of each round and, with a baseline,
-    ``baseline_tokens_per_s``, ``speedup``, ``identical_to_baseline`` and ``divergence``), one entry per batch,
-    and the aggregate tokens/s (all new tokens over the batches' summed wall time)."""
+    ``baseline_tokens_per_s``, ``speedup``, ``identical_to_baseline`` and ``divergence``; with `prompts`, the
+    prompt's text), one entry per batch, and the aggregate tokens/s (all new tokens over the batches' summed
+    wall time)."""
     rows = []
     for i, (r, text) in enumerate(zip(run.results, texts, strict=True)):
-        row = {"index": i, **({"line": lines[i]} if lines is not None else {}), "batch": run.batch_of[i],
+        row = {"index": i, **({"line": lines[i]} if lines is not None else {}),
+               **({"prompt": prompts[i]} if prompts is not None else {}), "batch": run.batch_of[i],
                "prompt_tokens": len(r.prompt_ids), "text": text, "token_ids": list(r.token_ids), **row_figures(r),
                "rounds_k": [x.k for x in r.rounds], "rounds_alpha": [x.alpha_estimate for x in r.rounds]}
         if run.padded:

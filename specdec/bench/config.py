@@ -75,7 +75,7 @@ class SweepConfig:
 
     - ``pairing="bracket"``: every timed run other than the baseline sits between two target-only runs of
       the same prompt (B X1 B X2 B ... B), and its speedup is its ratio to the geometric mean of those two
-      neighbours (`specdec.report.speedup.paired_ratios`); ``"none"``: baseline first, the other runs, then
+      neighbours (`specdec.report.speedup.paired_reference`); ``"none"``: baseline first, the other runs, then
       `baseline_repeats` - 1 baselines (`baseline_repeats` applies to this order only).
     - `traces` records one teacher-forced draft forward and one target forward per prompt (`specdec.engine.traces`);
       `calibration_repeats` times target forwards of n = 1 .. `specdec.bench.plan.cost_max_n` tokens and

@@ -70,7 +70,7 @@ class Method:
         uses_corpus: its drafter matches the target-only outputs of the sweep's other prompts
             (`Runtime.corpus`).
         replay_as: the drafter whose trace replay chooses this method's K under policy ``best``
-            (`specdec.measure.pricing.DRAFTERS`); None: the method's own name.
+            (`specdec.catalogue.drafters.DRAFTERS`); None: the method's own name.
         batch: ``batch(batch_runtime, batch_request) -> [RunRecord per row]``: its batched form (planned at
             B > 1), or None.
     """

@@ -102,7 +102,7 @@ def assign_prompts(prompts: Sequence[Any], count: int) -> dict[str, int]:
 
 
 def shard_plan(plan: Sequence[Any], prompts: Sequence[Any], shard: Shard | str | None) -> list[Any]:
-    """The runs of `plan` (`specdec.bench.sweep.Cell` s, in their order) whose prompt belongs to `shard`.
+    """The runs of `plan` (`specdec.bench.plan.PlannedRun` s, in their order) whose prompt belongs to `shard`.
 
     Args:
         plan: the full plan (`build_plan`).

@@ -72,7 +72,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("first_divergence", "INTEGER"),
         # the K policy's note on the run (`specdec.policies.cost.CostPolicy.note`), e.g. target-only from the start
         ("policy_note", "TEXT"),
-        # the batch axis (`specdec.bench.batches`; NULL on a single-sequence run, B = 1): a batched run of B
+        # the batch axis (`specdec.bench.grid`; NULL on a single-sequence run, B = 1): a batched run of B
         # prompts is B rows, row `row` of batch `batch_id` (`batch_id_for`), each with the batch's wall time and
         # aggregate tokens/s; matches_single: the row's greedy tokens equal single-sequence target-only
         # decoding of its prompt; predicted_speedup: the batch pricing's prediction at the batch's acceptance

@@ -62,7 +62,7 @@ def _module_bytes(model: torch.nn.Module) -> int:
     total = 0
     for t in list(model.parameters()) + list(model.buffers()):
         total += _tensor_bytes(t, seen)
-    # oneDNN-prepacked linears (specdec.runtimes.compiled.PackedLinear) hold their weight outside the
+    # oneDNN-prepacked linears (specdec.runtimes.kernels.PackedLinear) hold their weight outside the
     # parameters; with the dense copy kept ("hybrid"), a single-row step reads the dense one (counted above)
     for m in model.modules():
         packed = getattr(m, "packed_weight", None)

@@ -21,6 +21,7 @@ from specdec.bench.settings import (
     setting,
 )
 from specdec.bench.values import BEST_K, as_list, int_list, parse_batch_sizes, parse_type_ks, policy_name
+from specdec.catalogue.policies import ADAPTIVE_POLICIES
 from specdec.catalogue.runtimes import (
     CONFIG_ALIASES,
     RUNTIME_CONFIGS,
@@ -52,7 +53,6 @@ __all__ = [
 
 OUR_METHODS = tuple(m.name for m in our_methods() if m.default)
 PEER_METHODS = tuple(m.name for m in peer_methods())
-ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
 POLICIES = (BEST_K, *ADAPTIVE_POLICIES)
 #: The default runtime configuration: the fastest exact-by-design transformers path this machine supports
 #: (`default_config`).

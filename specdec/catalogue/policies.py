@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from specdec.policies.base import KPolicy
     from specdec.policies.batch import BatchKPolicy
 
-__all__ = ["POLICIES", "PolicyEntry", "batch_policy", "make_policy", "policy", "policy_names", "resolve_policy"]
+__all__ = ["ADAPTIVE_POLICIES", "POLICIES", "PolicyEntry", "batch_policy", "make_policy", "policy", "policy_names", "resolve_policy"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,10 @@ POLICIES: dict[str, PolicyEntry] = {p.name: p for p in (
     PolicyEntry("cost", "K per round from the measured costs and the running acceptance, never losing more "
                 "than about a step and 1% to target-only", 16, _cost, needs_costs=True, build_batch=_cost_batch),
 )}
+
+
+#: The policies that choose K per round (every one but ``fixed``).
+ADAPTIVE_POLICIES = tuple(n for n in POLICIES if n != "fixed")
 
 
 def policy_names(batch: bool = False) -> tuple[str, ...]:

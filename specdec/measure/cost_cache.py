@@ -1,7 +1,7 @@
 """The one cost cache: a `specdec.measure.timing.measure_forwards` measurement of a setup, kept per machine.
 
 ``generate`` (one prompt or a batch) prices K with measured costs; measuring takes seconds to minutes, so a
-measurement is stored as JSON under ``<cache>/costs/<hash>.json`` (default cache: `specdec.models.cache_dir`),
+measurement is stored as JSON under ``<cache>/costs/<plan>-<hash>.json`` (default cache: `specdec.models.cache_dir`),
 keyed by what changes the times: the models' files (`model_fingerprint`: a preset's GGUF sha256, a
 checkpoint's weight files by size and mtime), runtimes, dtype, quantization, device and threads (the
 caller's key), the plan of token counts (quick, whole curve or a batch of B rows), and the machine (CPU

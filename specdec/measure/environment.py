@@ -1,9 +1,9 @@
 """The machine a measurement ran on: CPU, cores, memory, OS, library versions, device, git commit.
 
 Recorded with every sweep (``sweeps.machine_json``, ``sweeps.git_commit``) and folded into the key of the
-cost cache (`specdec.measure.cost_cache.cached_costs`), so numbers from another machine are never mixed in silently.
-This module imports nothing from the rest of specdec but two leaves (`specdec.bench.machines`,
-`specdec.runtimes.llamacpp_record`), so both the sweep and the cost measurement can use it.
+cost cache (`specdec.measure.cost_cache.cached_costs`), so numbers from another machine are never mixed in
+silently. This module imports nothing from the rest of specdec but one leaf (`specdec.runtimes.llamacpp_record`),
+so both the sweep and the cost measurement can use it; `host_id` tells machines apart.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from specdec.catalogue.drafters import DRAFTERS
 from specdec.catalogue.peers import PEER_PAIRS
+from specdec.catalogue.policies import ADAPTIVE_POLICIES
 
 __all__ = [
     "ADAPTIVE_POLICIES",
@@ -47,7 +48,6 @@ SPEC_METHODS = tuple(n for n, e in DRAFTERS.items() if e.analytic is not None)
 #: Peer implementations measured in the same run.
 PEER_METHODS = tuple(dict.fromkeys(peer for _, peer in PEER_PAIRS))
 #: Policies that choose K per round.
-ADAPTIVE_POLICIES = ("heuristic", "confidence", "cost")
 #: Policies under which a cell keeps one K throughout (``"-"``: the store had no policy).
 FIXED_POLICIES = ("fixed", "-")
 #: The columns that name a cell.

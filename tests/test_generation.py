@@ -516,3 +516,45 @@ def test_a_divergent_row_is_reported_with_its_margin(api_pair):
     div = first_differences(api_pair, settings, ids, spec, base)
     assert div[0] is None and div[1]["step"] == 2 and div[1]["compiled_token"] == 9 and div[1]["margin"] >= 0
     assert isinstance(Run(spec, "ngram", "fixed", 2).divergences, list)
+
+
+def test_llamacpp_batch_kv_follows_the_work_and_a_batch_that_cannot_fit_is_refused(llama_loaded, smollm2_gguf):
+    """C31/C32: a batch's rows are sized from its own prompts and budgets (not a default context per row), a
+    row longer than the default row context still runs when the model's context holds it, and a batch whose KV
+    cache cannot fit the memory is refused in one line before llama.cpp allocates it."""
+    from specdec.runtimes.batched_loading import batched_backend, check_kv_fits
+    from specdec.runtimes.gguf import kv_bytes_per_token
+    from specdec.runtimes.llamacpp_batched import DEFAULT_ROW_CTX
+
+    short = batched_backend(llama_loaded.target, 4, row_tokens=40)
+    try:
+        assert short.max_length == 40  # 40 tokens a row, not DEFAULT_ROW_CTX
+    finally:
+        short.close()
+    single = llama_loaded.target.backend.max_length
+    if single > DEFAULT_ROW_CTX:
+        long = batched_backend(llama_loaded.target, 1, row_tokens=DEFAULT_ROW_CTX + 8)
+        try:
+            assert long.max_length == DEFAULT_ROW_CTX + 8
+        finally:
+            long.close()
+    per_token = kv_bytes_per_token(smollm2_gguf)
+    assert per_token == 30 * 3 * (64 + 64) * 2  # SmolLM2-135M: 30 layers, 3 KV heads of 64, f16
+    check_kv_fits(smollm2_gguf, 4, 40, available=2**30)  # 4 x 256 cells: 23 MiB
+    with pytest.raises(ValueError, match=r"256 rows of 8192 KV cells needs 45\.0 GiB"):
+        check_kv_fits(smollm2_gguf, 256, 8192, available=2**30)
+
+
+def test_a_batch_records_what_ran_as_one_prompt_does(llama_loaded, smollm2_gguf, tmp_path, capsys):
+    """C37: the JSON document of a batch and of one prompt carry the same runtime record (backend, dtype,
+    requantized GGUF type)."""
+    pf = write_jsonl(tmp_path / "p.jsonl", LLAMA_TEXTS[:2])
+    docs = []
+    for extra in (["--prompt", LLAMA_TEXTS[0]], ["--prompts-file", str(pf), "--batch-size", "2"]):
+        code, out, err = cli(["generate", "--target", str(smollm2_gguf), "--backend", "llamacpp", "--gguf-type",
+                              "Q8_0", "--drafter", "ngram", "--k", "2", "--max-new-tokens", "4", "--threads", "1",
+                              "--json", *extra], capsys)
+        assert code == 0, err
+        docs.append(json.loads(out))
+        assert "requantized to Q8_0" in err
+    assert docs[0]["runtime"] == docs[1]["runtime"] and docs[0]["runtime"]["gguf_type"] == "Q8_0"

@@ -10,10 +10,12 @@ repacking setting so both run the same kernels.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specdec.runtimes.base import BatchedBackend
 from specdec.runtimes.loading import LoadedModel
 
-__all__ = ["batched_backend"]
+__all__ = ["batched_backend", "check_kv_fits"]
 
 
 def batched_backend(model: LoadedModel, max_rows: int, *, row_tokens: int | None = None) -> BatchedBackend:
@@ -40,6 +42,41 @@ def batched_backend(model: LoadedModel, max_rows: int, *, row_tokens: int | None
 
         single = model.backend
         n_ctx = min(single.max_length, int(row_tokens) if row_tokens else DEFAULT_ROW_CTX)
+        check_kv_fits(single.model_path, int(max_rows), n_ctx)
         return BatchedLlamaCppBackend(single.model_path, max_rows=int(max_rows), n_ctx=n_ctx,
                                       n_threads=single.n_threads, extra_buffers=single.extra_buffers)
     raise ValueError(f"no batched backend for runtime {model.runtime!r}")
+
+
+def check_kv_fits(model_path, rows: int, row_ctx: int, *, available: int | None = None) -> None:
+    """Refuse, before llama.cpp allocates it, a batch whose KV cache cannot fit in memory: `rows` streams of
+    `row_ctx` tokens each (rounded up to llama.cpp's 256 cells) at `specdec.runtimes.gguf.kv_bytes_per_token`,
+    against `available` bytes (default: the machine's available memory, ``MemAvailable`` of /proc/meminfo;
+    no check where it cannot be read).
+
+    Raises:
+        ValueError: one line with the sizes and what to change.
+    """
+    from specdec.runtimes.gguf import kv_bytes_per_token
+
+    if available is None:
+        available = _available_memory()
+        if available is None:
+            return
+    cells = -(-int(row_ctx) // 256) * 256
+    need = rows * cells * kv_bytes_per_token(model_path)
+    if need > 0.8 * available:
+        raise ValueError(f"a llama.cpp batch of {rows} rows of {cells} KV cells needs {need / 2**30:.1f} GiB of KV "
+                         f"cache and {available / 2**30:.1f} GiB of memory is available: lower the batch size or the "
+                         "rows' budgets")
+
+
+def _available_memory() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes, or None where it cannot be read."""
+    try:
+        text = Path("/proc/meminfo").read_text(encoding="ascii")
+        line = next(x for x in text.splitlines() if x.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+

@@ -11,8 +11,15 @@ from pathlib import Path
 from specdec.runtimes.base import BackendError
 from specdec.runtimes.llamacpp import default_threads, eog_ids_of, init_backend, llama_cpp_lib, require_file
 
-__all__ = ["REQUANT_TYPES", "gguf_eog_ids", "gguf_matmul_flops", "gguf_weight_types", "hf_tokenizer_from_gguf",
-           "requantize_gguf"]
+__all__ = [
+    "REQUANT_TYPES",
+    "gguf_eog_ids",
+    "gguf_matmul_flops",
+    "gguf_weight_types",
+    "hf_tokenizer_from_gguf",
+    "kv_bytes_per_token",
+    "requantize_gguf",
+]
 
 
 def _gguf_tensors(path: str | os.PathLike) -> tuple[Path, list]:
@@ -158,3 +165,31 @@ def hf_tokenizer_from_gguf(path: str | os.PathLike):
 
     p = require_file(path)
     return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+
+def kv_bytes_per_token(path: str | os.PathLike) -> int:
+    """Bytes of KV cache one token takes in llama.cpp's default (f16) cache for this GGUF model:
+    ``2 (keys and values) x layers x kv heads x head size x 2 bytes``, read from the header
+    (``<arch>.block_count``, ``.attention.head_count_kv``, ``.attention.key_length`` / ``value_length``, else
+    ``embedding_length / head_count``).
+
+    Raises:
+        GGUFNotFoundError: `path` does not exist. ValueError: not a readable GGUF, or the fields are missing.
+    """
+    from gguf import GGUFReader
+
+    p = require_file(path)
+    try:
+        fields = {k: f.contents() for k, f in GGUFReader(p).fields.items()
+                  if k == "general.architecture" or ".attention." in k or k.endswith((".block_count",
+                                                                                         ".embedding_length"))}
+        arch = fields["general.architecture"]
+        heads = int(fields[f"{arch}.attention.head_count"])
+        kv_heads = int(fields.get(f"{arch}.attention.head_count_kv", heads))
+        head = int(fields[f"{arch}.embedding_length"]) // heads
+        k_len = int(fields.get(f"{arch}.attention.key_length", head))
+        v_len = int(fields.get(f"{arch}.attention.value_length", head))
+        return int(fields[f"{arch}.block_count"]) * kv_heads * (k_len + v_len) * 2
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise ValueError(f"{p}: the GGUF header does not say its KV size ({exc})") from exc
+

@@ -106,6 +106,9 @@ def main() -> None:
     cands = candidates(src, types, args.threads)
     loaded = [(label, load_llamacpp(path, n_ctx=1024, n_threads=args.threads, extra_buffers=repack), path)
               for label, path, repack in cands]
+    for (label, be, _), (_, _, repack) in zip(loaded, cands):
+        if be.extra_buffers != repack:  # e.g. where ggml's AMX buffer type would crash (LlamaCppBackend)
+            print(f"{label}: {be.extra_buffers_note}")
     repack_on, _ = repack_default()
     shipped = next(label for label, path, repack in cands if path == src and repack == repack_on)
 

@@ -3,8 +3,14 @@ per-type weight bytes read from a GGUF header (recorded beside a cost curve, sin
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+import specdec
 from specdec.runtimes.gguf import gguf_weight_types
 from specdec.runtimes.llamacpp import AMX_FLAGS, GGUFNotFoundError, repack_default
 
@@ -54,6 +60,97 @@ def test_a_loaded_backend_records_whether_it_repacked(smollm2_gguf):
         assert be.extra_buffers_note == repack_default()[1]
     with load_llamacpp(smollm2_gguf, n_ctx=128, n_threads=1, extra_buffers=False) as be:
         assert be.extra_buffers is False and "asked for" in be.extra_buffers_note
+
+
+# ggml's AMX buffer type: `use_extra_bufts` puts quantized weights there where ggml offers it, and its matmul
+# over 2+ tokens dies in ldtilecfg (an invalid tile configuration; specdec.runtimes.llamacpp's docstring). The
+# children below run the decode in their own process, so a regression fails one test instead of killing the run.
+
+_PYTHONPATH = os.pathsep.join([str(Path(specdec.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])
+
+_DECODE = """
+import sys
+import specdec.runtimes.llamacpp as L
+if sys.argv[2] == "bypass":  # what the backend did before the guard: honour the request whatever ggml offers
+    L.amx_buffer_type_active = lambda flags=None: False
+be = L.load_llamacpp(sys.argv[1], n_ctx=256, n_threads=1, extra_buffers=True)
+print("repack", be.extra_buffers, "|", be.extra_buffers_note, flush=True)
+ids = be.tokenize("def fibonacci(n):\\n")
+be.forward(ids[:1])
+print("1-token decode ok", flush=True)
+out = be.forward(ids[1:])  # one llama_decode of len(ids) - 1 >= 2 tokens: the AMX tile path
+print("batch decode ok", tuple(out.shape), flush=True)
+"""
+
+
+def _decode_in_child(gguf, mode):
+    env = dict(os.environ, PYTHONPATH=_PYTHONPATH, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-c", _DECODE, str(gguf), mode], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+
+
+def test_ggml_names_its_extra_buffer_types():
+    pytest.importorskip("llama_cpp")
+    from specdec.runtimes.llamacpp import amx_buffer_type_active, ggml_extra_buffer_types
+    from specdec.runtimes.precision import cpu_flags
+
+    types = ggml_extra_buffer_types()
+    assert isinstance(types, tuple) and all(isinstance(t, str) and t for t in types)
+    assert amx_buffer_type_active() is ("AMX" in types)
+    if "AMX" in types:
+        assert "amx_int8" in cpu_flags()  # ggml offers it only on a CPU with AMX
+
+
+def test_amx_flags_decide_where_ggml_cannot_be_asked(monkeypatch):
+    import specdec.runtimes.llamacpp as L
+
+    monkeypatch.setattr(L, "ggml_extra_buffer_types", lambda: None)
+    assert L.amx_buffer_type_active(ZEN4 | {"amx_int8"}) is True
+    assert L.amx_buffer_type_active(ZEN4) is False
+    monkeypatch.setattr(L, "ggml_extra_buffer_types", lambda: ("CPU_REPACK",))
+    assert L.amx_buffer_type_active(ZEN4 | {"amx_int8"}) is False  # a build without AMX kernels: repack is safe
+
+
+@pytest.mark.slow
+def test_repacking_asked_for_stays_off_where_ggml_offers_the_amx_buffer_type(smollm2_gguf, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    import specdec.runtimes.llamacpp as L
+
+    monkeypatch.setattr(L, "ggml_extra_buffer_types", lambda: ("AMX", "CPU_REPACK"))
+    with L.load_llamacpp(smollm2_gguf, n_ctx=128, n_threads=1, extra_buffers=True) as be:
+        assert be.extra_buffers is False and be.extra_buffers_note == L.AMX_BUFFER_NOTE
+        ids = be.tokenize("The capital of France")
+        assert len(ids) >= 2 and be.forward(ids).shape == (len(ids), be.vocab_size)
+
+
+@pytest.mark.slow
+def test_a_batch_decode_with_repacking_asked_for_runs_on_this_machine(smollm2_gguf):
+    """The condition that crashed (repacking asked for, a decode of several tokens), in a child process."""
+    pytest.importorskip("llama_cpp")
+    from specdec.runtimes.llamacpp import AMX_BUFFER_NOTE, amx_buffer_type_active
+
+    p = _decode_in_child(smollm2_gguf, "guarded")
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-2000:])
+    assert "batch decode ok" in p.stdout
+    amx = amx_buffer_type_active()
+    assert f"repack {not amx} |" in p.stdout
+    assert (AMX_BUFFER_NOTE in p.stdout) is amx
+
+
+@pytest.mark.slow
+def test_the_amx_buffer_type_still_crashes_on_a_batch_decode(smollm2_gguf):
+    """Why the guard exists, checked where ggml offers the AMX buffer type: with the guard bypassed, a 1-token
+    decode works and the first decode of several tokens kills the process. If this starts failing, the
+    llama.cpp in use no longer crashes there and `LlamaCppBackend` may let repacking run again."""
+    pytest.importorskip("llama_cpp")
+    from specdec.runtimes.llamacpp import amx_buffer_type_active
+
+    if not amx_buffer_type_active():
+        pytest.skip("ggml offers no AMX buffer type here (no AMX, or a llama.cpp built without AMX kernels)")
+    p = _decode_in_child(smollm2_gguf, "bypass")
+    assert "repack True" in p.stdout and "1-token decode ok" in p.stdout, (p.stdout, p.stderr[-2000:])
+    assert p.returncode < 0 and "batch decode ok" not in p.stdout, (
+        f"llama.cpp's AMX batched matmul no longer crashes (rc {p.returncode}): the guard may be lifted")
 
 
 def _write_gguf(path, tensors):

@@ -13,9 +13,16 @@ are not reachable through ``Llama.__init__`` in 0.3.36:
 * ``llama_model_params.use_extra_bufts`` (weight repacking into ggml's extra CPU buffer types): on by
   default (`repack_default`) except on a CPU that reports AMX. Repacking lets Q4_0/Q4_K/IQ4_NL weights run
   through GEMM kernels that process several rows per weight read, which makes the single step faster and a
-  verification forward cheaper per token. On a CPU with AMX the same switch enables the AMX buffer type, and
-  ``ggml_backend_amx_mul_mat`` segfaults inside ``llama_decode`` on some VMs (a Firecracker guest that
-  reports ``amx_int8``), killing the process - a segfault cannot be caught - so there it stays off.
+  verification forward cheaper per token. On a CPU with AMX, in a llama.cpp built with AMX kernels, the same
+  switch puts the quantized weights (Q4_0, Q4_1, Q8_0, ...) in ggml's AMX buffer type, and then every
+  ``llama_decode`` of 2 or more tokens dies (SIGSEGV) in ``ggml_backend_amx_mul_mat``: its one-time tile setup
+  (``ggml_tile_config_init``) hands ``ldtilecfg`` a 64-byte tile configuration on the stack of which the
+  compiled code (llama-cpp-python 0.3.36 built by GCC 12.2) stores only the first 32 bytes: the stores of the
+  tile shapes were optimised away and the rows are stack garbage, so the instruction faults (#GP; upstream
+  llama.cpp PR #26954 moves that configuration off the stack for this reason).
+  Single-token decodes take an AVX512-VNNI path without tiles and work. A signal cannot be caught, so the
+  backend never lets that buffer type run: where ggml offers it (`amx_buffer_type_active`), repacking stays
+  off even when asked for (`extra_buffers` then records False and `extra_buffers_note` says why).
 * ``llama_context_params.n_outputs_max_per_seq`` ("max outputs per sequence", default 1 in this llama.cpp):
   set to 0 (= n_outputs_max = n_batch) so that a batch may return logits for every position. (With 1, all
   positions still came back in 0.3.36; the explicit 0 guards against the cap being enforced later.)
@@ -34,6 +41,7 @@ the single step cheaper and flatten the curve for the tensor types that have a r
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 from typing import Self
@@ -111,6 +119,61 @@ def repack_default(flags=None) -> tuple[bool, str]:
     return True, "weight repacking on (no AMX on this CPU)"
 
 
+AMX_BUFFER_NOTE = ("weight repacking off although asked for: ggml offers its AMX buffer type here, and its "
+                   "batched matmul crashes the process (invalid AMX tile configuration)")
+
+
+@functools.lru_cache(maxsize=1)
+def ggml_extra_buffer_types() -> tuple[str, ...] | None:
+    """Names of the extra CPU buffer types this process's ggml offers, in the order ``use_extra_bufts`` tries
+    them for each weight (e.g. ``("AMX", "CPU_REPACK")``), or None when ggml cannot be asked.
+
+    Asks ggml itself (``ggml_backend_dev_get_extra_bufts`` of the CPU device, ``ggml_backend_buft_name``), so
+    the answer covers both the build (AMX kernels compiled in or not) and the machine (AMX present and the
+    kernel's ``ARCH_REQ_XCOMP_PERM`` granted). Prototypes are private to this function: the argtypes of
+    llama-cpp-python's own ``libggml`` handle are left alone.
+    """
+    try:
+        llama_cpp_lib()
+        from llama_cpp._ggml import libggml
+    except (BackendError, ImportError, OSError):
+        return None
+    vp, cp = ctypes.c_void_p, ctypes.c_char_p
+    try:
+        dev_by_type = ctypes.CFUNCTYPE(vp, ctypes.c_int)(("ggml_backend_dev_by_type", libggml))
+        dev_reg = ctypes.CFUNCTYPE(vp, vp)(("ggml_backend_dev_backend_reg", libggml))
+        proc_address = ctypes.CFUNCTYPE(vp, vp, cp)(("ggml_backend_reg_get_proc_address", libggml))
+        buft_name = ctypes.CFUNCTYPE(cp, vp)(("ggml_backend_buft_name", libggml))
+    except AttributeError:  # pragma: no cover - a ggml without the backend registry API
+        return None
+    cpu = dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    reg = dev_reg(cpu) if cpu else None
+    addr = proc_address(reg, b"ggml_backend_dev_get_extra_bufts") if reg else None
+    if not addr:
+        return None
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(vp), vp)(addr)(cpu)  # NULL-terminated array
+    names: list[str] = []
+    i = 0
+    while bufts and bufts[i]:
+        names.append((buft_name(bufts[i]) or b"?").decode())
+        i += 1
+    return tuple(names)
+
+
+def amx_buffer_type_active(flags=None) -> bool:
+    """Whether ``use_extra_bufts`` would place weights in ggml's AMX buffer type in this process (see the
+    module docstring: its batched matmul crashes). Asks ggml (`ggml_extra_buffer_types`); where it cannot be
+    asked, falls back to the CPU flags (`AMX_FLAGS` among `flags`, default: this machine's)."""
+    types = ggml_extra_buffer_types()
+    if types is not None:
+        return "AMX" in types
+    if flags is None:
+        from specdec.runtimes.precision import cpu_flags
+
+        flags = cpu_flags()
+    return bool(AMX_FLAGS & set(flags))
+
+
 def default_threads() -> int:
     """CPUs this process may run on (``sched_getaffinity``), at least 1."""
     try:
@@ -130,8 +193,9 @@ class LlamaCppBackend:
         n_batch: tokens per ``llama_decode`` call (logical = physical batch). Longer inputs (a long prompt's
             prefill) are fed in chunks of `n_batch`; logits, if asked for, are concatenated.
         extra_buffers: let llama.cpp repack weights into its extra CPU buffer types (AVX/AMX repack).
-            None (default): `repack_default` - on unless the CPU reports AMX. `extra_buffers` then holds
-            what ran and `extra_buffers_note` why.
+            None (default): `repack_default` - on unless the CPU reports AMX. True is not honoured where
+            ggml offers its AMX buffer type (`amx_buffer_type_active`: that path crashes). `extra_buffers`
+            then holds what ran and `extra_buffers_note` why.
         verbose: let llama.cpp print its load log.
         n_seq_max: sequences the context serves (``n_seq_max``; > 1 only for
             `specdec.runtimes.llamacpp_batched`, which addresses them by ``seq_id``; this class uses seq 0).
@@ -176,6 +240,10 @@ class LlamaCppBackend:
             extra_buffers, self.extra_buffers_note = repack_default()
         else:
             self.extra_buffers_note = f"weight repacking {'on' if extra_buffers else 'off'} (asked for)"
+        if extra_buffers and amx_buffer_type_active():
+            # ggml's AMX buffer type would take the weights, and its matmul over 2+ tokens kills the process
+            # (an uncatchable SIGSEGV in ggml_backend_amx_mul_mat; module docstring): never turn it on.
+            extra_buffers, self.extra_buffers_note = False, AMX_BUFFER_NOTE
         self.extra_buffers = bool(extra_buffers)
         mparams.use_extra_bufts = self.extra_buffers
         try:

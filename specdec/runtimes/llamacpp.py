@@ -128,10 +128,9 @@ def ggml_extra_buffer_types() -> tuple[str, ...] | None:
     """Names of the extra CPU buffer types this process's ggml offers, in the order ``use_extra_bufts`` tries
     them for each weight (e.g. ``("AMX", "CPU_REPACK")``), or None when ggml cannot be asked.
 
-    Asks ggml itself (``ggml_backend_dev_get_extra_bufts`` of the CPU device, ``ggml_backend_buft_name``), so
-    the answer covers both the build (AMX kernels compiled in or not) and the machine (AMX present and the
-    kernel's ``ARCH_REQ_XCOMP_PERM`` granted). Prototypes are private to this function: the argtypes of
-    llama-cpp-python's own ``libggml`` handle are left alone.
+    Asks ggml itself (``ggml_backend_dev_get_extra_bufts`` of the CPU device, ``ggml_backend_buft_name``): the
+    answer covers the build (AMX kernels compiled in or not) and the machine (AMX present and the kernel's
+    ``ARCH_REQ_XCOMP_PERM`` granted). Its prototypes leave llama-cpp-python's own ``libggml`` handle alone.
     """
     try:
         llama_cpp_lib()

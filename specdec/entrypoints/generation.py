@@ -288,11 +288,11 @@ def _run_one(pair, settings: Settings, entry, prompt: list[int], budget: int, dr
 
     loaded = pair.loaded
     pol = catalogue_policies.policy(settings.policy)
+    free = entry.free if drafter_object is None else bool(getattr(drafter_object, "free", False))
     curve, notes = None, []
     if pol.needs_costs or settings.pad_verify or entry.priced:
         plan = "curve" if settings.pad_verify else "quick"
         max_n = max(settings.k + 1, 17) if settings.pad_verify else settings.k + 1
-        free = entry.free if drafter_object is None else bool(getattr(drafter_object, "free", False))
         costs, note = _costs(pair, settings, timed_draft=not free and not entry.other_tokenizer, plan=plan,
                              max_n=max_n, progress=progress)
         curve = CostCurve.from_costs(costs)
@@ -300,7 +300,6 @@ def _run_one(pair, settings: Settings, entry, prompt: list[int], budget: int, dr
     source = catalogue_drafters.DraftSource(loaded, settings.sampling, curve)
     drafter = drafter_object if drafter_object is not None else entry.row(source)
     name = entry.name if drafter_object is None else getattr(drafter_object, "name", type(drafter_object).__name__)
-    free = entry.free if drafter_object is None else bool(getattr(drafter_object, "free", False))
     policy = catalogue_policies.make_policy(settings.policy, settings.k, costs=curve, pad_verify=settings.pad_verify,
                                             free_drafts=free)
     pad_to = curve.padded_n if settings.pad_verify else None

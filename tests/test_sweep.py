@@ -984,10 +984,13 @@ def test_sweep_options_come_from_one_declaration_per_setting(app, tmp_path):
 def test_shared_options_have_one_help_text_across_commands(app):
     """--pair, --target, --backend ... read the same in `generate`, `sweep` and `costs` (the declarations of
     `specdec.options.SHARED_OPTIONS`); only a default the command shows may follow."""
-    from specdec.entrypoints import cli, options
+    from specdec import options
+    from specdec.entrypoints import cli
+
+    from specdec.bench.settings import typer_command
 
     full = typer.Typer()
-    full.command("generate")(cli.generate)
+    full.command("generate")(typer_command(cli._generate, cli._generate_settings(), cli.GENERATE_DOC))
     from specdec.bench.commands import register
 
     register(full)

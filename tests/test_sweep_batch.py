@@ -318,7 +318,7 @@ def test_acceptance_is_pre_run_once_per_prompt_and_method(tmp_path, tiny_pair, n
                                                           monkeypatch):
     """The batch-priced K of every batch comes from its rows' pre-run acceptance, measured once per prompt and
     drafting method however many batches (and rows) hold the prompt."""
-    from specdec.engine import batched
+    from specdec.engine import decoding as batched
 
     real = batched.generate_batch
     pre: list[str] = []

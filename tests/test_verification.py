@@ -180,12 +180,13 @@ def test_c12_tokens_per_second_with_fake_clock():
         def cache_length(self):
             return self.n
 
-        def forward(self, tokens, *, logits=True):
+        def forward(self, tokens, *, logits=True, last=None):
             self.n += len(tokens)
             clock.t += 0.100 if not logits else 0.030
             if not logits:
                 return None
-            return logits_with_argmax([1] * len(tokens), vocab=8)  # target always predicts token 1
+            rows = logits_with_argmax([1] * len(tokens), vocab=8)  # target always predicts token 1
+            return rows if last is None else rows[-last:]
 
         def truncate(self, length):
             self.n = length
@@ -235,12 +236,13 @@ def test_c13_mock_models_independent_acceptance():
         def cache_length(self):
             return self.n
 
-        def forward(self, tokens, *, logits=True):
+        def forward(self, tokens, *, logits=True, last=None):
             start = self.n
             self.n += len(tokens)
             if not logits:
                 return None
-            return logits_with_argmax([oracle(start + i + 1) for i in range(len(tokens))], vocab=50)
+            rows = logits_with_argmax([oracle(start + i + 1) for i in range(len(tokens))], vocab=50)
+            return rows if last is None else rows[-last:]
 
         def truncate(self, length):
             self.n = length

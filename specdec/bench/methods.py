@@ -15,7 +15,7 @@ target tokenizer whose rows draft on their own) also runs in batches of B > 1 pr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -98,14 +98,32 @@ def _drafter_method(e: catalogue_drafters.DrafterEntry) -> Method:
                   batch=speculative_batch(e.name) if _batched(e) else None)
 
 
-class _Methods(Mapping[str, Method]):
+class _Methods(MutableMapping[str, Method]):
     """Every timed method by name, in plan order: target-only and its variants (`register`ed), then one
     speculative method per drafter of the catalogue (`specdec.catalogue.drafters.DRAFTERS`, read on each
-    access, so a drafter registered there is a method here), then the peers (`register`ed)."""
+    access, so a drafter registered there is a method here), then the peers (`register`ed).
+
+    Setting a name replaces that method in place (a test double for one run); deleting a name drops the
+    replacement or the registered method (a catalogue drafter stays while the catalogue names it)."""
 
     def __init__(self) -> None:
         self._own: dict[str, Method] = {}
         self._drafters: dict[str, tuple[catalogue_drafters.DrafterEntry, Method]] = {}
+        self._replaced: dict[str, Method] = {}
+
+    def __setitem__(self, name: str, method: Method) -> None:
+        if name in catalogue_drafters.DRAFTERS:
+            self._replaced.pop(name, None)
+            if self._all()[name] is not method:  # setting the catalogue's own method back ends a replacement
+                self._replaced[name] = method
+        else:
+            self._own[name] = method
+
+    def __delitem__(self, name: str) -> None:
+        if name in self._replaced:
+            del self._replaced[name]
+        else:
+            del self._own[name]
 
     def _all(self) -> dict[str, Method]:
         drafters = {}
@@ -114,7 +132,8 @@ class _Methods(Mapping[str, Method]):
                 self._drafters[name] = (e, _drafter_method(e))
             drafters[name] = self._drafters[name][1]
         ours = {n: m for n, m in self._own.items() if not m.peer}
-        return {**ours, **drafters, **{n: m for n, m in self._own.items() if m.peer}}
+        every = {**ours, **drafters, **{n: m for n, m in self._own.items() if m.peer}}
+        return {n: self._replaced.get(n, m) for n, m in every.items()}
 
     def __getitem__(self, name: str) -> Method:
         return self._all()[name]

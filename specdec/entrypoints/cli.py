@@ -147,7 +147,7 @@ def _check_generate(o: dict):
             drafter=o["drafter"], policy=o["policy"], k=o["k"], max_new_tokens=o["max_new_tokens"],
             temperature=o["temperature"], top_k=o["top_k"], top_p=o["top_p"], seed=o["seed"],
             chat_template=o["chat_template"], pad_verify=o["pad_verify"],
-            batch_size=(o["batch_size"] or 1) if prompts_file is not None else o["batch_size"],
+            batch_size=(1 if o["batch_size"] is None else o["batch_size"]) if prompts_file else o["batch_size"],
             many=prompts_file is not None, remeasure_costs=o["remeasure_costs"], other_tokenizer=other,
             backend=o["backend"], spelling=g.FLAGS)
         out_path = None

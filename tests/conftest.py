@@ -287,3 +287,35 @@ class ScriptedDrafter:
 
     def rollback(self, committed) -> None:
         pass
+
+
+# -- property suites (tests/test_properties_batch.py, _xtok.py, _suffix.py): case counts from the environment --
+
+
+def property_examples(default: int) -> int:
+    """Cases per property: ``SPECDEC_PROPERTY_EXAMPLES`` when set (a long run sets 10000), else `default`
+    (each file's default keeps it well under a minute)."""
+    import os
+
+    return int(os.environ.get("SPECDEC_PROPERTY_EXAMPLES", default))
+
+
+def property_settings(default: int, share: float = 1.0):
+    """A decorator (above ``@given``) for one property of a property suite: ``share`` of
+    `property_examples(default)` cases (at least 1), no deadline, no example database, failures printed
+    with their reproduction blob. Derandomized (the same cases every run, from the test's source) unless
+    ``SPECDEC_PROPERTY_SEED`` is set, which seeds a random search instead (a failure reproduces with the
+    same seed, or from its blob)."""
+    import os
+
+    import hypothesis
+
+    seed = os.environ.get("SPECDEC_PROPERTY_SEED")
+    chosen = settings(max_examples=max(1, int(property_examples(default) * share)), derandomize=seed is None,
+                      deadline=None, database=None, print_blob=True, suppress_health_check=_SLOW_OK)
+
+    def apply(fn):
+        fn = chosen(fn)
+        return fn if seed is None else hypothesis.seed(int(seed))(fn)
+
+    return apply

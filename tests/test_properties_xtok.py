@@ -209,19 +209,29 @@ def pair_of(t_tok, d_tok, backend, vocab: int):
 
 class CheckedProposals:
     """Wraps a cross-tokenizer drafter: after every proposal, the draft's cache holds its BOS once, first
-    (when its tokenizer adds one; else never), and a string-match proposal spells a continuation of the
-    committed text with no target special token before its end."""
+    (when its tokenizer adds one; else never), and a string-match proposal (its final special token aside,
+    the draft's EOS by name) spells, after the committed text, a prefix of the text the draft drafted (what
+    `draft_text` returned), with no target special token before its end."""
 
     def __init__(self, inner, backend) -> None:
         self.inner, self.backend = inner, backend
         d_tok = inner.draft_tok
         self.bos = d_tok.convert_tokens_to_ids("<s>")
         self.adds_bos = d_tok("a")["input_ids"][:1] == [self.bos]
+        self.drafted_text: str | None = None
+        draft_text = inner.draft_text
+
+        def spy(context, drafted):
+            self.drafted_text = draft_text(context, drafted)
+            return self.drafted_text
+
+        inner.draft_text = spy
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def propose(self, committed, k, sampling, generator, min_confidence=None):
+        self.drafted_text = None
         d = self.inner.propose(committed, k, sampling, generator, min_confidence)
         assert len(d.tokens) <= k
         cache = self.backend.seq
@@ -233,8 +243,12 @@ class CheckedProposals:
             tok = self.inner.target_tok
             specials = set(tok.all_special_ids) | set(tok.added_tokens_decoder)
             assert not specials & set(d.tokens[:-1]), d.tokens
+            body = d.tokens[:-1] if d.tokens[-1] in specials else d.tokens
             before = tok.decode(list(committed), **_TEXT)
-            assert tok.decode(list(committed) + d.tokens, **_TEXT).startswith(before), (committed, d.tokens)
+            spelled = tok.decode(list(committed) + body, **_TEXT)
+            assert spelled.startswith(before), (committed, d.tokens)
+            assert self.drafted_text is not None and self.drafted_text.startswith(spelled[len(before):]), \
+                (committed, d.tokens, spelled[len(before):], self.drafted_text)
         return d
 
 

@@ -321,3 +321,96 @@ class ScriptedDrafter:
 
     def rollback(self, committed) -> None:
         pass
+
+
+# -- property suites (tests/test_properties_batch.py, _xtok.py, _suffix.py): case counts from the environment --
+
+
+def property_examples(default: int) -> int:
+    """Cases per property: ``SPECDEC_PROPERTY_EXAMPLES`` when set (a long run sets 10000), else `default`
+    (each file's default keeps it well under a minute)."""
+    import os
+
+    return int(os.environ.get("SPECDEC_PROPERTY_EXAMPLES", default))
+
+
+def property_settings(default: int, share: float = 1.0, minimum: int = 1):
+    """A decorator (above ``@given``) for one property of a property suite: ``share`` of
+    `property_examples(default)` cases (at least `minimum`), no deadline, no example database, failures printed
+    with their reproduction blob. Derandomized (the same cases every run, from the test's source) unless
+    ``SPECDEC_PROPERTY_SEED`` is set, which seeds a random search instead (a failure reproduces with the
+    same seed, or from its blob)."""
+    import os
+
+    import hypothesis
+
+    seed = os.environ.get("SPECDEC_PROPERTY_SEED")
+    chosen = settings(max_examples=max(minimum, int(property_examples(default) * share)), derandomize=seed is None,
+                      deadline=None, database=None, print_blob=True, suppress_health_check=_SLOW_OK)
+
+    def apply(fn):
+        fn = chosen(fn)
+        return fn if seed is None else hypothesis.seed(int(seed))(fn)
+
+    return apply
+
+
+class FnLM:
+    """A `Backend` whose next-token logits are a pure function of the tokens so far, ``fn(tuple(context))
+    -> [vocab_size] float32`` (a random table, a copying law, an oracle), so its law is known exactly and its
+    rollback is exact (the property suites' cheap targets and drafts). Refuses ids outside its vocabulary
+    and forwards past `max_length` (`ContextOverflowError`), so a caller that feeds either fails loudly."""
+
+    name = "fn"
+
+    def __init__(self, fn, vocab_size: int, max_length: int = 512) -> None:
+        self.fn, self.vocab_size, self.max_length = fn, vocab_size, max_length
+        self.device = torch.device("cpu")
+        self.seq: list[int] = []
+
+    @property
+    def cache_length(self) -> int:
+        return len(self.seq)
+
+    def forward(self, tokens, *, logits=True, last=None):
+        from specdec.runtimes.base import ContextOverflowError
+
+        if last is not None and last < 1:
+            raise ValueError("last must be >= 1")
+        if len(self.seq) + len(tokens) > self.max_length:
+            raise ContextOverflowError(f"{len(self.seq)} + {len(tokens)} > {self.max_length}")
+        if not all(0 <= int(t) < self.vocab_size for t in tokens):
+            raise ValueError(f"ids outside the vocabulary of {self.vocab_size}: {list(tokens)}")
+        rows = []
+        for t in tokens:
+            self.seq.append(int(t))
+            if logits:
+                rows.append(self.fn(tuple(self.seq)))
+        if not logits:
+            return None
+        rows = rows[-last:] if last else rows
+        return torch.stack(rows) if rows else torch.empty(0, self.vocab_size)
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= len(self.seq):
+            raise ValueError(f"cannot truncate {len(self.seq)} to {length}")
+        del self.seq[length:]
+
+    def reset(self) -> None:
+        self.seq = []
+
+    def synchronize(self) -> None:
+        pass
+
+
+def table_law(vocab: int, seed: int, *, order: int = 2, scale: float = 1.5):
+    """``fn(context) -> logits``: fixed random logits (standard deviation `scale`) for each value of the last
+    `order` tokens, for `FnLM`."""
+    import functools
+
+    @functools.cache
+    def fn(ctx: tuple[int, ...]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash((vocab, seed, ctx[-order:])) & 0x7FFFFFFF)
+        return torch.randn(vocab, generator=g) * scale
+
+    return fn

@@ -1,4 +1,4 @@
-"""A property search over the batched loop (`specdec.engine.batched.generate_batch`) against single-sequence
+"""A property search over the batched loop (`specdec.engine.decoding.generate_batch`) against single-sequence
 decoding.
 
 Hypothesis draws everything the batched loop takes: B = 1..6 ragged prompts (random or a repeated pattern),
@@ -51,15 +51,15 @@ from conftest import build_tiny_model, property_settings
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from specdec.core.sampling import SamplingParams
 from specdec.drafters.base import PerRowDrafters
 from specdec.drafters.model import BatchedModelDrafter, ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.engine.batched import generate_batch
-from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.sampling import SamplingParams
+from specdec.engine.decoding import autoregressive_generate, generate_batch, speculative_generate
 from specdec.policies.base import RoundPlan
-from specdec.policies.batch import BatchCostPolicy, FixedBatchK
+from specdec.policies.batch import FixedBatchK
+from specdec.policies.batch_cost import BatchCostPolicy
 from specdec.runtimes.hf import HFBackend
 from specdec.runtimes.hf_batched import BatchedHFBackend
 
@@ -322,8 +322,8 @@ class CheckedDrafter:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def propose(self, committed, ks, sampling, generators):
-        drafts = self.inner.propose(committed, ks, sampling, generators)
+    def propose(self, committed, ks, sampling, generators, min_confidence=None):
+        drafts = self.inner.propose(committed, ks, sampling, generators, min_confidence)
         assert len(drafts) == len(committed) == len(ks)
         for d, k in zip(drafts, ks, strict=True):
             assert len(d.tokens) <= max(k, 0), (d.tokens, k)

@@ -47,10 +47,10 @@ from conftest import FnLM, build_tiny_model, property_settings, table_law
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from specdec.core.sampling import SamplingParams, warp
 from specdec.drafters.base import Draft
 from specdec.drafters.xtok import IntersectionDrafter, StringMatchDrafter, cross_tokenizer_drafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
-from specdec.engine.sampling import SamplingParams, warp
 from specdec.runtimes.hf import HFBackend
 
 #: Default greedy cases; the sampled property runs `SAMPLED_SHARE` of the count (at least 2).

@@ -985,9 +985,8 @@ def test_shared_options_have_one_help_text_across_commands(app):
     """--pair, --target, --backend ... read the same in `generate`, `sweep` and `costs` (the declarations of
     `specdec.options.SHARED_OPTIONS`); only a default the command shows may follow."""
     from specdec import options
-    from specdec.entrypoints import cli
-
     from specdec.bench.settings import typer_command
+    from specdec.entrypoints import cli
 
     full = typer.Typer()
     full.command("generate")(typer_command(cli._generate, cli._generate_settings(), cli.GENERATE_DOC))

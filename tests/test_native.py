@@ -243,7 +243,8 @@ def specdec_refs(smollm2_gguf):
     """specdec's llama.cpp target-only greedy output per prompt text: (prompt ids, new ids); stops at EOS."""
     pytest.importorskip("llama_cpp")
     from specdec.engine.decoding import autoregressive_generate
-    from specdec.runtimes.llamacpp import gguf_eog_ids, load_llamacpp
+    from specdec.runtimes.gguf import gguf_eog_ids
+    from specdec.runtimes.llamacpp import load_llamacpp
 
     eog = gguf_eog_ids(smollm2_gguf)
     out = {}
@@ -287,8 +288,8 @@ def test_timings_parsed(native_refs, specdec_refs):
 @needs_server
 def test_tokenizer_agrees(target_server, smollm2_gguf):
     pytest.importorskip("gguf")
-    from specdec.bench.prompts import encode_prompt
-    from specdec.runtimes.llamacpp import hf_tokenizer_from_gguf
+    from specdec.prompts import encode_prompt
+    from specdec.runtimes.gguf import hf_tokenizer_from_gguf
 
     tok = hf_tokenizer_from_gguf(smollm2_gguf)
     for text in (TEXT, REPETITIVE, "Ünïcode  spaces\n\n\tand tabs"):
@@ -380,7 +381,7 @@ def test_server_is_loopback_and_stops(smollm2_gguf):
 
 @pytest.fixture(scope="module")
 def default_pair():
-    from specdec.models import gguf_file
+    from specdec.models.loaders import gguf_file
 
     try:
         return gguf_file("qwen2.5-coder:target"), gguf_file("qwen2.5-coder:draft")
@@ -394,7 +395,8 @@ def test_default_pair_native_equals_specdec(default_pair):
     """Native target-only and native draft-simple against specdec's llama.cpp target-only on Qwen2.5-Coder."""
     pytest.importorskip("llama_cpp")
     from specdec.engine.decoding import autoregressive_generate
-    from specdec.runtimes.llamacpp import gguf_eog_ids, load_llamacpp
+    from specdec.runtimes.gguf import gguf_eog_ids
+    from specdec.runtimes.llamacpp import load_llamacpp
 
     target, draft = default_pair
     threads, new = 2, 32

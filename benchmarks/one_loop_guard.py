@@ -17,14 +17,22 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import platform
 import statistics
+from pathlib import Path
+
+# Modules the reference loop imports that have moved since (old path -> current path).
+MOVED = {"specdec.engine.metrics": "specdec.core.metrics", "specdec.engine.sampling": "specdec.core.sampling",
+         "specdec.engine.verification": "specdec.core.verification"}
 
 
 def _load(path: str):
-    spec = importlib.util.spec_from_file_location("reference_loop", path)
+    """The reference loop's module, its imports of moved modules pointed at their current paths."""
+    source = Path(path).read_text()
+    for old, new in MOVED.items():
+        source = source.replace(old, new)
+    spec = importlib.util.spec_from_loader("reference_loop", loader=None)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    exec(compile(source, path, "exec"), mod.__dict__)  # noqa: S102 (the reference loop the user named)
     return mod
 
 
@@ -50,6 +58,7 @@ def main() -> None:
     from specdec.engine import decoding
     from specdec.entrypoints.api import load_pair
     from specdec.measure.cost_cache import cached_costs
+    from specdec.measure.environment import machine_info
     from specdec.prompts import encode_prompt
 
     old = _load(args.old_loop)
@@ -59,8 +68,9 @@ def main() -> None:
     costs, note = cached_costs(loaded, pair.cost_key, plan="quick", max_n=args.k + 1)
     curve = CostCurve.from_costs(costs)
     prompts = load_builtin(per_type=1)[: args.prompts]
-    print(f"machine: {platform.processor() or platform.machine()}, {args.threads} threads; {args.backend} "
-          f"{pair.dtype}; drafter {entry.name}, policy {args.policy} K {args.k}; {note}")
+    m = machine_info("cpu", args.threads)
+    print(f"machine: {m['cpu_model']} ({m['host']}), {args.threads} threads, load {m['loadavg_1m']}; "
+          f"{args.backend} {pair.dtype or 'gguf'}; drafter {entry.name}, policy {args.policy} K {args.k}; {note}")
     ratios, same = [], 0
     for n, p in enumerate(prompts):
         ids = encode_prompt(loaded.tokenizer, p.text)

@@ -146,6 +146,11 @@ def test_cli_output_and_json_file(tiny_pair, near_draft_dir, singles, tmp_path, 
             assert r["tokens_per_s"] == pytest.approx(r["num_tokens"] / r["total_s"])
             assert r["num_drafted"] == sum(r["rounds_k"])
             assert (r["acceptance_rate"] is None) == (r["num_drafted"] == 0)
+            acc = r["acceptance"]  # the serving engines' shape: a round drafts when its K > 0
+            assert acc["num_drafts"] == sum(1 for k in r["rounds_k"] if k > 0)
+            assert acc["num_draft_tokens"] == r["num_drafted"] and acc["num_accepted_tokens"] == r["num_accepted"]
+            assert sum(acc["acceptance_histogram"]) == acc["num_drafts"]
+            assert sum(acc["accepted_per_position"]) == r["num_accepted"]
         else:
             assert r["finish_reason"] == "empty" and r["tokens_per_s"] is None
     assert doc["total_tokens"] == sum(len(r["token_ids"]) for r in doc["rows"])

@@ -68,3 +68,26 @@ def test_alpha_hat_is_the_per_token_acceptance_estimate():
 
     assert (alpha(8, 2), alpha(0, 5), alpha(5, 0)) == (0.8, 0.0, 1.0)
     assert math.isnan(alpha(0, 0))
+
+
+def test_acceptance_record_in_the_serving_engines_shape():
+    """vLLM's definitions on hand-counted rounds: drafts are rounds whose draft reached verification, mean
+    acceptance length counts the bonus/recovered token per draft, per-position counts are survival counts."""
+    rec = _result().acceptance_record()
+    # drafts: K=4 (2 accepted), K=4 (4 accepted), K=2 (0 accepted); the K=0 step is no draft
+    assert rec["num_drafts"] == 3 and rec["num_draft_tokens"] == 10 and rec["num_accepted_tokens"] == 6
+    assert rec["draft_acceptance_rate"] == pytest.approx(0.6)
+    assert rec["mean_acceptance_length"] == pytest.approx(1 + 6 / 3)
+    assert rec["acceptance_histogram"] == [1, 0, 1, 0, 1]
+    assert rec["accepted_per_position"] == [2, 2, 1, 1]
+    assert sum(rec["acceptance_histogram"]) == rec["num_drafts"]
+    assert sum(rec["accepted_per_position"]) == rec["num_accepted_tokens"]
+    # an EOS inside an accepted block cuts drafted and accepted alike (RoundRecord.num_drafted)
+    cut = GenerationResult("s", [1], [5, 6], "eos", [RoundRecord(4, 2, (True,) * 4, "bonus", 2, num_accepted_raw=4)])
+    assert cut.acceptance_record()["acceptance_histogram"] == [0, 0, 1]
+    assert cut.acceptance_record()["mean_acceptance_length"] == pytest.approx(3.0)
+    plain = GenerationResult("target_only", [1], [5], "length", [RoundRecord(0, 0, (), "bonus", 1)])
+    assert plain.acceptance_record() == {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                                         "draft_acceptance_rate": None, "mean_acceptance_length": None,
+                                         "acceptance_histogram": [], "accepted_per_position": []}
+    assert _result().summary()["acceptance"] == rec

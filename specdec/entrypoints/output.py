@@ -25,12 +25,13 @@ def _fmt(x, digits: int = 3) -> str:
 def row_figures(result: GenerationResult) -> dict[str, Any]:
     """The per-row figures the table and the JSON share: tokens, acceptance rate (accepted / drafted),
     tokens per target forward (block efficiency), tokens/s (new tokens over the seconds from the batch's
-    start to the row's end), TTFT; NaN -> None."""
+    start to the row's end), TTFT, and the acceptance record in the serving engines' shape
+    (`GenerationResult.acceptance_record`); NaN -> None."""
     return {"num_tokens": result.num_tokens, "finish_reason": result.finish_reason,
             "num_drafted": result.num_drafted, "num_accepted": result.num_accepted,
             "acceptance_rate": _clean(result.acceptance_rate), "block_efficiency": _clean(result.block_efficiency),
             "tokens_per_s": _clean(result.tokens_per_s), "ttft_s": result.ttft_s, "total_s": result.total_s,
-            "num_rounds": result.num_rounds}
+            "num_rounds": result.num_rounds, "acceptance": result.acceptance_record()}
 
 
 def report(run: Any, texts: Sequence[str], *, runtime: dict, lines: Sequence[str] | None = None,

@@ -6,6 +6,9 @@ it runs, interleaved per prompt and repetition (the method order rotates each re
 
 * ``specdec``: specdec's llama.cpp target-only decoding (`autoregressive_generate` on `LlamaCppBackend`),
   in this process;
+* ``specdec:<drafter>``: specdec's speculative decoding on that same backend with each `--ours` drafter of
+  the catalogue under its default policy (`specdec.entrypoints.api.generate`; default: prompt lookup and
+  the suffix drafter);
 * ``native:<method>``: llama.cpp's ``llama-server`` (`specdec.bench.native`), one long-lived process per
   method - ``target`` (native target-only), ``draft-simple`` (the native draft model) and every model-free
   ``--spec-type`` this build has (a drafter whose state outlives a request gets a fresh process per run).
@@ -16,7 +19,10 @@ and the server's ``prompt_ms + predicted_ms``), decode tokens/s (specdec: new to
 native: llama.cpp's ``predicted_per_second``, which leaves out the first token), the client's wall-clock
 tokens/s for native runs (adds HTTP and JSON), the ratio of end-to-end tokens/s to specdec's target-only on
 the same prompt, drafted / accepted tokens, and whether the output equals specdec's target-only ids (``=``,
-or the first divergence). Medians over `--reps`. The machine (CPU, load, versions, the llama.cpp build) is
+or the first divergence). Medians over `--reps`. Then, per method, the geometric mean over prompts of its
+per-prompt ratio to its own target-only (specdec's drafters over ``specdec``, native drafters over
+``native:target``) and to ``specdec``, with the 95% t-interval over prompts (at least 5 prompts for an
+interval worth quoting). The machine (CPU, load, versions, the llama.cpp build) is
 printed first. Timings on a shared machine are noisy: say so when quoting them.
 
     python benchmarks/native_peer.py                                  # default pair, 3 prompts, 64 tokens
@@ -71,6 +77,14 @@ def _specdec_run(backend, ids: list[int], new: int, eog) -> dict:
             "wall_tokens_per_s": r.tokens_per_s, "drafted": 0, "accepted": 0}  # fmt: skip
 
 
+def _ours_run(pair, drafter: str, ids: list[int], new: int) -> dict:
+    from specdec.entrypoints.api import generate
+
+    r = generate(pair, ids, drafter=drafter, max_new_tokens=new)
+    return {"ids": r.token_ids, "tokens_per_s": r.tokens_per_s, "decode_tokens_per_s": r.decode_tokens_per_s,
+            "wall_tokens_per_s": r.tokens_per_s, "drafted": r.num_drafted, "accepted": r.num_accepted}
+
+
 def _native_run(server, ids: list[int], new: int) -> dict:
     r = server.complete(ids, new)
     return {"ids": r.token_ids, "tokens_per_s": r.tokens_per_s, "decode_tokens_per_s": r.decode_tokens_per_s,
@@ -78,12 +92,27 @@ def _native_run(server, ids: list[int], new: int) -> dict:
             "prompt_n": r.prompt_n, "cache_n": r.cache_n}  # fmt: skip
 
 
+def _interleave(runners: dict, prompts: list, reps: int, runs: list[dict]) -> None:
+    """Warm every runner up once, then run each (prompt, runner) `reps` times, the runners' order rotating
+    each repetition; appends to `runs` as it goes (a stopped run keeps what was measured)."""
+    for fn in runners.values():  # warm-up (a stateful drafter's process is replaced before its next run)
+        fn(prompts[0][1][:32])
+    names = list(runners)
+    for rep in range(reps):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for pid, ids in prompts:
+            for name in order:
+                runs.append({"prompt": pid, "method": name, "rep": rep, **runners[name](ids)})
+                r = runs[-1]
+                print(f"run {pid} {name} rep={rep}: {r['tokens_per_s']:.2f} tok/s, {len(r['ids'])} tokens, "
+                      f"drafted {r['drafted']} accepted {r['accepted']}", flush=True)
+
+
 def measure(args) -> dict:
     """Run every (prompt, method) `args.reps` times, interleaved; returns the raw runs and the machine."""
     from specdec.bench import native
+    from specdec.entrypoints.api import load_pair
     from specdec.models.loaders import gguf_file
-    from specdec.runtimes.gguf import gguf_eog_ids
-    from specdec.runtimes.llamacpp import load_llamacpp
 
     target, draft = Path(args.target or gguf_file("qwen2.5-coder:target")), None
     methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
@@ -93,7 +122,7 @@ def measure(args) -> dict:
         draft = Path(args.draft or gguf_file("qwen2.5-coder:draft"))
     prompts = _prompts(target, args.types, args.chat_template)
     machine = _machine(args.threads)
-    eog = gguf_eog_ids(target)
+    ours = [d.strip() for d in args.ours.split(",") if d.strip()]
     runs: list[dict] = []
     servers = {}
     try:
@@ -102,22 +131,14 @@ def measure(args) -> dict:
                                       threads=args.threads, n_ctx=args.n_ctx, draft_max=args.draft_max if
                                       m == "draft-simple" else None)  # fmt: skip
             servers[m] = native.NativeServer(cfg).start()
-        with load_llamacpp(target, n_ctx=args.n_ctx, n_threads=args.threads) as backend:
-            runners = {"specdec": lambda ids: _specdec_run(backend, ids, args.new, eog)}
-            for m, srv in servers.items():
-                runners[f"native:{m}"] = lambda ids, srv=srv: _native_run(srv, ids, args.new)
-            for fn in runners.values():  # warm-up (a stateful drafter's process is replaced before its next)
-                fn(prompts[0][1][:32])
-            names = list(runners)
-            for rep in range(args.reps):
-                order = names[rep % len(names) :] + names[: rep % len(names)]
-                for pid, ids in prompts:
-                    for name in order:
-                        runs.append({"prompt": pid, "method": name, "rep": rep, **runners[name](ids)})
-                        r = runs[-1]
-                        print(f"run {pid} {name} rep={rep}: {r['tokens_per_s']:.2f} tok/s, "
-                              f"{len(r['ids'])} tokens, drafted {r['drafted']} accepted {r['accepted']}",
-                              flush=True)  # fmt: skip
+        pair = load_pair(target=str(target), backend="llamacpp", threads=args.threads, with_draft=False)
+        backend, eog = pair.loaded.target.backend, pair.loaded.eos_ids  # one context for all of specdec's
+        runners = {"specdec": lambda ids: _specdec_run(backend, ids, args.new, eog)}
+        for d in ours:
+            runners[f"specdec:{d}"] = lambda ids, d=d: _ours_run(pair, d, ids, args.new)
+        for m, srv in servers.items():
+            runners[f"native:{m}"] = lambda ids, srv=srv: _native_run(srv, ids, args.new)
+        _interleave(runners, prompts, args.reps, runs)
     finally:
         for srv in servers.values():
             srv.close()
@@ -144,6 +165,23 @@ def summarize(result: dict) -> list[dict]:
     return rows
 
 
+def pooled(rows: list[dict]) -> list[dict]:
+    """Per method: the geometric mean over prompts of its per-prompt ratio to its own target-only
+    (``specdec:*`` over ``specdec``, ``native:*`` over ``native:target``) and to ``specdec``, each with the 95%
+    t-interval over prompts (`specdec.core.stats.ratio_interval`)."""
+    from specdec.core.stats import ratio_interval
+
+    cell = {(r["prompt"], r["method"]): r["tokens_per_s"] for r in rows}
+    out = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        own = "native:target" if method.startswith("native:") else "specdec"
+        prompts = [p for (p, m) in cell if m == method and (p, own) in cell]
+        vs_own = ratio_interval([cell[(p, method)] / cell[(p, own)] for p in prompts])
+        vs_specdec = ratio_interval([cell[(p, method)] / cell[(p, "specdec")] for p in prompts])
+        out.append({"method": method, "own": own, "n": len(prompts), "vs_own": vs_own, "vs_specdec": vs_specdec})
+    return out
+
+
 def print_table(result: dict, rows: list[dict]) -> None:
     print("machine (shared; timings are noisy):", json.dumps(result["machine"], sort_keys=True))
     print(f"target {result['target']}  draft {result['draft']}  new={result['new']} "
@@ -154,6 +192,11 @@ def print_table(result: dict, rows: list[dict]) -> None:
         print(f"{r['prompt']:<16}{r['method']:<22}{r['tokens_per_s']:8.2f}{r['decode_tokens_per_s']:8.2f}"
               f"{r['wall_tokens_per_s']:8.2f}{r['vs_specdec']:10.2f}{r['drafted']:9.0f}{r['accepted']:9.0f}"
               f"{r['new_tokens']:7d}  {r['equal']}")  # fmt: skip
+    print("\nper method, geometric mean over prompts [95% t-interval] (n prompts):")
+    for p in pooled(rows):
+        own, sd = p["vs_own"], p["vs_specdec"]
+        print(f"{p['method']:<22} vs {p['own']:<14} {own.center:.3f} [{own.lo:.3f}, {own.hi:.3f}]   "
+              f"vs specdec {sd.center:.3f} [{sd.lo:.3f}, {sd.hi:.3f}]  ({p['n']})")
 
 
 def _terminate(signum, frame) -> None:
@@ -164,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", default=DEFAULT_TYPES, help="prompt types (primary prompt of each)")
     ap.add_argument("--methods", default=None, help="native methods (default: target, draft-simple, ngram-*)")
+    ap.add_argument("--ours", default="ngram,suffix", help="specdec drafters (catalogue names), default policy")
     ap.add_argument("--new", type=int, default=64, help="new tokens per run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)

@@ -1,4 +1,4 @@
-"""Round-2 fault kinds of the decoding core (shared cases C14-C17, C19, C21, C22), on tiny checkpoints.
+"""Fault kinds of the decoding core (shared cases C14-C17, C19, C21, C22), on tiny checkpoints.
 
 Each test turns a case's "right" value into an assertion that failed on the code before its fix.
 """

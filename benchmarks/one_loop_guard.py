@@ -81,7 +81,7 @@ def main() -> None:
             for which in order:
                 loop = old if which == "old" else decoding
                 d = entry.row(DraftSource(loaded, None, curve))
-                pol = make_policy(args.policy, args.k, costs=curve, free_drafts=entry.free)
+                pol = make_policy(args.policy, args.k, costs=curve, free_drafts=entry.k_is_cap)
                 res = loop.speculative_generate(loaded.target.backend, d, ids, args.max_new_tokens, policy=pol,
                                                 eos_ids=loaded.eos_ids, vocab_size=loaded.vocab_size)
                 tps[which], toks[which] = res.tokens_per_s, res.token_ids

@@ -236,7 +236,7 @@ def speculative(drafter: str):
             if catalogue_policies.policy(req.policy).needs_costs and rt.costs is None:
                 raise ValueError(f"the {req.policy} policy needs measured costs for this configuration")
             policy = catalogue_policies.make_policy(req.policy, int(req.k), costs=rt.costs, pad_verify=rt.pad_verify,
-                                                    free_drafts=entry.free)
+                                                    free_drafts=entry.k_is_cap)
             res = speculative_generate(target, the_drafter, req.prompt_ids, req.max_new_tokens, policy=policy,
                                        **common)
         return RunRecord.from_result(res)

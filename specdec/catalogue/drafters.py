@@ -126,8 +126,14 @@ class DrafterEntry:
 
     @property
     def free(self) -> bool:
-        """Drafting costs no model step (the cost policies price a drafted token at 0 s)."""
+        """Drafting costs no model step."""
         return not self.needs_model
+
+    @property
+    def k_is_cap(self) -> bool:
+        """A K policy prices this drafter's tokens at 0 s: it drafts with no model, or it chooses its own draft
+        length (and source) on the measured costs, so the policy's K only caps it."""
+        return self.free or self.priced
 
     def check_pair(self, pair: Any) -> None:
         """Refuse a pair this drafter cannot draft for, in one line.
@@ -247,9 +253,9 @@ def analytic_c(name: str, c: float | None) -> float | None:
 
 
 def model_drafters() -> tuple[str, ...]:
-    """The drafters that draft with the pair's own draft model (same tokenizer): their rounds cost draft
-    steps and read the draft's weights."""
-    return tuple(n for n, e in DRAFTERS.items() if e.needs_model and not e.other_tokenizer)
+    """The drafters that draft every drafting round with the pair's own draft model (same tokenizer): each
+    such round costs draft steps and reads the draft's weights (the mixed drafter's rounds may not)."""
+    return tuple(n for n, e in DRAFTERS.items() if e.needs_model and not e.other_tokenizer and not e.priced)
 
 
 def free_drafters() -> tuple[str, ...]:
@@ -322,6 +328,21 @@ def _suffix_corpus(s: DraftSource) -> Drafter:
     return SuffixDrafter(s.costs, corpus=s.corpus)
 
 
+def _mixed(s: DraftSource) -> Drafter:
+    from specdec.drafters.mixed import MixedDrafter
+    from specdec.drafters.suffix import SuffixDrafter
+
+    return MixedDrafter(SuffixDrafter(s.costs), s.pair.draft.backend, s.pair.vocab_size, s.costs)
+
+
+def _mixed_batched(s: DraftSource) -> BatchedDrafter:
+    from specdec.drafters.mixed import BatchedMixedDrafter
+    from specdec.drafters.suffix import SuffixDrafter
+
+    model = _draft_model_batched(s)
+    return BatchedMixedDrafter(lambda: SuffixDrafter(s.costs), model, s.costs)
+
+
 def _cross_tokenizer(s: DraftSource) -> Drafter:
     from specdec.core.sampling import SamplingParams
     from specdec.drafters.xtok import cross_tokenizer_drafter
@@ -341,6 +362,9 @@ for _e in (
     DrafterEntry("suffix", "suffix (prompt + output)",
                  "the longest earlier repeat of the text's suffix, its length chosen on the measured costs",
                  _suffix, priced=True),
+    DrafterEntry("mixed", "suffix or draft model",
+                 "each round the suffix drafter's proposal, the draft model's or none, by expected tokens/s on "
+                 "the measured costs", _mixed, batched=_mixed_batched, needs_model=True, priced=True, replay=None),
     DrafterEntry("xtok", "draft with another tokenizer",
                  "a draft model of another tokenizer: its text re-tokenized for the target",
                  _cross_tokenizer, aliases=("cross_tokenizer",), needs_model=True, other_tokenizer=True,

@@ -139,6 +139,12 @@ class BatchedModelDrafter:
         self._cached = [[] for _ in contexts]
         self.backend.prefill([[] for _ in contexts])
 
+    @property
+    def cached_lens(self) -> list[int]:
+        """Committed tokens in each row's draft cache (a prefix of its committed sequence after `rollback`):
+        the row's next drafting round first feeds the committed tokens past it."""
+        return [len(c) for c in self._cached]
+
     def max_k(self, committed_lens):
         return [self.backend.max_length - n + 1 for n in committed_lens]
 

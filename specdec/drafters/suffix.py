@@ -210,6 +210,7 @@ class SuffixDrafter:
             for t in context:
                 self._cstate, self._cmatched = self._corpus.step(self._cstate, self._cmatched, t)
         self._pending: tuple[int, list[int], int, str] | None = None
+        self.proposal_alpha = 0.0
         self._offered = [[0] * len(_BUCKETS) for _ in range(2)]
         self._accepted = [[0] * len(_BUCKETS) for _ in range(2)]
 
@@ -218,8 +219,12 @@ class SuffixDrafter:
 
     def propose(self, committed: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator | None, min_confidence: float | None = None) -> Draft:
+        """Up to `k` tokens copied after the longest earlier repeat of the text's suffix, as many as the
+        costs say pay at the match length's acceptance estimate (set as `proposal_alpha`; 0.0 with no
+        draft)."""
         self._catch_up(committed)
         self._pending = None
+        self.proposal_alpha = 0.0
         if k <= 0:
             return Draft([], None)
         length, end = self._sam.longest_repeat()
@@ -239,7 +244,13 @@ class SuffixDrafter:
         if not tokens:
             return Draft([], None)
         self._pending = (len(committed), tokens, _bucket(length), source)
+        self.proposal_alpha = self.alpha(length, source)
         return Draft(tokens, None)
+
+    def withdraw(self) -> None:
+        """Forget the last proposal: it was not sent for verification (another drafter's ran instead), so
+        `rollback` learns nothing from it."""
+        self._pending = None
 
     def rollback(self, committed: list[int]) -> None:
         """Learn from the last proposal: how many of its tokens the committed sequence kept."""

@@ -301,7 +301,7 @@ def _run_one(pair, settings: Settings, entry, prompt: list[int], budget: int, dr
     drafter = drafter_object if drafter_object is not None else entry.row(source)
     name = entry.name if drafter_object is None else getattr(drafter_object, "name", type(drafter_object).__name__)
     policy = catalogue_policies.make_policy(settings.policy, settings.k, costs=curve, pad_verify=settings.pad_verify,
-                                            free_drafts=free)
+                                            free_drafts=free or entry.priced)
     pad_to = curve.padded_n if settings.pad_verify else None
     common = {"sampling": settings.sampling, "eos_ids": loaded.eos_ids, "vocab_size": loaded.vocab_size,
               "seed": settings.seed, "pad_to": pad_to}

@@ -111,6 +111,7 @@ def _interleave(runners: dict, prompts: list, reps: int, runs: list[dict]) -> No
 def measure(args) -> dict:
     """Run every (prompt, method) `args.reps` times, interleaved; returns the raw runs and the machine."""
     from specdec.bench import native
+    from specdec.catalogue.drafters import drafter
     from specdec.entrypoints.api import load_pair
     from specdec.models.loaders import gguf_file
 
@@ -131,7 +132,10 @@ def measure(args) -> dict:
                                       threads=args.threads, n_ctx=args.n_ctx, draft_max=args.draft_max if
                                       m == "draft-simple" else None)  # fmt: skip
             servers[m] = native.NativeServer(cfg).start()
-        pair = load_pair(target=str(target), backend="llamacpp", threads=args.threads, with_draft=False)
+        model = any(drafter(d).needs_model for d in ours)  # a drafter of ours that drafts with the draft model
+        draft_gguf = str(draft or args.draft or gguf_file("qwen2.5-coder:draft")) if model else None
+        pair = load_pair(target=str(target), draft=draft_gguf, backend="llamacpp", draft_backend="llamacpp",
+                         threads=args.threads, with_draft=model)
         backend, eog = pair.loaded.target.backend, pair.loaded.eos_ids  # one context for all of specdec's
         runners = {"specdec": lambda ids: _specdec_run(backend, ids, args.new, eog)}
         for d in ours:

@@ -19,6 +19,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from specdec.bench import native_peers
 from specdec.bench.peers import hf_peer_generate
 from specdec.bench.requests import BatchRequest, BatchRuntime, RunRecord, RunRequest, Runtime
 from specdec.catalogue import drafters as catalogue_drafters
@@ -60,7 +61,9 @@ class Method:
         drafts_with_model: each drafted token costs a draft-model step (duration estimate, cost policy).
         reference: the target-only baseline every speedup divides by (exactly one method).
         applies: which runtime configurations the method can run on.
-        skip: planned but recorded as skipped with this reason (``runs.error``), never run.
+        skip: planned but recorded as skipped with this reason (``runs.error``), never run; or a function
+            giving that reason when the method cannot run here (None: it runs), asked at each run
+            (`skip_reason`).
         default: planned when ``--methods`` is not given.
         aa: a target-only run timed as if it were a method (A/A): its paired ratio to the neighbouring
             baselines measures the noise floor of every speedup.
@@ -82,13 +85,17 @@ class Method:
     drafts_with_model: bool = False
     reference: bool = False
     applies: Callable[[RuntimeConfig], bool] = lambda rc: True
-    skip: str | None = None
+    skip: str | Callable[[], str | None] | None = None
     default: bool = True
     aa: bool = False
     cross_tokenizer: bool = False
     uses_corpus: bool = False
     replay_as: str | None = None
     batch: Callable[[BatchRuntime, BatchRequest], list[RunRecord]] | None = None
+
+    def skip_reason(self) -> str | None:
+        """Why this method is recorded as skipped instead of run (`skip`), or None when it runs."""
+        return self.skip() if callable(self.skip) else self.skip
 
 
 def _drafter_method(e: catalogue_drafters.DrafterEntry) -> Method:
@@ -305,6 +312,18 @@ def _eager_transformers_target(rc: RuntimeConfig) -> bool:
     return rc.target_backend == "transformers" and not rc.compile
 
 
+def _llamacpp_target(rc: RuntimeConfig) -> bool:
+    return rc.target_backend == "llamacpp"
+
+
+def _native(method: str, **kw: Any) -> Method:
+    """The peer method of llama.cpp's own native `method` (`specdec.bench.native_peers`): on a llama.cpp
+    target (and, for the draft model, a llama.cpp draft), skipped where the binaries or the drafter are missing."""
+    kw.setdefault("applies", _llamacpp_target)
+    return Method(native_peers.native_name(method), native_peers.run_native(method), peer=True,
+                  skip=native_peers.skip_reason(method), **kw)
+
+
 for _m in (
     Method("baseline", _baseline, reference=True, batch=_batch_baseline),
     Method("aa", _baseline, aa=True, batch=_batch_baseline),
@@ -315,7 +334,11 @@ for _m in (
     Method("hf_prompt_lookup", _hf_peer("hf_prompt_lookup"), peer=True, takes_k=True,
            applies=_eager_transformers_target),
     Method("llama_prompt_lookup", _skipped, peer=True, takes_k=True,
-           applies=lambda rc: rc.target_backend == "llamacpp", skip=LLAMA_PROMPT_LOOKUP_SKIP),
+           applies=_llamacpp_target, skip=LLAMA_PROMPT_LOOKUP_SKIP),
+    _native("target"),
+    _native("draft-simple", takes_k=True, drafts_with_model=True,
+            applies=lambda rc: _llamacpp_target(rc) and rc.draft_backend == "llamacpp"),
+    *(_native(m) for m in native_peers.MODEL_FREE),
 ):
     register(_m)
 

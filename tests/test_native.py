@@ -232,9 +232,10 @@ NATIVE_PEERS = ("native_target", "native_draft", "native_ngram_simple", "native_
                 "native_ngram_mod", "native_ngram_cache")
 
 
-def native_sweep(gguf: Path, prompt_file: Path, tmp_path: Path, methods: str) -> tuple[object, list[dict]]:
+def native_sweep(gguf: Path, prompt_file: Path, tmp_path: Path, methods: str) -> tuple[object, list[dict], dict]:
     """A tiny llama.cpp sweep of `methods` on `gguf` (target and draft), the primary prompt of each type of
-    `prompt_file`, 6 new tokens, greedy; its result and stored runs (run order)."""
+    `prompt_file`, 6 new tokens, greedy; its result, stored runs (run order) and the configuration's runtime
+    record."""
     from specdec.bench import sweep as S
     from specdec.bench.store import Store
 
@@ -246,7 +247,7 @@ def native_sweep(gguf: Path, prompt_file: Path, tmp_path: Path, methods: str) ->
     db = tmp_path / "native.db"
     result = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
     with Store(db, readonly=True) as store:
-        return result, store.runs(result.sweep_id)
+        return result, store.runs(result.sweep_id), store.runtime_records(result.sweep_id)["llamacpp"]
 
 
 def assert_paired(runs: list[dict]) -> None:
@@ -300,8 +301,8 @@ def test_stand_in_native_peers_in_a_sweep(fake_bin, smollm2_gguf, prompt_file, t
 
     log = tmp_path / "served.log"
     monkeypatch.setenv("FAKE_LOG", str(log))
-    result, runs = native_sweep(smollm2_gguf, prompt_file, tmp_path,
-                                "baseline,native_target,native_ngram_simple,native_ngram_mod")
+    result, runs, record = native_sweep(smollm2_gguf, prompt_file, tmp_path,
+                                        "baseline,native_target,native_ngram_simple,native_ngram_mod")
     assert result.failed == 0 and result.skipped == 0, [r["error"] for r in runs if r["error"]]
     assert_paired(runs)
     native = [r for r in runs if r["method"].startswith("native_")]
@@ -322,6 +323,7 @@ def test_stand_in_native_peers_in_a_sweep(fake_bin, smollm2_gguf, prompt_file, t
     timed = sum(r["method"] == "native_ngram_mod" for r in native)
     assert len(set(served["ngram-mod"])) == len(served["ngram-mod"]) == timed + 1  # stateful: fresh per run
     assert len(native_peers.SERVERS) == 0  # closed with the configuration
+    assert record["native"]["version"] == "version: 1 (stand-in)"  # the build, with the configuration
     for pid in {p for pids in served.values() for p in pids}:
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
@@ -526,9 +528,11 @@ def test_sweep_native_target_equals_specdec_target_only(smollm2_gguf, prompt_fil
     """In a tiny llama.cpp sweep, native target-only decoding (and a native model-free drafter) store the
     outputs of specdec's llama.cpp target-only runs on the same GGUF, threads and prompts."""
     pytest.importorskip("llama_cpp")
-    result, runs = native_sweep(smollm2_gguf, prompt_file, tmp_path, "baseline,native_target,native_ngram_simple")
+    result, runs, record = native_sweep(smollm2_gguf, prompt_file, tmp_path,
+                                        "baseline,native_target,native_ngram_simple")
     assert result.failed == 0, [r["error"] for r in runs if r["error"]]
     assert_paired(runs)
+    assert record["native"]["version"].startswith("version")
     ours = {r["prompt_id"]: r["token_ids"] for r in runs if r["method"] == "baseline"}
     native = [r for r in runs if r["method"] != "baseline"]
     assert {r["method"] for r in native} >= {"native_target"} and native

@@ -76,6 +76,8 @@ class Method:
             (`specdec.catalogue.drafters.DRAFTERS`); None: the method's own name.
         batch: ``batch(batch_runtime, batch_request) -> [RunRecord per row]``: its batched form (planned at
             B > 1), or None.
+        runtime_record: what the method's own runtime says of itself (a peer's build), merged into the runtime
+            record of each configuration where it is planned and not skipped (``roofline.runtime_json``), or None.
     """
 
     name: str
@@ -92,6 +94,7 @@ class Method:
     uses_corpus: bool = False
     replay_as: str | None = None
     batch: Callable[[BatchRuntime, BatchRequest], list[RunRecord]] | None = None
+    runtime_record: Callable[[], dict[str, Any]] | None = None
 
     def skip_reason(self) -> str | None:
         """Why this method is recorded as skipped instead of run (`skip`), or None when it runs."""
@@ -321,7 +324,7 @@ def _native(method: str, **kw: Any) -> Method:
     target (and, for the draft model, a llama.cpp draft), skipped where the binaries or the drafter are missing."""
     kw.setdefault("applies", _llamacpp_target)
     return Method(native_peers.native_name(method), native_peers.run_native(method), peer=True,
-                  skip=native_peers.skip_reason(method), **kw)
+                  skip=native_peers.skip_reason(method), runtime_record=native_peers.runtime_record, **kw)
 
 
 for _m in (

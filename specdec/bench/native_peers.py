@@ -15,7 +15,7 @@ What a run records (`record`): the engine's own end-to-end time (``prompt_ms + p
 included) as ``total_s``, so ``tokens_per_s`` is `NativeRun.tokens_per_s`, comparable to ours; the prefill
 (first token included) as ``prefill_s`` and ``ttft_s``, the rest as ``decode_s``; drafted and accepted tokens
 (``draft_n``, ``draft_n_accepted``) for a drafting method. Where the binaries (or a build's drafter) are
-missing, the method is recorded as skipped with the one line of `skip_reason`. The build that ran
+missing, or the sweep samples, the method is recorded as skipped with the one line of `skip_reason`. The build that ran
 (`specdec.bench.native_bin.build_info`) is stored with the configuration's runtime record (`runtime_record`).
 """
 
@@ -37,6 +37,8 @@ __all__ = [
 #: llama.cpp's model-free drafters timed as peers (`specdec.bench.native.NATIVE_METHODS`).
 MODEL_FREE = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 _NAMES = {"target": "native_target", "draft-simple": "native_draft"}
+#: Why a sampled sweep skips them: llama.cpp's samplers, seeds and EOS ban (``ignore_eos``) are not ours.
+GREEDY_ONLY = "llama.cpp's native methods run greedy only (--temperature 0); sampled native runs are not wired"
 #: llama.cpp's ``stop_type`` -> our ``finish_reason``
 _FINISH = {"limit": "length", "eos": "eos"}
 
@@ -82,11 +84,13 @@ def close_servers() -> None:
     SERVERS.close()
 
 
-def skip_reason(method: str) -> Callable[[], str | None]:
-    """For `Method.skip`: a function giving the one-line reason native `method` cannot run here (no
-    ``llama-server``, or a build without that ``--spec-type``), or None when it can."""
+def skip_reason(method: str) -> Callable[[Any], str | None]:
+    """For `Method.skip`: a function of the sweep's settings giving the one-line reason native `method` cannot
+    run (a sampled sweep, no ``llama-server``, or a build without that ``--spec-type``), or None when it can."""
 
-    def reason() -> str | None:
+    def reason(cfg: Any = None) -> str | None:
+        if cfg is not None and not cfg.greedy:
+            return f"skipped: {GREEDY_ONLY}"
         try:
             binary = require_binary("llama-server")
         except NativeUnavailableError as exc:
@@ -152,7 +156,7 @@ def run_native(method: str) -> Callable[[Runtime, RunRequest], RunRecord]:
 
     def run(rt: Runtime, req: RunRequest) -> RunRecord:
         if not rt.sampling.greedy or rt.ignore_eos:
-            raise ValueError("llama.cpp's native methods run greedy only (temperature 0, stopping at EOS)")
+            raise ValueError(GREEDY_ONLY)
         server = SERVERS.get(native_config(rt, method, req.k))
         return record(server.complete(req.prompt_ids, req.max_new_tokens), drafting=method != "target")
 

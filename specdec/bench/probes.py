@@ -100,7 +100,7 @@ def _runtime_record(s: SweepState, label: str, record: dict) -> dict:
     planned = {c.method for c in s.prepared.plan if c.config_label == label}
     for name in sorted(planned):
         m = METHODS[name]
-        if m.runtime_record is not None and not m.skip_reason():
+        if m.runtime_record is not None and not m.skip_reason(s.cfg):
             record.update(m.runtime_record())
     return record
 

@@ -118,7 +118,7 @@ def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared, *,
     method with `Method.skip`, or a given `skip` reason, is recorded as skipped without running.
     """
     row = _row(loaded, cell, prepared)
-    skip = skip or METHODS[cell.method].skip_reason()
+    skip = skip or METHODS[cell.method].skip_reason(loaded.cfg)
     try:
         ids = loaded.prompt_ids(cell.prompt)
         row["prompt_tokens"] = len(ids)
@@ -135,7 +135,7 @@ def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared, *,
 
 def _warm_up(loaded: LoadedConfig, cell: PlannedRun, prompt: Prompt, log: Callable[[str], None]) -> None:
     """One untimed, unstored generation of `cell`'s group on `prompt` (`warmup_tokens` new tokens)."""
-    if METHODS[cell.method].skip_reason():
+    if METHODS[cell.method].skip_reason(loaded.cfg):
         return
     try:
         n = min(loaded.cfg.warmup_tokens, loaded.cfg.max_new_tokens)

@@ -78,7 +78,8 @@ class Method:
         batch: ``batch(batch_runtime, batch_request) -> [RunRecord per row]``: its batched form (planned at
             B > 1), or None.
         runtime_record: what the method's own runtime says of itself (a peer's build), merged into the runtime
-            record of each configuration where it is planned and not skipped (``roofline.runtime_json``), or None.
+            record of each configuration where it is planned and not skipped (``roofline.runtime_json``), or
+            None.
     """
 
     name: str
@@ -98,8 +99,8 @@ class Method:
     runtime_record: Callable[[], dict[str, Any]] | None = None
 
     def skip_reason(self, cfg: SweepConfig | None = None) -> str | None:
-        """Why this method is recorded as skipped instead of run (`skip`) in a sweep of settings `cfg`, or None
-        when it runs."""
+        """Why this method is recorded as skipped instead of run (`skip`) in a sweep of settings `cfg`, or
+        None when it runs."""
         return self.skip(cfg) if callable(self.skip) else self.skip
 
 
@@ -323,7 +324,8 @@ def _llamacpp_target(rc: RuntimeConfig) -> bool:
 
 def _native(method: str, **kw: Any) -> Method:
     """The peer method of llama.cpp's own native `method` (`specdec.bench.native_peers`): on a llama.cpp
-    target (and, for the draft model, a llama.cpp draft), skipped where the binaries or the drafter are missing."""
+    target (and, for the draft model, a llama.cpp draft), skipped where the binaries or the drafter are
+    missing or the sweep samples."""
     kw.setdefault("applies", _llamacpp_target)
     return Method(native_peers.native_name(method), native_peers.run_native(method), peer=True,
                   skip=native_peers.skip_reason(method), runtime_record=native_peers.runtime_record, **kw)

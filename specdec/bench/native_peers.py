@@ -3,20 +3,23 @@
 Each native method (``native_target``, ``native_draft``, ``native_ngram_*``; registered in
 `specdec.bench.methods`, compared with ours through `specdec.catalogue.peers.PEER_PAIRS`) runs the
 configuration's own GGUF files with the threads, context size and weight repacking of its llama.cpp target
-backend, greedy, on the prompt ids the sweep gives every method, so its output is compared token for token with
-our target-only output and its tokens/s paired with the neighbouring target-only runs like any method's.
+backend, greedy, on the prompt ids the sweep gives every method, so its output is compared token for token
+with our target-only output and its tokens/s paired with the neighbouring target-only runs like any
+method's.
 
 One ``llama-server`` process serves one (configuration, method, K) (a `NativeConfig` holds all three) and is
-reused across that configuration's runs: `SERVERS` keeps the live ones, and the runner closes them when it
-tears the configuration down (`close_servers`), so no run times a process start. A stateful drafter gets a fresh
-process before each run (`NativeServer.fresh_process`), outside the timed figure.
+reused across that configuration's runs (its warm-up first): `SERVERS` keeps the live ones, and the runner
+closes them when it tears the configuration down (`close_servers`), so no run times a process start. A
+stateful drafter gets a fresh process before each run (`NativeServer.fresh_process`), outside the timed
+figure.
 
 What a run records (`record`): the engine's own end-to-end time (``prompt_ms + predicted_ms``, prefill
 included) as ``total_s``, so ``tokens_per_s`` is `NativeRun.tokens_per_s`, comparable to ours; the prefill
 (first token included) as ``prefill_s`` and ``ttft_s``, the rest as ``decode_s``; drafted and accepted tokens
 (``draft_n``, ``draft_n_accepted``) for a drafting method. Where the binaries (or a build's drafter) are
-missing, or the sweep samples, the method is recorded as skipped with the one line of `skip_reason`. The build that ran
-(`specdec.bench.native_bin.build_info`) is stored with the configuration's runtime record (`runtime_record`).
+missing, or the sweep samples, the method is recorded as skipped with the one line of `skip_reason`. The
+build that ran (`specdec.bench.native_bin.build_info`) is stored with the configuration's runtime record
+(`runtime_record`).
 """
 
 from __future__ import annotations
@@ -30,15 +33,15 @@ from specdec.bench.native_bin import NativeUnavailableError, build_info, model_f
 from specdec.bench.requests import RunRecord, RunRequest, Runtime
 
 __all__ = [
-    "MODEL_FREE", "SERVERS", "ServerPool", "close_servers", "native_config", "native_name", "record", "run_native",
-    "runtime_record", "skip_reason",
+    "GREEDY_ONLY", "MODEL_FREE", "SERVERS", "ServerPool", "close_servers", "native_config", "native_name",
+    "record", "run_native", "runtime_record", "skip_reason",
 ]  # fmt: skip
 
 #: llama.cpp's model-free drafters timed as peers (`specdec.bench.native.NATIVE_METHODS`).
 MODEL_FREE = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 _NAMES = {"target": "native_target", "draft-simple": "native_draft"}
 #: Why a sampled sweep skips them: llama.cpp's samplers, seeds and EOS ban (``ignore_eos``) are not ours.
-GREEDY_ONLY = "llama.cpp's native methods run greedy only (--temperature 0); sampled native runs are not wired"
+GREEDY_ONLY = "llama.cpp's native methods run greedy only (--temperature 0); sampled runs are not wired"
 #: llama.cpp's ``stop_type`` -> our ``finish_reason``
 _FINISH = {"limit": "length", "eos": "eos"}
 
@@ -65,9 +68,6 @@ class ServerPool:
     def __len__(self) -> int:
         return len(self._servers)
 
-    def servers(self) -> tuple[NativeServer, ...]:
-        return tuple(self._servers.values())
-
     def close(self) -> None:
         """Stop every process and forget them (each server's `NativeServer.close`)."""
         servers, self._servers = self._servers, {}
@@ -86,7 +86,8 @@ def close_servers() -> None:
 
 def skip_reason(method: str) -> Callable[[Any], str | None]:
     """For `Method.skip`: a function of the sweep's settings giving the one-line reason native `method` cannot
-    run (a sampled sweep, no ``llama-server``, or a build without that ``--spec-type``), or None when it can."""
+    run (a sampled sweep, no ``llama-server``, or a build without that ``--spec-type``), or None when it
+    can."""
 
     def reason(cfg: Any = None) -> str | None:
         if cfg is not None and not cfg.greedy:

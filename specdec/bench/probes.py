@@ -78,8 +78,8 @@ class Probe:
 
 def roofline(s: SweepState, at: At) -> None:
     """Store the configuration's weight bytes per step, what its models run on (`pair_record`: weight types
-    and repacking on llama.cpp, the ggml environment; the builds of the peers planned there) and (once per machine and store) the machine's memory
-    bandwidth, measured by a streaming copy."""
+    and repacking on llama.cpp, the ggml environment; the builds of the peers planned there) and (once per
+    machine and store) the machine's memory bandwidth, measured by a streaming copy."""
     from specdec.measure.roofline import measure_bandwidth, weight_bytes
     from specdec.runtimes.llamacpp_record import pair_record
 

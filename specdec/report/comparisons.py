@@ -85,8 +85,8 @@ def peer_table(runs: pd.DataFrame) -> pd.DataFrame:
 
     Pairs compared (ours vs peer, `specdec.catalogue.peers.PEER_PAIRS`): baseline vs hf_generate and
     native_target; draft-K vs hf_assisted-K and native_draft-K; ngram-K vs hf_prompt_lookup-K and
-    llama_prompt_lookup-K (same config_label, target, K; ours with a fixed policy); a peer without K (llama.cpp's
-    model-free drafters) against each K of ours. ``ratio`` = our tokens/s / the peer's tokens/s per prompt
+    llama_prompt_lookup-K (same config_label, target, K; ours with a fixed policy); a peer without K
+    (llama.cpp's model-free drafters) against each K of ours. ``ratio`` = our tokens/s / the peer's tokens/s per prompt
     (medians over repeats), geometric mean over prompts with a t-interval (> 1: ours is faster). One row
     per prompt type and one pooled (``prompt_type`` = ``"(all prompts)"``). ``ours_match``/``peer_match``
     are the output-equality rates (matches_baseline) of the runs compared.

@@ -14,16 +14,18 @@ from specdec.core.metrics import GenerationResult, RoundRecord
 
 def test_registry_holds_every_timed_method_once():
     assert list(M.METHODS) == ["baseline", "aa", "baseline_padded", "draft", "ngram", "ngram_hf", "suffix",
-                               "xtok", "suffix_corpus", "hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup"]
+                               "xtok", "suffix_corpus", "hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup",
+                               "native_target", "native_draft", "native_ngram_simple", "native_ngram_map_k",
+                               "native_ngram_map_k4v", "native_ngram_mod", "native_ngram_cache"]
     assert not M.METHODS["suffix"].default and M.METHODS["suffix"].takes_k
     assert not M.METHODS["baseline_padded"].default and not M.METHODS["baseline_padded"].takes_k
     assert M.reference_method().name == "baseline"
     ours = {m.name for m in M.our_methods()}
     # every peer is compared with one of ours (specdec.catalogue.peers, which the report reads), at the same K
-    # when it takes K
+    # when it takes K (a peer without K, as llama.cpp's model-free drafters, against each of our K)
     assert {p for _, p in PEER_PAIRS} == {m.name for m in M.peer_methods()}
     for ours_name, peer in PEER_PAIRS:
-        assert ours_name in ours and M.METHODS[peer].takes_k == M.METHODS[ours_name].takes_k, peer
+        assert ours_name in ours and M.METHODS[peer].takes_k in (False, M.METHODS[ours_name].takes_k), peer
     with pytest.raises(ValueError, match="already registered"):
         M.register(M.Method("draft", M.METHODS["draft"].run))
     with pytest.raises(ValueError, match="exactly one reference"):
@@ -36,7 +38,11 @@ def test_registry_holds_every_timed_method_once():
 
 def test_peers_apply_by_runtime():
     assert M.peers_for(RUNTIME_CONFIGS["transformers-eager"]) == ("hf_generate", "hf_assisted", "hf_prompt_lookup")
-    assert M.peers_for(RUNTIME_CONFIGS["llamacpp"]) == ("llama_prompt_lookup",)
+    native = ("native_target", "native_draft", "native_ngram_simple", "native_ngram_map_k", "native_ngram_map_k4v",
+              "native_ngram_mod", "native_ngram_cache")
+    assert M.peers_for(RUNTIME_CONFIGS["llamacpp"]) == ("llama_prompt_lookup", *native)
+    # llama.cpp's own drafting with the draft model needs the draft on llama.cpp too
+    assert M.peers_for(RUNTIME_CONFIGS["mixed:transformers-draft"]) == ("llama_prompt_lookup", *native[:1], *native[2:])
     assert M.peers_for(RUNTIME_CONFIGS["transformers-compiled"]) == ()
     assert M.METHODS["llama_prompt_lookup"].skip.startswith("skipped: ")
 

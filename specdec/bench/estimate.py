@@ -144,7 +144,7 @@ def estimate_plan_s(
         costs = costs_by_config.get(c.config_label)
         if costs is None:
             continue
-        if METHODS[c.method].skip:
+        if METHODS[c.method].skip_reason():
             continue  # recorded as skipped, costs nothing
         n_prompt = max(pt.get(p.id, 100) for p in c.rows or (c.prompt,))
         timed += estimate_generation_s(c.method, c.k, c.policy, costs, max_new_tokens,

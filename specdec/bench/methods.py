@@ -19,6 +19,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from specdec.bench import native_peers
 from specdec.bench.peers import hf_peer_generate
 from specdec.bench.requests import BatchRequest, BatchRuntime, RunRecord, RunRequest, Runtime
 from specdec.catalogue import drafters as catalogue_drafters
@@ -26,6 +27,7 @@ from specdec.catalogue import policies as catalogue_policies
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
 
 if TYPE_CHECKING:
+    from specdec.bench.config import SweepConfig
     from specdec.catalogue.runtimes import RuntimeConfig
 
 __all__ = [
@@ -60,7 +62,9 @@ class Method:
         drafts_with_model: each drafted token costs a draft-model step (duration estimate, cost policy).
         reference: the target-only baseline every speedup divides by (exactly one method).
         applies: which runtime configurations the method can run on.
-        skip: planned but recorded as skipped with this reason (``runs.error``), never run.
+        skip: planned but recorded as skipped with this reason (``runs.error``), never run; or a function of
+            the sweep's settings (`SweepConfig`, or None where they are not at hand) giving that reason when
+            the method cannot run here or so (None: it runs), asked at each run (`skip_reason`).
         default: planned when ``--methods`` is not given.
         aa: a target-only run timed as if it were a method (A/A): its paired ratio to the neighbouring
             baselines measures the noise floor of every speedup.
@@ -73,6 +77,9 @@ class Method:
             (`specdec.catalogue.drafters.DRAFTERS`); None: the method's own name.
         batch: ``batch(batch_runtime, batch_request) -> [RunRecord per row]``: its batched form (planned at
             B > 1), or None.
+        runtime_record: what the method's own runtime says of itself (a peer's build), merged into the runtime
+            record of each configuration where it is planned and not skipped (``roofline.runtime_json``), or
+            None.
     """
 
     name: str
@@ -82,13 +89,19 @@ class Method:
     drafts_with_model: bool = False
     reference: bool = False
     applies: Callable[[RuntimeConfig], bool] = lambda rc: True
-    skip: str | None = None
+    skip: str | Callable[[SweepConfig | None], str | None] | None = None
     default: bool = True
     aa: bool = False
     cross_tokenizer: bool = False
     uses_corpus: bool = False
     replay_as: str | None = None
     batch: Callable[[BatchRuntime, BatchRequest], list[RunRecord]] | None = None
+    runtime_record: Callable[[], dict[str, Any]] | None = None
+
+    def skip_reason(self, cfg: SweepConfig | None = None) -> str | None:
+        """Why this method is recorded as skipped instead of run (`skip`) in a sweep of settings `cfg`, or
+        None when it runs."""
+        return self.skip(cfg) if callable(self.skip) else self.skip
 
 
 def _drafter_method(e: catalogue_drafters.DrafterEntry) -> Method:
@@ -305,6 +318,19 @@ def _eager_transformers_target(rc: RuntimeConfig) -> bool:
     return rc.target_backend == "transformers" and not rc.compile
 
 
+def _llamacpp_target(rc: RuntimeConfig) -> bool:
+    return rc.target_backend == "llamacpp"
+
+
+def _native(method: str, **kw: Any) -> Method:
+    """The peer method of llama.cpp's own native `method` (`specdec.bench.native_peers`): on a llama.cpp
+    target (and, for the draft model, a llama.cpp draft), skipped where the binaries or the drafter are
+    missing or the sweep samples."""
+    kw.setdefault("applies", _llamacpp_target)
+    return Method(native_peers.native_name(method), native_peers.run_native(method), peer=True,
+                  skip=native_peers.skip_reason(method), runtime_record=native_peers.runtime_record, **kw)
+
+
 for _m in (
     Method("baseline", _baseline, reference=True, batch=_batch_baseline),
     Method("aa", _baseline, aa=True, batch=_batch_baseline),
@@ -315,7 +341,11 @@ for _m in (
     Method("hf_prompt_lookup", _hf_peer("hf_prompt_lookup"), peer=True, takes_k=True,
            applies=_eager_transformers_target),
     Method("llama_prompt_lookup", _skipped, peer=True, takes_k=True,
-           applies=lambda rc: rc.target_backend == "llamacpp", skip=LLAMA_PROMPT_LOOKUP_SKIP),
+           applies=_llamacpp_target, skip=LLAMA_PROMPT_LOOKUP_SKIP),
+    _native("target"),
+    _native("draft-simple", takes_k=True, drafts_with_model=True,
+            applies=lambda rc: _llamacpp_target(rc) and rc.draft_backend == "llamacpp"),
+    *(_native(m) for m in native_peers.MODEL_FREE),
 ):
     register(_m)
 

@@ -78,8 +78,8 @@ class Probe:
 
 def roofline(s: SweepState, at: At) -> None:
     """Store the configuration's weight bytes per step, what its models run on (`pair_record`: weight types
-    and repacking on llama.cpp, the ggml environment) and (once per machine and store) the machine's memory
-    bandwidth, measured by a streaming copy."""
+    and repacking on llama.cpp, the ggml environment; the builds of the peers planned there) and (once per
+    machine and store) the machine's memory bandwidth, measured by a streaming copy."""
     from specdec.measure.roofline import measure_bandwidth, weight_bytes
     from specdec.runtimes.llamacpp_record import pair_record
 
@@ -89,9 +89,20 @@ def roofline(s: SweepState, at: At) -> None:
     known = s.store.bandwidth_gbps()
     bw = measure_bandwidth(threads=s.cfg.threads) if known is None else {"gbps": known,
                                                                          "method": "measured earlier"}
-    s.store.save_roofline(s.sweep_id, label, tb, db, bw, runtime=pair_record(pair))
+    s.store.save_roofline(s.sweep_id, label, tb, db, bw, runtime=_runtime_record(s, label, pair_record(pair)))
     s.log(f"[{label}] weights read per target step {tb / 1e9:.2f} GB; machine bandwidth "
           f"{bw['gbps']:.1f} GB/s (streaming copy)")
+
+
+def _runtime_record(s: SweepState, label: str, record: dict) -> dict:
+    """`record` with what the runtimes of the methods planned on configuration `label` say of themselves
+    (`Method.runtime_record`: a peer's build; methods recorded as skipped left out)."""
+    planned = {c.method for c in s.prepared.plan if c.config_label == label}
+    for name in sorted(planned):
+        m = METHODS[name]
+        if m.runtime_record is not None and not m.skip_reason(s.cfg):
+            record.update(m.runtime_record())
+    return record
 
 
 def check_equal(s: SweepState, at: At) -> None:

@@ -5,7 +5,8 @@
 - run: per runtime configuration, load its models once (the previous configuration's are freed first),
   drop the prompts that do not fit (`specdec.bench.loaded.fitting`), measure its costs (stored once per
   config_label), then time each planned run through its `Method`, after one untimed warm-up generation per
-  (config_label, method, K, policy) on the first prompt.
+  (config_label, method, K, policy) on the first prompt. What a configuration started beside its models (the
+  batched backends, the native peers' ``llama-server`` processes) is closed with it.
 - record: each run is committed with its rounds in one transaction (`specdec.bench.store.Store.record_run`),
   so a killed sweep loses at most the run in flight; ``resume=True`` skips finished runs and retries failed
   ones. The sweep's status is set at the end (``done`` or ``interrupted``).
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdec.bench import batch_runs, probes
+from specdec.bench import batch_runs, native_peers, probes
 from specdec.bench.config import BEST_K, DEFAULT_DB, SweepConfig
 from specdec.bench.console import ERR_LEN, one_line, summary_line
 from specdec.bench.control import LOCK_WAIT_S, SIGTERM_REASON, for_shard, interrupt_exit_status, sweep_guard
@@ -117,7 +118,7 @@ def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared, *,
     method with `Method.skip`, or a given `skip` reason, is recorded as skipped without running.
     """
     row = _row(loaded, cell, prepared)
-    skip = skip or METHODS[cell.method].skip
+    skip = skip or METHODS[cell.method].skip_reason(loaded.cfg)
     try:
         ids = loaded.prompt_ids(cell.prompt)
         row["prompt_tokens"] = len(ids)
@@ -134,7 +135,7 @@ def execute(loaded: LoadedConfig, cell: PlannedRun, prepared: Prepared, *,
 
 def _warm_up(loaded: LoadedConfig, cell: PlannedRun, prompt: Prompt, log: Callable[[str], None]) -> None:
     """One untimed, unstored generation of `cell`'s group on `prompt` (`warmup_tokens` new tokens)."""
-    if METHODS[cell.method].skip:
+    if METHODS[cell.method].skip_reason(loaded.cfg):
         return
     try:
         n = min(loaded.cfg.warmup_tokens, loaded.cfg.max_new_tokens)
@@ -253,6 +254,7 @@ def _run_configs(todo: list[PlannedRun], s: SweepState) -> bool:
                 return True
         finally:
             batch_runs.close(loaded)
+            native_peers.close_servers()  # the configuration's llama-server processes (its native peers)
             pair, xtok, loaded = loaded.pair, loaded.xtok, None
             free(pair)
             free_models(xtok.draft if xtok is not None else None)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 __all__ = ["PEER_PAIRS"]
 
-#: ``(ours, peer)`` method names (``runs.method``). K must match, except for the target-only pair; a peer may
+#: ``(ours, peer)`` method names (``runs.method``). K must match where the peer takes K; a peer without K is
+#: compared with each of our K (llama.cpp's model-free drafters, at llama.cpp's own draft lengths); a peer may
 #: have several of ours (prompt lookup: our rule and transformers' rule in our engine, like for like).
 PEER_PAIRS = (
     ("baseline", "hf_generate"),
@@ -16,4 +17,13 @@ PEER_PAIRS = (
     ("ngram", "hf_prompt_lookup"),
     ("ngram_hf", "hf_prompt_lookup"),
     ("ngram", "llama_prompt_lookup"),
+    ("baseline", "native_target"),
+    ("draft", "native_draft"),
+    ("ngram", "native_ngram_simple"),
+    ("ngram", "native_ngram_map_k"),
+    ("ngram", "native_ngram_map_k4v"),
+    ("ngram", "native_ngram_mod"),
+    ("ngram", "native_ngram_cache"),
+    ("suffix", "native_ngram_mod"),
+    ("suffix", "native_ngram_cache"),
 )

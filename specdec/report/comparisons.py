@@ -39,41 +39,54 @@ def _match(runs: pd.DataFrame) -> float:
 
 
 def _peer_rows(ours_m: str, peer_m: str, ok: pd.DataFrame) -> list[dict]:
-    """Rows of `peer_table` for one (ours, peer) method pair."""
+    """Rows of `peer_table` for one (ours, peer) method pair: same K, or, for a peer without K (``k`` 0),
+    against each K of ours (target-only ours: K does not apply)."""
     peer = ok[ok["method"] == peer_m]
     ours = ok[(ok["method"] == ours_m) & ok["policy"].isin(FIXED_POLICIES)]
     rows = []
     for (label, target, k), pg in peer.groupby(["config_label", "target", "k"], sort=True):
         og = ours[(ours["config_label"] == label) & (ours["target"] == target)]
-        if ours_m != BASELINE:
-            og = og[og["k"] == k]
-        if og.empty:
+        if ours_m == BASELINE:
+            cases = [(k, og)]
+        elif k:
+            cases = [(k, og[og["k"] == k])]
+        else:
+            cases = list(og.groupby("k", sort=True))
+        for kk, ok_og in cases:
+            if not ok_og.empty:
+                names = (ours_m if ours_m == BASELINE else f"{ours_m} K={kk}", f"{peer_m} K={k}" if k else peer_m)
+                rows.extend(_pair_rows(label, target, int(kk), names, ok_og, pg))
+    return rows
+
+
+def _pair_rows(label: str, target: str, k: int, names: tuple[str, str], og: pd.DataFrame,
+               pg: pd.DataFrame) -> list[dict]:
+    """`peer_table` rows of our runs `og` against the peer's runs `pg`: per shared prompt type, and pooled."""
+    rows = []
+    types = sorted(set(pg["prompt_type"]) & set(og["prompt_type"]))
+    for ptype in [*types, ALL_PROMPTS]:
+        o = og if ptype == ALL_PROMPTS else og[og["prompt_type"] == ptype]
+        p = pg if ptype == ALL_PROMPTS else pg[pg["prompt_type"] == ptype]
+        res = ratio_ci(o, per_prompt_median(p))
+        if res["n_aligned"] == 0:
             continue
-        types = sorted(set(pg["prompt_type"]) & set(og["prompt_type"]))
-        for ptype in [*types, ALL_PROMPTS]:
-            o = og if ptype == ALL_PROMPTS else og[og["prompt_type"] == ptype]
-            p = pg if ptype == ALL_PROMPTS else pg[pg["prompt_type"] == ptype]
-            res = ratio_ci(o, per_prompt_median(p))
-            if res["n_aligned"] == 0:
-                continue
-            rows.append({
-                "config_label": label, "target": target, "prompt_type": ptype,
-                "ours": ours_m if ours_m == BASELINE else f"{ours_m} K={k}",
-                "peer": peer_m if peer_m == "hf_generate" else f"{peer_m} K={k}", "k": k,
-                "ratio": res["speedup"], "ratio_lo": res["speedup_lo"], "ratio_hi": res["speedup_hi"],
-                "verdict": res["verdict"], "n_prompts": res["n_aligned"],
-                "ours_tok_s": float(o["tokens_per_s"].median()), "peer_tok_s": float(p["tokens_per_s"].median()),
-                "ours_match": _match(o), "peer_match": _match(p),
-            })
+        rows.append({
+            "config_label": label, "target": target, "prompt_type": ptype, "ours": names[0], "peer": names[1],
+            "k": k, "ratio": res["speedup"], "ratio_lo": res["speedup_lo"], "ratio_hi": res["speedup_hi"],
+            "verdict": res["verdict"], "n_prompts": res["n_aligned"],
+            "ours_tok_s": float(o["tokens_per_s"].median()), "peer_tok_s": float(p["tokens_per_s"].median()),
+            "ours_match": _match(o), "peer_match": _match(p),
+        })  # fmt: skip
     return rows
 
 
 def peer_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Our implementation against the peers measured in the same sweep.
 
-    Pairs compared (ours vs peer, `specdec.catalogue.peers.PEER_PAIRS`): baseline vs hf_generate;
-    draft-K vs hf_assisted-K; ngram-K vs hf_prompt_lookup-K and llama_prompt_lookup-K (same config_label,
-    target, K; ours with a fixed policy). ``ratio`` = our tokens/s / the peer's tokens/s per prompt
+    Pairs compared (ours vs peer, `specdec.catalogue.peers.PEER_PAIRS`): baseline vs hf_generate and
+    native_target; draft-K vs hf_assisted-K and native_draft-K; ngram-K vs hf_prompt_lookup-K and
+    llama_prompt_lookup-K (same config_label, target, K; ours with a fixed policy); a peer without K
+    (llama.cpp's model-free drafters) against each K of ours. ``ratio`` = our tokens/s / the peer's tokens/s per prompt
     (medians over repeats), geometric mean over prompts with a t-interval (> 1: ours is faster). One row
     per prompt type and one pooled (``prompt_type`` = ``"(all prompts)"``). ``ours_match``/``peer_match``
     are the output-equality rates (matches_baseline) of the runs compared.

@@ -14,7 +14,7 @@ from specdec.core.metrics import GenerationResult, RoundRecord
 
 def test_registry_holds_every_timed_method_once():
     assert list(M.METHODS) == ["baseline", "aa", "baseline_padded", "draft", "ngram", "ngram_hf", "suffix",
-                               "xtok", "suffix_corpus", "hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup",
+                               "mixed", "xtok", "suffix_corpus", "hf_generate", "hf_assisted", "hf_prompt_lookup", "llama_prompt_lookup",
                                "native_target", "native_draft", "native_ngram_simple", "native_ngram_map_k",
                                "native_ngram_map_k4v", "native_ngram_mod", "native_ngram_cache"]
     assert not M.METHODS["suffix"].default and M.METHODS["suffix"].takes_k

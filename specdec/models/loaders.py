@@ -88,19 +88,29 @@ def load_hf(spec: str, *, device: str = "cpu", dtype: Any = "float32", trust_rem
         ModelNotAvailableError: the weights are not available (one line naming the model and how to
             provide them).
         ChunkAssemblyError: a default-preset chunk package is missing or corrupt.
+        ModelNotAvailableError: also for a *.safetensors file that cannot be read (truncated, damaged).
         ValueError: unknown dtype.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dt = torch_dtype(dtype)
     directory = checkpoint_dir(spec, code=trust_remote_code, dtype=dt)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(directory),
-        dtype=dt,
-        use_safetensors=True,
-        trust_remote_code=trust_remote_code,
-        local_files_only=True,
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(directory),
+            dtype=dt,
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
+            local_files_only=True,
+        )
+    except SafetensorError as exc:  # a truncated or damaged *.safetensors file
+        from specdec.errors import one_line
+
+        where = "" if Path(spec).resolve() == Path(directory).resolve() else f" in {directory}"
+        raise ModelNotAvailableError(
+            f"{spec}: its safetensors weights{where} cannot be read (damaged or incomplete: {one_line(exc)})"
+        ) from None
     tokenizer = AutoTokenizer.from_pretrained(
         str(directory), trust_remote_code=trust_remote_code, local_files_only=True
     )

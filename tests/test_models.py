@@ -439,6 +439,21 @@ def test_a_truncated_safetensors_file_is_one_line(tiny_pair, tmp_path):
     assert isinstance(err.value, user_errors()) and weights.stat().st_size == 10_000
 
 
+def test_a_truncated_tokenizer_json_is_one_line_naming_the_checkpoint(tiny_pair, tmp_path):
+    """A checkpoint whose tokenizer.json was cut short: ModelNotAvailableError naming the checkpoint (it was
+    the JSON decoder's bare "Expecting ',' delimiter ..."), from load_hf and hf_tokenizer alike."""
+    import shutil
+
+    ckpt = tmp_path / "cut_tok"
+    shutil.copytree(tiny_pair.target_dir, ckpt)
+    tok = ckpt / "tokenizer.json"
+    tok.write_text(tok.read_text()[:3000])
+    for load in (M.load_hf, M.hf_tokenizer):
+        with pytest.raises(M.ModelNotAvailableError) as err:
+            load(str(ckpt))
+        assert _one_line(err.value).startswith(f"{ckpt}: its tokenizer files are not valid JSON"), err.value
+
+
 def test_gguf_conversion_plumbing(tiny_pair, tmp_path, monkeypatch, cache):
     """`.gguf` specs convert once into the cache (atomic, quantizer stripped) and load from there.
 

@@ -92,7 +92,7 @@ def load_hf(spec: str, *, device: str = "cpu", dtype: Any = "float32", trust_rem
         ValueError: unknown dtype.
     """
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     dt = torch_dtype(dtype)
     directory = checkpoint_dir(spec, code=trust_remote_code, dtype=dt)
@@ -111,9 +111,7 @@ def load_hf(spec: str, *, device: str = "cpu", dtype: Any = "float32", trust_rem
         raise ModelNotAvailableError(
             f"{spec}: its safetensors weights{where} cannot be read (damaged or incomplete: {one_line(exc)})"
         ) from None
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(directory), trust_remote_code=trust_remote_code, local_files_only=True
-    )
+    tokenizer = _dir_tokenizer(spec, directory, trust_remote_code)
     if str(device) != "cpu":
         model.to(device)
     model.eval()
@@ -142,9 +140,23 @@ def hf_tokenizer(spec: str, *, trust_remote_code: bool = False):
         directory = done[0]
     else:
         directory = checkpoint_dir(spec, tokenizer_only=True, code=trust_remote_code)
-    return AutoTokenizer.from_pretrained(
-        str(directory), trust_remote_code=trust_remote_code, local_files_only=True
-    )
+    return _dir_tokenizer(spec, directory, trust_remote_code)
+
+
+def _dir_tokenizer(spec: str, directory: Path, trust_remote_code: bool):
+    """The tokenizer of a checkpoint directory; a damaged JSON file in it (a truncated tokenizer.json) is a
+    ModelNotAvailableError naming the checkpoint, not the JSON decoder's bare message."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code,
+                                             local_files_only=True)
+    except json.JSONDecodeError as exc:
+        where = "" if Path(spec).resolve() == Path(directory).resolve() else f" in {directory}"
+        raise ModelNotAvailableError(f"{spec}: its tokenizer files{where} are not valid JSON (damaged or "
+                                     f"incomplete: {exc})") from None
 
 
 def gguf_file(spec: str) -> Path:

@@ -79,3 +79,33 @@ def test_a_model_file_that_changes_is_another_setup(fp32_pair):
 
     sha = resolve("qwen2.5-coder:target").chunks.sha256
     assert model_fingerprint("qwen2.5-coder:target") == {"sha256": sha}  # the GGUF's content, not its path
+
+
+@pytest.mark.parametrize("damage", [
+    {"c": float("nan")}, {"target_step_s": -1.0}, {"target_forward_s": "x"},
+    {"target_forward_s": {"1": "x", "2": "x", "3": "x"}}, {"verify_steps": {"1": None}},
+])
+def test_a_cached_measurement_with_damaged_figures_is_measured_again(fp32_pair, tmp_path, damage):
+    """A cache file whose numbers were damaged (NaN, negative, strings) is never used: measured again and
+    rewritten, instead of steering the cost policy or failing with a message that names no file."""
+    import json
+
+    measured = []
+
+    def measure(pair, target_ns, draft_ns):
+        measured.append(max(target_ns))
+        return {"draft_step_s": 0.1, "target_step_s": 0.3, "c": 1 / 3,
+                "target_forward_s": {n: 0.3 * n for n in target_ns}, "verify_steps": {n: n for n in target_ns}}
+
+    key = {"target": model_fingerprint(str(fp32_pair.target.spec)), "draft": None, "dtype": "float32", "threads": 1}
+    cached_costs(fp32_pair, key, max_n=3, cache=tmp_path, measure=measure)
+    (path,) = (tmp_path / "costs").glob("*.json")
+    stored = json.loads(path.read_text())
+    stored["costs"].update(damage)
+    path.write_text(json.dumps(stored))
+    costs, note = cached_costs(fp32_pair, key, max_n=3, cache=tmp_path, measure=measure)
+    assert note.startswith("costs measured in") and measured == [3, 3]
+    assert costs["target_step_s"] == 0.3
+    assert json.loads(path.read_text())["costs"]["target_step_s"] == 0.3  # the damaged file was replaced
+    _, note = cached_costs(fp32_pair, key, max_n=3, cache=tmp_path, measure=measure)
+    assert note.startswith("costs from") and measured == [3, 3]

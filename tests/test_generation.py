@@ -563,3 +563,25 @@ def test_a_batch_records_what_ran_as_one_prompt_does(llama_loaded, smollm2_gguf,
         docs.append(json.loads(out))
         assert "requantized to Q8_0" in err
     assert docs[0]["runtime"] == docs[1]["runtime"] and docs[0]["runtime"]["gguf_type"] == "Q8_0"
+
+
+def test_a_failed_run_leaves_no_folder_that_out_made(tiny_pair, tmp_path, capsys, cache_env):
+    """``--out new/sub/x.json`` makes its folders before the models load; a run that then fails (a bad prompts
+    file, a missing model, a prompt past the context) removes them again, and keeps a folder that was there."""
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"hello \xff world\n")
+    long = tmp_path / "long.txt"
+    long.write_text("abc " * 200 + "\n")
+    target, draft = str(tiny_pair.target_dir), str(tiny_pair.draft_dir)
+    (tmp_path / "kept").mkdir()
+    for i, argv in enumerate([["--target", target, "--draft", draft, "--prompts-file", str(bad)],
+                              ["--target", str(tmp_path / "nope"), "--draft", draft, "--prompts-file", str(long)],
+                              ["--target", target, "--draft", draft, "--prompts-file", str(long), "--k", "2"]]):
+        out = tmp_path / f"new{i}" / "sub" / "x.json"
+        code, _, err = cli(["generate", *argv, "--max-new-tokens", "4", "--out", str(out)], capsys)
+        lines = [x for x in err.strip().splitlines() if x.strip()]
+        assert code == 2 and lines[-1].startswith("specdec: error:"), (argv, err)
+        assert not (tmp_path / f"new{i}").exists(), argv
+        code, _, err = cli(["generate", *argv, "--max-new-tokens", "4", "--out", str(tmp_path / "kept" / "x.json")],
+                           capsys)
+        assert code == 2 and (tmp_path / "kept").is_dir() and not list((tmp_path / "kept").iterdir())

@@ -420,6 +420,40 @@ def test_refuses_pickled_weights_and_missing_paths(tmp_path, no_network):
         M.hf_tokenizer(str(tmp_path / "missing.gguf"))
 
 
+def test_a_truncated_safetensors_file_is_one_line(tiny_pair, tmp_path):
+    """A checkpoint whose model.safetensors was cut short (a copy or download that stopped) is refused as
+    ModelNotAvailableError in one line naming the checkpoint (it was safetensors' traceback); the file is
+    left as it was."""
+    import shutil
+
+    from specdec.errors import user_errors
+
+    ckpt = tmp_path / "cut"
+    shutil.copytree(tiny_pair.target_dir, ckpt)
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:10_000])
+    with pytest.raises(M.ModelNotAvailableError) as err:
+        M.load_hf(str(ckpt))
+    _one_line(err.value)
+    assert str(err.value).startswith(f"{ckpt}: its safetensors weights cannot be read (damaged or incomplete")
+    assert isinstance(err.value, user_errors()) and weights.stat().st_size == 10_000
+
+
+def test_a_truncated_tokenizer_json_is_one_line_naming_the_checkpoint(tiny_pair, tmp_path):
+    """A checkpoint whose tokenizer.json was cut short: ModelNotAvailableError naming the checkpoint (it was
+    the JSON decoder's bare "Expecting ',' delimiter ..."), from load_hf and hf_tokenizer alike."""
+    import shutil
+
+    ckpt = tmp_path / "cut_tok"
+    shutil.copytree(tiny_pair.target_dir, ckpt)
+    tok = ckpt / "tokenizer.json"
+    tok.write_text(tok.read_text()[:3000])
+    for load in (M.load_hf, M.hf_tokenizer):
+        with pytest.raises(M.ModelNotAvailableError) as err:
+            load(str(ckpt))
+        assert _one_line(err.value).startswith(f"{ckpt}: its tokenizer files are not valid JSON"), err.value
+
+
 def test_gguf_conversion_plumbing(tiny_pair, tmp_path, monkeypatch, cache):
     """`.gguf` specs convert once into the cache (atomic, quantizer stripped) and load from there.
 

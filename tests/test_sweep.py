@@ -775,6 +775,17 @@ def test_make_config_merging_and_validation(tmp_path):
         S.load_config_file(toml)
 
 
+def test_a_config_file_with_a_bom_loads_and_one_not_utf8_is_named(tmp_path):
+    """A TOML file saved with a UTF-8 byte-order mark (as Windows editors write it) reads like one without; a
+    file that is not UTF-8 is refused in one line naming the file (it used to be the codec's bare message)."""
+    toml = tmp_path / "s.toml"
+    toml.write_bytes(b"\xef\xbb\xbfmax_new_tokens = 4\nbatch_sizes = [1, 2]\n")
+    assert S.load_config_file(toml) == {"max_new_tokens": 4, "batch_sizes": [1, 2]}
+    toml.write_bytes(b"name = \"caf\xe9\"\n")
+    with pytest.raises(ValueError, match=r"s\.toml: not a TOML file: not UTF-8 text \(bad byte at offset 11\)"):
+        S.load_config_file(toml)
+
+
 def test_a_failing_probe_is_logged_and_the_sweep_goes_on(tmp_path, tiny_pair, near_draft_dir, prompt_file,
                                                          monkeypatch):
     """A probe beside the timed runs (here the acceptance trace) that raises costs one console line naming

@@ -327,15 +327,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     CLI flags (dashes allowed), plus ``db``.
 
     Raises:
-        ValueError: missing/unreadable file, invalid TOML, or unknown keys (the message lists the valid ones).
+        ValueError: missing/unreadable file, not UTF-8 (a byte-order mark is fine), invalid TOML, or unknown keys
+            (the message lists the valid ones); one line naming the file.
     """
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(p.read_text(encoding="utf-8-sig"))  # a byte-order mark (Windows editors) is dropped
     except FileNotFoundError:
         raise ValueError(f"{p}: no such config file") from None
     except OSError as exc:
         raise ValueError(f"{p}: cannot read config file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not a TOML file: not UTF-8 text (bad byte at offset {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{p}: invalid TOML ({exc})") from None
     if isinstance(data.get("sweep"), dict):

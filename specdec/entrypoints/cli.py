@@ -139,6 +139,7 @@ def _check_generate(o: dict):
         fail("--compile: batched decoding runs the eager backend (a compiled static cache holds one sequence)")
     if o["other_tokenizer"] and not _drafts_with_model(o["drafter"]):
         fail(f"--other-tokenizer needs a drafter that drafts with the draft model, not --drafter {o['drafter']}")
+    made: list = []  # the folders the --out check makes (none yet)
     try:
         pair, target, draft = o["pair"], o["target"], o["draft"]
         specs = models.resolve_pair(pair, target, draft) if (pair or draft or not target) else (target, None)
@@ -152,8 +153,12 @@ def _check_generate(o: dict):
             backend=o["backend"], spelling=g.FLAGS)
         out_path = None
         if o["out"] is not None:  # checked (and its folder made) before any model loads: output is never lost
+            from pathlib import Path
+
             from specdec.paths import check_output
 
+            parent = Path(o["out"]).absolute().parent
+            made = [d for d in (parent, *parent.parents) if not d.exists()]  # removed again if the command fails
             out_path = check_output(o["out"], inputs=[prompts_file] if prompts_file else [], force=o["force"],
                                     flag="--out", create_parent=True)
         entries = None
@@ -162,20 +167,41 @@ def _check_generate(o: dict):
 
             entries = read_prompts(prompts_file)
     except ValueError as exc:
+        _remove_empty(made)
         fail(str(exc))
-    return settings, specs, other, out_path, entries
+    return settings, specs, other, out_path, entries, made
+
+
+def _remove_empty(folders) -> None:
+    """Remove the folders the --out check made (deepest first) that are still empty: a failed command leaves none."""
+    import contextlib
+
+    for d in folders:
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _generate(**o) -> None:
     """``specdec generate``: the settings checked (`_check_generate`), the pair loaded by
     `specdec.entrypoints.api.load_pair`, the generation assembled and run by `specdec.entrypoints.generation.run`
-    (the code the Python API runs), then printed and written (`specdec.entrypoints.output`)."""
+    (the code the Python API runs), then printed and written (`specdec.entrypoints.output`); a folder the --out
+    check made is removed again when the command fails before writing into it."""
+    settings, specs, other, out_path, entries, made = _check_generate(o)
+    try:
+        _generate_checked(o, settings, specs, other, out_path, entries)
+    except BaseException:
+        if out_path is None or not out_path.exists():
+            _remove_empty(made)
+        raise
+
+
+def _generate_checked(o: dict, settings, specs, other, out_path, entries) -> None:
+    """``specdec generate`` once its settings and output path are checked: load, run, print, write."""
     from specdec import models
     from specdec.catalogue.drafters import drafter as drafter_entry
     from specdec.entrypoints import api, output
     from specdec.entrypoints import generation as g
 
-    settings, specs, other, out_path, entries = _check_generate(o)
     needs_draft = drafter_entry(settings.drafter).needs_model
     if specs[1] is None and needs_draft:
         fail(f"--drafter {settings.drafter} needs a draft model: give --draft or --pair, or a model-free drafter")

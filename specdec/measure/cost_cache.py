@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -56,6 +57,33 @@ def model_fingerprint(spec: str | None) -> Any:
     except (OSError, ValueError, ImportError, AttributeError):
         pass
     return str(spec)
+
+
+def _seconds(value: Any, *, positive: bool) -> bool:
+    """Whether a stored figure is a finite number (> 0 where `positive`, else >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > 0 if positive else value >= 0
+
+
+def _sound(costs: Any) -> bool:
+    """Whether a stored measurement's figures are usable: every time, step and ratio a finite number (times and
+    steps > 0, spreads >= 0; the draft's may be None). A damaged cache file fails this and is measured again."""
+    if not isinstance(costs, dict) or not isinstance(costs.get("target_forward_s"), dict) \
+            or not costs["target_forward_s"]:
+        return False
+    for name in ("target_forward_s", "verify_steps", "draft_forward_s",
+                 "target_forward_spread_s", "draft_forward_spread_s"):
+        curve = costs.get(name)
+        if curve is None and name != "target_forward_s":
+            continue
+        if not isinstance(curve, dict) or not all(
+                _seconds(v, positive=not name.endswith("spread_s")) for v in curve.values()):
+            return False
+    for name in ("target_step_s", "draft_step_s", "c", "draft_step_spread_s"):
+        if costs.get(name) is not None and not _seconds(costs[name], positive=name != "draft_step_spread_s"):
+            return False
+    return True
 
 
 def cached_costs(
@@ -110,7 +138,7 @@ def cached_costs(
         try:
             stored = json.loads(path.read_text())
             costs = stored["costs"]
-            if max(int(n) for n in costs["target_forward_s"]) >= max_n:
+            if _sound(costs) and max(int(n) for n in costs["target_forward_s"]) >= max_n:
                 return costs, (f"costs from {path} (measured {stored.get('measured_at', '?')}; "
                                "--remeasure-costs measures again)")
         except (OSError, ValueError, KeyError, TypeError):

@@ -88,22 +88,30 @@ def load_hf(spec: str, *, device: str = "cpu", dtype: Any = "float32", trust_rem
         ModelNotAvailableError: the weights are not available (one line naming the model and how to
             provide them).
         ChunkAssemblyError: a default-preset chunk package is missing or corrupt.
+        ModelNotAvailableError: also for a *.safetensors file that cannot be read (truncated, damaged).
         ValueError: unknown dtype.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
 
     dt = torch_dtype(dtype)
     directory = checkpoint_dir(spec, code=trust_remote_code, dtype=dt)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(directory),
-        dtype=dt,
-        use_safetensors=True,
-        trust_remote_code=trust_remote_code,
-        local_files_only=True,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(directory), trust_remote_code=trust_remote_code, local_files_only=True
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(directory),
+            dtype=dt,
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
+            local_files_only=True,
+        )
+    except SafetensorError as exc:  # a truncated or damaged *.safetensors file
+        from specdec.errors import one_line
+
+        where = "" if Path(spec).resolve() == Path(directory).resolve() else f" in {directory}"
+        raise ModelNotAvailableError(
+            f"{spec}: its safetensors weights{where} cannot be read (damaged or incomplete: {one_line(exc)})"
+        ) from None
+    tokenizer = _dir_tokenizer(spec, directory, trust_remote_code)
     if str(device) != "cpu":
         model.to(device)
     model.eval()
@@ -132,9 +140,23 @@ def hf_tokenizer(spec: str, *, trust_remote_code: bool = False):
         directory = done[0]
     else:
         directory = checkpoint_dir(spec, tokenizer_only=True, code=trust_remote_code)
-    return AutoTokenizer.from_pretrained(
-        str(directory), trust_remote_code=trust_remote_code, local_files_only=True
-    )
+    return _dir_tokenizer(spec, directory, trust_remote_code)
+
+
+def _dir_tokenizer(spec: str, directory: Path, trust_remote_code: bool):
+    """The tokenizer of a checkpoint directory; a damaged JSON file in it (a truncated tokenizer.json) is a
+    ModelNotAvailableError naming the checkpoint, not the JSON decoder's bare message."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code,
+                                             local_files_only=True)
+    except json.JSONDecodeError as exc:
+        where = "" if Path(spec).resolve() == Path(directory).resolve() else f" in {directory}"
+        raise ModelNotAvailableError(f"{spec}: its tokenizer files{where} are not valid JSON (damaged or "
+                                     f"incomplete: {exc})") from None
 
 
 def gguf_file(spec: str) -> Path:

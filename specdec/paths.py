@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["check_output", "is_sqlite_file", "same_file"]
+__all__ = ["check_output", "is_sqlite_file", "same_file", "write_text_replacing"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -82,3 +82,15 @@ def check_output(path: str | Path, *, inputs: Iterable[str | Path] = (), force: 
     if not out.parent.is_dir():
         raise ValueError(f"{flag} {out}: its folder {out.parent} does not exist")
     return out
+
+
+def write_text_replacing(path: str | Path, text: str) -> None:
+    """Write `text` to `path` through a temporary sibling moved into place (``os.replace``): a crash or a full
+    disk leaves the old file (or none), never half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

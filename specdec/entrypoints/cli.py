@@ -233,7 +233,9 @@ def _generate_checked(o: dict, settings, specs, other, out_path, entries) -> Non
     (output.print_single if entries is None else output.print_batch)(doc, label=label, file=show)
     text = json.dumps(doc)
     if out_path is not None:
-        out_path.write_text(text + "\n")
+        from specdec.paths import write_text_replacing
+
+        write_text_replacing(out_path, text + "\n")
     if o["as_json"]:
         print(text)
 

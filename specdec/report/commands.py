@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("report")
     def report(
-        db: Annotated[Path, typer.Option("--db", help="Results store (SQLite) written by `specdec bench`.")],
+        db: Annotated[Path, typer.Option("--db", help="Results store (SQLite) written by `specdec sweep`.")],
         out: OutOpt,
         sweep: Annotated[
             str | None, typer.Option("--sweep", help="Sweep id (or unique prefix); default: the newest.")

@@ -27,7 +27,6 @@ from specdec.catalogue import policies as catalogue_policies
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
 
 if TYPE_CHECKING:
-    from specdec.bench.config import SweepConfig
     from specdec.catalogue.runtimes import RuntimeConfig
 
 __all__ = [
@@ -63,8 +62,9 @@ class Method:
         reference: the target-only baseline every speedup divides by (exactly one method).
         applies: which runtime configurations the method can run on.
         skip: planned but recorded as skipped with this reason (``runs.error``), never run; or a function of
-            the sweep's settings (`SweepConfig`, or None where they are not at hand) giving that reason when
-            the method cannot run here or so (None: it runs), asked at each run (`skip_reason`).
+            the sweep's settings (`specdec.bench.config.SweepConfig`, or None where they are not at hand)
+            giving that reason when the method cannot run here (None: it runs), asked at each run
+            (`skip_reason`).
         default: planned when ``--methods`` is not given.
         aa: a target-only run timed as if it were a method (A/A): its paired ratio to the neighbouring
             baselines measures the noise floor of every speedup.
@@ -89,7 +89,7 @@ class Method:
     drafts_with_model: bool = False
     reference: bool = False
     applies: Callable[[RuntimeConfig], bool] = lambda rc: True
-    skip: str | Callable[[SweepConfig | None], str | None] | None = None
+    skip: str | Callable[[Any], str | None] | None = None
     default: bool = True
     aa: bool = False
     cross_tokenizer: bool = False
@@ -98,7 +98,7 @@ class Method:
     batch: Callable[[BatchRuntime, BatchRequest], list[RunRecord]] | None = None
     runtime_record: Callable[[], dict[str, Any]] | None = None
 
-    def skip_reason(self, cfg: SweepConfig | None = None) -> str | None:
+    def skip_reason(self, cfg: Any = None) -> str | None:
         """Why this method is recorded as skipped instead of run (`skip`) in a sweep of settings `cfg`, or
         None when it runs."""
         return self.skip(cfg) if callable(self.skip) else self.skip

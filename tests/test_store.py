@@ -316,3 +316,28 @@ def test_c23_opening_a_locked_store_waits_then_says_busy(tmp_path):
     other.execute("ROLLBACK")
     other.close()
     Store(path).close()
+
+
+def test_export_carries_each_runs_acceptance_record(tmp_path, db):
+    """The exported acceptance columns are `acceptance_record` of the run's stored rounds (vLLM's shape), NULL
+    for a run without rounds."""
+    from specdec.core.metrics import RoundRecord, acceptance_record
+
+    rounds = [RoundRecord(4, 2, (True, True, False), "recovered", 3), RoundRecord(0, 0, (), "bonus", 1),
+              RoundRecord(4, 4, (True,) * 4, "bonus", 5)]
+    with Store(db) as st:
+        st.begin_sweep("s1", CONFIG, resume=False, name="one")
+        st.record_run(_run("s1", "p0"), [{"round_idx": i, "k": r.k, "num_accepted": r.num_accepted,
+                                          "next_kind": r.next_kind, "num_emitted": r.num_emitted}
+                                         for i, r in enumerate(rounds)])
+        st.record_run(_run("s1", "p1"))
+    out = tmp_path / "runs.jsonl"
+    export_runs(db, "jsonl", out)
+    got = {r["prompt_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    want = acceptance_record(rounds)
+    assert want["num_drafts"] == 2 and want["mean_acceptance_length"] == pytest.approx(4.0)
+    row = got["p0"]
+    assert row["num_drafts"] == 2 and row["mean_acceptance_length"] == pytest.approx(4.0)
+    assert json.loads(row["acceptance_histogram"]) == [0, 0, 1, 0, 1]
+    assert json.loads(row["accepted_per_position"]) == [2, 2, 1, 1]
+    assert got["p1"]["num_drafts"] is None and got["p1"]["acceptance_histogram"] is None

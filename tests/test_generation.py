@@ -224,6 +224,8 @@ def _bad_cases(tmp_path, tiny_pair):
         (["--prompts-file", str(bad_budget)], "'max_new_tokens' must be an integer >= 0"),
         (["--prompts-file", str(not_object)], "expected a JSON object"),
         (["--prompts-file", f, "--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--prompts-file", f, "--batch-size", "abc"], "Invalid value for '--batch-size'"),  # click's usage errors
+        (["--prompts-file", f, "--bogus"], "No such option: --bogus"),
         (["--prompts-file", f, "--batch-size", str(LLAMACPP_MAX_ROWS + 1), "--backend", "llamacpp"],
          f"at most {LLAMACPP_MAX_ROWS} rows"),
         (["--prompts-file", f, "--compile"], "eager"),

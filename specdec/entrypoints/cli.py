@@ -318,11 +318,21 @@ def main(argv: list[str] | None = None) -> None:
         pass
     try:
         _register_subcommands()
-        app(args=argv, standalone_mode=True)
+        code = app(args=argv, standalone_mode=False)  # click's usage errors come here, not as its boxed text
     except SystemExit:
         raise
+    except typer.Abort:
+        raise SystemExit(1) from None
+    except typer.TyperException as exc:  # a bad option or value (click's usage errors): one line, as any error
+        where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "specdec"
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if not message.strip():  # no arguments: the help was printed
+            raise SystemExit(getattr(exc, "exit_code", 2)) from None
+        fail(f"{where}: {message} (see {where} --help)")
     except (*user_errors(), OSError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         print("specdec: interrupted; a sweep resumes with --resume", file=sys.stderr)
         raise SystemExit(130) from None
+    if isinstance(code, int) and code:  # typer.Exit(code) returns its exit code here
+        raise SystemExit(code)

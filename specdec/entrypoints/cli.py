@@ -334,5 +334,4 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("specdec: interrupted; a sweep resumes with --resume", file=sys.stderr)
         raise SystemExit(130) from None
-    if isinstance(code, int) and code:  # typer.Exit(code) returns its exit code here
-        raise SystemExit(code)
+    raise SystemExit(code if isinstance(code, int) else 0)  # as click's standalone mode ends: typer.Exit's code

@@ -53,7 +53,9 @@ def test_smollm2_preset_is_a_cross_family_pair(smollm2_gguf):
 
 
 def test_models_command_marks_the_other_tokenizer_preset():
-    from specdec.entrypoints.cli import app
+    from specdec.entrypoints.cli import register_subcommands
+
+    app = register_subcommands()
 
     out = CliRunner().invoke(app, ["models"]).output
     line = next(x for x in out.splitlines() if x.startswith("qwen2.5-coder+smollm2"))
@@ -332,7 +334,9 @@ def test_api_drafts_text_with_a_flagged_preset_pair(tiny_pair, other_draft_dir, 
 def test_cli_generate_drafts_text_with_a_flagged_preset_pair(tiny_pair, other_draft_dir, monkeypatch):
     """``specdec generate --pair <preset flagged other_tokenizer>`` without --other-tokenizer: the draft
     drafts text, the output is target-only decoding's."""
-    from specdec.entrypoints.cli import app
+    from specdec.entrypoints.cli import register_subcommands
+
+    app = register_subcommands()
     from specdec.models import presets
 
     monkeypatch.setitem(presets.PRESETS, "tiny+other", presets.Preset(

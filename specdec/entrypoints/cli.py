@@ -293,7 +293,11 @@ def _human(n) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
-def _register_subcommands() -> None:
+def register_subcommands() -> typer.Typer:
+    """Add generate and the bench's and report's commands to `app` (once; deferred so that importing this
+    module loads neither half); returns `app`."""
+    if any(c.name == "generate" for c in app.registered_commands):
+        return app
     from specdec.bench import commands as bench_commands
     from specdec.bench.settings import typer_command
 
@@ -302,6 +306,7 @@ def _register_subcommands() -> None:
 
     bench_commands.register(app)
     report_commands.register(app)
+    return app
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -317,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:  # pragma: no cover - transformers is a dependency
         pass
     try:
-        _register_subcommands()
+        register_subcommands()
         code = app(args=argv, standalone_mode=False)  # click's usage errors come here, not as its boxed text
     except SystemExit:
         raise

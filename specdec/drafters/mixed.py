@@ -38,21 +38,13 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.core.sampling import SamplingParams
+from specdec.core.theory import expected_tokens_per_round
 from specdec.drafters.base import Draft
 from specdec.drafters.model import BatchedModelDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.runtimes.base import Backend, OneRow
 
 __all__ = ["BatchedMixedDrafter", "MixedDrafter", "MixedStats"]
-
-
-def _expected(alpha: float, k: int) -> float:
-    """E(alpha, k) = sum_{i=0..k} alpha^i: tokens a round of k drafts commits in expectation."""
-    e, p = 1.0, 1.0
-    for _ in range(k):
-        p *= alpha
-        e += p
-    return e
 
 
 @dataclass
@@ -136,7 +128,7 @@ class BatchedMixedDrafter:
         alpha = min(self.model_alpha(row), 0.999)
         best_k, best = 0, 0.0
         for kk in range(1, k + 1):
-            rate = _expected(alpha, kk) / self.cost.round_s(kk, pending=pending)
+            rate = expected_tokens_per_round(alpha, kk) / self.cost.round_s(kk, pending=pending)
             if rate > best:
                 best_k, best = kk, rate
         return best_k, best
@@ -149,7 +141,7 @@ class BatchedMixedDrafter:
             return "none", offer, 0
         n = len(offer.tokens)
         plain = 1.0 / self.cost.forward_s(1)
-        suffix_rate = _expected(min(suffix.proposal_alpha, 0.999), n) / self.cost.forward_s(n + 1) if n else 0.0
+        suffix_rate = expected_tokens_per_round(min(suffix.proposal_alpha, 0.999), n) / self.cost.forward_s(n + 1) if n else 0.0
         model_k, model_rate = self._model_plan(row, len(committed), k)
         if model_rate > max(suffix_rate, plain):
             suffix.withdraw()

@@ -86,9 +86,8 @@ def load_hf(spec: str, *, device: str = "cpu", dtype: Any = "float32", trust_rem
 
     Raises:
         ModelNotAvailableError: the weights are not available (one line naming the model and how to
-            provide them).
+            provide them), or a *.safetensors or tokenizer file cannot be read (truncated, damaged).
         ChunkAssemblyError: a default-preset chunk package is missing or corrupt.
-        ModelNotAvailableError: also for a *.safetensors file that cannot be read (truncated, damaged).
         ValueError: unknown dtype.
     """
     from safetensors import SafetensorError
@@ -107,9 +106,8 @@ def load_hf(spec: str, *, device: str = "cpu", dtype: Any = "float32", trust_rem
     except SafetensorError as exc:  # a truncated or damaged *.safetensors file
         from specdec.errors import one_line
 
-        where = "" if Path(spec).resolve() == Path(directory).resolve() else f" in {directory}"
         raise ModelNotAvailableError(
-            f"{spec}: its safetensors weights{where} cannot be read (damaged or incomplete: {one_line(exc)})"
+            f"{spec}: its safetensors weights{_where(spec, directory)} cannot be read (damaged or incomplete: {one_line(exc)})"
         ) from None
     tokenizer = _dir_tokenizer(spec, directory, trust_remote_code)
     if str(device) != "cpu":
@@ -143,6 +141,11 @@ def hf_tokenizer(spec: str, *, trust_remote_code: bool = False):
     return _dir_tokenizer(spec, directory, trust_remote_code)
 
 
+def _where(spec: str, directory: Path) -> str:
+    """`` in DIR`` when the files of `spec` live in another directory (a converted checkpoint), else ``""``."""
+    return "" if Path(spec).resolve() == Path(directory).resolve() else f" in {directory}"
+
+
 def _dir_tokenizer(spec: str, directory: Path, trust_remote_code: bool):
     """The tokenizer of a checkpoint directory; a damaged JSON file in it (a truncated tokenizer.json) is a
     ModelNotAvailableError naming the checkpoint, not the JSON decoder's bare message."""
@@ -154,8 +157,7 @@ def _dir_tokenizer(spec: str, directory: Path, trust_remote_code: bool):
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code,
                                              local_files_only=True)
     except json.JSONDecodeError as exc:
-        where = "" if Path(spec).resolve() == Path(directory).resolve() else f" in {directory}"
-        raise ModelNotAvailableError(f"{spec}: its tokenizer files{where} are not valid JSON (damaged or "
+        raise ModelNotAvailableError(f"{spec}: its tokenizer files{_where(spec, directory)} are not valid JSON (damaged or "
                                      f"incomplete: {exc})") from None
 
 

@@ -33,6 +33,18 @@ class Draft:
     stopped: bool = False
 
 
+def verified(tokens: list[int], committed: list[int], at: int) -> tuple[int, int]:
+    """``(accepted, offered)`` of a draft `tokens` proposed at position `at`, read from the committed sequence
+    after its round: accepted = the draft's prefix that the committed sequence kept; offered = the draft tokens
+    the target judged (accepted + 1 where it rejected the next one; only the accepted where the generation
+    ended inside the draft, at an EOS or the budget)."""
+    got = committed[at:at + len(tokens)]
+    acc = 0
+    while acc < len(got) and got[acc] == tokens[acc]:
+        acc += 1
+    return acc, (min(len(tokens), acc + 1) if at + acc < len(committed) else acc)
+
+
 class Drafter(Protocol):
     """What the speculative loop needs from a drafter."""
 

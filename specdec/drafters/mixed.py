@@ -39,7 +39,7 @@ import torch
 
 from specdec.core.sampling import SamplingParams
 from specdec.core.theory import expected_tokens_per_round
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, verified
 from specdec.drafters.model import BatchedModelDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.runtimes.base import Backend, OneRow
@@ -169,14 +169,10 @@ class BatchedMixedDrafter:
         acceptance estimate (a rejection counts where the target decided the next position)."""
         for i, c in enumerate(committed):
             if self._pending[i] is not None:
-                at, tokens = self._pending[i]
-                got = c[at:at + len(tokens)]
-                acc = 0
-                while acc < len(got) and got[acc] == tokens[acc]:
-                    acc += 1
+                acc, offered = verified(self._pending[i][1], c, self._pending[i][0])
                 stats = self.stats[self.live[i]]
                 stats.model_accepted += acc
-                stats.model_offered += min(len(tokens), acc + 1) if at + acc < len(c) else acc
+                stats.model_offered += offered
                 self._pending[i] = None
             self.suffixes[i].rollback(c)
         self.model.rollback(committed)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.core.sampling import SamplingParams
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, verified
 
 __all__ = ["SuffixAutomaton", "SuffixDrafter"]
 
@@ -256,14 +256,7 @@ class SuffixDrafter:
         """Learn from the last proposal: how many of its tokens the committed sequence kept."""
         if self._pending is not None:
             at, tokens, bucket, source = self._pending
-            got = committed[at:at + len(tokens)]
-            acc = 0
-            while acc < len(got) and got[acc] == tokens[acc]:
-                acc += 1
-            if at + acc < len(committed):  # the target decided one more position: a rejection was seen
-                offered = min(len(tokens), acc + 1)
-            else:  # generation ended inside the draft (EOS or budget): only what was verified counts
-                offered = acc
+            acc, offered = verified(tokens, committed, at)
             s = 0 if source == "prompt" else 1
             self._offered[s][bucket] += offered
             self._accepted[s][bucket] += acc

@@ -249,14 +249,16 @@ def prompt_file(tmp_path_factory) -> Path:
 
 
 def tiny_sweep_config(tiny_pair, draft_dir, prompt_file, **kw):
-    """A small sweep on the tiny models: K in {1, 2}, 8 new tokens, no peers or policies, fp32 eager (the
-    default ``auto`` configuration would pick bf16 on a CPU with native bf16 kernels; override with kw)."""
+    """A small sweep on the tiny models: K in {1, 2}, 8 new tokens, no peers or policies, every check on every
+    primary (``checks_per_prompt`` 0), fp32 eager (the default ``auto`` configuration would pick bf16 on a CPU
+    with native bf16 kernels; override with kw)."""
     from specdec.bench import sweep as S
 
     flags = {
         "target": str(tiny_pair.target_dir), "draft": str(draft_dir), "prompts": str(prompt_file),
         "ks": "1,2", "secondary_ks": "1", "max_new_tokens": 8, "peers": False, "policies": "none",
         "cost_repeats": 1, "warmup_tokens": 2, "threads": 1, "configs": "transformers-eager",
+        "checks_per_prompt": 0,
     }  # fmt: skip
     flags.update(kw)
     return S.make_config(flags)

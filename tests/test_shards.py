@@ -122,7 +122,7 @@ def test_split_depends_on_the_prompts_only():
 
 
 def test_more_shards_than_prompts_is_a_clear_error():
-    cfg = S.make_config({"prompt_types": "code,natural"})
+    cfg = S.make_config({"prompt_types": "code,natural", "prompts_per_type": 1})
     prompts = S.select_prompts(cfg)
     plan = S.build_plan(cfg, prompts)
     assert len(shard_plan(plan, prompts, "2/2")) > 0

@@ -430,7 +430,7 @@ def test_llama_prompt_lookup_is_recorded_as_skipped(tiny_tokenizer):
 def test_plan_repeats_run_in_passes_so_drift_hits_every_method():
     cfg = S.make_config({"prompt_types": "natural", "ks": "2,16", "methods": "baseline,draft",
                          "policies": "cost", "peers": False, "repeats": 2, "baseline_repeats": 3,
-                         "pairing": "none"})
+                         "pairing": "none", "prompts_per_type": 1})
     plan = S.build_plan(cfg, S.select_prompts(cfg))
     order = [(c.method, c.k, c.policy, c.repeat) for c in plan]
     one_pass = [("baseline", None, None), ("draft", 2, "fixed"), ("draft", 16, "fixed"), ("draft", 16, "cost")]
@@ -509,28 +509,39 @@ def test_type_ks_time_a_types_best_k_on_every_prompt_of_it():
 
 
 #: The original study's grid, one flag set away from the default plan (README, docs/STORE.md).
-ORIGINAL_GRID = {"ks": "1,2,4,8,16", "policies": "cost", "peers": True, "configs": "transformers-eager"}
+ORIGINAL_GRID = {"ks": "1,2,4,8,16", "policies": "cost", "peers": True, "configs": "transformers-eager",
+                 "prompts_per_type": 1, "checks_per_prompt": 0}
 
 
 def test_default_plan_and_budget_fit_the_cpu():
-    """The main job: per primary prompt one target-only run (which yields the trace and the calibration block),
-    then each drafter at its trace's best K, the default cost policy and one A/A run, each between two
-    baselines; the configuration is the fastest exact transformers path of this machine."""
+    """The main job: five prompts per type, each priced by one target-only run (which yields its trace and
+    calibration block); on the primary of each type two checks between baselines, dealt in turn from the A/A
+    run, each drafter at its trace's best K and the default cost policy, so each check is timed on 6 types;
+    the configuration is the fastest exact transformers path of this machine."""
     from specdec.bench.config import default_config
 
     cfg = S.make_config({})
     prompts = S.select_prompts(cfg)
     plan = S.build_plan(cfg, prompts)
-    assert len(prompts) == 12 and all(p.id.endswith("-01") for p in prompts)
-    assert cfg.configs == (default_config(),) and cfg.peers is False
+    assert len(prompts) == 60 and sum(p.id.endswith("-01") for p in prompts) == 12
+    assert cfg.configs == (default_config(),) and cfg.peers is False and cfg.checks_per_prompt == 2
     assert S.plan_summary(plan) == {
-        "baseline": 60, "aa": 12, "draft best (K<=16)": 12, "ngram best (K<=16)": 12, "draft cost (K<=16)": 12,
+        "baseline": 84, "aa": 6, "draft best (K<=16)": 6, "draft cost (K<=16)": 6, "ngram best (K<=16)": 6,
     }  # fmt: skip
-    assert len(plan) == 108
+    primaries = sorted({c.prompt.id for c in plan if c.prompt.id.endswith("-01")})
+    dealt = set()
     for pid in {c.prompt.id for c in plan}:
         cells = [c for c in plan if c.prompt.id == pid]
-        assert [c.method for c in cells[0::2]] == ["baseline"] * 5 and len(cells) == 9
-        assert "baseline" not in [c.method for c in cells[1::2]]
+        if pid not in primaries:  # priced only: one target-only run, no A/A
+            assert [c.method for c in cells] == ["baseline"]
+            continue
+        assert [c.method for c in cells[0::2]] == ["baseline"] * 3 and len(cells) == 5
+        dealt.add(tuple((c.method, c.policy) for c in cells[1::2]))
+    assert dealt == {(("aa", None), ("draft", "best")), (("draft", "cost"), ("ngram", "best"))}
+    every = S.make_config({"checks_per_prompt": 0, "prompts_per_type": 1})
+    assert len(S.build_plan(every, S.select_prompts(every))) == 108  # every check on every primary
+    with pytest.raises(ValueError, match="checks_per_prompt must be >= 0"):
+        S.make_config({"checks_per_prompt": -1})
     # the original study's timed grid is one flag set away
     original = S.make_config(ORIGINAL_GRID)
     oplan = S.build_plan(original, S.select_prompts(original))
@@ -672,10 +683,10 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
     ("archive/study.db", {"threads": 2, **ORIGINAL_GRID}),  # results/archive/README.md: its continue command
     ("policy_interleaved.db", {"threads": 2, "prompt_types": "natural,code,code_python,technical_ml", "ks": "2,16",
                     "methods": "baseline,draft", "policies": "cost", "peers": False, "repeats": 2,
-                    "baseline_repeats": 3, "name": "policy-interleaved"}),
+                    "baseline_repeats": 3, "name": "policy-interleaved", "prompts_per_type": 1}),
     ("compiled.db", {"threads": 2, "configs": "transformers-eager,transformers-compiled",
                      "prompt_types": "repetitive,natural", "ks": "4", "methods": "baseline,draft",
-                     "policies": "none", "peers": False}),
+                     "policies": "none", "peers": False, "prompts_per_type": 1}),
     ("fp32_all.db", {"threads": 2, "prompts_per_type": 6, "ks": "1,2,4", "secondary_ks": "2",
                      "methods": "baseline,aa,draft", "policies": "cost", "secondary_policies": "cost",
                      "peers": False, "max_new_tokens": 128, "name": "fp32-all"}),
@@ -706,12 +717,12 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
     ("fp32_peers.db", {"threads": 2, "configs": "transformers-eager",
                        "prompt_types": "code,natural,dialogue,repetitive,technical,list_items", "ks": "4",
                        "secondary_ks": "", "methods": "baseline,draft,ngram_hf", "peers": True, "peer_ks": "4",
-                       "policies": "none", "max_new_tokens": 128, "name": "fp32-peers"}),
+                       "policies": "none", "max_new_tokens": 128, "name": "fp32-peers", "prompts_per_type": 1}),
     ("fp32_peers_other_types.db", {"threads": 2, "configs": "transformers-eager",
                          "prompt_types": "code_python,code_json,technical_ml,creative_fiction,wikipedia_style,"
                                          "repetitive_pattern", "ks": "4", "secondary_ks": "",
                          "methods": "baseline,draft,ngram_hf", "peers": True, "peer_ks": "4", "policies": "none",
-                         "max_new_tokens": 128, "name": "fp32-peers-b"}),
+                         "max_new_tokens": 128, "name": "fp32-peers-b", "prompts_per_type": 1}),
 ])
 def test_published_sweeps_keep_their_identity(db, flags):
     """The README's rerun commands must --resume the published stores: the same settings give the same sweep

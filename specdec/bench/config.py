@@ -92,7 +92,9 @@ class SweepConfig:
                                                   "set or the prompt file).")
     prompts: str | None = setting(None, "Prompt file (JSONL, Spec-Bench, plain text) instead of the built-in "
                                   "set.", type=Path)
-    prompts_per_type: int = setting(1, "Built-in prompts per type; the first (<type>-01) is the primary.")
+    prompts_per_type: int = setting(5, "Built-in prompts per type; the first (<type>-01) is the primary. Every "
+                                    "prompt is priced from its trace and calibration block (one target-only "
+                                    "run); the primaries also carry the timed cells.")
     ks: tuple[int, ...] = setting((), "Fixed-K grid timed on primary prompts (the first of each type), e.g. "
                                   "the original study's 1,2,4,8,16 ('' for none: the traces predict every K).")
     secondary_ks: tuple[int, ...] = setting((), "Fixed-K grid on non-primary prompts ('' for none).")
@@ -122,6 +124,10 @@ class SweepConfig:
     secondary_policies: tuple[str, ...] = setting((), "Policies also timed on the non-primary prompts ('none' "
                                                   "for none), e.g. best,cost to time the main job's cells on "
                                                   "every prompt of --prompts-per-type.")
+    checks_per_prompt: int = setting(2, "The A/A run and the --policies cells dealt out over the primaries in "
+                                     "turn, this many per primary (a timed sample that checks the traces' "
+                                     "predictions); 0 = every one on every primary. K grids and peers run in "
+                                     "full.")
     policy_k: int = setting(16, "Policies' starting (heuristic) or maximum (confidence, cost) K.")
     peers: bool = setting(False, "Also time the library peers that apply to each configuration (transformers "
                           "generate/assisted/prompt lookup).")
@@ -285,14 +291,15 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
         v["prompts"] = str(v["prompts"])
     for name in ("prompts_per_type", "max_new_tokens", "repeats", "baseline_repeats", "policy_k", "warmup_tokens",
                  "cost_repeats", "cost_context_tokens", "ngram_max", "ngram_min", "top_k", "seed",
-                 "calibration_repeats"):
+                 "calibration_repeats", "checks_per_prompt"):
         try:
             v[name] = int(v[name])
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be an integer, got {v[name]!r}") from None
     for name, low in (("prompts_per_type", 1), ("max_new_tokens", 1), ("repeats", 1), ("baseline_repeats", 1),
                       ("policy_k", 1), ("warmup_tokens", 1), ("cost_repeats", 1), ("cost_context_tokens", 1),
-                      ("ngram_min", 1), ("top_k", 0), ("calibration_repeats", 0)):
+                      ("ngram_min", 1), ("top_k", 0), ("calibration_repeats", 0),
+                      ("checks_per_prompt", 0)):
         if v[name] < low:
             raise ValueError(f"{name} must be >= {low}, got {v[name]}")
     if v["ngram_max"] < v["ngram_min"]:

@@ -34,6 +34,7 @@ __all__ = [
     "PlannedRun",
     "Prepared",
     "build_plan",
+    "calibration_passes",
     "cost_max_n",
     "meaning",
     "plan_summary",
@@ -163,11 +164,12 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
     if unknown:
         raise ValueError(f"type_ks names prompt type(s) not in this sweep: {', '.join(unknown)} "
                          f"(its types: {', '.join(sorted(types))})")
+    turn = {pid: i for i, pid in enumerate(p.id for p in prompts if p.id in prim)}
     plan: list[PlannedRun] = []
     for label in cfg.configs:
         if 1 in cfg.batch_sizes:
             for prompt in prompts:
-                groups = _prompt_groups(cfg, label, prompt, prompt.id in prim)
+                groups = _prompt_groups(cfg, label, prompt, turn.get(prompt.id))
                 plan += _pass(cfg, groups, lambda m, k, p, r, prompt=prompt, label=label: PlannedRun(
                     label, prompt, m, k, p, r, prompt.id in prim))
         for b in cfg.batch_sizes:
@@ -180,21 +182,46 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
     return plan
 
 
-def _prompt_groups(cfg: SweepConfig, label: str, prompt: Prompt, is_primary: bool) -> list[Group]:
-    """The runs of one prompt's pass, baselines aside (see `build_plan`)."""
+def calibration_passes(cfg: SweepConfig, plan: Sequence[PlannedRun], label: str, prompt_id: str) -> int:
+    """Passes of the calibration block for one prompt: ``calibration_repeats`` where the prompt has timed runs
+    besides target-only in `plan` (the cost policy and policy ``best`` decide with its block), at most one
+    for a prompt that is priced only (its block prices its trace's replay)."""
+    base = reference_method().name
+    timed = any(c.config_label == label and c.prompt.id == prompt_id and c.method != base and c.batch_id is None
+                for c in plan)
+    return cfg.calibration_repeats if timed else min(cfg.calibration_repeats, 1)
+
+
+def _prompt_groups(cfg: SweepConfig, label: str, prompt: Prompt, turn: int | None) -> list[Group]:
+    """The runs of one prompt's pass, baselines aside (see `build_plan`); `turn` is the prompt's place among
+    the primaries (None: not a primary).
+
+    The checks (the plain methods such as the A/A run, and the policies) of a primary are dealt out in turn
+    when ``checks_per_prompt`` > 0: the j-th primary gets checks ``j*n .. j*n + n - 1`` (mod their number) of
+    the list, so every check is timed on about the same number of primaries. A non-primary prompt without
+    K grid or policy cells is priced only (its one target-only run, trace and calibration block): no A/A."""
+    is_primary = turn is not None
     rc = RUNTIME_CONFIGS[label]
     peers = [m for m in peer_methods() if (cfg.peers or m.name in cfg.methods) and m.applies(rc)]
     plain = [m.name for m in our_methods() if not m.takes_k and not m.reference and m.name in cfg.methods]
     drafting = [m.name for m in our_methods() if m.takes_k and m.name in cfg.methods]
     ks = cfg.ks if is_primary else cfg.secondary_ks
-    groups: list[Group] = [(m, None, None) for m in plain]
+    grid: list[Group] = []
     for m in drafting:
         extra = type_ks_for(cfg, m, prompt.type)
-        groups.extend((m, k, "fixed") for k in ks)
-        groups.extend((m, k, "fixed") for k in extra if k not in ks)
-        groups.extend((m, k, "fixed") for k in method_ks(cfg, m) if k not in ks and k not in extra)
-    for m in drafting:
-        groups.extend((m, cfg.policy_k, p) for p in policies_for(cfg, m, primary=is_primary))
+        grid.extend((m, k, "fixed") for k in ks)
+        grid.extend((m, k, "fixed") for k in extra if k not in ks)
+        grid.extend((m, k, "fixed") for k in method_ks(cfg, m) if k not in ks and k not in extra)
+    policies: list[Group] = [(m, cfg.policy_k, p) for m in drafting
+                             for p in policies_for(cfg, m, primary=is_primary)]
+    if not is_primary and not grid and not policies:
+        return []
+    checks: list[Group] = [(m, None, None) for m in plain] + policies
+    n = cfg.checks_per_prompt
+    if is_primary and 0 < n < len(checks):
+        dealt = {(turn * n + j) % len(checks) for j in range(n)}
+        checks = [c for i, c in enumerate(checks) if i in dealt]
+    groups = [c for c in checks if c[1] is None] + grid + [c for c in checks if c[1] is not None]
     if is_primary:
         for pm in peers:
             groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
@@ -217,6 +244,8 @@ def _pass(cfg: SweepConfig, groups: list[Group], make) -> list[PlannedRun]:
     base = reference_method().name
     out: list[PlannedRun] = []
     with_base = base in cfg.methods
+    if with_base and not groups and cfg.pairing == "bracket":  # a prompt priced only: its one target-only run
+        return [make(base, None, None, r) for r in range(cfg.repeats)]
     if cfg.pairing == "bracket" and with_base and groups:
         out.append(make(base, None, None, 0))
         for r in range(cfg.repeats):  # repeats outermost: each pass runs every group once

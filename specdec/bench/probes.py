@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from specdec.bench.console import one_line
 from specdec.bench.loaded import LoadedConfig
 from specdec.bench.methods import METHODS
-from specdec.bench.plan import PlannedRun, cost_max_n
+from specdec.bench.plan import PlannedRun, calibration_passes, cost_max_n
 from specdec.bench.state import SweepState
 from specdec.core.costs import CostCurve
 from specdec.engine.traces import first_divergence, record_trace, target_margins
@@ -138,15 +138,15 @@ def trace(s: SweepState, at: At) -> None:
 
 def calibrate(s: SweepState, at: At) -> None:
     """Time and store a calibration block (target forwards of 1 .. `cost_max_n` tokens and the draft step)
-    at the prompt's own context (the prompt and half the baseline's output); the cost policy of this
-    prompt's later runs decides with these costs."""
+    at the prompt's own context (the prompt and half the baseline's output), `calibration_passes` passes;
+    the cost policy of this prompt's later runs decides with these costs."""
     loaded, pid = at.loaded, at.cell.prompt.id
     cfg = loaded.cfg
-    if cfg.calibration_repeats <= 0:
+    passes = calibration_passes(cfg, s.prepared.plan, loaded.label, pid)
+    if passes <= 0:
         return
     prompt, out = loaded.prompt_ids(at.cell.prompt), list(at.row["token_ids"] or [])
-    block = calibration_block(loaded.pair, prompt + out[: len(out) // 2], max_n=cost_max_n(cfg),
-                              repeats=cfg.calibration_repeats)
+    block = calibration_block(loaded.pair, prompt + out[: len(out) // 2], max_n=cost_max_n(cfg), repeats=passes)
     s.store.save_calibration(s.sweep_id, loaded.label, pid, at.run_id, block)
     loaded.prompt_costs[pid] = CostCurve.from_costs(block)
 

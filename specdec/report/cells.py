@@ -130,7 +130,8 @@ def cell_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None, *, pool_p
     ref, adj = paired_reference(ok)
     expected = df.groupby(["config_label", "prompt_type"])["prompt_id"].nunique()
     expected_all = df.groupby("config_label")["prompt_id"].nunique()
-    failed_counts = df[df["failed"]].groupby(key).size()
+    skipped = df["error"].astype(str).str.startswith("skipped") if "error" in df.columns else False
+    failed_counts = df[df["failed"] & ~skipped].groupby(key).size()  # a skipped run is a gap, not a failure
     groups = dict(list(ok.groupby(key, sort=True)))
     rows = []
     for cell in sorted(set(groups) | set(failed_counts.index), key=lambda t: tuple(map(str, t))):

@@ -31,6 +31,10 @@ DEFAULT_CELL = (DRAFT_MODEL, "cost")
 
 #: The short "how to read this" of the first screen; the definitions of every metric are in the appendix.
 HOW_TO_READ_FIRST = [
+    ("The answer (first section) prices every prompt from its acceptance trace (the target's output and what "
+     "each drafter would have proposed there) and its calibration block (the target's forwards of 1..17 "
+     "tokens and the draft step, timed at the prompt's context): every K and the default policy, per prompt, "
+     "from one target-only run. Timed runs on some prompts check those predictions (predicted / measured)."),
     ("Speedup = a method's end-to-end tokens/s (prefill included) over target-only decoding of the same prompt "
      "on the same runtime configuration, paired: every timed run sits between two target-only runs and is "
      "divided by their geometric mean, so a machine that drifts cancels."),
@@ -182,6 +186,11 @@ def headline_figure(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
         "configuration."))]
 
 
+def _single(r) -> str:
+    """``"; a single run"`` for a cell measured on one prompt, else ``""``."""
+    return "; a single run" if int(r["n_aligned"] or 0) <= 1 else ""
+
+
 def verdict_lines(a: Analysis) -> list[str]:
     """The five-line verdict under the headline figure (fewer when the store lacks the data)."""
     t = headline_table(a[T.CELLS])
@@ -195,8 +204,8 @@ def verdict_lines(a: Analysis) -> list[str]:
                  f"for a verdict on {n - v.get('win', 0) - v.get('loss', 0)}.")
     top, low = t.iloc[0], t.iloc[-1]
     lines.append(f"Highest: {top['prompt_type']} {f(top['speedup'])}x {ci(top['speedup_lo'], top['speedup_hi'])} "
-                 f"({cell_label(top)}); lowest best cell: {low['prompt_type']} {f(low['speedup'])}x "
-                 f"{ci(low['speedup_lo'], low['speedup_hi'])} ({cell_label(low)}).")
+                 f"({cell_label(top)}{_single(top)}); lowest best cell: {low['prompt_type']} {f(low['speedup'])}x "
+                 f"{ci(low['speedup_lo'], low['speedup_hi'])} ({cell_label(low)}{_single(low)}).")
     ov = a[T.OVERALL]
     d = ov[(ov["method"] == DEFAULT_CELL[0]) & (ov["policy"] == DEFAULT_CELL[1])] if len(ov) else ov
     if len(d):
@@ -232,7 +241,7 @@ def verdict_lines(a: Analysis) -> list[str]:
 
 def headline_section(a: Analysis, figures: list[FigureEntry]) -> Section:
     """The headline: its figure (when drawn) and the five-line verdict."""
-    sec = Section("Headline", "headline")
+    sec = Section("Timed cells per prompt type", "headline")
     sec.blocks.extend(e for e in figures if e.kind == "headline" and not e.skipped)
     sec.blocks.append(Bullets(verdict_lines(a)))
     return sec

@@ -7,6 +7,8 @@ stops the report.
 
 Figures (file stem prefixes):
 
+* ``answer_vs_k``, ``answer_vs_acceptance`` -- per prompt type, the traces' predicted speedup against K
+  (timed cells on it) and against block efficiency (:mod:`specdec.report.sections_answer`; the first section).
 * ``headline`` -- per prompt type, the best cell's and the default policy's speedup with 95 % intervals, and
   the A/A noise floor (:mod:`specdec.report.headline`; shown in the report's first section).
 * ``heatmap`` -- speedup, prompt type x K, per (config, pair, method); diverging colormap centred at 1.
@@ -45,6 +47,7 @@ from specdec.report.figure_kit import (
     tex_safe,
 )
 from specdec.report.headline import headline_figure
+from specdec.report.sections_answer import answer_figures
 from specdec.report.vocab import FIXED_POLICIES, SPEC_METHODS
 
 __all__ = ["FigureEntry", "make_figures"]
@@ -350,6 +353,7 @@ def _verification_cost(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]
 
 
 _BUILDERS = (
+    ("answer", answer_figures),
     ("headline", headline_figure),
     ("heatmap", _heatmaps),
     ("speedup_vs_k", _speedup_vs_k),

@@ -34,6 +34,8 @@ geometric mean of its adjacent baselines' (`specdec.report.speedup.paired_refere
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import json
 from collections.abc import Sequence
 
@@ -220,6 +222,7 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
             pooled.setdefault((t.config_label, mid), []).append(d.assign(step_s=curve.draft_step_s))
         staged.append((t, mid, sel, curve, rr))
     ratios = {key: catchup_from_rounds(pd.concat(parts, ignore_index=True)) for key, parts in pooled.items()}
+    shared = _shared_overheads(staged)
     out = []
     for t, mid, sel, curve, rr in staged:
         catchup = "calibration" if curve is not None and curve.draft_forward_s is not None else None
@@ -227,20 +230,43 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         if curve is not None and catchup is None and curve.draft_step_s and ratio:
             curve = curve.with_draft_forward({n: curve.draft_step_s * x for n, x in ratio.items()})
             catchup = "timed rounds"
-        base_ids = set(sel[sel["method"] == BASELINE]["run_id"])
-        o_base = o_spec = ng = 0.0
-        if len(rr):
-            b = rr[rr["run_id"].isin(base_ids)]
-            o_base = _median(b["verify_s"] - b["forward_s"])
-            s = rr[(~rr["run_id"].isin(base_ids)) & (rr["k"] > 0)]
-            o_spec = _median(s["verify_s"] - s["forward_s"] + s["other_s"].fillna(0.0))
-            ng_ids = set(sel[sel["method"].isin(free_drafters())]["run_id"])
-            ng = _median(rr[rr["run_id"].isin(ng_ids)]["draft_s"])
+        o_base, o_spec, ng = _overheads(sel, rr)
+        o_spec = shared[(t.config_label, mid)][0] if o_spec is None else o_spec
+        ng = shared[(t.config_label, mid)][1] if ng is None else ng
         ctx = None if is_missing(t.draft_context) else int(t.draft_context)
         out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]), _trace_of(t),
                                curve, o_base, o_spec, ng, ngram, ctx, padded=t.config_label in padded,
                                catchup=catchup))
     return out
+
+
+def _overheads(sel: pd.DataFrame, rr: pd.DataFrame) -> tuple[float, float | None, float | None]:
+    """One prompt's per-round overheads in seconds from its timed rounds `rr` (its runs `sel`): the
+    target-only rounds' (o_base, 0 without rounds), the speculative rounds' (o_spec) and the free drafters'
+    draft seconds (ngram_draft_s); the last two None where the prompt has no such rounds."""
+    if not len(rr):
+        return 0.0, None, None
+    base_ids = set(sel[sel["method"] == BASELINE]["run_id"])
+    b = rr[rr["run_id"].isin(base_ids)]
+    s = rr[(~rr["run_id"].isin(base_ids)) & (rr["k"] > 0)]
+    ng = rr[rr["run_id"].isin(set(sel[sel["method"].isin(free_drafters())]["run_id"]))]["draft_s"]
+    return (_median(b["verify_s"] - b["forward_s"]),
+            _median(s["verify_s"] - s["forward_s"] + s["other_s"].fillna(0.0)) if len(s) else None,
+            _median(ng) if len(ng) else None)
+
+
+def _shared_overheads(staged) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per (config_label, machine_id): the median over its prompts of (o_spec, ngram_draft_s), for a prompt
+    priced without speculative rounds of its own (a prompt the sweep priced only): 0 where no prompt has
+    them."""
+    acc: dict[tuple[str, str], tuple[list, list]] = {}
+    for t, mid, sel, _, rr in staged:
+        _, o_spec, ng = _overheads(sel, rr)
+        spec, free = acc.setdefault((t.config_label, mid), ([], []))
+        spec.extend([o_spec] if o_spec is not None else [])
+        free.extend([ng] if ng is not None else [])
+    out = {key: (_median(spec), _median(free)) for key, (spec, free) in acc.items()}
+    return defaultdict(lambda: (0.0, 0.0), out)
 
 
 def _trace_of(t):

@@ -26,6 +26,7 @@ from specdec.report.sections_compare import (
     peer_section,
     runtime_section,
 )
+from specdec.report.sections_answer import answer_section
 from specdec.report.sections_drafters import drafters_section
 from specdec.report.sections_traces import aa_line, roofline_section, traces_section
 from specdec.report.vocab import ALL_PROMPTS, SINGLE_RUN, SPEC_METHODS
@@ -122,6 +123,13 @@ def _machine_steps(machine_costs: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+def _runs_line(n: int, gaps: pd.DataFrame) -> str:
+    """``"108 (1 failed, 2 skipped)"``: a skipped run (a method that could not run here, or a K chosen from a
+    trace the store lacks until ``--resume`` takes it) is not a failure."""
+    n_skip = int((gaps["kind"] == "skipped").sum()) if len(gaps) else 0
+    return f"{n} ({len(gaps) - n_skip} failed" + (f", {n_skip} skipped)" if n_skip else ")")
+
+
 def _source_section(a: Analysis) -> Section:
     st = a.store
     sec = Section("Appendix: where the data came from", "source")
@@ -134,7 +142,7 @@ def _source_section(a: Analysis) -> Section:
         ["created", s(sw.get("created_at"))],
         ["git commit", s(sw.get("git_commit"))],
         ["schema version", s(st.meta.get("schema_version"))],
-        ["runs", f"{len(st.runs)} ({len(a[T.GAPS])} failed)"],
+        ["runs", _runs_line(len(st.runs), a[T.GAPS])],
         ["configs (runtimes)", ", ".join(sorted(set(st.runs["config_label"].dropna().astype(str)))) or "-"],
     ]
     sec.blocks.append(Table(["field", "value"], info))
@@ -362,8 +370,9 @@ def _figures_section(figures: list[FigureEntry]) -> Section:
 
 
 def build_sections(a: Analysis, figures: list[FigureEntry], extra: Sequence[Section] = ()) -> list[Section]:
-    """The report's sections, in reading order: a short "how to read this", the headline (figure and five-line
-    verdict, :mod:`specdec.report.headline`), the summary, the tables and comparisons (`extra` ones before
+    """The report's sections, in reading order: the answer per prompt type (:mod:`specdec.report.sections_answer`),
+    a short "how to read this", the timed cells' headline (figure and five-line verdict,
+    :mod:`specdec.report.headline`), the summary, the tables and comparisons (`extra` ones before
     the figures), the gaps, then the appendices: the definitions of every metric and where the data came
     from (provenance, machine, the raw sweep configuration)."""
     how = Section("How to read this", "how")
@@ -371,7 +380,7 @@ def build_sections(a: Analysis, figures: list[FigureEntry], extra: Sequence[Sect
     definitions = Section("Appendix: definitions", "definitions")
     definitions.blocks.append(Bullets(HOW_TO_READ))
     return [
-        how, headline_section(a, figures), _summary_section(a), _speedup_section(a), traces_section(a),
+        answer_section(a, figures), how, headline_section(a, figures), _summary_section(a), _speedup_section(a), traces_section(a),
         roofline_section(a), _drift_section(a), condition_section(a), model_section(a), peer_section(a),
         adaptive_section(a), runtime_section(a), drafters_section(a), *extra, _figures_section(figures), _gaps_section(a, figures),
         definitions, _source_section(a),

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from specdec.report.answer import type_answer
 from specdec.report.cells import best_k_table, cell_table
 from specdec.report.comparisons import (
     adaptive_table,
@@ -150,6 +151,7 @@ ROOFLINE = ReportTable("roofline", "the roofline",
                        lambda i: roofline_table(i.runs, i.store.roofline if i.store is not None else None))
 DRAFTER_TABLE = ReportTable("drafters", "the drafters by prompt type", lambda i: drafter_table(i.runs, i.rounds))
 DRAFTER_RATIOS = ReportTable("drafter_ratios", "the paired drafter ratios", lambda i: drafter_ratio_table(i.runs))
+ANSWER = ReportTable("answer", "the answer per prompt type", lambda i: type_answer(i[TRACE_GRID], i[PREDICTED]))
 DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
                          lambda i: divergence_table(i.runs, i.store.traces if i.store is not None else None))
 
@@ -157,5 +159,5 @@ DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
 REGISTRY: tuple[ReportTable, ...] = (
     CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
     BASELINE_STABILITY, COVERAGE, AA, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
-    TRACE_GRID, TRACE_BEST_K, PREDICTED, DIVERGENCE, ROOFLINE, DRAFTER_TABLE, DRAFTER_RATIOS,
+    TRACE_GRID, TRACE_BEST_K, PREDICTED, ANSWER, DIVERGENCE, ROOFLINE, DRAFTER_TABLE, DRAFTER_RATIOS,
 )

@@ -1,0 +1,145 @@
+"""The report's answer: per prompt type, does speculative decoding beat target-only decoding here, with which
+drafter and K, by how much, and how far the figures can be trusted.
+
+Every traced prompt is priced from its acceptance trace and calibration block (`specdec.report.predicted`):
+the default policy's and every drafter's fixed-K decode speedup (prefill left out on both sides), predicted
+per prompt. A type's figure is the geometric mean over its prompts with a 95 % t-interval (the unit is the
+prompt, `specdec.core.stats.ratio_interval`); a drafter's K is the one with the highest geometric mean over
+the type's prompts (chosen on those prompts, so mildly optimistic).
+
+The sweep's timed runs check the predictions (`predicted_vs_measured`: predicted / measured, paired). Where
+that check holds at least `MIN_UNITS` cells, a type's interval is widened by the check's pooled interval
+(lo / r_hi, hi / r_lo for r = predicted / measured), so a verdict also survives the model's own bias; with
+fewer the verdict rests on the predictions alone and says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from specdec.catalogue.drafters import DRAFT_MODEL
+from specdec.core import stats
+from specdec.core.stats import MIN_UNITS
+
+__all__ = ["ANSWER_COLUMNS", "DEFAULT_POLICY", "model_check", "type_answer", "widened"]
+
+#: The default policy's replay in the trace grid: (method, policy).
+DEFAULT_POLICY = (DRAFT_MODEL, "cost")
+
+ANSWER_COLUMNS = ["config_label", "prompt_type", "n_prompts", "default", "default_lo", "default_hi",
+                  "default_verdict", "best_method", "best_k", "best", "best_lo", "best_hi", "best_verdict",
+                  "drafters", "n_timed", "timed"]
+
+
+def model_check(pvm: pd.DataFrame) -> pd.DataFrame:
+    """The timed check of the predictions: predicted / measured per config_label and drafter, and pooled.
+
+    Args:
+        pvm: the `predicted_vs_measured` table (one row per timed cell of a traced prompt).
+
+    Returns:
+        Columns config_label, method (``"all"`` for the pooled row), n (cells), ratio, lo, hi (geometric mean
+        and 95 % t-interval of predicted / measured), n_exact (cells whose replayed rounds equal the timed ones).
+    """
+    cols = ["config_label", "method", "n", "ratio", "lo", "hi", "n_exact"]
+    if pvm is None or pvm.empty:
+        return pd.DataFrame(columns=cols)
+    ok = pvm[np.isfinite(pvm["ratio"].astype(float)) & (pvm["ratio"].astype(float) > 0)]
+    rows = []
+    for label, g in ok.groupby("config_label", sort=True):
+        for method, h in [("all", g), *g.groupby("method", sort=True)]:
+            r = stats.ratio_interval(h["ratio"].astype(float))
+            rows.append({"config_label": label, "method": method, "n": r.n, "ratio": r.center, "lo": r.lo,
+                         "hi": r.hi, "n_exact": int(h["replay_exact"].sum())})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def widened(ci: stats.RatioInterval, check: tuple[float, float] | None) -> tuple[float, float, str]:
+    """`ci`'s interval widened by the model check's pooled interval ``(r_lo, r_hi)`` of predicted / measured
+    (None: unchecked, kept as is), and the verdict on the widened interval (`MIN_UNITS` prompts at least)."""
+    lo, hi = ci.lo, ci.hi
+    if check is not None and np.isfinite(lo) and np.isfinite(hi):
+        lo, hi = lo / check[1], hi / check[0]
+    if ci.n < MIN_UNITS or not np.isfinite(lo):
+        return lo, hi, "too few prompts"
+    return lo, hi, "win" if lo > 1 else "loss" if hi < 1 else "no measurable difference"
+
+
+def _best_fixed(g: pd.DataFrame) -> tuple[str, int, pd.Series] | None:
+    """The (drafter, K) of `g` (one type's fixed-K grid rows) with the highest geometric mean over prompts,
+    with its per-prompt predictions; None without fixed-K rows."""
+    fx = g[g["policy"] == "fixed"]
+    best = None
+    for (method, k), h in fx.groupby(["method", "k"], sort=True):
+        v = h["predicted"].astype(float)
+        v = v[np.isfinite(v) & (v > 0)]
+        if len(v) and (best is None or stats.geometric_mean(v) > best[0]):
+            best = (stats.geometric_mean(v), str(method), int(k), v)
+    return None if best is None else best[1:]
+
+
+def _drafters_text(g: pd.DataFrame) -> str:
+    """``"draft K=3 1.52x; ngram K=8 1.31x"``: each drafter at its best fixed K over the type's prompts."""
+    parts = []
+    for method, h in g[g["policy"] == "fixed"].groupby("method", sort=True):
+        b = _best_fixed(h)
+        if b is not None:
+            parts.append(f"{method} K={b[1]} {stats.geometric_mean(b[2]):.2f}x")
+    return "; ".join(parts)
+
+
+def _timed(pvm: pd.DataFrame, label: str, ptype: str) -> dict:
+    """The type's timed cells (paired decode speedups of traced prompts), per drafter and K or policy:
+    ``"draft cost 1.52x (predicted 1.49x, 1 run)"``; n_timed counts them."""
+    t = pvm[(pvm["config_label"] == label) & (pvm["prompt_type"] == ptype)] if len(pvm) else pvm
+    if not len(t):
+        return {"n_timed": 0, "timed": ""}
+    t = t[np.isfinite(t["measured"].astype(float)) & (t["measured"].astype(float) > 0)
+          & np.isfinite(t["predicted"].astype(float)) & (t["predicted"].astype(float) > 0)]
+    parts = []
+    for (method, policy, k), h in t.groupby(["method", "policy", "k"], sort=True):
+        what = f"{method} K={int(k)}" if policy in ("fixed", "-", None) else f"{method} {policy}"
+        n = len(h)
+        parts.append(f"{what} {stats.geometric_mean(h['measured']):.2f}x (predicted "
+                     f"{stats.geometric_mean(h['predicted']):.2f}x, {n} run{'s' if n > 1 else ''})")
+    return {"n_timed": len(t), "timed": "; ".join(parts)}
+
+
+def type_answer(grid: pd.DataFrame, pvm: pd.DataFrame) -> pd.DataFrame:
+    """Per (config_label, prompt_type): the default policy's and the best drafter's predicted decode speedup
+    over the type's traced prompts, each with its interval widened by the model check (`widened`) and verdict,
+    every drafter at its best K, and the type's timed cells.
+
+    Args:
+        grid: the trace grid (`specdec.report.predicted.trace_grid`: one row per prompt, drafter, policy, K).
+        pvm: `predicted_vs_measured` (the timed check).
+
+    Returns:
+        `ANSWER_COLUMNS`; ``n_timed`` counts the type's timed runs and ``timed`` lists them per drafter and K
+        or policy, measured beside predicted. Empty without a grid.
+    """
+    if grid is None or grid.empty:
+        return pd.DataFrame(columns=ANSWER_COLUMNS)
+    checks = model_check(pvm)
+    rows = []
+    for (label, ptype), g in grid.groupby(["config_label", "prompt_type"], sort=True):
+        pooled = checks[(checks["config_label"] == label) & (checks["method"] == "all")]
+        check = ((float(pooled["lo"].iloc[0]), float(pooled["hi"].iloc[0]))
+                 if len(pooled) and int(pooled["n"].iloc[0]) >= MIN_UNITS else None)
+        rec: dict = {"config_label": label, "prompt_type": ptype, "n_prompts": int(g["prompt_id"].nunique())}
+        d = g[(g["method"] == DEFAULT_POLICY[0]) & (g["policy"] == DEFAULT_POLICY[1])]["predicted"].astype(float)
+        d = d[np.isfinite(d) & (d > 0)]
+        ci = stats.ratio_interval(d)
+        lo, hi, verdict = widened(ci, check)
+        rec.update(default=ci.center, default_lo=lo, default_hi=hi, default_verdict=verdict if len(d) else "")
+        best = _best_fixed(g)
+        if best is not None:
+            ci = stats.ratio_interval(best[2])
+            lo, hi, verdict = widened(ci, check)
+            rec.update(best_method=best[0], best_k=best[1], best=ci.center, best_lo=lo, best_hi=hi,
+                       best_verdict=verdict)
+        rec["drafters"] = _drafters_text(g)
+        rec.update(_timed(pvm, label, ptype))
+        rows.append(rec)
+    return pd.DataFrame(rows, columns=ANSWER_COLUMNS)

@@ -1,0 +1,87 @@
+"""The report's answer per prompt type (specdec.report.answer): predicted intervals over a type's prompts,
+widened by the timed check, verdicts, best drafter and K, and the timed cells beside them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specdec.core import stats
+from specdec.report.answer import model_check, type_answer, widened
+
+
+def _grid(per_prompt: dict[str, dict[tuple[str, str, int], float]], ptype: str = "code") -> pd.DataFrame:
+    rows = []
+    for pid, cells in per_prompt.items():
+        for (method, policy, k), v in cells.items():
+            rows.append({"config_label": "c", "prompt_id": pid, "prompt_type": ptype, "method": method,
+                         "policy": policy, "k": k, "predicted": v, "block_efficiency": 2.0, "mean_k": float(k)})
+    return pd.DataFrame(rows)
+
+
+def _pvm(ratios, ptype="code", method="draft", policy="cost", k=16, measured=1.5) -> pd.DataFrame:
+    return pd.DataFrame([{"run_id": i, "config_label": "c", "prompt_id": f"p{i}", "prompt_type": ptype,
+                          "method": method, "policy": policy, "k": k, "replay_exact": i % 2 == 0, "mismatch": "",
+                          "predicted": r * measured, "measured": measured, "ratio": r, "n_adjacent": 2}
+                         for i, r in enumerate(ratios)])
+
+
+FIVE = {f"p{i}": {("draft", "cost", 16): 1.4 + 0.02 * i, ("draft", "fixed", 2): 1.5 + 0.02 * i,
+                  ("draft", "fixed", 4): 1.3, ("ngram", "fixed", 2): 1.1, ("ngram", "fixed", 8): 0.9}
+        for i in range(5)}
+
+
+def test_five_prompts_give_a_verdict_with_the_interval_over_prompts():
+    t = type_answer(_grid(FIVE), _pvm([]).iloc[0:0])
+    (r,) = t.itertuples()
+    ref = stats.ratio_interval([1.5 + 0.02 * i for i in range(5)])
+    assert (r.best_method, r.best_k, r.n_prompts) == ("draft", 2, 5)
+    assert r.best == pytest.approx(ref.center) and (r.best_lo, r.best_hi) == pytest.approx((ref.lo, ref.hi))
+    assert r.best_verdict == "win" and r.default_verdict == "win"
+    assert "draft K=2 1.54x" in r.drafters and "ngram K=2 1.10x" in r.drafters
+    assert r.n_timed == 0 and r.timed == ""
+
+
+def test_four_prompts_give_no_verdict_whatever_the_interval():
+    four = {k: v for k, v in FIVE.items() if k != "p4"}
+    (r,) = type_answer(_grid(four), _pvm([]).iloc[0:0]).itertuples()
+    assert r.best_lo > 1 and r.best_verdict == "too few prompts" and r.default_verdict == "too few prompts"
+
+
+def test_the_timed_check_widens_the_interval_and_can_take_a_verdict_away():
+    """Predictions 8 % above measurement on 6 timed cells: the type's interval is divided by the check's
+    interval ends, and a prediction of 1.05x that was a win on its own becomes a loss."""
+    near = {f"p{i}": {("draft", "cost", 16): 1.05 + 0.002 * i, ("draft", "fixed", 2): 1.05 + 0.002 * i}
+            for i in range(5)}
+    pvm = _pvm([1.06, 1.08, 1.10, 1.07, 1.09, 1.08])
+    alone = type_answer(_grid(near), pvm.iloc[0:0]).iloc[0]
+    checked = type_answer(_grid(near), pvm).iloc[0]
+    mc = model_check(pvm).set_index("method").loc["all"]
+    assert alone["best_verdict"] == "win"
+    assert checked["best_lo"] == pytest.approx(alone["best_lo"] / mc["hi"])
+    assert checked["best_hi"] == pytest.approx(alone["best_hi"] / mc["lo"])
+    assert checked["best_verdict"] == "loss"  # 1.05x predicted by a model 6-10 % optimistic: below 1 measured
+    assert checked["n_timed"] == 6 and "draft cost 1.50x (predicted 1.62x, 6 runs)" == checked["timed"]
+
+
+def test_model_check_pools_and_splits_by_drafter():
+    pvm = pd.concat([_pvm([1.0, 1.1, 0.9]), _pvm([2.0, 2.0], method="ngram", policy="fixed", k=4)])
+    mc = model_check(pvm).set_index("method")
+    assert mc.loc["all", "n"] == 5 and mc.loc["draft", "n"] == 3 and mc.loc["ngram", "n"] == 2
+    assert mc.loc["ngram", "ratio"] == pytest.approx(2.0)
+    assert mc.loc["all", "ratio"] == pytest.approx(math.exp(np.mean(np.log([1.0, 1.1, 0.9, 2.0, 2.0]))))
+    assert mc.loc["all", "n_exact"] == 3
+
+
+def test_widened_keeps_an_unchecked_interval_and_names_a_loss():
+    ci = stats.ratio_interval([0.8, 0.82, 0.79, 0.81, 0.8])
+    assert widened(ci, None) == (ci.lo, ci.hi, "loss")
+    lo, hi, verdict = widened(ci, (0.5, 2.0))
+    assert (lo, hi) == pytest.approx((ci.lo / 2.0, ci.hi / 0.5)) and verdict == "no measurable difference"
+
+
+def test_no_grid_no_answer():
+    assert type_answer(pd.DataFrame(), pd.DataFrame()).empty

@@ -34,9 +34,8 @@ geometric mean of its adjacent baselines' (`specdec.report.speedup.paired_refere
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import json
+from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np

@@ -19,6 +19,7 @@ from specdec.report.diagnostics import DRIFT_FLAG
 from specdec.report.document import Bullets, Pre, Section, Table, ci, f, i, key_columns, pct, s, table_of, yn
 from specdec.report.headline import HOW_TO_READ_FIRST, headline_section
 from specdec.report.plots import FigureEntry
+from specdec.report.sections_answer import answer_section
 from specdec.report.sections_compare import (
     adaptive_section,
     condition_section,
@@ -26,7 +27,6 @@ from specdec.report.sections_compare import (
     peer_section,
     runtime_section,
 )
-from specdec.report.sections_answer import answer_section
 from specdec.report.sections_drafters import drafters_section
 from specdec.report.sections_traces import aa_line, roofline_section, traces_section
 from specdec.report.vocab import ALL_PROMPTS, SINGLE_RUN, SPEC_METHODS

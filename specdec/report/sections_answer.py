@@ -15,7 +15,15 @@ from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.answer import DEFAULT_POLICY, model_check
 from specdec.report.document import Bullets, Section, ci, f, i, s, table_of
-from specdec.report.figure_kit import FigureEntry, Namer, colour_cycle, k_axis, new_figure, save_figure, tex_safe
+from specdec.report.figure_kit import (
+    FigureEntry,
+    Namer,
+    colour_cycle,
+    k_axis,
+    new_figure,
+    save_figure,
+    tex_safe,
+)
 from specdec.report.headline import aa_floor
 
 __all__ = ["answer_figures", "answer_section"]
@@ -81,10 +89,11 @@ def answer_section(a: Analysis, figures: list[FigureEntry]) -> Section:
                           "calibration block (a greedy sweep records them; see 'Timed cells' below).")
         return sec
     n = t["n_prompts"]
-    lines = [f"Per prompt type over {int(n.min())}-{int(n.max())} prompts each ({int(n.sum())} in all), every "
-             "prompt priced from its acceptance trace and calibration block (decode speedup, prefill excluded; "
-             "intervals over the type's prompts). The best drafter at the K its type needs: "
-             f"{_counts(t['best_verdict'])} of {len(t)} types; the default policy: {_counts(t['default_verdict'])}."]
+    each = f"{int(n.min())}" if n.min() == n.max() else f"{int(n.min())}-{int(n.max())}"
+    lines = [(f"Per prompt type over {each} prompts each ({int(n.sum())} in all), every prompt priced from its "
+              "acceptance trace and calibration block (decode speedup, prefill excluded; intervals over the type's "
+              f"prompts). The best drafter at the K its type needs: {_counts(t['best_verdict'])} of {len(t)} "
+              f"types; the default policy: {_counts(t['default_verdict'])}.")]
     lines += [x for x in (_pooled_default(a), _check_line(a)) if x]
     floor = aa_floor(a)
     if floor is not None:

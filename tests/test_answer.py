@@ -85,3 +85,44 @@ def test_widened_keeps_an_unchecked_interval_and_names_a_loss():
 
 def test_no_grid_no_answer():
     assert type_answer(pd.DataFrame(), pd.DataFrame()).empty
+
+
+def test_the_main_job_on_a_prompt_file_prices_every_prompt_and_opens_the_report_with_the_answer(
+        tmp_path, tiny_pair, near_draft_dir):
+    """The default main job (its policies and dealt checks; tiny models, 6 new tokens) on a prompt file of two
+    types x 5 prompts: the 8 non-primary prompts run once (target-only, with trace and one calibration pass),
+    the primaries carry the checks between baselines, and the report's first section is the answer with one
+    row per type over its 5 prompts."""
+    import json
+    import sqlite3
+
+    from specdec.bench import sweep as S
+    from specdec.report.render import write_report
+    from conftest import tiny_sweep_config
+
+    prompts = tmp_path / "heldout.jsonl"
+    words = ["alpha", "beta", "gamma", "delta", "omega"]
+    rows = [{"id": f"{t}-{i}", "type": t, "prompt": f"{t} {w} " * (3 + i)} for t in ("one", "two")
+            for i, w in enumerate(words)]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompts, ks="", secondary_ks="", policies="best,draft:cost",
+                            checks_per_prompt=2, max_new_tokens=6)
+    result = S.run_sweep(cfg, db=tmp_path / "job.db", progress=False, echo=lambda _: None)
+    assert result.status == "done" and result.failed == 0
+    con = sqlite3.connect(tmp_path / "job.db")
+    per_prompt = dict(con.execute("SELECT prompt_id, COUNT(*) FROM runs GROUP BY prompt_id").fetchall())
+    passes = dict(con.execute("SELECT prompt_id, repeats FROM calibration WHERE role = 'target' AND n_tokens = 1"
+                              ).fetchall())
+    traced = {r[0] for r in con.execute("SELECT prompt_id FROM traces")}
+    con.close()
+    assert traced == {r["id"] for r in rows}
+    for r in rows:
+        primary = r["id"].endswith("-0")
+        assert per_prompt[r["id"]] == (5 if primary else 1)  # B X B X B, or the pricing run alone
+        assert passes[r["id"]] == (cfg.calibration_repeats if primary else 1)
+    res = write_report(tmp_path / "job.db", tmp_path / "report")
+    md = res.markdown.read_text(encoding="utf-8")
+    first = md.split("\n## ")[1]
+    assert first.startswith("The answer: when speculative decoding beats target-only decoding here")
+    assert "| one | 5 |" in first and "| two | 5 |" in first
+    assert {e.kind for e in res.drawn} >= {"answer_vs_k", "answer_vs_acceptance"}

@@ -120,88 +120,80 @@ def answer_section(a: Analysis, figures: list[FigureEntry]) -> Section:
     return sec
 
 
-def _panels(n: int):
-    cols = min(4, max(n, 1))
-    rows = (n + cols - 1) // cols
-    fig = new_figure(3.0 * cols + 1.5, 2.4 * rows + 1.0)
-    return fig, fig.subplots(rows, cols, squeeze=False).ravel()
+def _geomean_by_k(m: pd.DataFrame) -> pd.Series:
+    """Per K, the geometric mean of the positive predictions of `m` (one drafter's rows of one type)."""
+    return m.groupby("k")["predicted"].apply(lambda v: stats.geometric_mean(v[v > 0]))
 
 
-def _vs_k(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
+def _draw_vs_k(ax, h: pd.DataFrame, timed: pd.DataFrame, colour) -> None:
+    """One type's panel of speedup against K: each drafter's predicted curve, its timed fixed-K runs on it."""
+    for method, m in h.groupby("method", sort=True):
+        curve = _geomean_by_k(m)
+        ax.plot(curve.index, curve.to_numpy(float), color=colour[method], lw=1.3, label=method)
+        tm = timed[(timed["method"] == method) & (timed["policy"] == "fixed")] if len(timed) else timed
+        if len(tm):
+            ax.plot(tm["k"], tm["measured"], "o", mfc="white", mec=colour[method], ms=5)
+    k_axis(ax, [1, 2, 4, 8, 16])
+
+
+def _draw_vs_acceptance(ax, h: pd.DataFrame, timed: pd.DataFrame, colour) -> None:
+    """One type's panel of speedup against acceptance: per prompt and drafter, at the drafter's best K."""
+    for method, m in h.groupby("method", sort=True):
+        b = m[m["k"] == _geomean_by_k(m).idxmax()]
+        ax.scatter(b["block_efficiency"], b["predicted"], color=colour[method], s=14, label=method,
+                   edgecolor="black", linewidth=0.3)
+
+
+#: The answer's figures: kind -> (draw one type's panel, x label, y label, title, caption).
+_FIGURES = {
+    "answer_vs_k": (_draw_vs_k, "K (log scale)", "decode speedup over target-only", "Speedup against K",
+                    ("Per prompt type: each drafter's predicted decode speedup at K = 1..16 (geometric mean over "
+                     "the type's prompts, from their traces and calibration blocks); hollow circles: timed "
+                     "fixed-K runs (measured, paired; single runs). Dashed: parity with target-only decoding.")),
+    "answer_vs_acceptance": (
+        _draw_vs_acceptance, "tokens per target forward (block efficiency, bonus included)",
+        "predicted decode speedup", "Speedup against acceptance",
+        ("Per prompt type, one point per prompt and drafter at the drafter's best K for the type: the tokens "
+         "each target forward commits against the predicted decode speedup. Acceptance alone does not decide: "
+         "the draft model pays for its tokens in draft steps, prompt lookup and the suffix drafter do not, and a "
+         "longer verification costs more target time.")),
+}
+
+
+def _per_type_figure(a: Analysis, out: Path, name: Namer, kind: str) -> list[FigureEntry]:
+    """Figure `kind` of `_FIGURES` per configuration: one panel per prompt type (4 to a row), drafters coloured
+    alike in every panel, parity dashed; skipped without a trace."""
+    draw, xlabel, ylabel, title, caption = _FIGURES[kind]
     grid, pvm = a[T.TRACE_GRID], a[T.PREDICTED]
     fx = grid[grid["policy"] == "fixed"] if len(grid) else grid
     if fx.empty:
-        return [FigureEntry("answer_vs_k", "answer_vs_k", "Speedup vs K per type", "", skipped="no acceptance trace")]
+        return [FigureEntry(kind, kind, title, "", skipped="no acceptance trace")]
     entries = []
     for label, g in fx.groupby("config_label", sort=True):
         types = sorted(set(g["prompt_type"]))
         methods = sorted(set(g["method"]))
-        colours = dict(zip(methods, colour_cycle(len(methods))))
-        fig, axes = _panels(len(types))
+        colour = dict(zip(methods, colour_cycle(len(methods))))
+        cols = min(4, len(types))
+        fig = new_figure(3.0 * cols + 1.5, 2.4 * ((len(types) + cols - 1) // cols) + 1.0)
+        axes = fig.subplots((len(types) + cols - 1) // cols, cols, squeeze=False).ravel()
         for ax, ptype in zip(axes, types):
             h = g[g["prompt_type"] == ptype]
-            for method, m in h.groupby("method", sort=True):
-                curve = m.groupby("k")["predicted"].apply(lambda v: stats.geometric_mean(v[v > 0]))
-                ax.plot(curve.index, curve.to_numpy(float), color=colours[method], lw=1.3, label=method)
-                tm = pvm[(pvm["config_label"] == label) & (pvm["prompt_type"] == ptype) & (pvm["method"] == method)
-                         & (pvm["policy"] == "fixed")] if len(pvm) else pvm
-                if len(tm):
-                    ax.plot(tm["k"], tm["measured"], "o", mfc="white", mec=colours[method], ms=5)
+            timed = pvm[(pvm["config_label"] == label) & (pvm["prompt_type"] == ptype)] if len(pvm) else pvm
+            draw(ax, h, timed, colour)
             ax.axhline(1.0, color="black", lw=0.8, ls="--")
-            k_axis(ax, [1, 2, 4, 8, 16])
             ax.set_title(tex_safe(f"{ptype} ({h['prompt_id'].nunique()} prompts)"), fontsize=8)
         for ax in axes[len(types):]:
             ax.set_visible(False)
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside upper center", ncol=len(methods), fontsize=7)
-        fig.supxlabel("K (log scale)", fontsize=8)
-        fig.supylabel("decode speedup over target-only", fontsize=8)
-        entries.append(save_figure(fig, out, FigureEntry(
-            name("answer_vs_k", label), "answer_vs_k", f"Speedup against K per prompt type - {label}",
-            "Per prompt type: each drafter's predicted decode speedup at K = 1..16 (geometric mean over the "
-            "type's prompts, from their traces and calibration blocks); hollow circles: timed fixed-K runs "
-            "(measured, paired; single runs). Dashed: parity with target-only decoding.")))
-    return entries
-
-
-def _vs_acceptance(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
-    grid = a[T.TRACE_GRID]
-    fx = grid[grid["policy"] == "fixed"] if len(grid) else grid
-    if fx.empty:
-        return [FigureEntry("answer_vs_acceptance", "answer_vs_acceptance", "Speedup vs acceptance", "",
-                            skipped="no acceptance trace")]
-    entries = []
-    for label, g in fx.groupby("config_label", sort=True):
-        types = sorted(set(g["prompt_type"]))
-        methods = sorted(set(g["method"]))
-        colours = dict(zip(methods, colour_cycle(len(methods))))
-        fig, axes = _panels(len(types))
-        for ax, ptype in zip(axes, types):
-            h = g[g["prompt_type"] == ptype]
-            for method, m in h.groupby("method", sort=True):
-                best = m.groupby("k")["predicted"].apply(lambda v: stats.geometric_mean(v[v > 0])).idxmax()
-                b = m[m["k"] == best]
-                ax.scatter(b["block_efficiency"], b["predicted"], color=colours[method], s=14,
-                           label=f"{method}", edgecolor="black", linewidth=0.3)
-            ax.axhline(1.0, color="black", lw=0.8, ls="--")
-            ax.set_title(tex_safe(ptype), fontsize=8)
-        for ax in axes[len(types):]:
-            ax.set_visible(False)
-        handles, labels = axes[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside upper center", ncol=len(methods), fontsize=7)
-        fig.supxlabel("tokens per target forward (block efficiency, bonus included)", fontsize=8)
-        fig.supylabel("predicted decode speedup", fontsize=8)
-        entries.append(save_figure(fig, out, FigureEntry(
-            name("answer_vs_acceptance", label), "answer_vs_acceptance",
-            f"Speedup against acceptance per prompt type - {label}",
-            "Per prompt type, one point per prompt and drafter at the drafter's best K for the type: the tokens "
-            "each target forward commits against the predicted decode speedup. Acceptance alone does not decide: "
-            "the draft model pays for its tokens in draft steps, prompt lookup and the suffix drafter do not, "
-            "and a longer verification costs more target time.")))
+        fig.supxlabel(xlabel, fontsize=8)
+        fig.supylabel(ylabel, fontsize=8)
+        entries.append(save_figure(fig, out, FigureEntry(name(kind, label), kind,
+                                                         f"{title} per prompt type - {label}", caption)))
     return entries
 
 
 def answer_figures(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
     """The answer's two figures per configuration (`FigureEntry` kinds ``answer_vs_k`` and
     ``answer_vs_acceptance``), skipped with the reason where the store holds no trace."""
-    return _vs_k(a, out, name) + _vs_acceptance(a, out, name)
+    return [e for kind in _FIGURES for e in _per_type_figure(a, out, name, kind)]

@@ -96,9 +96,10 @@ def test_the_main_job_on_a_prompt_file_prices_every_prompt_and_opens_the_report_
     import json
     import sqlite3
 
+    from conftest import tiny_sweep_config
+
     from specdec.bench import sweep as S
     from specdec.report.render import write_report
-    from conftest import tiny_sweep_config
 
     prompts = tmp_path / "heldout.jsonl"
     words = ["alpha", "beta", "gamma", "delta", "omega"]

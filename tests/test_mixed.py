@@ -132,3 +132,22 @@ def test_a_batch_of_rows_each_choosing_its_drafter_equals_target_only(tiny_token
     assert [r.token_ids for r in out] == want
     first = [s.choices[0] for s in d.stats]
     assert "model" in first and "suffix" in first  # one round, rows on different drafters
+
+
+def test_mixed_rounds_are_priced_by_the_drafter_that_drafted_them():
+    """`PromptModel.speedup("mixed", ...)`: a suffix round costs what a model-free round costs, a draft-model
+    round its catch-up over the tokens committed since the draft last fed (the suffix round's included) and
+    its K - 1 steps."""
+    from specdec.engine.traces import AcceptanceTrace, ReplayRound
+    from specdec.report.predicted import PromptModel
+
+    curve = CostCurve({1: 0.10, 17: 0.26}, draft_step_s=0.01, draft_forward_s={1: 0.01, 9: 0.05})
+    trace = AcceptanceTrace((5, 6), tuple(range(10, 20)), tuple(range(10, 20)), (1.0,) * 10, 10)
+    m = PromptModel(("c", "p", ""), "t", trace, curve, 0.0, 0.0, 0.003, (3, 1), None)
+    rounds = [ReplayRound(3, 3, 4, by_model=False), ReplayRound(2, 2, 3, by_model=True),
+              ReplayRound(2, 0, 1, by_model=True), ReplayRound(0, 0, 1), ReplayRound(1, 1, 1, by_model=True)]
+    f = curve.forward_s
+    want = ((0.003 + f(4)) + (curve.draft_forward(5) + 0.01 + f(3)) + (curve.draft_forward(2) + 0.01 + f(3))
+            + f(1) + (curve.draft_forward(2) + f(2)))
+    assert m.decode_s("mixed", rounds) == pytest.approx(want)
+    assert m.speedup("mixed", rounds) == pytest.approx(10 * f(1) / want)

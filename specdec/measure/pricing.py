@@ -53,14 +53,17 @@ class TraceModel:
 
     def drafter(self, method: str):
         """What the replay drives for drafter `method` (`specdec.catalogue.drafters.replay_drafter`): None for
-        the draft model (replayed from the trace's draft tokens), else a fresh model-free drafter.
+        the draft model (replayed from the trace's draft tokens), else a fresh row drafter (model-free, or with
+        its draft model read from this trace).
 
         Raises:
-            ValueError: a drafter no trace records.
+            ValueError: a drafter no trace records (or one that needs this trace's draft tokens, or costs, that
+                are missing).
         """
         from specdec.catalogue.drafters import replay_drafter
 
-        return replay_drafter(method, costs=self.curve, ngram=self.ngram)
+        return replay_drafter(method, costs=self.curve, ngram=self.ngram, trace=self.trace,
+                              draft_context=self.draft_context)
 
     def _from_trace(self, method: str) -> bool:
         """Whether `method`'s rounds come from the trace's draft tokens (a drafter with a model; a round's

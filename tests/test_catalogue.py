@@ -39,7 +39,7 @@ def test_names_and_aliases_resolve_to_one_entry():
     with pytest.raises(ValueError, match="unknown drafter 'oracle'; choose one of draft, ngram"):
         catalogue.drafter("oracle")
     assert set(catalogue.model_drafters()) == {"draft"} and set(catalogue.free_drafters()) == {"ngram", "ngram_hf"}
-    assert catalogue.grid_drafters() == ("draft", "ngram", "suffix")
+    assert catalogue.grid_drafters() == ("draft", "ngram", "suffix", "mixed")
     assert catalogue_policies.resolve_policy(None, None)[0].name == "cost"
     assert catalogue_policies.policy_names(batch=True) == ("fixed", "cost")
 

@@ -132,3 +132,151 @@ def test_a_batch_of_rows_each_choosing_its_drafter_equals_target_only(tiny_token
     assert [r.token_ids for r in out] == want
     first = [s.choices[0] for s in d.stats]
     assert "model" in first and "suffix" in first  # one round, rows on different drafters
+
+
+# ------------------------------------------------------------------ the acceptance-trace replay of the mixed drafter
+
+#: A flat curve on which the draft model pays at its prior but a long suffix match pays more: both drafters
+#: take rounds on repetitive text.
+MIXED = CostCurve({1: 0.10, 2: 0.105, 4: 0.115, 8: 0.13, 17: 0.16}, draft_step_s=0.02)
+
+
+class _PendingSpy:
+    """Wraps a batched model drafter of one row and records, each round, the catch-up the mixed drafter's choice
+    priced (committed length minus cached length: ``seen``) and, on the rounds it drafted, what it fed
+    (``fed``); a round asked for K = 0 is recorded in ``seen`` too."""
+
+    def __init__(self, inner):
+        self.inner, self.seen, self.fed = inner, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, committed, ks, *args, **kw):
+        (c,), (n,), (k,) = committed, self.inner.cached_lens, ks
+        self.seen.append(len(c) - n)
+        self.fed += [len(c) - n] if k > 0 else []
+        return self.inner.propose(committed, ks, *args, **kw)
+
+
+def _live_and_replayed(tiny_tokenizer, target, draft, cost, text, *, k=8, policy=None, new=40):
+    """A live greedy run of the mixed drafter and the replay of its trace on the same cost curve: ``(live
+    rounds, live drafter, live spy, PromptModel, replayed rounds, replay spy)``; the replay is
+    `PromptModel.rounds` (the catalogue's), and once more on a spied `TracedModelDrafter`."""
+    from specdec.catalogue.policies import make_policy
+    from specdec.drafters.model import BatchedModelDrafter
+    from specdec.drafters.traced import TracedModelDrafter
+    from specdec.engine.traces import record_trace, replay
+    from specdec.report.predicted import PromptModel
+    from specdec.runtimes.base import OneRow
+
+    def plan():
+        return {"k": k} if policy is None else {"policy": make_policy(policy, k, costs=cost, free_drafts=True)}
+
+    prompt = tiny_tokenizer(text).input_ids
+    want = autoregressive_generate(target, prompt, new, vocab_size=V).token_ids
+    spy = _PendingSpy(BatchedModelDrafter(OneRow(draft), V))
+    live = MixedDrafter.on_model_drafter(SuffixDrafter(cost), spy, cost)
+    out = speculative_generate(target, live, prompt, new, vocab_size=V, **plan())
+    assert out.token_ids == want
+    trace = record_trace(prompt, want, new, draft, vocab_size=V)
+    m = PromptModel(("c", "p", ""), "t", trace, cost, 0.0, 0.0, 0.0, (3, 1), draft.max_length)
+    rspy = _PendingSpy(TracedModelDrafter(trace, draft.max_length))
+    again = replay(trace, drafter=MixedDrafter.on_model_drafter(SuffixDrafter(cost), rspy, cost), **plan())
+    replayed = m.rounds("mixed", k, policy or "fixed")
+    assert again == replayed
+    return out.rounds, live, spy, m, replayed, rspy
+
+
+@pytest.mark.parametrize("policy", [None, "cost", "confidence"])
+def test_the_trace_replay_reproduces_the_live_mixed_drafters_rounds(tiny_tokenizer, target, near_draft, policy):
+    """The replay of the mixed drafter (its own choice code on the trace's draft tokens) reproduces every
+    round the live drafter ran (a confidence stop's K from above, `replay`), its per-round choice, the
+    draft model's catch-up each choice priced, and what the draft fed on each round it drafted (the tokens the
+    suffix drafter's rounds committed included: `draft_pending`); on this curve both drafters take rounds."""
+    from specdec.engine.traces import compare_rounds, draft_pending
+
+    used = set()
+    for text in PROMPTS:
+        timed, live, spy, m, replayed, rspy = _live_and_replayed(tiny_tokenizer, target, near_draft, MIXED, text,
+                                                                 policy=policy)
+        assert compare_rounds(timed, replayed, k_upper_bound=policy == "confidence") == [], text
+        choices = [c for c in live.stats.choices if c != "none"]
+        assert [r.by_model for r in replayed if r.k > 0] == [c == "model" for c in choices], text
+        # a choice is priced on every round asked for K > 0 (the live loop also calls with K = 0 at the budget)
+        assert rspy.seen == spy.seen[:len(live.stats.choices)] and rspy.fed == spy.fed, text
+        used |= set(live.stats.choices)
+        prompt_len = len(m.trace.prompt_ids)
+        assert [p for p, r in zip(draft_pending(replayed, prompt_len), replayed, strict=True) if r.by_model] == spy.fed
+    assert {"model", "suffix"} <= used
+
+
+def test_the_replay_never_drafts_with_the_model_where_it_cannot_pay(tiny_tokenizer, target, near_draft):
+    """On a steep curve (no K of the draft model pays at its estimate) the replay never gives the draft model
+    a round, yet the suffix drafter drafts; the prediction prices no draft step."""
+    from specdec.engine.traces import compare_rounds
+
+    drafted = 0
+    for text in PROMPTS:
+        timed, live, spy, m, replayed, _ = _live_and_replayed(tiny_tokenizer, target, near_draft, STEEP, text)
+        assert not any(r.by_model for r in replayed) and spy.fed == [] and live.stats.rounds["model"] == 0
+        assert compare_rounds(timed, replayed) == []
+        drafted += sum(r.k for r in replayed)
+        free = m.decode_s("suffix", m.rounds("suffix", 8))  # the suffix drafter alone: the same rounds and price
+        assert m.decode_s("mixed", replayed) == pytest.approx(free)
+    assert drafted > 0
+
+
+def test_mixed_rounds_are_priced_by_the_drafter_that_drafted_them():
+    """`PromptModel.speedup("mixed", ...)`: a suffix round costs what a model-free round costs, a draft-model
+    round its catch-up over the tokens committed since the draft last fed (the suffix round's included) and
+    its K - 1 steps."""
+    from specdec.engine.traces import AcceptanceTrace, ReplayRound
+    from specdec.report.predicted import PromptModel
+
+    curve = CostCurve({1: 0.10, 17: 0.26}, draft_step_s=0.01, draft_forward_s={1: 0.01, 9: 0.05})
+    trace = AcceptanceTrace((5, 6), tuple(range(10, 20)), tuple(range(10, 20)), (1.0,) * 10, 10)
+    m = PromptModel(("c", "p", ""), "t", trace, curve, 0.0, 0.0, 0.003, (3, 1), None)
+    rounds = [ReplayRound(3, 3, 4, by_model=False), ReplayRound(2, 2, 3, by_model=True),
+              ReplayRound(2, 0, 1, by_model=True), ReplayRound(0, 0, 1), ReplayRound(1, 1, 1, by_model=True)]
+    f = curve.forward_s
+    want = ((0.003 + f(4)) + (curve.draft_forward(5) + 0.01 + f(3)) + (curve.draft_forward(2) + 0.01 + f(3))
+            + f(1) + (curve.draft_forward(2) + f(2)))
+    assert m.decode_s("mixed", rounds) == pytest.approx(want)
+    assert m.speedup("mixed", rounds) == pytest.approx(10 * f(1) / want)
+
+
+def test_the_predicted_grid_holds_the_mixed_drafter(tiny_tokenizer, target, near_draft):
+    """`trace_grid` replays the mixed drafter at every K and with the cost policy (one catalogue entry), next to
+    the drafters it chooses between."""
+    from specdec.report.predicted import GRID, trace_grid
+
+    _, _, _, m, _, _ = _live_and_replayed(tiny_tokenizer, target, near_draft, MIXED, PROMPTS[0])
+    grid = trace_grid([m])
+    mixed = grid[grid["method"] == "mixed"]
+    assert set(grid["method"]) == {"draft", "ngram", "suffix", "mixed"}
+    assert sorted(mixed[mixed["policy"] == "fixed"]["k"]) == list(GRID) and (mixed["policy"] == "cost").sum() == 1
+    assert (mixed["predicted"] > 0).all()
+
+
+def test_the_reports_replay_of_stored_mixed_runs_is_exact(tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    """A sweep that times the mixed drafter stores runs that the report's replay (`predicted_vs_measured`, from
+    the stored trace and the prompt's calibration block) reproduces round for round. (The tiny draft is as
+    large as the target, so its measured step costs about a target step and these runs never draft with it:
+    the draft model's rounds are checked on the curves above.)"""
+    from conftest import tiny_sweep_config
+
+    from specdec.bench import sweep as S
+    from specdec.report import tables as T
+    from specdec.report.analysis import analyze
+    from specdec.report.load import load_store
+
+    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, methods="baseline,mixed", ks="4,8",
+                            secondary_ks="4", policies="cost", max_new_tokens=24)
+    res = S.run_sweep(cfg, db=tmp_path / "m.db", progress=False, echo=lambda _: None)
+    assert res.failed == 0
+    a = analyze(load_store(tmp_path / "m.db"))
+    pvm = a[T.PREDICTED]
+    mixed = pvm[pvm["method"] == "mixed"]
+    assert len(mixed) >= 4 and set(mixed["policy"]) == {"fixed", "cost"}
+    assert mixed["replay_exact"].all(), mixed[~mixed["replay_exact"]][["prompt_id", "k", "mismatch"]].to_string()

@@ -33,4 +33,4 @@ def test_replay_curve_prices_traces_with_another_machines_curve(tmp_path):
     best = trace_best_k(other).set_index("method")
     assert best.loc["ngram", "predicted"] > 3 and best.loc["draft", "predicted"] < 1
     table = mod.best_k_table([g], "gpu")
-    assert set(table["method"]) == {"draft", "ngram", "suffix"} and (table["curve"] == "gpu").all()
+    assert set(table["method"]) == {"draft", "ngram", "suffix", "mixed"} and (table["curve"] == "gpu").all()

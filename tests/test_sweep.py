@@ -1164,7 +1164,7 @@ def test_ngram_hf_is_one_registry_entry_compared_like_for_like(tmp_path, tiny_pa
 
 
 def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path):
-    """The report replays each stored trace over K = 1..16 for both drafters, checks every timed greedy run
+    """The report replays each stored trace over K = 1..16 for every drafter of the grid, checks every timed greedy run
     against its replay (all exact on fp32 tiny models), pairs each run with its adjacent baselines, and shows
     the paired A/A runs."""
     from specdec.report import tables as T
@@ -1178,8 +1178,9 @@ def test_report_predicts_every_k_and_checks_the_timed_runs(full_sweep, tmp_path)
     n_prompts = len({r for r in grid["prompt_id"]})
     assert n_prompts == len(SWEEP_PROMPTS)
     fixed = grid[grid["policy"] == "fixed"]
-    assert sorted(set(fixed["k"])) == list(range(1, 17)) and set(fixed["method"]) == {"draft", "ngram", "suffix"}
-    assert len(fixed) == n_prompts * 3 * 16 and (grid["predicted"] > 0).all()  # draft, ngram, suffix
+    methods = {"draft", "ngram", "suffix", "mixed"}
+    assert sorted(set(fixed["k"])) == list(range(1, 17)) and set(fixed["method"]) == methods
+    assert len(fixed) == n_prompts * len(methods) * 16 and (grid["predicted"] > 0).all()
     assert len(pvm) >= 10 and pvm["replay_exact"].all(), pvm[~pvm["replay_exact"]][["method", "policy", "k", "mismatch"]].to_string()
     assert (pvm["n_adjacent"] == 2).all() and (pvm["measured"] > 0).all() and (pvm["predicted"] > 0).all()
     cells = a[T.CELLS]

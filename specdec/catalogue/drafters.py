@@ -48,6 +48,10 @@ class DraftSource:
             rows, ``t(rows n) / t(rows)`` (`row_costs`).
         row_tokens: the most tokens a row of the batch holds (prompt, budget and a verification), which
             sizes a batched draft model's cache (None: the runtime's default).
+        trace: an acceptance trace (`specdec.engine.traces.AcceptanceTrace`) that stands in for the pair's
+            draft model: a drafter replayed with ``replay="drafter+trace"`` reads its draft model's greedy
+            proposals from it (`specdec.drafters.traced.TracedModelDrafter`). draft_context: the draft
+            model's context length then (it caps K as the live draft's does; None: no cap).
     """
 
     pair: Any = None
@@ -57,6 +61,8 @@ class DraftSource:
     corpus: tuple[tuple[int, ...], ...] = ()
     rows: int = 1
     row_tokens: int | None = None
+    trace: Any = None
+    draft_context: int | None = None
 
     def row_costs(self) -> Any:
         """`costs` as one row of a batch sees them: ``v(n) = t(rows x n) / t(rows)`` on the measured curve
@@ -96,7 +102,9 @@ class DrafterEntry:
             it needs them measured.
         replay: how an acceptance trace replays it (`specdec.engine.traces.replay`): ``"trace"`` from the
             trace's teacher-forced draft tokens, ``"drafter"`` by asking a fresh `row` drafter each round,
-            None when no trace records it. replay_as: a drafter whose replay stands for this one's.
+            ``"drafter+trace"`` likewise with the trace standing in for its draft model (`DraftSource.trace`:
+            a drafter that chooses per round whether to draft with the model), None when no trace records
+            it. replay_as: a drafter whose replay stands for this one's.
         analytic: how the analytical model (Leviathan et al. 2023: fixed K, per-token acceptance) prices its
             drafting: ``"measured"`` at the measured c, ``"free"`` at c = 0; None: the model does not describe
             it (its draft length follows its match, or its tokens are another tokenizer's).
@@ -269,13 +277,20 @@ def grid_drafters() -> tuple[str, ...]:
     return tuple(n for n, e in DRAFTERS.items() if e.replay is not None and e.replay_as is None)
 
 
-def replay_drafter(name: str, *, costs: Any = None, ngram: tuple[int, int] = (3, 1)) -> Drafter | None:
+def replay_drafter(name: str, *, costs: Any = None, ngram: tuple[int, int] = (3, 1), trace: Any = None,
+                   draft_context: int | None = None) -> Drafter | None:
     """What `specdec.engine.traces.replay` drives for drafter `name`: None for a drafter replayed from the
     trace's draft tokens (the draft model), else a fresh row drafter (its proposals depend on the committed
-    text alone).
+    text alone, or on that and its draft model's greedy proposals, read from `trace`).
+
+    Args:
+        costs: the cost curve a priced drafter chooses with. ngram: prompt lookup's n-gram sizes.
+        trace: the trace being replayed (needed by a ``"drafter+trace"`` replay, `DrafterEntry.replay`).
+        draft_context: the draft model's context length (None: no cap).
 
     Raises:
-        ValueError: an unknown name, or a drafter no trace records.
+        ValueError: an unknown name, a drafter no trace records, or a ``"drafter+trace"`` replay without a
+            trace with draft tokens.
     """
     entry = drafter(name)
     if entry.replay_as is not None:
@@ -284,6 +299,10 @@ def replay_drafter(name: str, *, costs: Any = None, ngram: tuple[int, int] = (3,
         return None
     if entry.replay == "drafter":
         return entry.row(DraftSource(costs=costs, ngram=ngram))
+    if entry.replay == "drafter+trace":
+        if trace is None or trace.draft_ids is None:
+            raise ValueError(f"drafter {name!r} is replayed from a trace's draft tokens: none given")
+        return entry.row(DraftSource(costs=costs, ngram=ngram, trace=trace, draft_context=draft_context))
     replayable = ", ".join(n for n, e in DRAFTERS.items() if e.replay is not None)
     raise ValueError(f"no replay for drafter {name!r} (known: {replayable})")
 
@@ -329,9 +348,15 @@ def _suffix_corpus(s: DraftSource) -> Drafter:
 
 
 def _mixed(s: DraftSource) -> Drafter:
+    """The mixed drafter on the pair's draft model, or on `DraftSource.trace`'s draft tokens (its replay)."""
     from specdec.drafters.mixed import MixedDrafter
     from specdec.drafters.suffix import SuffixDrafter
 
+    if s.trace is not None:
+        from specdec.drafters.traced import TracedModelDrafter
+
+        return MixedDrafter.on_model_drafter(SuffixDrafter(s.costs), TracedModelDrafter(s.trace, s.draft_context),
+                                             s.costs)
     return MixedDrafter(SuffixDrafter(s.costs), s.pair.draft.backend, s.pair.vocab_size, s.costs)
 
 
@@ -364,7 +389,8 @@ for _e in (
                  _suffix, priced=True),
     DrafterEntry("mixed", "suffix or draft model",
                  "each round the suffix drafter's proposal, the draft model's or none, by expected tokens/s on "
-                 "the measured costs", _mixed, batched=_mixed_batched, needs_model=True, priced=True, replay=None),
+                 "the measured costs", _mixed, batched=_mixed_batched, needs_model=True, priced=True,
+                 replay="drafter+trace"),
     DrafterEntry("xtok", "draft with another tokenizer",
                  "a draft model of another tokenizer: its text re-tokenized for the target",
                  _cross_tokenizer, aliases=("cross_tokenizer",), needs_model=True, other_tokenizer=True,

@@ -28,6 +28,11 @@ Both drafters see every round: the suffix drafter catches up on the committed te
 its own verified proposals); the draft model's cache keeps a prefix of the committed sequence and is caught
 up the next time it drafts (`BatchedModelDrafter.propose`). One sequence is the batch of one row
 (`MixedDrafter`).
+
+The draft model enters through one seam, the batched model drafter (`model`): the live drafter fills it with
+the draft model's backend, and the acceptance-trace replay with the trace's teacher-forced tokens
+(`specdec.drafters.traced.TracedModelDrafter`), so the rounds the report predicts are chosen by this module's
+own code (`BatchedMixedDrafter._choose`).
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ class BatchedMixedDrafter:
     Args:
         suffix: builds one suffix drafter per row (priced on the same `cost`).
         model: the draft model's batched drafter (`BatchedModelDrafter`; on `specdec.runtimes.base.OneRow` for
-            one sequence).
+            one sequence), or anything with its interface and its `cached_lens` (the trace replay's
+            `specdec.drafters.traced.TracedModelDrafter`).
         cost: the measured costs of one sequence: the target's forward curve and the draft step
             (``draft_step_s``; its forward curve ``draft_forward_s`` prices the catch-up when measured, else
             one step). A row of a batch is priced as one sequence would be; the batch's K policy caps K.
@@ -97,6 +103,8 @@ class BatchedMixedDrafter:
         #: one per row started by `prefill`, kept when rows finish (`keep`); live row i is ``stats[live[i]]``
         self.stats: list[MixedStats] = []
         self.live: list[int] = []
+        #: each live row's choice in the latest `propose` (``suffix``, ``model`` or ``none``)
+        self.round_choices: list[str] = []
         self._pending: list[tuple[int, list[int]] | None] = []
 
     def prefill(self, contexts: list[list[int]]) -> None:
@@ -108,6 +116,7 @@ class BatchedMixedDrafter:
         self.model.prefill(contexts)
         self.stats = [MixedStats() for _ in contexts]
         self.live = list(range(len(contexts)))
+        self.round_choices = []
         self._pending = [None] * len(contexts)
 
     def max_k(self, committed_lens: list[int]) -> list[int]:
@@ -154,6 +163,7 @@ class BatchedMixedDrafter:
     def propose(self, committed: list[list[int]], ks: list[int], sampling: SamplingParams,
                 generators: list[torch.Generator | None], min_confidence: float | None = None) -> list[Draft]:
         choices = [self._choose(i, c, k, sampling) for i, (c, k) in enumerate(zip(committed, ks, strict=True))]
+        self.round_choices = [kind for kind, _, _ in choices]
         model_ks = [mk if kind == "model" else 0 for kind, _, mk in choices]
         model_drafts = self.model.propose(committed, model_ks, sampling, generators, min_confidence)
         out = []
@@ -181,6 +191,7 @@ class BatchedMixedDrafter:
         self.model.keep(rows)
         self.suffixes = [self.suffixes[r] for r in rows]
         self.live = [self.live[r] for r in rows]
+        self.round_choices = [self.round_choices[r] for r in rows] if self.round_choices else []
         self._pending = [self._pending[r] for r in rows]
 
 
@@ -199,6 +210,20 @@ class MixedDrafter:
     def __init__(self, suffix: SuffixDrafter, model: Backend, vocab_size: int, cost, **prior: float) -> None:
         self.batch = BatchedMixedDrafter(lambda: suffix, BatchedModelDrafter(OneRow(model), vocab_size), cost,
                                          **prior)
+
+    @classmethod
+    def on_model_drafter(cls, suffix: SuffixDrafter, model, cost, **prior: float) -> MixedDrafter:
+        """The mixed drafter of one sequence whose draft model is `model`, a batched model drafter of one row
+        (`BatchedMixedDrafter`'s `model`: the trace replay's `specdec.drafters.traced.TracedModelDrafter`)."""
+        self = cls.__new__(cls)
+        self.batch = BatchedMixedDrafter(lambda: suffix, model, cost, **prior)
+        return self
+
+    @property
+    def drafted_by_model(self) -> bool:
+        """The latest proposal is the draft model's (the trace replay prices that round as a draft-model
+        round, `specdec.engine.traces.ReplayRound.by_model`)."""
+        return self.batch.round_choices[:1] == ["model"]
 
     @property
     def stats(self) -> MixedStats:

@@ -7,7 +7,9 @@ rounds of every fixed K and of every policy follow without running them:
 - the draft model's proposal at output position i, as long as it agrees with the target, is its greedy
   token given prompt + output[:i] - the token the teacher-forced pass computes at that row - so the
   accepted length of a round starting at i is the run of agreements from i, capped at K;
-- prompt lookup's proposal depends only on the committed text, so the drafter itself is asked.
+- prompt lookup's proposal depends only on the committed text, so the drafter itself is asked;
+- a drafter that chooses per round between a model-free proposal and the draft model's (the mixed drafter) is
+  asked too, its draft model reading the trace (`specdec.drafters.traced.TracedModelDrafter`).
 
 Hardware then enters only through the cost curve (`specdec.core.costs`): what the algorithm does is kept apart
 from what the hardware costs. The replay is exact when the draft's incremental steps
@@ -165,12 +167,16 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 class ReplayRound:
     """A replayed round: `k` tokens drafted, `num_accepted` of them reached the output, `num_emitted`
     committed (accepted + the recovered or bonus token, cut at the output's end); `draft_stopped`: the
-    draft model's confidence stop ended it before the K asked (`RoundRecord.draft_stopped`)."""
+    draft model's confidence stop ended it before the K asked (`RoundRecord.draft_stopped`); `by_model`:
+    the draft model drafted this round (True) or did not (False), for a drafter that chooses per round
+    whether to draft with it (the mixed drafter); None: as the replayed drafter always does (every drafting
+    round the draft model's for the draft model, none for a model-free drafter)."""
 
     k: int
     num_accepted: int
     num_emitted: int
     draft_stopped: bool = False
+    by_model: bool | None = None
 
     @property
     def num_drafted(self) -> int:
@@ -195,6 +201,39 @@ def _run(proposal: Sequence[int], target: Sequence[int]) -> int:
     return n
 
 
+def _model_round(trace: AcceptanceTrace, agree: list[bool], pos: int, kk: int, stop: float | None
+                 ) -> tuple[int, int, bool]:
+    """The draft model's round of `kk` tokens at output position `pos`, from the trace's agreement: ``(drafted,
+    accepted, stopped)`` (accepted cut at the output's end).
+
+    The confidence stop before draft token i >= 1 reads the draft's top probability given the tokens drafted so
+    far: known from the trace while they agree with the target (i <= accepted); past the first rejected token
+    the draft's context leaves the trace, and the replay assumes no stop there (an upper bound on K; accepted
+    and emitted tokens are exact either way)."""
+    target = trace.target_ids
+    accepted = 0
+    while accepted < kk and pos + accepted < len(target) and agree[pos + accepted]:
+        accepted += 1
+    if stop is not None and kk > 1:
+        probs = trace.draft_top_prob
+        for i in range(1, min(kk, accepted + 1)):
+            if pos + i < len(probs) and probs[pos + i] < stop:
+                return i, min(accepted, i), True
+    return kk, accepted, False
+
+
+def _drafter_round(trace: AcceptanceTrace, drafter: Drafter, pos: int, kk: int, stop: float | None
+                   ) -> tuple[int, int, bool, bool | None]:
+    """A driven drafter's round of up to `kk` tokens at output position `pos` (no call when kk = 0):
+    ``(drafted, accepted, stopped, by_model)``, by_model read from a drafter with ``drafted_by_model``."""
+    if not kk:
+        return 0, 0, False, None
+    committed = list(trace.prompt_ids) + list(trace.target_ids[:pos])
+    draft = drafter.propose(committed, kk, GREEDY, None, stop)
+    by_model = bool(drafter.drafted_by_model) if hasattr(drafter, "drafted_by_model") else None
+    return len(draft.tokens), _run(draft.tokens, trace.target_ids[pos:]), draft.stopped, by_model
+
+
 def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter: Drafter | None = None,
            draft_context: int | None = None) -> list[ReplayRound]:
     """The rounds a speculative run would take on this trace.
@@ -207,11 +246,15 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
             be overstated there, never its accepted or emitted tokens).
         drafter: None = the draft model (from ``trace.draft_ids``); a drafter that needs no model (prompt
             lookup, the suffix drafter) is driven as the engine drives it: `prefill` with the prompt minus its
-            last token, `propose` each round, `rollback` with the new committed sequence after it (a drafter
-            that learns from its rounds replays them exactly).
+            last token, `propose` each round (with the policy's confidence stop), `rollback` with the new
+            committed sequence after it (a drafter that learns from its rounds replays them exactly). So is a
+            drafter whose draft model reads this trace (`specdec.drafters.traced.TracedModelDrafter`, in the
+            mixed drafter); one with ``drafted_by_model`` says per round whether the draft model drafted
+            (`ReplayRound.by_model`), and one that ``defers_prefill`` has its prompt priced by the policy as
+            the draft model's is.
         draft_context: the draft model's context length, when it clamps K (the engine's rule,
             `ModelDrafter.max_k`: K <= draft_context - len(committed) + 1, since the draft never caches its
-            K-th token).
+            K-th token); for `drafter` None only (a driven drafter's own draft model caps its K itself).
 
     Returns:
         The rounds in order; their emitted tokens sum to ``len(trace.target_ids)``.
@@ -227,9 +270,10 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
     agree = trace.agreement() if drafter is None else None
     target = trace.target_ids
     if policy is not None:
-        # the draft model defers its prefill to its first drafting round (`ModelDrafter.defers_prefill`)
-        policy.start(prefill_tokens=len(trace.prompt_ids) if drafter is None else None,
-                     budget=trace.max_new_tokens)
+        # the draft model defers its prefill to its first drafting round (`ModelDrafter.defers_prefill`), and
+        # the engine tells the policy so for any drafter that defers it
+        defers = drafter is None or getattr(drafter, "defers_prefill", False)
+        policy.start(prefill_tokens=len(trace.prompt_ids) if defers else None, budget=trace.max_new_tokens)
     rounds: list[ReplayRound] = []
     pos = 0
     if drafter is not None:
@@ -244,31 +288,12 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
             kk = min(kk, draft_context - (len(trace.prompt_ids) + pos) + 1)
         kk = max(kk, 0)
         if drafter is None:
-            accepted = 0
-            while accepted < kk and pos + accepted < len(target) and agree[pos + accepted]:
-                accepted += 1
-            drafted = kk
-            stopped = False
-            if stop is not None and kk > 1:
-                # the confidence stop before draft token i >= 1 reads the draft's top probability given the
-                # tokens drafted so far: known from the trace while they agree with the target (i <= accepted);
-                # past the first rejected token the draft's context leaves the trace, and the replay assumes
-                # no stop there (an upper bound on K; accepted and emitted tokens are exact either way)
-                probs = trace.draft_top_prob
-                for i in range(1, min(kk, accepted + 1)):
-                    if pos + i < len(probs) and probs[pos + i] < stop:
-                        drafted = i
-                        accepted = min(accepted, i)
-                        stopped = True
-                        break
+            drafted, accepted, stopped = _model_round(trace, agree, pos, kk, stop)
+            by_model = None
         else:
-            committed = list(trace.prompt_ids) + list(target[:pos])
-            proposal = drafter.propose(committed, kk, GREEDY, None).tokens if kk else []
-            drafted = len(proposal)
-            stopped = False
-            accepted = _run(proposal, target[pos:])
+            drafted, accepted, stopped, by_model = _drafter_round(trace, drafter, pos, kk, stop)
         emitted = min(accepted + 1, len(target) - pos)
-        r = ReplayRound(drafted, min(accepted, emitted), emitted, stopped)
+        r = ReplayRound(drafted, min(accepted, emitted), emitted, stopped, by_model)
         rounds.append(r)
         if policy is not None:
             policy.observe(r.as_record())
@@ -290,11 +315,14 @@ def draft_pending(rounds: Sequence, prompt_len: int | None = None) -> list[int]:
     draft nothing. The first round feeds the prompt's last token alone when the draft's cache already holds
     the rest (an eager draft prefill, as runs stored before `ModelDrafter.prefill` deferred it), or the
     whole prompt when it is empty (`prompt_len`: `ModelDrafter` defers its prefill to the first round that
-    drafts). Prompt lookup has no cache: this applies to the draft model only.
+    drafts). A round that another drafter drafted (``by_model`` False: the mixed drafter's suffix rounds)
+    feeds the draft nothing either, and adds every token it committed. Prompt lookup has no cache: this
+    applies to the draft model only.
 
     Args:
         rounds: `ReplayRound`s or `specdec.core.metrics.RoundRecord`s in order (``k`` drafted, ``num_accepted``,
-            ``draft_stopped`` when present).
+            ``draft_stopped`` and ``by_model`` when present; ``num_emitted`` for a round with ``by_model``
+            False).
         prompt_len: the prompt's tokens when the draft's prefill is deferred (None: prefilled eagerly).
 
     Returns:
@@ -305,7 +333,9 @@ def draft_pending(rounds: Sequence, prompt_len: int | None = None) -> list[int]:
     pending = 1 if prompt_len is None else max(1, int(prompt_len))
     for r in rounds:
         out.append(pending)
-        if r.k > 0:
+        if r.k > 0 and getattr(r, "by_model", None) is False:
+            pending += r.num_emitted
+        elif r.k > 0:
             full = r.num_accepted >= r.k and not getattr(r, "draft_stopped", False)
             pending = 2 if full else 1
         else:

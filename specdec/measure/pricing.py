@@ -9,7 +9,10 @@ replayed round that drafted k tokens (the realized k: a drafter without a model 
 F = the target's forward time of n tokens (`specdec.core.costs.CostCurve.forward_s`; with padded verification the
 cheapest measured shape >= n, `CostCurve.padded_value`); draft_s(k) for the draft model = its catch-up
 forward over the round's pending tokens plus k - 1 draft steps (`CostCurve.draft_round_s`,
-`specdec.engine.traces.draft_pending`), for a model-free drafter a constant per round; o_spec and o_base = the
+`specdec.engine.traces.draft_pending`), for a model-free drafter a constant per round; a drafter that chooses
+per round whether to draft with the model (the mixed drafter) has each round priced by the drafter that drafted
+it (`specdec.engine.traces.ReplayRound.by_model`), its draft-model rounds' catch-up counting the tokens its other
+rounds committed; o_spec and o_base = the
 per-round overheads outside the forward (0 when unknown, e.g. inside a sweep before any timed run). The
 predicted decode speedup is T x (F(1) + o_base) / sum(round_s), T = the output's tokens. The report uses
 this model with overheads measured in the store (`specdec.report.predicted`); the sweep uses it to choose,
@@ -50,17 +53,21 @@ class TraceModel:
 
     def drafter(self, method: str):
         """What the replay drives for drafter `method` (`specdec.catalogue.drafters.replay_drafter`): None for
-        the draft model (replayed from the trace's draft tokens), else a fresh model-free drafter.
+        the draft model (replayed from the trace's draft tokens), else a fresh row drafter (model-free, or with
+        its draft model read from this trace).
 
         Raises:
-            ValueError: a drafter no trace records.
+            ValueError: a drafter no trace records (or one that needs this trace's draft tokens, or costs, that
+                are missing).
         """
         from specdec.catalogue.drafters import replay_drafter
 
-        return replay_drafter(method, costs=self.curve, ngram=self.ngram)
+        return replay_drafter(method, costs=self.curve, ngram=self.ngram, trace=self.trace,
+                              draft_context=self.draft_context)
 
     def _from_trace(self, method: str) -> bool:
-        """Whether `method`'s rounds come from the trace's draft tokens (a drafter with a model)."""
+        """Whether `method`'s rounds come from the trace's draft tokens (a drafter with a model; a round's
+        own `ReplayRound.by_model`, where set, says which drafted it)."""
         from specdec.catalogue.drafters import drafter
 
         return drafter(method).needs_model
@@ -71,6 +78,7 @@ class TraceModel:
         Raises:
             ValueError: a draft-model replay on a trace without draft tokens; the cost policy without costs.
         """
+        from specdec.catalogue.drafters import drafter as drafter_entry
         from specdec.catalogue.policies import make_policy
         from specdec.catalogue.policies import policy as policy_entry
         from specdec.engine.traces import replay
@@ -82,7 +90,9 @@ class TraceModel:
             return replay(self.trace, k=k, drafter=self.drafter(method), draft_context=self.draft_context)
         if policy_entry(policy).needs_costs and self.curve is None:
             raise ValueError(f"the {policy} policy needs measured costs")
-        pol = make_policy(policy, k, costs=self.curve, pad_verify=self.padded, free_drafts=not model)
+        # as the sweep builds it (`specdec.bench.methods`): a drafter that chooses its own length prices none
+        pol = make_policy(policy, k, costs=self.curve, pad_verify=self.padded,
+                          free_drafts=drafter_entry(method).k_is_cap)
         return replay(self.trace, policy=pol, drafter=self.drafter(method), draft_context=self.draft_context)
 
     def decode_s(self, method: str, rounds: Sequence[ReplayRound]) -> float:
@@ -95,7 +105,8 @@ class TraceModel:
         model = self._from_trace(method)
         pending = draft_pending(rounds) if model else [1] * len(rounds)
         for r, p in zip(rounds, pending, strict=True):
-            draft = self.curve.draft_round_s(r.k, p) if model else self.ngram_draft_s
+            by_model = model if getattr(r, "by_model", None) is None else r.by_model
+            draft = self.curve.draft_round_s(r.k, p) if by_model else self.ngram_draft_s
             verify = self.curve.padded_value(r.k + 1) if self.padded else self.curve.forward_s(r.k + 1)
             total += draft + verify + self.o_spec
         return total

@@ -1,8 +1,9 @@
 """What the acceptance traces predict, next to what the paired timed runs measured.
 
 The algorithm is kept apart from the hardware. The **algorithm** is the acceptance trace of a prompt
-(`specdec.engine.traces`): the rounds of every fixed K in 1..16 and of every policy, for the draft model and for
-prompt lookup, replayed exactly from one target-only run. The **hardware** is the prompt's calibration block (target forwards of
+(`specdec.engine.traces`): the rounds of every fixed K in 1..16 and of every policy, for every drafter of the
+grid (`specdec.catalogue.drafters.grid_drafters`: the draft model, prompt lookup, the suffix and mixed drafters),
+replayed exactly from one target-only run. The **hardware** is the prompt's calibration block (target forwards of
 n = 1..17 tokens and the draft step, timed at the prompt's own context right after its first baseline run;
 `specdec.measure.timing.calibration_block`) plus the per-round overheads measured in the prompt's own runs.
 
@@ -16,7 +17,9 @@ range; for a configuration that pads verification, e.g. `transformers-padded`, w
 from the store, the cost of the cheapest measured shape >= k + 1: `CostCurve.padded_value`), draft_s(k) for the draft model = its catch-up forward over the round's pending tokens
 (`specdec.engine.traces.draft_pending`: 1, 2 after an all-accepted round, more after plain rounds) + (k - 1) draft
 steps (`CostCurve.draft_round_s`; 0 when k = 0), and for prompt lookup the median drafting time of the
-prompt's prompt-lookup rounds (0 when there were none), o_spec = the median over the
+prompt's prompt-lookup rounds (0 when there were none); the mixed drafter's rounds are priced by the drafter that
+drafted each (`specdec.engine.traces.ReplayRound.by_model`: its suffix and plain rounds as prompt lookup's, its
+draft-model rounds as the draft model's, their catch-up counting the tokens its other rounds committed), o_spec = the median over the
 prompt's timed speculative rounds of verify_s - forward_s + other_s (verification, sampling, rollback) and
 o_base = the median over its baseline rounds of verify_s - forward_s. The **predicted decode speedup** is
 (T x (F(1) + o_base)) / sum(round_s), T = the output's tokens.
@@ -41,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from specdec.catalogue.drafters import free_drafters, grid_drafters, model_drafters
+from specdec.catalogue.drafters import drafter, free_drafters, grid_drafters, model_drafters
 from specdec.core import stats
 from specdec.core.costs import CostCurve
 from specdec.core.metrics import RATES
@@ -73,7 +76,7 @@ __all__ = [
 
 #: The K grid predicted from every trace (free: no timed run needed).
 GRID = tuple(range(1, 17))
-_DRAFTERS = grid_drafters()  # the draft model, prompt lookup, the suffix drafter: all replayed from one trace
+_DRAFTERS = grid_drafters()  # the draft model, prompt lookup, the suffix and mixed drafters: replayed from one trace
 
 
 class PromptModel(TraceModel):
@@ -330,7 +333,7 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
     rows = []
     for m in models:
         for method in _DRAFTERS:
-            if method in model_drafters() and not m.trace.draft_ids:
+            if drafter(method).needs_model and not m.trace.draft_ids:
                 continue
             cases = [("fixed", k) for k in GRID] + [(p, policy_k) for p in policies]
             for policy, k in cases:
@@ -395,8 +398,8 @@ def _timed_records(rounds: pd.DataFrame, run_id: int):
 
 def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequence[PromptModel]
                           ) -> pd.DataFrame:
-    """Per timed greedy run of draft/ngram (fixed K or a policy) on a traced prompt: the replay check, the
-    predicted and the measured (paired) decode speedup.
+    """Per timed greedy run of a drafter of the predicted grid (`grid_drafters`: fixed K or a policy) on a traced
+    prompt: the replay check, the predicted and the measured (paired) decode speedup.
 
     Columns: run_id, config_label, prompt_id, prompt_type, method, policy, k, replay_exact (the replayed
     rounds equal the timed rounds), mismatch (first differing round, text), predicted, measured, ratio
@@ -427,7 +430,7 @@ def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequ
             continue
         timed = _timed_records(rounds, int(r.run_id))
         # a confidence stop past a rejected draft token is off the trace: the replayed K is an upper bound
-        diff = compare_rounds(timed, replayed, k_upper_bound=r.policy == "confidence" and r.method in model_drafters())
+        diff = compare_rounds(timed, replayed, k_upper_bound=r.policy == "confidence" and drafter(r.method).needs_model)
         meas = r.decode_tokens_per_s / ref[int(r.run_id)] if int(r.run_id) in ref else np.nan
         pred = m.speedup(r.method, replayed)
         rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,

@@ -174,10 +174,11 @@ class SweepConfig:
         return [RUNTIME_CONFIGS[c] for c in self.configs]
 
 
-#: What ``--quick`` changes: primaries only, K = 4, 32 new tokens, no peers, no policies, 8-token warm-ups,
-#: one timed pass of the cost curve.
+#: What ``--quick`` changes: primaries only, the draft model and prompt lookup at K = 4, 32 new tokens, no
+#: peers, no policies, 8-token warm-ups, one timed pass of the cost curve.
 QUICK: dict[str, Any] = {
     "prompts_per_type": 1,
+    "methods": ("baseline", "aa", "draft", "ngram"),
     "ks": (4,),
     "secondary_ks": (),
     "max_new_tokens": 32,

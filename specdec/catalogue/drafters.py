@@ -390,7 +390,7 @@ for _e in (
     DrafterEntry("mixed", "suffix or draft model",
                  "each round the suffix drafter's proposal, the draft model's or none, by expected tokens/s on "
                  "the measured costs", _mixed, batched=_mixed_batched, needs_model=True, priced=True,
-                 replay="drafter+trace"),
+                 replay="drafter+trace", in_sweep=True),
     DrafterEntry("xtok", "draft with another tokenizer",
                  "a draft model of another tokenizer: its text re-tokenized for the target",
                  _cross_tokenizer, aliases=("cross_tokenizer",), needs_model=True, other_tokenizer=True,

@@ -82,9 +82,13 @@ class BatchedMixedDrafter:
             one step). A row of a batch is priced as one sequence would be; the batch's K policy caps K.
         prior_alpha: the draft model's acceptance before any of its tokens is verified, in [0, 1].
         prior_weight: the prior's weight in pseudo-tokens, >= 0.
+        budget: new tokens a row is expected to generate (>= 1): the horizon over which the draft model's
+            deferred prefill must pay back.
+        invest_margin: how many times its price the deferred prefill must be expected to save (> 0), as the
+            cost policy's `invest_margin`.
 
     Raises:
-        ValueError: `cost` without a draft step, or a prior out of range.
+        ValueError: `cost` without a draft step, a prior, budget or margin out of range.
     """
 
     name = "mixed"
@@ -92,13 +96,18 @@ class BatchedMixedDrafter:
     defers_prefill = True
 
     def __init__(self, suffix: Callable[[], SuffixDrafter], model: BatchedModelDrafter, cost, *,
-                 prior_alpha: float = 0.6, prior_weight: float = 2.0) -> None:
+                 prior_alpha: float = 0.6, prior_weight: float = 2.0, budget: int = 128,
+                 invest_margin: float = 2.0) -> None:
         if cost is None or getattr(cost, "draft_step_s", None) is None:
             raise ValueError("the mixed drafter needs measured costs with the draft model's step (draft_step_s)")
         if not 0.0 <= prior_alpha <= 1.0 or not prior_weight >= 0.0:
             raise ValueError(f"need prior_alpha in [0, 1] and prior_weight >= 0, got {prior_alpha}, {prior_weight}")
+        if budget < 1 or not invest_margin > 0.0:
+            raise ValueError(f"need budget >= 1 and invest_margin > 0, got {budget}, {invest_margin}")
         self.suffix_factory, self.model, self.cost = suffix, model, cost
         self.prior_alpha, self.prior_weight = float(prior_alpha), float(prior_weight)
+        self.budget, self.invest_margin = int(budget), float(invest_margin)
+        self._prompt_lens: list[int] = []
         self.suffixes: list[SuffixDrafter] = []
         #: one per row started by `prefill`, kept when rows finish (`keep`); live row i is ``stats[live[i]]``
         self.stats: list[MixedStats] = []
@@ -114,6 +123,7 @@ class BatchedMixedDrafter:
         for d, ctx in zip(self.suffixes, contexts, strict=True):
             d.prefill(list(ctx))
         self.model.prefill(contexts)
+        self._prompt_lens = [len(c) for c in contexts]
         self.stats = [MixedStats() for _ in contexts]
         self.live = list(range(len(contexts)))
         self.round_choices = []
@@ -129,18 +139,36 @@ class BatchedMixedDrafter:
         den = self.prior_weight + s.model_offered
         return (self.prior_weight * self.prior_alpha + s.model_accepted) / den if den else 0.0
 
-    def _model_plan(self, row: int, committed_len: int, k: int) -> tuple[int, float]:
-        """Row `row`'s best draft-model K in 1..k (capped by the draft's context) and its tokens per second;
-        (0, 0.0) when it cannot draft."""
+    def _model_plan(self, row: int, committed_len: int, k: int) -> tuple[int, float, float]:
+        """Row `row`'s best draft-model K in 1..k (capped by the draft's context), its tokens per second and
+        the seconds its catch-up costs beyond the steady rounds' ((0, 0.0, 0.0) when it cannot draft).
+
+        While the draft model's prefill is deferred (nothing of the row cached), the round's catch-up feeds
+        the whole committed sequence: an investment, priced apart (its seconds beyond a one-token catch-up),
+        the rate then that of the rounds after it; afterwards the catch-up is the tokens other rounds
+        committed, in the rate."""
         k = min(k, self.model.max_k([committed_len])[0])
-        pending = max(1, committed_len - self.model.cached_lens[row])
+        cached = self.model.cached_lens[row]
+        pending = max(1, committed_len - cached)
+        invest = 0.0
+        if cached == 0:
+            invest = max(0.0, self.cost.draft_forward(pending) - self.cost.draft_forward(1))
+            pending = 1
         alpha = min(self.model_alpha(row), 0.999)
         best_k, best = 0, 0.0
         for kk in range(1, k + 1):
             rate = expected_tokens_per_round(alpha, kk) / self.cost.round_s(kk, pending=pending)
             if rate > best:
                 best_k, best = kk, rate
-        return best_k, best
+        return best_k, best, invest
+
+    def _invest_pays(self, row: int, committed_len: int, model_rate: float, other_rate: float, invest: float) -> bool:
+        """Whether the deferred prefill (`invest` seconds) is expected to save `invest_margin` times itself over
+        the row's tokens left (`budget` minus those generated): left x (1 / other_rate - 1 / model_rate)."""
+        if invest <= 0.0:
+            return True
+        left = max(0, self.budget - (committed_len - self._prompt_lens[self.live[row]]))
+        return left * (1.0 / other_rate - 1.0 / model_rate) >= self.invest_margin * invest
 
     def _choose(self, row: int, committed: list[int], k: int, sampling: SamplingParams) -> tuple[str, Draft, int]:
         """Row `row`'s choice this round: (``"suffix"``, its draft, 0), (``"model"``, -, K) or (``"none"``, -, 0)."""
@@ -151,8 +179,9 @@ class BatchedMixedDrafter:
         n = len(offer.tokens)
         plain = 1.0 / self.cost.forward_s(1)
         suffix_rate = expected_tokens_per_round(min(suffix.proposal_alpha, 0.999), n) / self.cost.forward_s(n + 1) if n else 0.0
-        model_k, model_rate = self._model_plan(row, len(committed), k)
-        if model_rate > max(suffix_rate, plain):
+        model_k, model_rate, invest = self._model_plan(row, len(committed), k)
+        other = max(suffix_rate, plain)
+        if model_rate > other and self._invest_pays(row, len(committed), model_rate, other, invest):
             suffix.withdraw()
             return "model", offer, model_k
         if n and suffix_rate >= plain:

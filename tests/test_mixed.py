@@ -280,3 +280,29 @@ def test_the_reports_replay_of_stored_mixed_runs_is_exact(tmp_path, tiny_pair, n
     mixed = pvm[pvm["method"] == "mixed"]
     assert len(mixed) >= 4 and set(mixed["policy"]) == {"fixed", "cost"}
     assert mixed["replay_exact"].all(), mixed[~mixed["replay_exact"]][["prompt_id", "k", "mismatch"]].to_string()
+
+
+#: FLAT with a draft forward that grows with the tokens fed: the deferred prefill of a 60-token prompt costs
+#: ~0.3 s, three target steps, though a drafting round at the prior pays once it is paid.
+FLAT_PREFILL = CostCurve({1: 0.10, 2: 0.10, 4: 0.105, 8: 0.11, 17: 0.12}, draft_step_s=0.01,
+                         draft_forward_s={1: 0.01, 2: 0.011, 8: 0.04, 32: 0.16, 64: 0.32})
+
+
+def test_the_deferred_prefill_is_an_investment_paid_where_the_tokens_left_repay_it(tiny_tokenizer, target,
+                                                                                   near_draft):
+    """The draft model's first round feeds the whole prompt. Priced into that round alone it never pays (the
+    model would never be chosen); priced as an investment it is paid where the row's tokens left save twice
+    its price at the steady rate, and not where too few tokens are left."""
+    prompt = list(range(100, 160))  # 60 distinct tokens: no earlier repeat for the suffix drafter
+    committed = list(prompt)
+    long = _mixed(near_draft, FLAT_PREFILL, budget=128)
+    long.prefill(list(prompt))
+    kind, _, k = long.batch._choose(0, committed, 8, SamplingParams())
+    assert kind == "model" and k >= 1
+    round_alone = FLAT_PREFILL.round_s(k, pending=len(prompt))  # the first round with the prefill in its rate
+    assert 1.0 / FLAT_PREFILL.forward_s(1) > 2.18 / round_alone  # would lose to a plain step at the prior
+    short = _mixed(near_draft, FLAT_PREFILL, budget=2)
+    short.prefill(list(prompt))
+    assert short.batch._choose(0, committed, 8, SamplingParams())[0] != "model"
+    with pytest.raises(ValueError, match="budget >= 1"):
+        _mixed(near_draft, FLAT_PREFILL, budget=0)

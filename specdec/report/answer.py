@@ -15,14 +15,21 @@ fewer the verdict rests on the predictions alone and says so.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
-from specdec.catalogue.drafters import DRAFT_MODEL
+from specdec.catalogue.drafters import DRAFT_MODEL, drafter, grid_drafters
 from specdec.core import stats
 from specdec.core.stats import MIN_UNITS
+from specdec.report.load import ensure_prepared, is_missing, run_rate
+from specdec.report.predicted import PromptModel
+from specdec.report.speedup import paired_reference
 
-__all__ = ["ANSWER_COLUMNS", "DEFAULT_POLICY", "model_check", "type_answer", "widened"]
+__all__ = ["ANSWER_COLUMNS", "DEFAULT_POLICY", "model_check", "predicted_vs_measured", "summary", "type_answer",
+           "widened"]
 
 #: The default policy's replay in the trace grid: (method, policy).
 DEFAULT_POLICY = (DRAFT_MODEL, "cost")
@@ -30,6 +37,73 @@ DEFAULT_POLICY = (DRAFT_MODEL, "cost")
 ANSWER_COLUMNS = ["config_label", "prompt_type", "n_prompts", "default", "default_lo", "default_hi",
                   "default_verdict", "best_method", "best_k", "best", "best_lo", "best_hi", "best_verdict",
                   "drafters", "n_timed", "timed"]
+
+
+def _timed_records(rounds: pd.DataFrame, run_id: int):
+    from specdec.core.metrics import RoundRecord
+
+    g = rounds[rounds["run_id"] == run_id].sort_values("round_idx")
+    return [RoundRecord(k=int(x.k), num_accepted=int(x.num_accepted), accept_flags=(), next_kind=str(x.next_kind),
+                        num_emitted=int(x.num_emitted)) for x in g.itertuples(index=False)]
+
+
+def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequence[PromptModel]
+                          ) -> pd.DataFrame:
+    """Per timed greedy run of a drafter of the predicted grid (`grid_drafters`: fixed K or a policy) on a traced
+    prompt: the replay check, the predicted and the measured (paired) decode speedup.
+
+    Columns: run_id, config_label, prompt_id, prompt_type, method, policy, k, replay_exact (the replayed
+    rounds equal the timed rounds), mismatch (first differing round, text), predicted, measured, ratio
+    (predicted / measured), n_adjacent (baselines adjacent in time to the run).
+    """
+    from specdec.engine.traces import compare_rounds
+
+    cols = ["run_id", "config_label", "prompt_id", "prompt_type", "method", "policy", "k", "replay_exact",
+            "mismatch", "predicted", "measured", "ratio", "n_adjacent"]
+    df = ensure_prepared(runs)
+    ok = df[df["ok"]].copy()
+    if ok.empty or not models:
+        return pd.DataFrame(columns=cols)
+    ok["decode_tokens_per_s"] = run_rate(ok, "decode_tokens_per_s")
+    ref, adj = paired_reference(ok, "decode_tokens_per_s")
+    by_key = {(m.key[0], m.key[1], m.key[2]): m for m in models}
+    rows = []
+    for r in ok[ok["method"].isin(grid_drafters())].itertuples(index=False):
+        if not is_missing(getattr(r, "temperature", 0.0)) and float(r.temperature or 0.0) > 0:
+            continue
+        mid = "" if is_missing(getattr(r, "machine_id", None)) else str(r.machine_id)
+        m = by_key.get((r.config_label, r.prompt_id, mid))
+        if m is None:
+            continue
+        try:
+            replayed = m.rounds(r.method, int(r.k), r.policy or "fixed")
+        except ValueError:
+            continue
+        timed = _timed_records(rounds, int(r.run_id))
+        # a confidence stop past a rejected draft token is off the trace: the replayed K is an upper bound
+        diff = compare_rounds(timed, replayed, k_upper_bound=r.policy == "confidence" and drafter(r.method).needs_model)
+        meas = r.decode_tokens_per_s / ref[int(r.run_id)] if int(r.run_id) in ref else np.nan
+        pred = m.speedup(r.method, replayed)
+        rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
+                     "prompt_type": r.prompt_type, "method": r.method, "policy": r.policy, "k": int(r.k),
+                     "replay_exact": not diff, "mismatch": "" if not diff else json.dumps(diff[0]),
+                     "predicted": pred, "measured": meas,
+                     "ratio": pred / meas if meas and np.isfinite(meas) and meas > 0 else np.nan,
+                     "n_adjacent": adj.get(int(r.run_id), 0)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def summary(pvm: pd.DataFrame) -> dict:
+    """Headline figures of `predicted_vs_measured`: replay exact share, median predicted/measured, its
+    spread, and the share of cells within 10 %."""
+    if pvm.empty:
+        return {"n": 0}
+    r = pvm["ratio"].astype(float)
+    r = r[np.isfinite(r)]
+    return {"n": len(pvm), "n_exact": int(pvm["replay_exact"].sum()),
+            "median_ratio": float(r.median()) if len(r) else np.nan,
+            "within_10pct": float(((r - 1).abs() <= 0.10).mean()) if len(r) else np.nan,
+            "interval": stats.ratio_interval(r.to_numpy()) if len(r) >= 2 else None}
 
 
 def model_check(pvm: pd.DataFrame) -> pd.DataFrame:

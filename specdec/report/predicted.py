@@ -1,4 +1,4 @@
-"""What the acceptance traces predict, next to what the paired timed runs measured.
+"""What the acceptance traces predict (the timed runs check it: `specdec.report.answer.predicted_vs_measured`).
 
 The algorithm is kept apart from the hardware. The **algorithm** is the acceptance trace of a prompt
 (`specdec.engine.traces`): the rounds of every fixed K in 1..16 and of every policy, for every drafter of the
@@ -21,7 +21,8 @@ prompt's prompt-lookup rounds (0 when there were none); the mixed drafter's roun
 drafted each (`specdec.engine.traces.ReplayRound.by_model`: its suffix and plain rounds as prompt lookup's, its
 draft-model rounds as the draft model's, their catch-up counting the tokens its other rounds committed), o_spec = the median over the
 prompt's timed speculative rounds of verify_s - forward_s + other_s (verification, sampling, rollback) and
-o_base = the median over its baseline rounds of verify_s - forward_s. The **predicted decode speedup** is
+o_base = the median over its baseline rounds of verify_s - forward_s (a prompt without speculative rounds of
+its own takes the median o_spec of those that have them). The **predicted decode speedup** is
 (T x (F(1) + o_base)) / sum(round_s), T = the output's tokens.
 
 The draft's catch-up curve d(n) comes from the calibration block's draft forwards of n tokens when it has
@@ -49,9 +50,8 @@ from specdec.core import stats
 from specdec.core.costs import CostCurve
 from specdec.core.metrics import RATES
 from specdec.measure.pricing import TraceModel
-from specdec.report.load import ensure_prepared, is_missing, run_rate
+from specdec.report.load import ensure_prepared, is_missing
 from specdec.report.model import CostInfo, cost_infos
-from specdec.report.speedup import paired_reference
 from specdec.report.vocab import BASELINE, SPEC_METHODS
 
 # The replay (specdec.engine.traces, specdec.drafters) imports torch: it is imported where a trace is replayed, so that
@@ -65,10 +65,8 @@ __all__ = [
     "machine_curves",
     "padded_configs",
     "positive_geomean",
-    "predicted_vs_measured",
     "prompt_models",
     "stored_curves",
-    "summary",
     "trace_best_k",
     "trace_grid",
     "type_ks_flags",
@@ -386,70 +384,3 @@ def type_ks_flags(best: pd.DataFrame) -> dict[str, str]:
     for label, g in best.groupby("config_label", sort=True):
         out[str(label)] = ",".join(f"{r.method}:{r.prompt_type}={int(r.best_k)}" for r in g.itertuples())
     return out
-
-
-def _timed_records(rounds: pd.DataFrame, run_id: int):
-    from specdec.core.metrics import RoundRecord
-
-    g = rounds[rounds["run_id"] == run_id].sort_values("round_idx")
-    return [RoundRecord(k=int(x.k), num_accepted=int(x.num_accepted), accept_flags=(), next_kind=str(x.next_kind),
-                        num_emitted=int(x.num_emitted)) for x in g.itertuples(index=False)]
-
-
-def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequence[PromptModel]
-                          ) -> pd.DataFrame:
-    """Per timed greedy run of a drafter of the predicted grid (`grid_drafters`: fixed K or a policy) on a traced
-    prompt: the replay check, the predicted and the measured (paired) decode speedup.
-
-    Columns: run_id, config_label, prompt_id, prompt_type, method, policy, k, replay_exact (the replayed
-    rounds equal the timed rounds), mismatch (first differing round, text), predicted, measured, ratio
-    (predicted / measured), n_adjacent (baselines adjacent in time to the run).
-    """
-    from specdec.engine.traces import compare_rounds
-
-    cols = ["run_id", "config_label", "prompt_id", "prompt_type", "method", "policy", "k", "replay_exact",
-            "mismatch", "predicted", "measured", "ratio", "n_adjacent"]
-    df = ensure_prepared(runs)
-    ok = df[df["ok"]].copy()
-    if ok.empty or not models:
-        return pd.DataFrame(columns=cols)
-    ok["decode_tokens_per_s"] = run_rate(ok, "decode_tokens_per_s")
-    ref, adj = paired_reference(ok, "decode_tokens_per_s")
-    by_key = {(m.key[0], m.key[1], m.key[2]): m for m in models}
-    rows = []
-    for r in ok[ok["method"].isin(_DRAFTERS)].itertuples(index=False):
-        if not is_missing(getattr(r, "temperature", 0.0)) and float(r.temperature or 0.0) > 0:
-            continue
-        mid = "" if is_missing(getattr(r, "machine_id", None)) else str(r.machine_id)
-        m = by_key.get((r.config_label, r.prompt_id, mid))
-        if m is None:
-            continue
-        try:
-            replayed = m.rounds(r.method, int(r.k), r.policy or "fixed")
-        except ValueError:
-            continue
-        timed = _timed_records(rounds, int(r.run_id))
-        # a confidence stop past a rejected draft token is off the trace: the replayed K is an upper bound
-        diff = compare_rounds(timed, replayed, k_upper_bound=r.policy == "confidence" and drafter(r.method).needs_model)
-        meas = r.decode_tokens_per_s / ref[int(r.run_id)] if int(r.run_id) in ref else np.nan
-        pred = m.speedup(r.method, replayed)
-        rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
-                     "prompt_type": r.prompt_type, "method": r.method, "policy": r.policy, "k": int(r.k),
-                     "replay_exact": not diff, "mismatch": "" if not diff else json.dumps(diff[0]),
-                     "predicted": pred, "measured": meas,
-                     "ratio": pred / meas if meas and np.isfinite(meas) and meas > 0 else np.nan,
-                     "n_adjacent": adj.get(int(r.run_id), 0)})
-    return pd.DataFrame(rows, columns=cols)
-
-
-def summary(pvm: pd.DataFrame) -> dict:
-    """Headline figures of `predicted_vs_measured`: replay exact share, median predicted/measured, its
-    spread, and the share of cells within 10 %."""
-    if pvm.empty:
-        return {"n": 0}
-    r = pvm["ratio"].astype(float)
-    r = r[np.isfinite(r)]
-    return {"n": len(pvm), "n_exact": int(pvm["replay_exact"].sum()),
-            "median_ratio": float(r.median()) if len(r) else np.nan,
-            "within_10pct": float(((r - 1).abs() <= 0.10).mean()) if len(r) else np.nan,
-            "interval": stats.ratio_interval(r.to_numpy()) if len(r) >= 2 else None}

@@ -7,9 +7,10 @@ import numpy as np
 
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
+from specdec.report.answer import summary
 from specdec.report.comparisons import exactness
 from specdec.report.document import Bullets, Section, ci, f, i, key_columns, pct, s, table_of, yn
-from specdec.report.predicted import catchup_summary, positive_geomean, summary, type_ks_flags
+from specdec.report.predicted import catchup_summary, positive_geomean, type_ks_flags
 from specdec.report.vocab import ALL_PROMPTS, SPEC_METHODS
 
 __all__ = ["aa_line", "roofline_section", "traces_section"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from specdec.report.answer import type_answer
+from specdec.report.answer import predicted_vs_measured, type_answer
 from specdec.report.cells import best_k_table, cell_table
 from specdec.report.comparisons import (
     adaptive_table,
@@ -48,7 +48,6 @@ from specdec.report.model import (
 )
 from specdec.report.predicted import (
     machine_curves,
-    predicted_vs_measured,
     prompt_models,
     stored_curves,
     trace_best_k,

@@ -51,7 +51,7 @@ def main() -> None:
     from specdec.core import stats
     from specdec.report import analyze, load_store
     from specdec.report import tables as T
-    from specdec.report.predicted import summary
+    from specdec.report.answer import summary
 
     an = analyze(load_store(args.db, args.sweep))
     runs = an.store.runs

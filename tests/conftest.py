@@ -250,7 +250,7 @@ def prompt_file(tmp_path_factory) -> Path:
 
 def tiny_sweep_config(tiny_pair, draft_dir, prompt_file, **kw):
     """A small sweep on the tiny models: K in {1, 2}, 8 new tokens, no peers or policies, every check on every
-    primary (``checks_per_prompt`` 0), fp32 eager (the default ``auto`` configuration would pick bf16 on a CPU
+    primary (``checks_per_prompt`` 0), our methods baseline, aa, draft and ngram, fp32 eager (the default ``auto`` configuration would pick bf16 on a CPU
     with native bf16 kernels; override with kw)."""
     from specdec.bench import sweep as S
 
@@ -258,7 +258,7 @@ def tiny_sweep_config(tiny_pair, draft_dir, prompt_file, **kw):
         "target": str(tiny_pair.target_dir), "draft": str(draft_dir), "prompts": str(prompt_file),
         "ks": "1,2", "secondary_ks": "1", "max_new_tokens": 8, "peers": False, "policies": "none",
         "cost_repeats": 1, "warmup_tokens": 2, "threads": 1, "configs": "transformers-eager",
-        "checks_per_prompt": 0,
+        "checks_per_prompt": 0, "methods": "baseline,aa,draft,ngram",
     }  # fmt: skip
     flags.update(kw)
     return S.make_config(flags)

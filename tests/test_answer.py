@@ -107,6 +107,7 @@ def test_the_main_job_on_a_prompt_file_prices_every_prompt_and_opens_the_report_
             for i, w in enumerate(words)]
     prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompts, ks="", secondary_ks="", policies="best,draft:cost",
+                            methods="baseline,aa,draft,ngram,mixed",
                             checks_per_prompt=2, max_new_tokens=6)
     result = S.run_sweep(cfg, db=tmp_path / "job.db", progress=False, echo=lambda _: None)
     assert result.status == "done" and result.failed == 0

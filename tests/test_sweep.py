@@ -929,7 +929,8 @@ def test_cli_sweep_resume_export(app, tmp_path, tiny_pair, near_draft_dir, promp
     db = tmp_path / "cli.db"
     args = ["sweep", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--prompts",
             str(prompt_file), "--prompt-types", "code", "--ks", "1,2", "--max-new-tokens", "4", "--no-peers",
-            "--policies", "none", "--configs", "transformers-eager", "--db", str(db), "--no-progress", "--threads", "1"]
+            "--policies", "none", "--configs", "transformers-eager", "--db", str(db), "--no-progress", "--threads", "1",
+            "--methods", "baseline,aa,draft,ngram"]
     dry = runner.invoke(app, args + ["--dry-run"])
     assert dry.exit_code == 0, dry.output
     # code-01: aa, draft and ngram at K = 1, 2, each between two baselines (5 + 6)

@@ -170,8 +170,9 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
         if 1 in cfg.batch_sizes:
             for prompt in prompts:
                 groups = _prompt_groups(cfg, label, prompt, turn.get(prompt.id))
+                priced = prompt.id not in prim and not groups and cfg.checks_per_prompt > 0
                 plan += _pass(cfg, groups, lambda m, k, p, r, prompt=prompt, label=label: PlannedRun(
-                    label, prompt, m, k, p, r, prompt.id in prim))
+                    label, prompt, m, k, p, r, prompt.id in prim), priced=priced)
         for b in cfg.batch_sizes:
             if b == 1:
                 continue
@@ -185,7 +186,10 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
 def calibration_passes(cfg: SweepConfig, plan: Sequence[PlannedRun], label: str, prompt_id: str) -> int:
     """Passes of the calibration block for one prompt: ``calibration_repeats`` where the prompt has timed runs
     besides target-only in `plan` (the cost policy and policy ``best`` decide with its block), at most one
-    for a prompt that is priced only (its block prices its trace's replay)."""
+    for a prompt that is priced only (its block prices its trace's replay); ``calibration_repeats`` everywhere
+    with ``checks_per_prompt`` 0."""
+    if cfg.checks_per_prompt == 0:  # nothing is priced only: every prompt's block as before dealing
+        return cfg.calibration_repeats
     base = reference_method().name
     timed = any(c.config_label == label and c.prompt.id == prompt_id and c.method != base and c.batch_id is None
                 for c in plan)
@@ -198,8 +202,9 @@ def _prompt_groups(cfg: SweepConfig, label: str, prompt: Prompt, turn: int | Non
 
     The checks (the plain methods such as the A/A run, and the policies) of a primary are dealt out in turn
     when ``checks_per_prompt`` > 0: the j-th primary gets checks ``j*n .. j*n + n - 1`` (mod their number) of
-    the list, so every check is timed on about the same number of primaries. A non-primary prompt without
-    K grid or policy cells is priced only (its one target-only run, trace and calibration block): no A/A."""
+    the list, so every check is timed on about the same number of primaries. With ``checks_per_prompt`` > 0 a
+    non-primary prompt without K grid or policy cells is priced only (its one target-only run, trace and
+    calibration block: no plain method); with 0 every prompt gets the plain methods, as before dealing."""
     is_primary = turn is not None
     rc = RUNTIME_CONFIGS[label]
     peers = [m for m in peer_methods() if (cfg.peers or m.name in cfg.methods) and m.applies(rc)]
@@ -214,7 +219,7 @@ def _prompt_groups(cfg: SweepConfig, label: str, prompt: Prompt, turn: int | Non
         grid.extend((m, k, "fixed") for k in method_ks(cfg, m) if k not in ks and k not in extra)
     policies: list[Group] = [(m, cfg.policy_k, p) for m in drafting
                              for p in policies_for(cfg, m, primary=is_primary)]
-    if not is_primary and not grid and not policies:
+    if not is_primary and not grid and not policies and cfg.checks_per_prompt > 0:
         return []
     checks: list[Group] = [(m, None, None) for m in plain] + policies
     n = cfg.checks_per_prompt
@@ -238,13 +243,14 @@ def _batch_groups(cfg: SweepConfig, batch_size: int) -> list[Group]:
     return groups
 
 
-def _pass(cfg: SweepConfig, groups: list[Group], make) -> list[PlannedRun]:
+def _pass(cfg: SweepConfig, groups: list[Group], make, *, priced: bool = False) -> list[PlannedRun]:
     """One prompt's (batch's) runs in order: `groups` once per repeat, placed among its target-only runs as
-    ``pairing`` says; ``make(method, k, policy, repeat)`` builds each `PlannedRun`."""
+    ``pairing`` says; ``make(method, k, policy, repeat)`` builds each `PlannedRun`. A prompt `priced` only
+    gets one target-only run per repeat (its trace and calibration block follow the first)."""
     base = reference_method().name
     out: list[PlannedRun] = []
     with_base = base in cfg.methods
-    if with_base and not groups and cfg.pairing == "bracket":  # a prompt priced only: its one target-only run
+    if with_base and priced:
         return [make(base, None, None, r) for r in range(cfg.repeats)]
     if cfg.pairing == "bracket" and with_base and groups:
         out.append(make(base, None, None, 0))

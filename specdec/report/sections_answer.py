@@ -25,6 +25,7 @@ from specdec.report.figure_kit import (
     tex_safe,
 )
 from specdec.report.headline import aa_floor
+from specdec.report.predicted import positive_geomean
 
 __all__ = ["answer_figures", "answer_section"]
 
@@ -122,7 +123,7 @@ def answer_section(a: Analysis, figures: list[FigureEntry]) -> Section:
 
 def _geomean_by_k(m: pd.DataFrame) -> pd.Series:
     """Per K, the geometric mean of the positive predictions of `m` (one drafter's rows of one type)."""
-    return m.groupby("k")["predicted"].apply(lambda v: stats.geometric_mean(v[v > 0]))
+    return m.groupby("k")["predicted"].apply(positive_geomean)
 
 
 def _draw_vs_k(ax, h: pd.DataFrame, timed: pd.DataFrame, colour) -> None:

@@ -3,6 +3,8 @@ teacher-forced draft pass, equal the rounds of real speculative runs."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from specdec.drafters.model import ModelDrafter
@@ -145,3 +147,38 @@ def test_draft_pending_is_what_the_engine_feeds(traces, target, near_draft, k):
             seen["all"] += sum(p == 2 for p in log.sizes)
             seen["plain"] += sum(p > 2 for p in log.sizes)
     assert seen["all"] > 0 and seen["plain"] > 0  # both kinds of catch-up occurred
+
+
+class _DearVerification:
+    """A target whose forwards of more than one token take 20 ms longer than its calibration says: a
+    verification dearer in the decoding loop than priced, which the cost policy's measured ledger catches."""
+
+    def __init__(self, backend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def forward(self, tokens, **kw):
+        if len(tokens) > 1:
+            time.sleep(0.02)
+        return self._backend.forward(tokens, **kw)
+
+
+def test_a_policy_replayed_on_the_timed_runs_clock_decides_as_it_did_live(traces, target):
+    """The cost policy's ledger weighs measured seconds once plain rounds are timed, so a live run whose
+    verification is dearer than its curve stops speculating where the priced replay goes on; fed the run's
+    round seconds (``clock``), the replay takes the live run's rounds."""
+    from specdec.core.costs import CostCurve
+    from specdec.policies.cost import CostPolicy
+
+    curve = CostCurve({1: 0.001, 17: 0.0012}, draft_step_s=0.0001)  # every K pays on the curve
+    (prompt, eos, trace) = traces[("text", frozenset())]
+    run = speculative_generate(_DearVerification(target), PromptLookupDrafter(), prompt, trace.max_new_tokens,
+                               policy=CostPolicy.from_costs(curve, max_k=8), vocab_size=V, eos_ids=eos)
+    assert tuple(run.token_ids) == trace.target_ids
+    priced = replay(trace, policy=CostPolicy.from_costs(curve, max_k=8), drafter=PromptLookupDrafter())
+    assert compare_rounds(run.rounds, priced) != []  # the priced ledger would have gone on drafting
+    timed = replay(trace, policy=CostPolicy.from_costs(curve, max_k=8), drafter=PromptLookupDrafter(),
+                   clock=run.rounds)
+    assert compare_rounds(run.rounds, timed) == []

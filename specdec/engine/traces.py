@@ -183,13 +183,16 @@ class ReplayRound:
         """Drafts counted as drafted, cut where the output stopped (the rule of `RoundRecord.num_drafted`)."""
         return self.k if self.num_emitted > self.num_accepted else min(self.k, self.num_accepted)
 
-    def as_record(self) -> RoundRecord:
-        """The `RoundRecord` a real run of this round would carry (timings zero), for policies."""
+    def as_record(self, clock: RoundRecord | None = None) -> RoundRecord:
+        """The `RoundRecord` a real run of this round would carry, for policies: timings zero, or `clock`'s
+        (a timed round's draft_s, verify_s and other_s, in seconds)."""
         rejected = self.num_accepted < self.k and self.num_emitted > self.num_accepted
         flags = (True,) * self.num_accepted + ((False,) if rejected else ())
+        times = {} if clock is None else {"draft_s": clock.draft_s, "verify_s": clock.verify_s,
+                                          "other_s": clock.other_s}
         return RoundRecord(k=self.k, num_accepted=self.num_accepted, accept_flags=flags,
                            next_kind="recovered" if rejected else "bonus", num_emitted=self.num_emitted,
-                           draft_stopped=self.draft_stopped)
+                           draft_stopped=self.draft_stopped, **times)
 
 
 def _run(proposal: Sequence[int], target: Sequence[int]) -> int:
@@ -235,7 +238,7 @@ def _drafter_round(trace: AcceptanceTrace, drafter: Drafter, pos: int, kk: int, 
 
 
 def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter: Drafter | None = None,
-           draft_context: int | None = None) -> list[ReplayRound]:
+           draft_context: int | None = None, clock: Sequence[RoundRecord] | None = None) -> list[ReplayRound]:
     """The rounds a speculative run would take on this trace.
 
     Args:
@@ -296,11 +299,21 @@ def replay(trace: AcceptanceTrace, *, k: int | None = None, policy=None, drafter
         r = ReplayRound(drafted, min(accepted, emitted), emitted, stopped, by_model)
         rounds.append(r)
         if policy is not None:
-            policy.observe(r.as_record())
+            timed = _same_round(clock, len(rounds) - 1, r)
+            clock = clock if timed is not None else None  # out of step with the timed run from here on
+            policy.observe(r.as_record(timed))
         pos += emitted
         if drafter is not None:
             drafter.rollback(list(trace.prompt_ids) + list(target[:pos]))
     return rounds
+
+
+def _same_round(clock: Sequence[RoundRecord] | None, i: int, r: ReplayRound) -> RoundRecord | None:
+    """`clock`'s round `i` when it is the replayed round `r` (same K, accepted and emitted tokens), else None."""
+    if clock is None or i >= len(clock):
+        return None
+    c = clock[i]
+    return c if (c.k, c.num_accepted, c.num_emitted) == (r.k, r.num_accepted, r.num_emitted) else None
 
 
 def draft_pending(rounds: Sequence, prompt_len: int | None = None) -> list[int]:

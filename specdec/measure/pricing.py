@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from specdec.core.costs import CostCurve
+    from specdec.core.metrics import RoundRecord
     from specdec.engine.traces import AcceptanceTrace, ReplayRound
 
 __all__ = ["TraceModel"]
@@ -72,8 +73,11 @@ class TraceModel:
 
         return drafter(method).needs_model
 
-    def rounds(self, method: str, k: int, policy: str | None = "fixed") -> list[ReplayRound]:
-        """The replayed rounds of `method` at fixed K or with an adaptive `policy` (K = its maximum).
+    def rounds(self, method: str, k: int, policy: str | None = "fixed",
+               clock: Sequence[RoundRecord] | None = None) -> list[ReplayRound]:
+        """The replayed rounds of `method` at fixed K or with an adaptive `policy` (K = its maximum); `clock`:
+        a timed run's rounds whose seconds the policy is fed while the replay agrees with them
+        (`specdec.engine.traces.replay`; None: the priced form, what a prediction uses).
 
         Raises:
             ValueError: a draft-model replay on a trace without draft tokens; the cost policy without costs.
@@ -93,7 +97,8 @@ class TraceModel:
         # as the sweep builds it (`specdec.bench.methods`): a drafter that chooses its own length prices none
         pol = make_policy(policy, k, costs=self.curve, pad_verify=self.padded,
                           free_drafts=drafter_entry(method).k_is_cap)
-        return replay(self.trace, policy=pol, drafter=self.drafter(method), draft_context=self.draft_context)
+        return replay(self.trace, policy=pol, drafter=self.drafter(method), draft_context=self.draft_context,
+                      clock=clock)
 
     def decode_s(self, method: str, rounds: Sequence[ReplayRound]) -> float:
         """Predicted decode seconds of `rounds` (module docstring); NaN without costs."""

@@ -44,13 +44,23 @@ def _timed_records(rounds: pd.DataFrame, run_id: int):
 
     g = rounds[rounds["run_id"] == run_id].sort_values("round_idx")
     return [RoundRecord(k=int(x.k), num_accepted=int(x.num_accepted), accept_flags=(), next_kind=str(x.next_kind),
-                        num_emitted=int(x.num_emitted)) for x in g.itertuples(index=False)]
+                        num_emitted=int(x.num_emitted), draft_s=_seconds(x, "draft_s"),
+                        verify_s=_seconds(x, "verify_s"), other_s=_seconds(x, "other_s"))
+            for x in g.itertuples(index=False)]
+
+
+def _seconds(row, col: str) -> float:
+    """A stored round's seconds in `col` (0.0 where the store has none: a round that carries no time)."""
+    v = getattr(row, col, None)
+    return 0.0 if is_missing(v) or not np.isfinite(float(v)) else float(v)
 
 
 def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequence[PromptModel]
                           ) -> pd.DataFrame:
     """Per timed greedy run of a drafter of the predicted grid (`grid_drafters`: fixed K or a policy) on a traced
-    prompt: the replay check, the predicted and the measured (paired) decode speedup.
+    prompt: the replay check, the predicted and the measured (paired) decode speedup. The replay of a policy
+    run is fed that run's round seconds (`TraceModel.rounds`'s ``clock``): a ledger that weighs measured
+    seconds decides as it did live; the predicted speedup prices those rounds on the curve.
 
     Columns: run_id, config_label, prompt_id, prompt_type, method, policy, k, replay_exact (the replayed
     rounds equal the timed rounds), mismatch (first differing round, text), predicted, measured, ratio
@@ -75,11 +85,12 @@ def predicted_vs_measured(runs: pd.DataFrame, rounds: pd.DataFrame, models: Sequ
         m = by_key.get((r.config_label, r.prompt_id, mid))
         if m is None:
             continue
+        timed = _timed_records(rounds, int(r.run_id))
         try:
-            replayed = m.rounds(r.method, int(r.k), r.policy or "fixed")
+            # the timed run's seconds fed to its policy's ledger as the live run's were: the replay checks it
+            replayed = m.rounds(r.method, int(r.k), r.policy or "fixed", clock=timed)
         except ValueError:
             continue
-        timed = _timed_records(rounds, int(r.run_id))
         # a confidence stop past a rejected draft token is off the trace: the replayed K is an upper bound
         diff = compare_rounds(timed, replayed, k_upper_bound=r.policy == "confidence" and drafter(r.method).needs_model)
         meas = r.decode_tokens_per_s / ref[int(r.run_id)] if int(r.run_id) in ref else np.nan

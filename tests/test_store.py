@@ -35,7 +35,7 @@ SCHEMA = {
     "shards": ["sweep_id", "shard", "machine_id", "started_at"],
     "traces": ["sweep_id", "config_label", "prompt_id", "machine_id", "run_id", "max_new_tokens", "draft_context",
                "prompt_ids", "target_ids", "draft_ids", "draft_top_prob", "target_margin", "target_tf_ids",
-               "created_at"],
+               "created_at", "sampling_json", "overlap", "chains"],
     "calibration": ["sweep_id", "config_label", "prompt_id", "machine_id", "after_run_id", "role", "n_tokens",
                     "context_tokens", "seconds", "repeats", "spread_s"],
     "roofline": ["sweep_id", "config_label", "machine_id", "target_weight_bytes", "draft_weight_bytes",
@@ -251,9 +251,10 @@ def test_schema_declared_once_matches_the_published_store(tmp_path):
         # (runs.machine_id, the machine tables, rounds.forward_s, runs.first_divergence, traces and calibration
         # came later: opening an older store adds them, and the published stores were opened so - a checkout
         # does not change on first use)
-        # roofline.runtime_json, runs.policy_note and the batch axis's runs columns came after the published
-        # store was last written: opening it adds the columns
+        # roofline.runtime_json, runs.policy_note, the batch axis's runs columns and the sampled traces' columns
+        # came after the published store was last written: opening it adds the columns
         later = {("roofline", "runtime_json"), ("runs", "policy_note")} | {
+            ("traces", c) for c in ("sampling_json", "overlap", "chains")} | {
             ("runs", c) for c in ("batch_size", "batch_id", "row", "batch_total_s", "batch_tokens_per_s",
                                   "matches_single", "predicted_speedup")}
         for table, cols in S.TABLES.items():

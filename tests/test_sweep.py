@@ -1090,8 +1090,11 @@ def test_sampled_sweep_records_seeds_and_no_equality(tmp_path, tiny_pair, near_d
     )
     assert [(r["repeat"], r["seed"]) for r in runs if r["method"] == "baseline"] == [(r, 10 + r) for r in range(5)]
     assert all(r["matches_baseline"] is None and r["temperature"] == 0.8 for r in runs)
-    with Store(tmp_path / "s.db") as st:  # no acceptance trace under sampling (the output depends on K)
-        assert st.traces() == [] and st.calibration()
+    with Store(tmp_path / "s.db") as st:  # a sampled trace: the draft's overlap along the seeded baseline
+        (t,) = st.traces()
+        assert st.calibration()
+    assert t["sampling_json"] == {"temperature": 0.8, "top_k": 50, "top_p": 0.95} and t["draft_ids"] is None
+    assert len(t["overlap"]) == len(t["target_ids"]) and all(0.0 <= x <= 1.0 + 1e-6 for x in t["overlap"])
 
 
 def test_c18_sampled_runs_use_their_whole_budget(tiny_pair, near_draft_dir, prompt_file):
@@ -1355,11 +1358,52 @@ def test_policy_best_times_each_drafter_at_the_k_its_trace_predicts(tmp_path, ti
     assert again.ran == 0
 
 
-def test_policy_best_needs_greedy_traces_and_calibration(tiny_pair, near_draft_dir, prompt_file):
-    for kw, why in (({"temperature": 0.7}, "sampled"), ({"traces": False}, "--no-traces"),
-                    ({"calibration_repeats": 0}, "--calibration-repeats 0")):
+def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trace_predicts(tmp_path, tiny_pair,
+                                                                                          near_draft_dir, prompt_file):
+    """A sampled sweep stores a sampled trace per prompt (the draft's overlap, prompt lookup's and the suffix
+    drafter's chains along the seeded baseline) and policy ``best`` times each drafter at the K its expected run,
+    priced with the prompt's calibration block, predicts fastest; the report's greedy grid leaves it out."""
+    from specdec.bench import sweep as S
+    from specdec.core.costs import CostCurve
+    from specdec.core.sampling import SamplingParams
+    from specdec.engine.sampled_traces import SampledTrace
+    from specdec.measure.pricing import sampled_best_fixed_k
+    from specdec.report.analysis import analyze
+    from specdec.report.load import load_store
+    from specdec.report.predicted import prompt_models
+
+    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="", policies="best",
+                            policy_k=6, methods="baseline,draft,ngram,suffix", calibration_repeats=1,
+                            temperature=0.7, top_p=0.9, prompt_types="code,repetitive")
+    db = tmp_path / "sampled_best.db"
+    S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
+    with Store(db) as st:
+        sid = st.sweeps()[0]["sweep_id"]
+        runs = [r for r in st.runs(sid) if r["method"] in ("draft", "ngram", "suffix")]
+        cal, traces = st.calibration(sid), {t["prompt_id"]: t for t in st.traces(sid)}
+    assert len(runs) >= 6 and all(r["error"] is None and r["policy"] == "fixed" for r in runs)
+    for r in runs:
+        t = traces[r["prompt_id"]]
+        assert set(t["chains"]) == {"ngram", "suffix"} and len(t["overlap"]) == len(t["target_ids"])
+        trace = SampledTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]), t["max_new_tokens"],
+                             SamplingParams(0.7, 0, 0.9), tuple(t["overlap"]),
+                             {k: tuple(tuple(c) for c in v) for k, v in t["chains"].items()})
+        curve = CostCurve.from_calibration([c for c in cal if c["prompt_id"] == r["prompt_id"]])
+        assert r["k"] == sampled_best_fixed_k(trace, curve, r["method"], range(1, 7))[0], r["prompt_id"]
+    store = load_store(db)
+    assert prompt_models(store.runs, store.rounds, store.traces, store.calibration) == []
+    analyze(store)  # the report's tables read a sampled store
+
+
+def test_policy_best_needs_traces_calibration_and_a_sampled_replay(tiny_pair, near_draft_dir, prompt_file):
+    for kw, why in (({"temperature": 0.7, "methods": "baseline,draft,mixed"}, "under sampling .* without mixed"),
+                    ({"traces": False}, "--no-traces"), ({"calibration_repeats": 0}, "--calibration-repeats 0")):
         with pytest.raises(ValueError, match=why):
             tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", **kw)
+    # under sampling the draft model, prompt lookup and the suffix drafter have a sampled replay
+    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", temperature=0.7,
+                            methods="baseline,draft,ngram,suffix")
+    assert cfg.policies == ("best",)
 
 
 def test_a_resumed_prompt_takes_its_missing_trace_before_policy_best(tmp_path, tiny_pair, near_draft_dir,

@@ -320,14 +320,31 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, got {v['pairing']!r}")
     v["traces"] = bool(v["traces"])
     if BEST_K in {policy_name(p) for p in (*v["policies"], *v["secondary_policies"])}:
-        why = ("sampled decoding (--temperature > 0)" if v["temperature"] > 0 else "--no-traces" if not v["traces"]
-               else "--calibration-repeats 0" if v["calibration_repeats"] == 0 else None)
+        why = ("--no-traces" if not v["traces"] else "--calibration-repeats 0" if v["calibration_repeats"] == 0
+               else None)
+        missing = _no_sampled_replay(v["methods"]) if v["temperature"] > 0 else None
+        if missing and not why:
+            raise ValueError(f"policy {BEST_K!r} under sampling chooses K from each prompt's sampled trace, which "
+                             f"replays {missing[1]} only: give --methods without {missing[0]}, drop it "
+                             "(--policies cost) or give --ks")
         if why:
-            raise ValueError(f"policy {BEST_K!r} chooses K from each prompt's greedy acceptance trace and "
-                             f"calibration block, which {why} leaves out; drop it (--policies cost) or give --ks")
+            raise ValueError(f"policy {BEST_K!r} chooses K from each prompt's acceptance trace and calibration "
+                             f"block, which {why} leaves out; drop it (--policies cost) or give --ks")
     v["peers"] = bool(v["peers"])
     v["chat_template"] = bool(v["chat_template"])
     return v
+
+
+def _no_sampled_replay(methods) -> tuple[str, str] | None:
+    """Under sampling: the planned drafters a sampled trace does not replay (`DrafterEntry.sampled_replay`) and
+    those it does, as words for `validate`'s refusal, or None when it replays every one."""
+    from specdec.catalogue.drafters import DRAFTERS
+
+    missing = [m for m in methods if m in DRAFTERS and DRAFTERS[m].sampled_replay is None
+               and DRAFTERS[m].replay_as is None]
+    if not missing:
+        return None
+    return ", ".join(missing), ", ".join(n for n, e in DRAFTERS.items() if e.sampled_replay)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun, calibration_passes, cost_max_n
 from specdec.bench.state import SweepState
 from specdec.core.costs import CostCurve
+from specdec.engine.sampled_traces import SampledTrace, record_sampled_trace
 from specdec.engine.traces import first_divergence, record_trace, target_margins
 from specdec.measure.timing import calibration_block
 
@@ -122,18 +123,39 @@ def check_equal(s: SweepState, at: At) -> None:
 
 
 def trace(s: SweepState, at: At) -> None:
-    """Greedy sweeps: store the prompt's acceptance trace (one teacher-forced draft forward over the
-    baseline's output, the target's top-2 margins), once per prompt and configuration."""
+    """Store the prompt's acceptance trace once per prompt and configuration: greedy sweeps one teacher-forced
+    draft forward over the baseline's output and the target's top-2 margins (`record_trace`); sampled sweeps
+    the draft model's overlap and the planned model-free drafters' chains along the seeded baseline's output
+    (`record_sampled_trace`)."""
     loaded, pid = at.loaded, at.cell.prompt.id
     cfg, pair = loaded.cfg, loaded.pair
-    if not (cfg.traces and cfg.greedy) or s.store.has_trace(s.sweep_id, loaded.label, pid):
+    if not cfg.traces or s.store.has_trace(s.sweep_id, loaded.label, pid):
         return
     prompt, out = loaded.prompt_ids(at.cell.prompt), list(at.row["token_ids"] or [])
     draft = pair.draft.backend if pair.draft is not None else None
+    ctx = draft.max_length if draft is not None else None
+    if not cfg.greedy:
+        tr = record_sampled_trace(pair.target.backend, prompt, out, cfg.max_new_tokens, cfg.sampling, draft=draft,
+                                  drafters=_chain_drafters(loaded), k_max=cost_max_n(cfg) - 1,
+                                  vocab_size=pair.vocab_size)
+        s.store.save_trace(s.sweep_id, loaded.label, pid, at.run_id, tr, draft_context=ctx)
+        return
     tr = record_trace(prompt, out, cfg.max_new_tokens, draft, vocab_size=pair.vocab_size)
     margins, tf_ids = target_margins(pair.target.backend, prompt, out, vocab_size=pair.vocab_size)
     s.store.save_trace(s.sweep_id, loaded.label, pid, at.run_id, tr, target_margin=margins,
-                       target_tf_ids=tf_ids, draft_context=draft.max_length if draft is not None else None)
+                       target_tf_ids=tf_ids, draft_context=ctx)
+
+
+def _chain_drafters(loaded: LoadedConfig) -> dict[str, Callable]:
+    """Factories of the model-free drafters the configuration's methods replay from a sampled trace (their
+    chains), priced drafters on the configuration's costs."""
+    from specdec.catalogue.drafters import DRAFTERS, replay_drafter
+
+    costs = CostCurve.from_costs(loaded.costs) if loaded.costs else None
+    ngram = (loaded.cfg.ngram_max, loaded.cfg.ngram_min)
+    names = {METHODS[m].replay_as or m for m in loaded.cfg.methods if m in METHODS}
+    return {n: (lambda n=n: replay_drafter(n, costs=costs, ngram=ngram)) for n in sorted(names)
+            if n in DRAFTERS and DRAFTERS[n].sampled_replay == "chain"}
 
 
 def calibrate(s: SweepState, at: At) -> None:
@@ -191,29 +213,35 @@ def stored_prompt_costs(loaded: LoadedConfig, s: SweepState) -> None:
 
 def _stored_trace(loaded: LoadedConfig, s: SweepState, prompt_id: str):
     """This machine's stored acceptance trace of `prompt_id` in this configuration, as an `AcceptanceTrace`
-    with its draft context, or (None, None)."""
+    (a greedy sweep) or a `SampledTrace` (a sampled one) with its draft context, or (None, None)."""
     from specdec.engine.traces import AcceptanceTrace
 
     for t in s.store.traces(s.sweep_id):
-        if (t["config_label"], t["prompt_id"], t["machine_id"]) == (loaded.label, prompt_id,
-                                                                    s.store.machine_id or ""):
-            tr = AcceptanceTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]),
-                                 None if t["draft_ids"] is None else tuple(t["draft_ids"]),
-                                 None if t["draft_top_prob"] is None else tuple(t["draft_top_prob"]),
-                                 int(t["max_new_tokens"]))
-            return tr, t["draft_context"]
+        if (t["config_label"], t["prompt_id"], t["machine_id"]) != (loaded.label, prompt_id, s.store.machine_id or ""):
+            continue
+        if t.get("sampling_json") is not None:
+            chains = {k: tuple(tuple(c) for c in v) for k, v in (t["chains"] or {}).items()}
+            return SampledTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]), int(t["max_new_tokens"]),
+                                loaded.cfg.sampling, None if t["overlap"] is None else tuple(t["overlap"]),
+                                chains), t["draft_context"]
+        tr = AcceptanceTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]),
+                             None if t["draft_ids"] is None else tuple(t["draft_ids"]),
+                             None if t["draft_top_prob"] is None else tuple(t["draft_top_prob"]),
+                             int(t["max_new_tokens"]))
+        return tr, t["draft_context"]
     return None, None
 
 
 def best_k(loaded: LoadedConfig, s: SweepState, cell: PlannedRun) -> int:
     """The fixed K in 1..``cell.k`` that `cell`'s prompt's acceptance trace, priced with its calibration block
-    (`specdec.measure.pricing.TraceModel.best_fixed_k`, overheads left out), predicts fastest for ``cell.method``;
-    computed once per (prompt, method) from what the store holds, so a resumed sweep chooses the same K.
+    (`specdec.measure.pricing.TraceModel.best_fixed_k`, overheads left out; a sampled sweep's expected run,
+    `sampled_best_fixed_k`), predicts fastest for ``cell.method``; computed once per (prompt, method) from
+    what the store holds, so a resumed sweep chooses the same K.
 
     Raises:
         ValueError: the prompt has no stored trace or calibration block on this machine (one line).
     """
-    from specdec.measure.pricing import TraceModel
+    from specdec.measure.pricing import TraceModel, sampled_best_fixed_k
 
     key = (cell.prompt.id, cell.method)
     replayed = METHODS[cell.method].replay_as or cell.method
@@ -222,9 +250,13 @@ def best_k(loaded: LoadedConfig, s: SweepState, cell: PlannedRun) -> int:
         curve = loaded.prompt_costs.get(cell.prompt.id)
         if trace is None or curve is None:
             raise ValueError(f"no acceptance trace and calibration block of {cell.prompt.id} to choose K from")
-        model = TraceModel(trace, curve, ngram=(loaded.cfg.ngram_max, loaded.cfg.ngram_min), draft_context=ctx,
-                           padded=loaded.rc.pad_verify)
-        loaded.best_ks[key] = model.best_fixed_k(replayed, range(1, int(cell.k) + 1))
+        ks = range(1, int(cell.k) + 1)
+        if isinstance(trace, SampledTrace):
+            loaded.best_ks[key] = sampled_best_fixed_k(trace, curve, replayed, ks, padded=loaded.rc.pad_verify)
+        else:
+            model = TraceModel(trace, curve, ngram=(loaded.cfg.ngram_max, loaded.cfg.ngram_min), draft_context=ctx,
+                               padded=loaded.rc.pad_verify)
+            loaded.best_ks[key] = model.best_fixed_k(replayed, ks)
         k, pred = loaded.best_ks[key]
         s.log(f"[{loaded.label}] {cell.prompt.id}: {cell.method} at K = {k}, the trace's best "
               f"(predicted {pred:.2f}x decode speedup)")

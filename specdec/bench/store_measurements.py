@@ -22,7 +22,9 @@ class MeasurementTables:
     def save_trace(self, sweep_id: str, config_label: str, prompt_id: str, run_id: int | None,
                    trace: Any, *, target_margin: Sequence[float] | None = None,
                    target_tf_ids: Sequence[int] | None = None, draft_context: int | None = None) -> None:
-        """Store (replace) the acceptance trace of one prompt on this machine (`specdec.engine.traces.AcceptanceTrace`).
+        """Store (replace) the acceptance trace of one prompt on this machine: a greedy one
+        (`specdec.engine.traces.AcceptanceTrace`) or a sampled one (`specdec.engine.sampled_traces.SampledTrace`:
+        its sampling, overlap and chains).
 
         Args:
             run_id: the target-only run the trace was taken from. target_margin: ``[T]`` the target's
@@ -31,23 +33,30 @@ class MeasurementTables:
                 near-tie). draft_context: the draft model's context length (it clamps K in a replay).
         """
         def js(x):
-            return None if x is None else json.dumps(list(x))
+            return None if x is None else json.dumps(x if isinstance(x, dict) else list(x))
 
+        sampling = getattr(trace, "sampling", None)
+        sampled = None if sampling is None else json.dumps(
+            {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p})
+        chains = getattr(trace, "chains", None)
         with self.transaction():
             self.conn.execute(
-                "INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO traces VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (sweep_id, config_label, prompt_id, self.machine_id or "", run_id, trace.max_new_tokens,
-                 draft_context, js(trace.prompt_ids), js(trace.target_ids), js(trace.draft_ids),
-                 js(trace.draft_top_prob), js(target_margin), js(target_tf_ids), _now()))
+                 draft_context, js(trace.prompt_ids), js(trace.target_ids), js(getattr(trace, "draft_ids", None)),
+                 js(getattr(trace, "draft_top_prob", None)), js(target_margin), js(target_tf_ids), _now(), sampled,
+                 js(getattr(trace, "overlap", None)),
+                 None if chains is None else json.dumps({k: [list(c) for c in v] for k, v in chains.items()})))
 
     def traces(self, sweep_id: str | None = None) -> list[dict]:
-        """Rows of ``traces`` (JSON columns decoded to lists), optionally of one sweep."""
+        """Rows of ``traces`` (JSON columns decoded), optionally of one sweep."""
         sql = "SELECT * FROM traces" + (" WHERE sweep_id = ?" if sweep_id else "") + " ORDER BY rowid"
         out = []
         for r in self.conn.execute(sql, (sweep_id,) if sweep_id else ()).fetchall():
             d = dict(r)
-            for c in ("prompt_ids", "target_ids", "draft_ids", "draft_top_prob", "target_margin", "target_tf_ids"):
-                d[c] = None if d[c] is None else json.loads(d[c])
+            for c in ("prompt_ids", "target_ids", "draft_ids", "draft_top_prob", "target_margin", "target_tf_ids",
+                      "sampling_json", "overlap", "chains"):
+                d[c] = None if d.get(c) is None else json.loads(d[c])
             out.append(d)
         return out
 

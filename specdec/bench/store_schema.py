@@ -102,12 +102,16 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "shards": (("sweep_id", "TEXT"), ("shard", "TEXT"), ("machine_id", "TEXT"), ("started_at", "TEXT")),
     # Acceptance traces (`specdec.engine.traces`): per prompt, the target-only greedy output and, per output position,
     # the draft's teacher-forced greedy token and the target's own top-2 margin; every fixed K and policy of
-    # both drafters is replayed from it (JSON lists; one row per sweep, config, prompt and machine).
+    # both drafters is replayed from it (JSON lists; one row per sweep, config, prompt and machine). A sampled
+    # sweep's trace (`specdec.engine.sampled_traces`; added by ALTER TABLE to older stores): its sampling
+    # (``sampling_json``, NULL for a greedy trace), the draft model's overlap per position and each model-free
+    # drafter's acceptance probabilities along its chain (``chains``: JSON {drafter: [[p, ...] per position]}).
     "traces": (
         ("sweep_id", "TEXT"), ("config_label", "TEXT"), ("prompt_id", "TEXT"), ("machine_id", "TEXT"),
         ("run_id", "INTEGER"), ("max_new_tokens", "INTEGER"), ("draft_context", "INTEGER"),
         ("prompt_ids", "TEXT"), ("target_ids", "TEXT"), ("draft_ids", "TEXT"), ("draft_top_prob", "TEXT"),
-        ("target_margin", "TEXT"), ("target_tf_ids", "TEXT"), ("created_at", "TEXT"),
+        ("target_margin", "TEXT"), ("target_tf_ids", "TEXT"), ("created_at", "TEXT"), ("sampling_json", "TEXT"),
+        ("overlap", "TEXT"), ("chains", "TEXT"),
     ),
     # Calibration blocks: target forwards of n = 1..17 tokens (and the draft step) timed at a prompt's own
     # context right after one of its target-only runs (`after_run_id`), median and IQR over `repeats`.

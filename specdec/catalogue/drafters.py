@@ -138,6 +138,16 @@ class DrafterEntry:
         return not self.needs_model
 
     @property
+    def sampled_replay(self) -> str | None:
+        """How a sampled trace (`specdec.engine.sampled_traces`) replays it: ``"overlap"`` (the draft model: its
+        overlap with the target along the sampled output), ``"chain"`` (a model-free drafter asked along the
+        output, its tokens' acceptance probabilities recorded), None (not recorded: a drafter that chooses per
+        round whether to draft with the model, one of another tokenizer, or one replayed as another)."""
+        if self.replay_as is not None:
+            return None
+        return {"trace": "overlap", "drafter": "chain"}.get(self.replay or "")
+
+    @property
     def k_is_cap(self) -> bool:
         """A K policy prices this drafter's tokens at 0 s: it drafts with no model, or it chooses its own draft
         length (and source) on the measured costs, so the policy's K only caps it."""

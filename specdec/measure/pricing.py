@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from specdec.core.metrics import RoundRecord
     from specdec.engine.traces import AcceptanceTrace, ReplayRound
 
-__all__ = ["TraceModel"]
+__all__ = ["TraceModel", "sampled_best_fixed_k"]
 
 
 class TraceModel:
@@ -144,3 +144,42 @@ class TraceModel:
         if best is None:
             raise ValueError("no K to choose from")
         return best
+
+
+def sampled_best_fixed_k(trace, curve: CostCurve, method: str, ks: Iterable[int] = range(1, 17), *,
+                         padded: bool = False) -> tuple[int, float]:
+    """The fixed K in `ks` whose expected run over a sampled trace (`specdec.engine.sampled_traces.expected_run`)
+    is predicted fastest, and its predicted decode speedup (ties: the smaller K). A round that drafted kk
+    tokens costs F(kk + 1) plus, for the draft model, kk draft steps (its catch-up priced at one step: an
+    expectation over rounds has no round history); a model-free drafter's rounds cost no drafting.
+
+    Args:
+        trace: a `SampledTrace`. curve: the prompt's `CostCurve`. method: a catalogue drafter whose
+            `DrafterEntry.sampled_replay` is set. padded: verification padded to the cheapest measured shape.
+
+    Raises:
+        ValueError: a drafter no sampled trace replays, or an empty `ks`. KeyError: a drafter the trace
+            did not record.
+    """
+    from specdec.catalogue.drafters import drafter
+    from specdec.engine.sampled_traces import DRAFT_MODEL, expected_run
+
+    entry = drafter(method)
+    if entry.sampled_replay is None:
+        raise ValueError(f"no sampled replay for drafter {method!r}: choose K with --ks under sampling")
+    model = entry.sampled_replay == "overlap"
+    step = (curve.draft_step_s or 0.0) if model else 0.0
+
+    def round_s(kk: int) -> float:
+        return kk * step + (curve.padded_value(kk + 1) if padded else curve.forward_s(kk + 1))
+
+    base = len(trace.target_ids) * (curve.padded_value(1) if padded else curve.forward_s(1))
+    best: tuple[int, float] | None = None
+    for k in ks:
+        run = expected_run(trace, DRAFT_MODEL if model else entry.name, int(k), round_s)
+        s = base / run.decode_s if run.decode_s > 0 else math.nan
+        if best is None or s > best[1] * (1 + 1e-12):
+            best = (int(k), s)
+    if best is None:
+        raise ValueError("no K to choose from")
+    return best

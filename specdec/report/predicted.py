@@ -191,6 +191,8 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         ngram: the sweep's (ngram_max, ngram_min).
         machine_costs: (config_label, machine_id) -> that machine's own curve (`machine_curves`).
     """
+    if traces is not None and "sampling_json" in traces.columns:
+        traces = traces[traces["sampling_json"].isna()]  # a sampled trace replays in expectation only
     if traces is None or traces.empty:
         return []
     df = ensure_prepared(runs)

@@ -1368,9 +1368,11 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
     from specdec.core.sampling import SamplingParams
     from specdec.engine.sampled_traces import SampledTrace
     from specdec.measure.pricing import sampled_best_fixed_k
+    from specdec.report import tables as T
     from specdec.report.analysis import analyze
     from specdec.report.load import load_store
     from specdec.report.predicted import prompt_models
+    from specdec.report.render import write_report
 
     cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="", policies="best",
                             policy_k=6, methods="baseline,draft,ngram,suffix", calibration_repeats=1,
@@ -1392,7 +1394,11 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
         assert r["k"] == sampled_best_fixed_k(trace, curve, r["method"], range(1, 7))[0], r["prompt_id"]
     store = load_store(db)
     assert prompt_models(store.runs, store.rounds, store.traces, store.calibration) == []
-    analyze(store)  # the report's tables read a sampled store
+    check = analyze(store)[T.SAMPLED]  # the report checks each timed run against its trace's expectation
+    assert sorted(check["run_id"]) == sorted(r["run_id"] for r in runs)
+    assert (check["predicted"] >= 1.0).all() and (check["measured"] >= 1.0).all()
+    write_report(db, tmp_path / "report")
+    assert "Sampled sweeps: each prompt's sampled trace" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_policy_best_needs_traces_calibration_and_a_sampled_replay(tiny_pair, near_draft_dir, prompt_file):

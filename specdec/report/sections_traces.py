@@ -40,9 +40,12 @@ def traces_section(a: Analysis) -> Section:
     sec = Section("Acceptance traces: every K predicted, checked against the timed runs", "traces")
     grid, best, pvm, div = a[T.TRACE_GRID], a[T.TRACE_BEST_K], a[T.PREDICTED], a[T.DIVERGENCE]
     lines = aa_line(a)
+    sampled = a[T.SAMPLED]
+    if len(sampled):
+        sec.blocks += _sampled_blocks(sampled)
     if grid.empty and pvm.empty:
-        lines.append("No acceptance traces in this store (sweeps recorded without traces, or sampled sweeps): the K "
-                     "grid is only what was timed.")
+        lines.append("No greedy acceptance traces in this store (sweeps recorded without traces, or sampled "
+                     "sweeps): the K grid is only what was timed.")
         sec.blocks.append(Bullets(lines))
         return sec
     sec.blocks.append(
@@ -72,6 +75,26 @@ def traces_section(a: Analysis) -> Section:
         sec.blocks.append(t)
     sec.blocks += _divergence_blocks(a, div)
     return sec
+
+
+def _sampled_blocks(check) -> list:
+    """The sampled traces' check (`specdec.report.sampled`): pooled per drafter, then every run."""
+    from specdec.report.sampled import sampled_summary
+
+    lines = [f"{r.config_label}, {r.method}: predicted / measured block efficiency {f(r.ratio, 3)} "
+             f"{ci(r.lo, r.hi, 3)} over {i(r.n)} runs" for r in sampled_summary(check).itertuples()]
+    t = table_of(check, [("run", lambda r: i(r["run_id"])), *key_columns("prompt", "method", "K"),
+                         ("temperature", lambda r: f(r["temperature"], 2)),
+                         ("predicted", lambda r: f(r["predicted"], 3)), ("measured", lambda r: f(r["measured"], 3)),
+                         ("pred / meas", lambda r: f(r["ratio"], 3))])
+    t.caption = ("Every timed sampled fixed-K run on a prompt with a sampled trace: the block efficiency (tokens "
+                 "per target forward) its trace's expected run predicts, and the run's own (one draw).")
+    t.collapsed = True
+    intro = ("Sampled sweeps: each prompt's sampled trace (the draft model's overlap sum_x min(p, q) and the "
+             "model-free drafters' acceptance probabilities along the seeded target-only output) gives every "
+             "fixed K's expected block efficiency (specdec/engine/sampled_traces.py); checked here against the "
+             "timed sampled runs.")
+    return [intro, Bullets(lines), t]
 
 
 def _summary_lines(a: Analysis, pvm) -> list[str]:

@@ -53,6 +53,7 @@ from specdec.report.predicted import (
     trace_best_k,
     trace_grid,
 )
+from specdec.report.sampled import sampled_check
 from specdec.report.vocab import CELL_KEY
 
 __all__ = ["REGISTRY", "Inputs", "ReportTable"]
@@ -151,6 +152,8 @@ ROOFLINE = ReportTable("roofline", "the roofline",
 DRAFTER_TABLE = ReportTable("drafters", "the drafters by prompt type", lambda i: drafter_table(i.runs, i.rounds))
 DRAFTER_RATIOS = ReportTable("drafter_ratios", "the paired drafter ratios", lambda i: drafter_ratio_table(i.runs))
 ANSWER = ReportTable("answer", "the answer per prompt type", lambda i: type_answer(i[TRACE_GRID], i[PREDICTED]))
+SAMPLED = ReportTable("sampled", "the sampled traces' check",
+                      lambda i: sampled_check(i.runs, i.store.traces if i.store is not None else None))
 DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
                          lambda i: divergence_table(i.runs, i.store.traces if i.store is not None else None))
 
@@ -158,5 +161,5 @@ DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
 REGISTRY: tuple[ReportTable, ...] = (
     CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
     BASELINE_STABILITY, COVERAGE, AA, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
-    TRACE_GRID, TRACE_BEST_K, PREDICTED, ANSWER, DIVERGENCE, ROOFLINE, DRAFTER_TABLE, DRAFTER_RATIOS,
+    TRACE_GRID, TRACE_BEST_K, PREDICTED, ANSWER, SAMPLED, DIVERGENCE, ROOFLINE, DRAFTER_TABLE, DRAFTER_RATIOS,
 )

@@ -127,17 +127,25 @@ def model_check(pvm: pd.DataFrame) -> pd.DataFrame:
         Columns config_label, method (``"all"`` for the pooled row), n (cells), ratio, lo, hi (geometric mean
         and 95 % t-interval of predicted / measured), n_exact (cells whose replayed rounds equal the timed ones).
     """
-    cols = ["config_label", "method", "n", "ratio", "lo", "hi", "n_exact"]
-    if pvm is None or pvm.empty:
+    out = pooled_ratios(pvm, lambda h: {"n_exact": int(h["replay_exact"].sum())})
+    return out if len(out) else pd.DataFrame(columns=[*out.columns, "n_exact"])
+
+
+def pooled_ratios(df: pd.DataFrame, extra=None) -> pd.DataFrame:
+    """A check's ``ratio`` column (predicted / measured, one row per timed run) pooled per config_label and
+    method and over all methods (``"all"``): columns config_label, method, n, ratio, lo, hi (geometric mean
+    and 95 % t-interval), plus what ``extra(rows)`` adds (a dict of columns per group)."""
+    cols = ["config_label", "method", "n", "ratio", "lo", "hi"]
+    if df is None or df.empty:
         return pd.DataFrame(columns=cols)
-    ok = pvm[np.isfinite(pvm["ratio"].astype(float)) & (pvm["ratio"].astype(float) > 0)]
+    ok = df[np.isfinite(df["ratio"].astype(float)) & (df["ratio"].astype(float) > 0)]
     rows = []
     for label, g in ok.groupby("config_label", sort=True):
         for method, h in [("all", g), *g.groupby("method", sort=True)]:
             r = stats.ratio_interval(h["ratio"].astype(float))
             rows.append({"config_label": label, "method": method, "n": r.n, "ratio": r.center, "lo": r.lo,
-                         "hi": r.hi, "n_exact": int(h["replay_exact"].sum())})
-    return pd.DataFrame(rows, columns=cols)
+                         "hi": r.hi, **(extra(h) if extra else {})})
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=cols)
 
 
 def widened(ci: stats.RatioInterval, check: tuple[float, float] | None) -> tuple[float, float, str]:

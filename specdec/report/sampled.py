@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pandas as pd
 
-from specdec.core import stats
 from specdec.report.load import ensure_prepared, is_missing
 
 __all__ = ["sampled_check", "sampled_summary"]
@@ -74,15 +72,7 @@ def sampled_check(runs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
 
 def sampled_summary(check: pd.DataFrame) -> pd.DataFrame:
     """`sampled_check` pooled per configuration and drafter and over all (``"all"``): n runs and the geometric
-    mean of predicted / measured block efficiency with its 95% t-interval."""
-    cols = ["config_label", "method", "n", "ratio", "lo", "hi"]
-    if check is None or check.empty:
-        return pd.DataFrame(columns=cols)
-    ok = check[np.isfinite(check["ratio"].astype(float)) & (check["ratio"].astype(float) > 0)]
-    rows = []
-    for label, g in ok.groupby("config_label", sort=True):
-        for method, h in [("all", g), *g.groupby("method", sort=True)]:
-            iv = stats.ratio_interval(h["ratio"].astype(float))
-            rows.append({"config_label": label, "method": method, "n": iv.n, "ratio": iv.center, "lo": iv.lo,
-                         "hi": iv.hi})
-    return pd.DataFrame(rows, columns=cols)
+    mean of predicted / measured block efficiency with its 95% t-interval (`pooled_ratios`)."""
+    from specdec.report.answer import pooled_ratios
+
+    return pooled_ratios(check)

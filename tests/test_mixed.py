@@ -306,3 +306,18 @@ def test_the_deferred_prefill_is_an_investment_paid_where_the_tokens_left_repay_
     assert short.batch._choose(0, committed, 8, SamplingParams())[0] != "model"
     with pytest.raises(ValueError, match="budget >= 1"):
         _mixed(near_draft, FLAT_PREFILL, budget=0)
+
+
+def test_the_catalogue_hands_the_generations_budget_to_the_mixed_drafter(near_draft):
+    """The deferred prefill is weighed over the generation's own budget (`DraftSource.budget`; the replay: the
+    trace's), the study's 128 tokens where none is given."""
+    from types import SimpleNamespace
+
+    from specdec.catalogue.drafters import MIXED_BUDGET, DraftSource, replay_drafter, single_drafter
+    from specdec.engine.traces import AcceptanceTrace
+
+    pair = SimpleNamespace(draft=SimpleNamespace(backend=near_draft), vocab_size=V, info={})
+    assert single_drafter("mixed", DraftSource(pair, costs=FLAT, budget=16)).batch.budget == 16
+    assert single_drafter("mixed", DraftSource(pair, costs=FLAT)).batch.budget == MIXED_BUDGET == 128
+    trace = AcceptanceTrace((1, 2), (3, 4, 5), (3, 4, 5), (0.9,) * 3, 40)
+    assert replay_drafter("mixed", costs=FLAT, trace=trace).batch.budget == 40

@@ -239,7 +239,7 @@ def speculative(drafter: str):
 
     def run(rt: Runtime, req: RunRequest) -> RunRecord:
         source = catalogue_drafters.DraftSource(rt.pair, rt.sampling, rt.costs, (rt.ngram_max, rt.ngram_min),
-                                                rt.corpus)
+                                                rt.corpus, budget=max(1, int(req.max_new_tokens)))
         the_drafter = catalogue_drafters.single_drafter(entry.name, source)
         target = rt.pair.target.backend
         common = {**_common(rt, req), "pad_to": _pad_to(rt)}

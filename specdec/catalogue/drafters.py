@@ -28,6 +28,8 @@ __all__ = [
 #: The names of the two classic drafters the analytical model and the report's figures single out.
 DRAFT_MODEL = "draft"
 PROMPT_LOOKUP = "ngram"
+#: The mixed drafter's horizon where the generation's budget is not given (the study's 128 new tokens).
+MIXED_BUDGET = 128
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class DraftSource:
             draft model: a drafter replayed with ``replay="drafter+trace"`` reads its draft model's greedy
             proposals from it (`specdec.drafters.traced.TracedModelDrafter`). draft_context: the draft
             model's context length then (it caps K as the live draft's does; None: no cap).
+        budget: the new tokens a row is expected to generate (the generation's budget): the horizon over which
+            the mixed drafter weighs the draft model's deferred prefill (None: `MIXED_BUDGET`).
     """
 
     pair: Any = None
@@ -63,6 +67,7 @@ class DraftSource:
     row_tokens: int | None = None
     trace: Any = None
     draft_context: int | None = None
+    budget: int | None = None
 
     def row_costs(self) -> Any:
         """`costs` as one row of a batch sees them: ``v(n) = t(rows x n) / t(rows)`` on the measured curve
@@ -312,7 +317,8 @@ def replay_drafter(name: str, *, costs: Any = None, ngram: tuple[int, int] = (3,
     if entry.replay == "drafter+trace":
         if trace is None or trace.draft_ids is None:
             raise ValueError(f"drafter {name!r} is replayed from a trace's draft tokens: none given")
-        return entry.row(DraftSource(costs=costs, ngram=ngram, trace=trace, draft_context=draft_context))
+        return entry.row(DraftSource(costs=costs, ngram=ngram, trace=trace, draft_context=draft_context,
+                                     budget=trace.max_new_tokens))
     replayable = ", ".join(n for n, e in DRAFTERS.items() if e.replay is not None)
     raise ValueError(f"no replay for drafter {name!r} (known: {replayable})")
 
@@ -366,8 +372,9 @@ def _mixed(s: DraftSource) -> Drafter:
         from specdec.drafters.traced import TracedModelDrafter
 
         return MixedDrafter.on_model_drafter(SuffixDrafter(s.costs), TracedModelDrafter(s.trace, s.draft_context),
-                                             s.costs)
-    return MixedDrafter(SuffixDrafter(s.costs), s.pair.draft.backend, s.pair.vocab_size, s.costs)
+                                             s.costs, budget=s.budget or MIXED_BUDGET)
+    return MixedDrafter(SuffixDrafter(s.costs), s.pair.draft.backend, s.pair.vocab_size, s.costs,
+                        budget=s.budget or MIXED_BUDGET)
 
 
 def _mixed_batched(s: DraftSource) -> BatchedDrafter:
@@ -375,7 +382,7 @@ def _mixed_batched(s: DraftSource) -> BatchedDrafter:
     from specdec.drafters.suffix import SuffixDrafter
 
     model = _draft_model_batched(s)
-    return BatchedMixedDrafter(lambda: SuffixDrafter(s.costs), model, s.costs)
+    return BatchedMixedDrafter(lambda: SuffixDrafter(s.costs), model, s.costs, budget=s.budget or MIXED_BUDGET)
 
 
 def _cross_tokenizer(s: DraftSource) -> Drafter:

@@ -297,7 +297,7 @@ def _run_one(pair, settings: Settings, entry, prompt: list[int], budget: int, dr
                              max_n=max_n, progress=progress)
         curve = CostCurve.from_costs(costs)
         notes.append(note)
-    source = catalogue_drafters.DraftSource(loaded, settings.sampling, curve)
+    source = catalogue_drafters.DraftSource(loaded, settings.sampling, curve, budget=max(1, budget))
     drafter = drafter_object if drafter_object is not None else entry.row(source)
     name = entry.name if drafter_object is None else getattr(drafter_object, "name", type(drafter_object).__name__)
     policy = catalogue_policies.make_policy(settings.policy, settings.k, costs=curve, pad_verify=settings.pad_verify,
@@ -363,7 +363,8 @@ def _run_batches(pair, settings: Settings, entry, prompts, budgets: list[int], b
         notes.append(note)
     row_tokens = max(len(p) + n for p, n in zip(prompts, budgets, strict=True)) + k + 1
     target = batched_backend(loaded.target, rows, row_tokens=row_tokens)
-    source = catalogue_drafters.DraftSource(loaded, settings.sampling, curve, rows=rows, row_tokens=row_tokens)
+    source = catalogue_drafters.DraftSource(loaded, settings.sampling, curve, rows=rows, row_tokens=row_tokens,
+                                            budget=max(1, max(budgets)))
     drafter = catalogue_drafters.batched_drafter(entry.name, source)
     draft_cost = (lambda b, kk: kk * curve.draft_forward(b)) if entry.needs_model and curve is not None else None
     policy = catalogue_policies.batch_policy(settings.policy, k, curve=curve, draft_cost=draft_cost)

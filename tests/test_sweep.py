@@ -1406,6 +1406,8 @@ def test_policy_best_needs_traces_calibration_and_a_sampled_replay(tiny_pair, ne
                     ({"traces": False}, "--no-traces"), ({"calibration_repeats": 0}, "--calibration-repeats 0")):
         with pytest.raises(ValueError, match=why):
             tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", **kw)
+    # the default methods under sampling are those a sampled trace replays (the mixed drafter left out)
+    assert "mixed" in S.make_config({}).methods and "mixed" not in S.make_config({"temperature": 0.7}).methods
     # under sampling the draft model, prompt lookup and the suffix drafter have a sampled replay
     cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", temperature=0.7,
                             methods="baseline,draft,ngram,suffix")

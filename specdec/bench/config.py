@@ -116,7 +116,8 @@ class SweepConfig:
                            "(greedy): every K and policy replayed from one run.")
     calibration_repeats: int = setting(2, "Passes of the calibration block (target forwards of 1..17 tokens at "
                                        "each prompt's context, after its first baseline); 0 = off.")
-    methods: tuple[str, ...] = setting(OUR_METHODS, "Our methods (baseline,aa,draft,ngram) and/or peer names.")
+    methods: tuple[str, ...] = setting(OUR_METHODS, "Our methods (baseline, aa and the drafters) and/or peer names "
+                                       "(default: ours; under sampling those a sampled trace replays).")
     policies: tuple[str, ...] = setting((BEST_K, "draft:cost"), "Policies timed on primaries, for every drafting "
                                         "method or one (METHOD:POLICY): best (the fixed K the prompt's trace "
                                         "predicts fastest), heuristic, confidence, cost, or 'none'; K <= "
@@ -322,6 +323,8 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     if BEST_K in {policy_name(p) for p in (*v["policies"], *v["secondary_policies"])}:
         why = ("--no-traces" if not v["traces"] else "--calibration-repeats 0" if v["calibration_repeats"] == 0
                else None)
+        if v["temperature"] > 0 and v["methods"] == OUR_METHODS:  # the default: what a sampled trace replays
+            v["methods"] = tuple(m for m in OUR_METHODS if not _no_sampled_replay([m]))
         missing = _no_sampled_replay(v["methods"]) if v["temperature"] > 0 else None
         if missing and not why:
             raise ValueError(f"policy {BEST_K!r} under sampling chooses K from each prompt's sampled trace, which "

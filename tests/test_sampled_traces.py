@@ -80,9 +80,14 @@ def test_a_draft_equal_to_the_target_is_always_accepted(tiny_tokenizer, target):
 
 
 @pytest.mark.parametrize("sampling", [HOT, WARM], ids=["t1", "t0.7-top-p"])
-def test_chain_probabilities_equal_the_targets_law_after_the_proposal(tiny_tokenizer, target, sampling):
+def test_chain_probabilities_equal_the_targets_law_after_the_proposal(tiny_tokenizer, target, sampling,
+                                                                       monkeypatch):
     """Each recorded acceptance probability of prompt lookup's tokens is the target's warped probability of
-    that token after prompt + output[:i] + the proposal's earlier tokens, computed from scratch."""
+    that token after prompt + output[:i] + the proposal's earlier tokens, computed from scratch (no chain
+    pruned: `CHAIN_FLOOR` 0; with a floor of 1 every token after the proposal leaves the output is 0)."""
+    from specdec.engine import sampled_traces
+
+    monkeypatch.setattr(sampled_traces, "CHAIN_FLOOR", 0.0)
     prompt = tiny_tokenizer(TEXTS[1]).input_ids
     out = autoregressive_generate(target, prompt, 24, vocab_size=V, sampling=sampling, seed=5).token_ids
     t = record_sampled_trace(target, prompt, out, 24, sampling, drafters={"ngram": PromptLookupDrafter},
@@ -90,9 +95,11 @@ def test_chain_probabilities_equal_the_targets_law_after_the_proposal(tiny_token
     d = PromptLookupDrafter()
     d.prefill(list(prompt[:-1]))
     checked = off = 0
+    proposals = []
     for i, probs in enumerate(t.chains["ngram"]):
         committed = list(prompt) + list(out[:i])
         tokens = d.propose(committed, min(16, 24 - i - 1), sampling, None).tokens if i < 23 else []
+        proposals.append(list(tokens))
         d.rollback(list(prompt) + list(out[:i + 1]))
         assert len(probs) == min(len(tokens), len(out) - i)
         for j, pr in enumerate(probs):
@@ -102,6 +109,12 @@ def test_chain_probabilities_equal_the_targets_law_after_the_proposal(tiny_token
             checked += 1
             off += list(tokens[:j]) != list(out[i:i + j])
     assert checked > 10 and off > 0  # the check reaches tokens after a proposal left the output
+    monkeypatch.setattr(sampled_traces, "CHAIN_FLOOR", 1.0)
+    pruned = record_sampled_trace(target, prompt, out, 24, sampling, drafters={"ngram": PromptLookupDrafter},
+                                  vocab_size=V)
+    for i, (tokens, full, cut) in enumerate(zip(proposals, t.chains["ngram"], pruned.chains["ngram"], strict=True)):
+        leave = next((j for j, tok in enumerate(tokens[:len(full)]) if tok != out[i + j]), len(full))
+        assert cut == pytest.approx(full[:leave + 1] + (0.0,) * (len(full) - leave - 1), abs=1e-6), i
 
 
 class GreedyChain:

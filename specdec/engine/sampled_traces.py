@@ -15,7 +15,8 @@ representative sequence, the seeded target-only run x:
   its proposal at a smaller K is taken as the first K tokens of it), each token's acceptance probability is
   the target's warped probability of it after prompt + x[:i] and the proposal's tokens before it, read from
   the teacher-forced pass while the proposal follows x and from one target forward over the proposal past
-  the first token that leaves x (``SampledTrace.chains``).
+  the first token that leaves x (``SampledTrace.chains``; skipped, the rest recorded as 0, where the tokens
+  before it are all accepted with a probability below `CHAIN_FLOOR`).
 
 `expected_run` then gives, for a fixed K, the expected rounds, drafted and accepted tokens and (with a round
 cost) decode seconds of a run over x's length, exactly by dynamic programming over the output position (the
@@ -28,6 +29,7 @@ from its rounds is driven along x). `docs/METHOD.md` states the check against ti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,10 +39,13 @@ from specdec.core.sampling import SamplingParams, warp
 from specdec.drafters.base import Drafter
 from specdec.runtimes.base import Backend
 
-__all__ = ["DRAFT_MODEL", "ExpectedRun", "SampledTrace", "expected_run", "record_sampled_trace"]
+__all__ = ["CHAIN_FLOOR", "DRAFT_MODEL", "ExpectedRun", "SampledTrace", "expected_run", "record_sampled_trace"]
 
 #: The key of the draft model's acceptance probabilities (its overlap) in `expected_run`.
 DRAFT_MODEL = "draft"
+#: A chain whose tokens so far are all accepted with a probability below this has the rest recorded as 0
+#: without the target forward they need: each round's expected accepted tokens move by less than K x this.
+CHAIN_FLOOR = 1e-4
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,9 @@ def _chain(target: Backend, seq: list[int], n_prompt: int, p: torch.Tensor, pos:
             break  # the proposal leaves the output here: the tokens after it need their own forward
     if len(out) == len(tokens) or pos + len(out) >= target_len:
         return tuple(out)
+    n = min(len(tokens), target_len - pos)
+    if math.prod(out) < CHAIN_FLOOR:  # the rest is reached too rarely to count: skip its forward
+        return tuple(out) + (0.0,) * (n - len(out))
     # the target after prompt + output[:pos] + tokens[:m] for m = len(out) ..: feed them after the cached prefix
     base = n_prompt + pos - 1  # the cache holds seq[:base]; the next input is seq[base] (the last committed)
     if cached[0] > base:

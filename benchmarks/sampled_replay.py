@@ -9,7 +9,8 @@ block efficiency (tokens per target forward). Prints per (temperature, drafter, 
 mean of predicted / measured with its 95% t-interval over the prompts; nothing here is timed, so the figures
 do not depend on the machine's load.
 
-    python benchmarks/sampled_replay.py --prompts 12 --temperatures 0.7,1.0 --ks 2,4 --out /tmp/sampled.json
+    python benchmarks/sampled_replay.py --prompts 12 --temperatures 0.7,1.0 --ks 4 --max-new-tokens 64 \
+        --out results/sampled_replay_check.json
 """
 
 from __future__ import annotations

@@ -158,8 +158,7 @@ def sampled_best_fixed_k(trace, curve: CostCurve, method: str, ks: Iterable[int]
             `DrafterEntry.sampled_replay` is set. padded: verification padded to the cheapest measured shape.
 
     Raises:
-        ValueError: a drafter no sampled trace replays, or an empty `ks`. KeyError: a drafter the trace
-            did not record.
+        ValueError: a drafter no sampled trace replays or this one did not record, or an empty `ks`.
     """
     from specdec.catalogue.drafters import drafter
     from specdec.engine.sampled_traces import DRAFT_MODEL, expected_run
@@ -176,7 +175,10 @@ def sampled_best_fixed_k(trace, curve: CostCurve, method: str, ks: Iterable[int]
     base = len(trace.target_ids) * (curve.padded_value(1) if padded else curve.forward_s(1))
     best: tuple[int, float] | None = None
     for k in ks:
-        run = expected_run(trace, DRAFT_MODEL if model else entry.name, int(k), round_s)
+        try:
+            run = expected_run(trace, DRAFT_MODEL if model else entry.name, int(k), round_s)
+        except KeyError as e:
+            raise ValueError(f"the sampled trace holds no record of drafter {method!r}: {e.args[0]}") from None
         s = base / run.decode_s if run.decode_s > 0 else math.nan
         if best is None or s > best[1] * (1 + 1e-12):
             best = (int(k), s)

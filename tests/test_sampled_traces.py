@@ -42,6 +42,7 @@ def test_expected_run_by_hand():
     assert got.drafted == pytest.approx(2 + (1 - a) * d1)
     acc1 = b * 1
     assert got.accepted == pytest.approx(a * (1 - b) * 1 + a * b * 2 + (1 - a) * acc1)
+    assert got.drafting_rounds == pytest.approx(1 + (1 - a) * 1)  # position 2 drafts nothing (K clamped to 0)
     s1 = 2.0 + (1 - b) * 1.0
     assert got.decode_s == pytest.approx(3.0 + (1 - a) * s1 + a * (1 - b) * 1.0)
 
@@ -201,12 +202,12 @@ def _match_rule(t: SampledTrace, target, draft) -> SampledTrace:
 
 
 def test_the_sampled_best_k_is_the_analytical_optimum_on_a_constant_overlap():
-    """`sampled_best_fixed_k` over a long trace of constant overlap alpha picks the K maximising
+    """`TraceModel.best_fixed_k` over a long sampled trace of constant overlap alpha picks the K maximising
     E(alpha, K) / (K c + v(K + 1)) (Leviathan et al. 2023) and predicts that speedup; a drafter the trace does
     not record, or one no sampled trace replays, is a one-line error."""
     from specdec.core.costs import CostCurve
     from specdec.core.theory import expected_tokens_per_round
-    from specdec.measure.pricing import sampled_best_fixed_k
+    from specdec.measure.pricing import TraceModel
 
     curve = CostCurve({1: 0.10, 2: 0.11, 4: 0.12, 8: 0.15, 17: 0.25}, draft_step_s=0.02)
     for alpha in (0.5, 0.8, 0.95):
@@ -214,9 +215,9 @@ def test_the_sampled_best_k_is_the_analytical_optimum_on_a_constant_overlap():
         rate = {k: expected_tokens_per_round(alpha, k) * curve.forward_s(1)
                 / (k * 0.02 + curve.forward_s(k + 1)) for k in range(1, 17)}
         want = max(rate, key=rate.get)
-        k, speedup = sampled_best_fixed_k(t, curve, "draft", range(1, 17))
+        k, speedup = TraceModel(t, curve).best_fixed_k("draft", range(1, 17))
         assert k == want and speedup == pytest.approx(rate[want], rel=0.01), alpha
     with pytest.raises(ValueError, match="no record of drafter 'ngram'"):
-        sampled_best_fixed_k(_const(0.5, 10), curve, "ngram")
+        TraceModel(_const(0.5, 10), curve).best_fixed_k("ngram")
     with pytest.raises(ValueError, match="no sampled replay for drafter 'mixed'"):
-        sampled_best_fixed_k(_const(0.5, 10), curve, "mixed")
+        TraceModel(_const(0.5, 10), curve).best_fixed_k("mixed")

@@ -1362,12 +1362,13 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
                                                                                           near_draft_dir, prompt_file):
     """A sampled sweep stores a sampled trace per prompt (the draft's overlap, prompt lookup's and the suffix
     drafter's chains along the seeded baseline) and policy ``best`` times each drafter at the K its expected run,
-    priced with the prompt's calibration block, predicts fastest; the report's greedy grid leaves it out."""
+    priced with the prompt's calibration block, predicts fastest; the report prices every K from it and checks
+    the timed runs against it."""
     from specdec.bench import sweep as S
     from specdec.core.costs import CostCurve
     from specdec.core.sampling import SamplingParams
     from specdec.engine.sampled_traces import SampledTrace
-    from specdec.measure.pricing import sampled_best_fixed_k
+    from specdec.measure.pricing import TraceModel
     from specdec.report import tables as T
     from specdec.report.analysis import analyze
     from specdec.report.load import load_store
@@ -1391,14 +1392,23 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
                              SamplingParams(0.7, 0, 0.9), tuple(t["overlap"]),
                              {k: tuple(tuple(c) for c in v) for k, v in t["chains"].items()})
         curve = CostCurve.from_calibration([c for c in cal if c["prompt_id"] == r["prompt_id"]])
-        assert r["k"] == sampled_best_fixed_k(trace, curve, r["method"], range(1, 7))[0], r["prompt_id"]
+        assert r["k"] == TraceModel(trace, curve).best_fixed_k(r["method"], range(1, 7))[0], r["prompt_id"]
     store = load_store(db)
-    assert prompt_models(store.runs, store.rounds, store.traces, store.calibration) == []
-    check = analyze(store)[T.SAMPLED]  # the report checks each timed run against its trace's expectation
+    models = prompt_models(store.runs, store.rounds, store.traces, store.calibration)
+    assert models and all(m.sampled for m in models)
+    a = analyze(store)
+    check = a[T.SAMPLED]  # the report checks each timed run against its trace's expectation
     assert sorted(check["run_id"]) == sorted(r["run_id"] for r in runs)
     assert (check["predicted"] >= 1.0).all() and (check["measured"] >= 1.0).all()
+    # the K grid and the answer per type come from the expectations (fixed K; no policy replays under sampling)
+    grid = a[T.TRACE_GRID]
+    assert set(grid["method"]) == {"draft", "ngram", "suffix"} and set(grid["policy"]) == {"fixed"}
+    assert len(grid) == 16 * 3 * len(models) and (grid["predicted"] > 0).all()
+    answer = a[T.ANSWER]
+    assert set(answer["prompt_type"]) == {"code", "repetitive"} and answer["best_method"].notna().all()
     write_report(db, tmp_path / "report")
-    assert "Sampled sweeps: each prompt's sampled trace" in (tmp_path / "report" / "report.md").read_text()
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "Sampled sweeps: each prompt's sampled trace" in text and "priced in expectation" in text
 
 
 def test_policy_best_needs_traces_calibration_and_a_sampled_replay(tiny_pair, near_draft_dir, prompt_file):

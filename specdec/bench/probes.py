@@ -234,14 +234,14 @@ def _stored_trace(loaded: LoadedConfig, s: SweepState, prompt_id: str):
 
 def best_k(loaded: LoadedConfig, s: SweepState, cell: PlannedRun) -> int:
     """The fixed K in 1..``cell.k`` that `cell`'s prompt's acceptance trace, priced with its calibration block
-    (`specdec.measure.pricing.TraceModel.best_fixed_k`, overheads left out; a sampled sweep's expected run,
-    `sampled_best_fixed_k`), predicts fastest for ``cell.method``; computed once per (prompt, method) from
+    (`specdec.measure.pricing.TraceModel.best_fixed_k`, overheads left out; a sampled sweep's trace in
+    expectation), predicts fastest for ``cell.method``; computed once per (prompt, method) from
     what the store holds, so a resumed sweep chooses the same K.
 
     Raises:
         ValueError: the prompt has no stored trace or calibration block on this machine (one line).
     """
-    from specdec.measure.pricing import TraceModel, sampled_best_fixed_k
+    from specdec.measure.pricing import TraceModel
 
     key = (cell.prompt.id, cell.method)
     replayed = METHODS[cell.method].replay_as or cell.method
@@ -250,13 +250,9 @@ def best_k(loaded: LoadedConfig, s: SweepState, cell: PlannedRun) -> int:
         curve = loaded.prompt_costs.get(cell.prompt.id)
         if trace is None or curve is None:
             raise ValueError(f"no acceptance trace and calibration block of {cell.prompt.id} to choose K from")
-        ks = range(1, int(cell.k) + 1)
-        if isinstance(trace, SampledTrace):
-            loaded.best_ks[key] = sampled_best_fixed_k(trace, curve, replayed, ks, padded=loaded.rc.pad_verify)
-        else:
-            model = TraceModel(trace, curve, ngram=(loaded.cfg.ngram_max, loaded.cfg.ngram_min), draft_context=ctx,
-                               padded=loaded.rc.pad_verify)
-            loaded.best_ks[key] = model.best_fixed_k(replayed, ks)
+        model = TraceModel(trace, curve, ngram=(loaded.cfg.ngram_max, loaded.cfg.ngram_min), draft_context=ctx,
+                           padded=loaded.rc.pad_verify)
+        loaded.best_ks[key] = model.best_fixed_k(replayed, range(1, int(cell.k) + 1))
         k, pred = loaded.best_ks[key]
         s.log(f"[{loaded.label}] {cell.prompt.id}: {cell.method} at K = {k}, the trace's best "
               f"(predicted {pred:.2f}x decode speedup)")

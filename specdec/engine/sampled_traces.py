@@ -88,13 +88,14 @@ class SampledTrace:
 @dataclass(frozen=True)
 class ExpectedRun:
     """The expectation of a fixed-K run over a sampled trace: rounds (target forwards), drafted and accepted
-    tokens, decode seconds (NaN without a round cost) and the tokens generated."""
+    tokens, decode seconds (NaN without a round cost), the tokens generated and the rounds that drafted."""
 
     rounds: float
     drafted: float
     accepted: float
     decode_s: float
     tokens: int
+    drafting_rounds: float = 0.0
 
     @property
     def block_efficiency(self) -> float:
@@ -248,22 +249,21 @@ def expected_run(trace: SampledTrace, drafter: str, k: int, round_s: Callable[[i
     if k < 1:
         raise ValueError(f"K must be >= 1, got {k}")
     n = len(trace.target_ids)
-    # value[i] = (rounds, drafted, accepted, seconds) expected from position i to the end
-    value = [(0.0, 0.0, 0.0, 0.0)] * (n + 1)
+    # value[i] = (rounds, drafted, accepted, seconds, drafting rounds) expected from position i to the end
+    value = [(0.0, 0.0, 0.0, 0.0, 0.0)] * (n + 1)
     for i in range(n - 1, -1, -1):
         probs = trace.acceptance(drafter, i, max(0, min(k, trace.max_new_tokens - i - 1)))
         kk = len(probs)
-        rounds, drafted, accepted = 1.0, float(kk), 0.0
-        seconds = round_s(kk) if round_s is not None else float("nan")
+        here = [1.0, float(kk), 0.0, round_s(kk) if round_s is not None else float("nan"), float(kk > 0)]
         survive = 1.0  # P(the first j tokens accepted)
         for j in range(kk + 1):
             stop = survive * (1.0 - probs[j]) if j < kk else survive  # P(exactly j accepted)
             if stop > 0.0:
-                r, d, a, s = value[min(n, i + j + 1)]
-                rounds, drafted, accepted, seconds = (rounds + stop * r, drafted + stop * d,
-                                                      accepted + stop * (j + a), seconds + stop * s)
+                later = value[min(n, i + j + 1)]
+                here = [h + stop * x for h, x in zip(here, later, strict=True)]
+                here[2] += stop * j
             if j < kk:
                 survive *= probs[j]
-        value[i] = (rounds, drafted, accepted, seconds)
-    r, d, a, s = value[0]
-    return ExpectedRun(r, d, a, s, n)
+        value[i] = tuple(here)
+    r, d, a, s, dr = value[0]
+    return ExpectedRun(r, d, a, s, n, dr)

@@ -28,16 +28,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from specdec.core.costs import CostCurve
     from specdec.core.metrics import RoundRecord
+    from specdec.engine.sampled_traces import ExpectedRun
     from specdec.engine.traces import AcceptanceTrace, ReplayRound
 
-__all__ = ["TraceModel", "sampled_best_fixed_k"]
+__all__ = ["TraceModel"]
 
 
 class TraceModel:
     """One prompt's acceptance trace and cost curve: replays and their predicted times.
 
     Args:
-        trace: the `specdec.engine.traces.AcceptanceTrace`.
+        trace: the `specdec.engine.traces.AcceptanceTrace`, or a sampled trace
+            (`specdec.engine.sampled_traces.SampledTrace`: priced in expectation, `expected`).
         curve: the `CostCurve` the rounds are priced with (None: every time is NaN).
         o_base, o_spec: per-round overheads in seconds (module docstring). ngram_draft_s: seconds a
             model-free drafter spends per round.
@@ -127,61 +129,56 @@ class TraceModel:
         d = self.decode_s(method, rounds)
         return self.baseline_decode_s() / d if d and math.isfinite(d) and d > 0 else math.nan
 
-    def best_fixed_k(self, method: str, ks: Iterable[int] = range(1, 17)) -> tuple[int, float]:
-        """The fixed K in `ks` whose replay is predicted fastest, and its predicted decode speedup (ties: the
-        smaller K).
+    @property
+    def sampled(self) -> bool:
+        """The trace is a sampled one (`specdec.engine.sampled_traces.SampledTrace`): its K are priced in
+        expectation (`expected`), no rounds are replayed."""
+        return getattr(self.trace, "sampling", None) is not None
+
+    def expected(self, method: str, k: int) -> tuple[ExpectedRun, float]:
+        """A sampled trace's expected fixed-K run of `method` (`specdec.engine.sampled_traces.expected_run`)
+        and its predicted decode speedup: a round that drafted kk tokens costs F(kk + 1) + o_spec plus, for
+        the draft model, kk draft steps (its catch-up priced at one step: an expectation has no round
+        history), for a model-free drafter its per-round seconds.
 
         Raises:
-            ValueError: no costs (`curve` None), an empty `ks`, or what `rounds` raises.
+            ValueError: a drafter no sampled trace replays or this one did not record.
+        """
+        from specdec.catalogue.drafters import drafter
+        from specdec.engine.sampled_traces import DRAFT_MODEL, expected_run
+
+        entry = drafter(method)
+        if entry.sampled_replay is None:
+            raise ValueError(f"no sampled replay for drafter {method!r}: choose K with --ks under sampling")
+        model = entry.sampled_replay == "overlap"
+        curve = self.curve
+
+        def round_s(kk: int) -> float:
+            draft = curve.draft_round_s(kk) if model else self.ngram_draft_s
+            return draft + (curve.padded_value(kk + 1) if self.padded else curve.forward_s(kk + 1)) + self.o_spec
+
+        try:
+            run = expected_run(self.trace, DRAFT_MODEL if model else entry.name, int(k),
+                               round_s if curve is not None else None)
+        except KeyError as e:
+            raise ValueError(f"the sampled trace holds no record of drafter {method!r}: {e.args[0]}") from None
+        base = self.baseline_decode_s()
+        return run, base / run.decode_s if run.decode_s > 0 and math.isfinite(base) else math.nan
+
+    def best_fixed_k(self, method: str, ks: Iterable[int] = range(1, 17)) -> tuple[int, float]:
+        """The fixed K in `ks` whose replay (a sampled trace: whose expected run) is predicted fastest, and its
+        predicted decode speedup (ties: the smaller K).
+
+        Raises:
+            ValueError: no costs (`curve` None), an empty `ks`, or what `rounds` / `expected` raise.
         """
         if self.curve is None:
             raise ValueError("choosing K needs measured costs")
         best: tuple[int, float] | None = None
         for k in ks:
-            s = self.speedup(method, self.rounds(method, k))
+            s = self.expected(method, k)[1] if self.sampled else self.speedup(method, self.rounds(method, k))
             if best is None or s > best[1] * (1 + 1e-12):
                 best = (int(k), s)
         if best is None:
             raise ValueError("no K to choose from")
         return best
-
-
-def sampled_best_fixed_k(trace, curve: CostCurve, method: str, ks: Iterable[int] = range(1, 17), *,
-                         padded: bool = False) -> tuple[int, float]:
-    """The fixed K in `ks` whose expected run over a sampled trace (`specdec.engine.sampled_traces.expected_run`)
-    is predicted fastest, and its predicted decode speedup (ties: the smaller K). A round that drafted kk
-    tokens costs F(kk + 1) plus, for the draft model, kk draft steps (its catch-up priced at one step: an
-    expectation over rounds has no round history); a model-free drafter's rounds cost no drafting.
-
-    Args:
-        trace: a `SampledTrace`. curve: the prompt's `CostCurve`. method: a catalogue drafter whose
-            `DrafterEntry.sampled_replay` is set. padded: verification padded to the cheapest measured shape.
-
-    Raises:
-        ValueError: a drafter no sampled trace replays or this one did not record, or an empty `ks`.
-    """
-    from specdec.catalogue.drafters import drafter
-    from specdec.engine.sampled_traces import DRAFT_MODEL, expected_run
-
-    entry = drafter(method)
-    if entry.sampled_replay is None:
-        raise ValueError(f"no sampled replay for drafter {method!r}: choose K with --ks under sampling")
-    model = entry.sampled_replay == "overlap"
-    step = (curve.draft_step_s or 0.0) if model else 0.0
-
-    def round_s(kk: int) -> float:
-        return kk * step + (curve.padded_value(kk + 1) if padded else curve.forward_s(kk + 1))
-
-    base = len(trace.target_ids) * (curve.padded_value(1) if padded else curve.forward_s(1))
-    best: tuple[int, float] | None = None
-    for k in ks:
-        try:
-            run = expected_run(trace, DRAFT_MODEL if model else entry.name, int(k), round_s)
-        except KeyError as e:
-            raise ValueError(f"the sampled trace holds no record of drafter {method!r}: {e.args[0]}") from None
-        s = base / run.decode_s if run.decode_s > 0 else math.nan
-        if best is None or s > best[1] * (1 + 1e-12):
-            best = (int(k), s)
-    if best is None:
-        raise ValueError("no K to choose from")
-    return best

@@ -82,7 +82,8 @@ class PromptModel(TraceModel):
     time model of `specdec.measure.pricing.TraceModel` with the overheads measured in the store.
 
     Attributes:
-        key: (config_label, prompt_id, machine_id). prompt_type: its type. trace: the `AcceptanceTrace`.
+        key: (config_label, prompt_id, machine_id). prompt_type: its type. trace: the `AcceptanceTrace` (a
+            sampled sweep's: the `specdec.engine.sampled_traces.SampledTrace`, priced in expectation).
         curve: the calibration block's `CostCurve` (None without a block or stored costs).
         o_base, o_spec, ngram_draft_s: per-round overheads in seconds (see the module docstring).
         ngram: the sweep's prompt-lookup n-gram sizes. draft_context: the draft model's context length.
@@ -191,8 +192,6 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         ngram: the sweep's (ngram_max, ngram_min).
         machine_costs: (config_label, machine_id) -> that machine's own curve (`machine_curves`).
     """
-    if traces is not None and "sampling_json" in traces.columns:
-        traces = traces[traces["sampling_json"].isna()]  # a sampled trace replays in expectation only
     if traces is None or traces.empty:
         return []
     df = ensure_prepared(runs)
@@ -285,8 +284,22 @@ def _trace_of(t):
         raise ValueError(f"the acceptance trace of {t.prompt_id} ({t.config_label}) has no "
                          f"{'prompt' if is_missing(dec[0]) else 'target'} token ids (a store written before "
                          "traces recorded them): its rounds cannot be replayed")
+    if not is_missing(getattr(t, "sampling_json", None)):
+        return _sampled_trace_of(t, dec[0], dec[1])
     return AcceptanceTrace(tuple(dec[0]), tuple(dec[1]), None if dec[2] is None else tuple(dec[2]),
                            None if dec[3] is None else tuple(dec[3]), int(t.max_new_tokens))
+
+
+def _sampled_trace_of(t, prompt_ids, target_ids):
+    """The `SampledTrace` of a sampled ``traces`` row (its sampling, overlap and chains)."""
+    from specdec.core.sampling import SamplingParams
+    from specdec.engine.sampled_traces import SampledTrace
+
+    sp, overlap, chains = (json.loads(x) if isinstance(x, str) else x for x in (t.sampling_json, t.overlap, t.chains))
+    return SampledTrace(tuple(prompt_ids), tuple(target_ids), int(t.max_new_tokens),
+                        SamplingParams(float(sp["temperature"]), int(sp["top_k"]), float(sp["top_p"])),
+                        None if is_missing(overlap) else tuple(overlap),
+                        {k: tuple(tuple(c) for c in v) for k, v in (chains or {}).items()})
 
 
 def padded_configs(runs: pd.DataFrame, rounds: pd.DataFrame | None) -> set[str]:
@@ -314,7 +327,7 @@ def catchup_summary(models: Sequence[PromptModel]) -> dict:
     out = {"calibration": 0, "timed rounds": 0, "none": 0}
     ratios = []
     for m in models:
-        if m.trace.draft_ids is None or m.curve is None or not m.curve.draft_step_s:
+        if getattr(m.trace, "draft_ids", None) is None or m.curve is None or not m.curve.draft_step_s:
             continue
         out[m.catchup or "none"] += 1
         if m.curve.draft_forward_s is not None:
@@ -332,6 +345,9 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
     """
     rows = []
     for m in models:
+        if m.sampled:
+            rows += _expected_rows(m)
+            continue
         for method in _DRAFTERS:
             if drafter(method).needs_model and not m.trace.draft_ids:
                 continue
@@ -350,6 +366,24 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
                              "block_efficiency": RATES["block_efficiency"].of(counts) if rounds else 0.0,
                              "mean_k": RATES["mean_k"].of(counts) if counts["num_speculative_rounds"] else 0.0})
     return pd.DataFrame(rows)
+
+
+def _expected_rows(m: PromptModel) -> list[dict]:
+    """`trace_grid`'s rows of a sampled trace: every drafter it recorded at fixed K in `GRID`, in expectation
+    (`TraceModel.expected`; no policy is replayed under sampling)."""
+    rows = []
+    for method in _DRAFTERS:
+        kind = drafter(method).sampled_replay
+        if kind is None or (kind == "overlap" and m.trace.overlap is None) or (
+                kind == "chain" and method not in m.trace.chains):
+            continue
+        for k in GRID:
+            run, speedup = m.expected(method, k)
+            rows.append({"config_label": m.key[0], "prompt_id": m.key[1], "prompt_type": m.prompt_type,
+                         "method": method, "policy": "fixed", "k": k, "predicted": speedup,
+                         "block_efficiency": run.block_efficiency,
+                         "mean_k": run.drafted / run.drafting_rounds if run.drafting_rounds else 0.0})
+    return rows
 
 
 def positive_geomean(x: pd.Series) -> float:

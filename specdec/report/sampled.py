@@ -1,5 +1,5 @@
 """The sampled traces' check: per timed sampled run, the block efficiency its prompt's sampled trace predicts
-(`specdec.engine.sampled_traces.expected_run`) beside the one it measured.
+(`specdec.measure.pricing.TraceModel.expected`) beside the one it measured.
 
 A sampled run is one draw, so one run's block efficiency scatters around the expectation; the pooled ratio over
 runs (geometric mean, 95% t-interval) is the check of the replay's assumption (`docs/METHOD.md`).
@@ -7,7 +7,7 @@ runs (geometric mean, 95% t-interval) is the check of the replay's assumption (`
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -19,37 +19,14 @@ COLUMNS = ["run_id", "config_label", "prompt_id", "prompt_type", "method", "k", 
            "measured", "ratio"]
 
 
-def _decode(x):
-    return json.loads(x) if isinstance(x, str) else x
-
-
-def _sampled_traces(traces: pd.DataFrame) -> dict:
-    """(config_label, prompt_id, machine_id) -> the `SampledTrace` of each sampled ``traces`` row."""
-    from specdec.core.sampling import SamplingParams
-    from specdec.engine.sampled_traces import SampledTrace
-
-    out = {}
-    if traces is None or traces.empty or "sampling_json" not in traces.columns:
-        return out
-    for t in traces[traces["sampling_json"].notna()].itertuples(index=False):
-        sp, overlap, chains = _decode(t.sampling_json), _decode(t.overlap), _decode(t.chains) or {}
-        out[(t.config_label, t.prompt_id, t.machine_id or "")] = SampledTrace(
-            tuple(_decode(t.prompt_ids)), tuple(_decode(t.target_ids)), int(t.max_new_tokens),
-            SamplingParams(float(sp["temperature"]), int(sp["top_k"]), float(sp["top_p"])),
-            None if is_missing(overlap) else tuple(overlap),
-            {k: tuple(tuple(c) for c in v) for k, v in chains.items()})
-    return out
-
-
-def sampled_check(runs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
+def sampled_check(runs: pd.DataFrame, models: Sequence) -> pd.DataFrame:
     """Per timed sampled fixed-K run of a drafter a sampled trace replays (`DrafterEntry.sampled_replay`) on
-    a prompt with a sampled trace: predicted and measured block efficiency (tokens per target forward) and
-    their ratio. Columns: `COLUMNS`."""
+    a prompt with a sampled trace (`models`: `specdec.report.predicted.prompt_models`): predicted and measured
+    block efficiency (tokens per target forward) and their ratio. Columns: `COLUMNS`."""
     from specdec.catalogue.drafters import DRAFTERS
-    from specdec.engine.sampled_traces import DRAFT_MODEL, expected_run
 
-    sampled = _sampled_traces(traces)
-    if not sampled or runs is None or runs.empty:
+    by_key = {m.key: m for m in models if m.sampled}
+    if not by_key or runs is None or runs.empty:
         return pd.DataFrame(columns=COLUMNS)
     df = ensure_prepared(runs)
     rows = []
@@ -58,15 +35,18 @@ def sampled_check(runs: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
         if entry is None or entry.sampled_replay is None or (r.policy or "fixed") != "fixed":
             continue
         mid = "" if is_missing(getattr(r, "machine_id", None)) else str(r.machine_id)
-        trace = sampled.get((r.config_label, r.prompt_id, mid))
-        if trace is None or is_missing(r.num_rounds) or not r.num_rounds:
+        m = by_key.get((r.config_label, r.prompt_id, mid))
+        if m is None or is_missing(r.num_rounds) or not r.num_rounds:
             continue
-        pred = expected_run(trace, DRAFT_MODEL if entry.sampled_replay == "overlap" else r.method, int(r.k))
+        try:
+            pred = m.expected(r.method, int(r.k))[0].block_efficiency
+        except ValueError:
+            continue
         meas = float(r.new_tokens) / float(r.num_rounds)
         rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
                      "prompt_type": r.prompt_type, "method": r.method, "k": int(r.k),
-                     "temperature": float(r.temperature), "predicted": pred.block_efficiency, "measured": meas,
-                     "ratio": pred.block_efficiency / meas})
+                     "temperature": float(r.temperature), "predicted": pred, "measured": meas,
+                     "ratio": pred / meas})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -40,6 +40,15 @@ def _counts(col: pd.Series) -> str:
 def _check_line(a: Analysis) -> str:
     """The timed check of the predictions, pooled and per drafter."""
     mc = model_check(a[T.PREDICTED])
+    if mc.empty and len(a[T.SAMPLED]):
+        from specdec.report.sampled import sampled_summary
+
+        pooled = "; ".join(f"{r.config_label} {f(r.ratio, 3)} {ci(r.lo, r.hi, 3)} (n = {r.n})"
+                           for r in sampled_summary(a[T.SAMPLED]).itertuples() if r.method == "all")
+        return ("Sampled decoding: each prompt is priced in expectation from its sampled trace (fixed K; no "
+                "policy is replayed under sampling). The expectation's block efficiency against the timed "
+                f"sampled runs' (predicted / measured; each run one draw): {pooled}. Their speedups are not "
+                "checked run by run, and the intervals are over prompts only.")
     if mc.empty:
         return ("No timed speculative run of a traced prompt: the predictions are unchecked on this store, and "
                 "the intervals are over prompts only.")

@@ -152,8 +152,7 @@ ROOFLINE = ReportTable("roofline", "the roofline",
 DRAFTER_TABLE = ReportTable("drafters", "the drafters by prompt type", lambda i: drafter_table(i.runs, i.rounds))
 DRAFTER_RATIOS = ReportTable("drafter_ratios", "the paired drafter ratios", lambda i: drafter_ratio_table(i.runs))
 ANSWER = ReportTable("answer", "the answer per prompt type", lambda i: type_answer(i[TRACE_GRID], i[PREDICTED]))
-SAMPLED = ReportTable("sampled", "the sampled traces' check",
-                      lambda i: sampled_check(i.runs, i.store.traces if i.store is not None else None))
+SAMPLED = ReportTable("sampled", "the sampled traces' check", lambda i: sampled_check(i.runs, i.prompt_models()))
 DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
                          lambda i: divergence_table(i.runs, i.store.traces if i.store is not None else None))
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec.core.sampling import SamplingParams, warp
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import PromptLookupDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine.decoding import autoregressive_generate, speculative_generate
 
 V = 1000
@@ -107,20 +109,24 @@ def test_same_seed_same_tokens(tiny_tokenizer, target, far_draft):
     assert b[0] == b[1]
 
 
-def test_ngram_drafter_sampling_keeps_distribution(tiny_tokenizer, target):
-    """Prompt lookup under sampling (one-hot q): every first round drafts the lookup token d (K clamped to the
-    budget - 1 = 1), accepts it with probability min(1, p(d) / q(d)) = p(d), and the first-token histogram
-    still matches p."""
+@pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)],
+                         ids=["t1", "t0.7-top-p"])
+@pytest.mark.parametrize("make", [PromptLookupDrafter, lambda: SuffixDrafter(None)], ids=["ngram", "suffix"])
+def test_one_hot_drafters_keep_the_targets_law(tiny_tokenizer, target, make, sp):
+    """A model-free drafter under sampling (one-hot q: prompt lookup, the suffix drafter): every first round
+    drafts the repeat's next token d (K clamped to the budget - 1 = 1), accepts it with probability
+    min(1, p(d) / q(d)) = p(d), and the first-token histogram still matches the warped p."""
     prompt = tiny_tokenizer("abc abc abc abc").input_ids
-    sp = SamplingParams(temperature=1.0)
     p = first_token_p(target, prompt, sp)
-    d = PromptLookupDrafter().propose(prompt, 1, sp, None).tokens
-    assert len(d) == 1  # the prompt repeats, so there is a lookup match to draft
+    probe = make()
+    probe.prefill(list(prompt[:-1]))
+    d = probe.propose(prompt, 1, sp, None).tokens
+    assert len(d) == 1  # the prompt repeats, so there is a match to draft
     n = 800
     counts = torch.zeros(V)
     accepted = 0
     for seed in range(n):
-        out = speculative_generate(target, PromptLookupDrafter(), prompt, 2, k=4, sampling=sp, seed=seed, vocab_size=V)
+        out = speculative_generate(target, make(), prompt, 2, k=4, sampling=sp, seed=seed, vocab_size=V)
         first = out.rounds[0]
         assert (first.k, first.k_requested) == (1, 4), seed  # drafting happened, K clamped by the budget
         accepted += first.num_accepted
@@ -132,3 +138,4 @@ def test_ngram_drafter_sampling_keeps_distribution(tiny_tokenizer, target):
     assert abs(accepted / n - p_d) <= 4 * (p_d * (1 - p_d) / n) ** 0.5 + 1 / n, (accepted, p_d)
     top = torch.topk(p, 5).indices
     assert float((counts[top] / n - p[top]).abs().max()) < 0.05
+    assert float(counts[p == 0].sum()) == 0  # nothing outside the warped support (top-p)

@@ -220,10 +220,7 @@ def _stored_trace(loaded: LoadedConfig, s: SweepState, prompt_id: str):
         if (t["config_label"], t["prompt_id"], t["machine_id"]) != (loaded.label, prompt_id, s.store.machine_id or ""):
             continue
         if t.get("sampling_json") is not None:
-            chains = {k: tuple(tuple(c) for c in v) for k, v in (t["chains"] or {}).items()}
-            return SampledTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]), int(t["max_new_tokens"]),
-                                loaded.cfg.sampling, None if t["overlap"] is None else tuple(t["overlap"]),
-                                chains), t["draft_context"]
+            return SampledTrace.from_record(t), t["draft_context"]
         tr = AcceptanceTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]),
                              None if t["draft_ids"] is None else tuple(t["draft_ids"]),
                              None if t["draft_top_prob"] is None else tuple(t["draft_top_prob"]),

@@ -69,6 +69,23 @@ class SampledTrace:
     overlap: tuple[float, ...] | None = None
     chains: Mapping[str, tuple[tuple[float, ...], ...]] = field(default_factory=dict)
 
+    @classmethod
+    def from_record(cls, row: Mapping) -> SampledTrace:
+        """From a stored ``traces`` row of a sampled sweep (``prompt_ids``, ``target_ids``, ``max_new_tokens``,
+        ``sampling_json``, ``overlap``, ``chains``; JSON columns decoded or as text), as
+        `specdec.bench.store_measurements` writes it."""
+        import json
+
+        def dec(x):
+            return json.loads(x) if isinstance(x, str) else x
+
+        sp, overlap, chains = dec(row["sampling_json"]), dec(row["overlap"]), dec(row["chains"])
+        chains = chains if isinstance(chains, dict) else {}  # NULL (a DataFrame NaN): no model-free drafter
+        return cls(tuple(dec(row["prompt_ids"])), tuple(dec(row["target_ids"])), int(row["max_new_tokens"]),
+                   SamplingParams(float(sp["temperature"]), int(sp["top_k"]), float(sp["top_p"])),
+                   tuple(overlap) if isinstance(overlap, (list, tuple)) else None,  # NULL: no draft model
+                   {k: tuple(tuple(c) for c in v) for k, v in chains.items()})
+
     def acceptance(self, drafter: str, pos: int, k: int) -> list[float]:
         """The acceptance probabilities of `drafter`'s first `k` tokens at output position `pos` (fewer where
         it proposes fewer or the output ends).

@@ -285,21 +285,11 @@ def _trace_of(t):
                          f"{'prompt' if is_missing(dec[0]) else 'target'} token ids (a store written before "
                          "traces recorded them): its rounds cannot be replayed")
     if not is_missing(getattr(t, "sampling_json", None)):
-        return _sampled_trace_of(t, dec[0], dec[1])
+        from specdec.engine.sampled_traces import SampledTrace
+
+        return SampledTrace.from_record(t._asdict())
     return AcceptanceTrace(tuple(dec[0]), tuple(dec[1]), None if dec[2] is None else tuple(dec[2]),
                            None if dec[3] is None else tuple(dec[3]), int(t.max_new_tokens))
-
-
-def _sampled_trace_of(t, prompt_ids, target_ids):
-    """The `SampledTrace` of a sampled ``traces`` row (its sampling, overlap and chains)."""
-    from specdec.core.sampling import SamplingParams
-    from specdec.engine.sampled_traces import SampledTrace
-
-    sp, overlap, chains = (json.loads(x) if isinstance(x, str) else x for x in (t.sampling_json, t.overlap, t.chains))
-    return SampledTrace(tuple(prompt_ids), tuple(target_ids), int(t.max_new_tokens),
-                        SamplingParams(float(sp["temperature"]), int(sp["top_k"]), float(sp["top_p"])),
-                        None if is_missing(overlap) else tuple(overlap),
-                        {k: tuple(tuple(c) for c in v) for k, v in (chains or {}).items()})
 
 
 def padded_configs(runs: pd.DataFrame, rounds: pd.DataFrame | None) -> set[str]:

@@ -25,7 +25,7 @@ from specdec.catalogue.drafters import DRAFT_MODEL, drafter, grid_drafters
 from specdec.core import stats
 from specdec.core.stats import MIN_UNITS
 from specdec.report.load import ensure_prepared, is_missing, run_rate
-from specdec.report.predicted import PromptModel
+from specdec.report.predicted import PromptModel, trace_best_k
 from specdec.report.speedup import paired_reference
 
 __all__ = ["ANSWER_COLUMNS", "DEFAULT_POLICY", "model_check", "predicted_vs_measured", "summary", "type_answer",
@@ -159,27 +159,22 @@ def widened(ci: stats.RatioInterval, check: tuple[float, float] | None) -> tuple
     return lo, hi, "win" if lo > 1 else "loss" if hi < 1 else "no measurable difference"
 
 
-def _best_fixed(g: pd.DataFrame) -> tuple[str, int, pd.Series] | None:
-    """The (drafter, K) of `g` (one type's fixed-K grid rows) with the highest geometric mean over prompts,
-    with its per-prompt predictions; None without fixed-K rows."""
-    fx = g[g["policy"] == "fixed"]
-    best = None
-    for (method, k), h in fx.groupby(["method", "k"], sort=True):
-        v = h["predicted"].astype(float)
-        v = v[np.isfinite(v) & (v > 0)]
-        if len(v) and (best is None or stats.geometric_mean(v) > best[0]):
-            best = (stats.geometric_mean(v), str(method), int(k), v)
-    return None if best is None else best[1:]
+def _best_fixed(best: pd.DataFrame, g: pd.DataFrame) -> tuple[str, int, pd.Series] | None:
+    """The (drafter, K) with the highest geometric mean over prompts among `best` (`trace_best_k` of one type's
+    grid rows `g`: each drafter at its best fixed K; the first drafter on a tie), with its per-prompt
+    predictions (finite, positive); None without fixed-K rows."""
+    if best.empty:
+        return None
+    b = best.loc[best["predicted"].idxmax()]
+    v = g[(g["policy"] == "fixed") & (g["method"] == b["method"]) & (g["k"] == b["best_k"])]["predicted"]
+    v = v.astype(float)
+    return str(b["method"]), int(b["best_k"]), v[np.isfinite(v) & (v > 0)]
 
 
-def _drafters_text(g: pd.DataFrame) -> str:
-    """``"draft K=3 1.52x; ngram K=8 1.31x"``: each drafter at its best fixed K over the type's prompts."""
-    parts = []
-    for method, h in g[g["policy"] == "fixed"].groupby("method", sort=True):
-        b = _best_fixed(h)
-        if b is not None:
-            parts.append(f"{method} K={b[1]} {stats.geometric_mean(b[2]):.2f}x")
-    return "; ".join(parts)
+def _drafters_text(best: pd.DataFrame) -> str:
+    """``"draft K=3 1.52x; ngram K=8 1.31x"``: each drafter at its best fixed K over the type's prompts
+    (`trace_best_k`'s rows)."""
+    return "; ".join(f"{r.method} K={int(r.best_k)} {r.predicted:.2f}x" for r in best.itertuples())
 
 
 def _timed(pvm: pd.DataFrame, label: str, ptype: str) -> dict:
@@ -226,13 +221,14 @@ def type_answer(grid: pd.DataFrame, pvm: pd.DataFrame) -> pd.DataFrame:
         ci = stats.ratio_interval(d)
         lo, hi, verdict = widened(ci, check)
         rec.update(default=ci.center, default_lo=lo, default_hi=hi, default_verdict=verdict if len(d) else "")
-        best = _best_fixed(g)
+        per_drafter = trace_best_k(g)
+        best = _best_fixed(per_drafter, g)
         if best is not None:
             ci = stats.ratio_interval(best[2])
             lo, hi, verdict = widened(ci, check)
             rec.update(best_method=best[0], best_k=best[1], best=ci.center, best_lo=lo, best_hi=hi,
                        best_verdict=verdict)
-        rec["drafters"] = _drafters_text(g)
+        rec["drafters"] = _drafters_text(per_drafter)
         rec.update(_timed(pvm, label, ptype))
         rows.append(rec)
     return pd.DataFrame(rows, columns=ANSWER_COLUMNS)

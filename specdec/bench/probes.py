@@ -27,7 +27,7 @@ from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun, calibration_passes, cost_max_n
 from specdec.bench.state import SweepState
 from specdec.core.costs import CostCurve
-from specdec.engine.sampled_traces import SampledTrace, record_sampled_trace
+from specdec.engine.sampled_traces import record_sampled_trace, stored_trace
 from specdec.engine.traces import first_divergence, record_trace, target_margins
 from specdec.measure.timing import calibration_block
 
@@ -212,20 +212,11 @@ def stored_prompt_costs(loaded: LoadedConfig, s: SweepState) -> None:
 
 
 def _stored_trace(loaded: LoadedConfig, s: SweepState, prompt_id: str):
-    """This machine's stored acceptance trace of `prompt_id` in this configuration, as an `AcceptanceTrace`
-    (a greedy sweep) or a `SampledTrace` (a sampled one) with its draft context, or (None, None)."""
-    from specdec.engine.traces import AcceptanceTrace
-
+    """This machine's stored acceptance trace of `prompt_id` in this configuration (`stored_trace`: an
+    `AcceptanceTrace` or a `SampledTrace`) with its draft context, or (None, None)."""
     for t in s.store.traces(s.sweep_id):
-        if (t["config_label"], t["prompt_id"], t["machine_id"]) != (loaded.label, prompt_id, s.store.machine_id or ""):
-            continue
-        if t.get("sampling_json") is not None:
-            return SampledTrace.from_record(t), t["draft_context"]
-        tr = AcceptanceTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]),
-                             None if t["draft_ids"] is None else tuple(t["draft_ids"]),
-                             None if t["draft_top_prob"] is None else tuple(t["draft_top_prob"]),
-                             int(t["max_new_tokens"]))
-        return tr, t["draft_context"]
+        if (t["config_label"], t["prompt_id"], t["machine_id"]) == (loaded.label, prompt_id, s.store.machine_id or ""):
+            return stored_trace(t), t["draft_context"]
     return None, None
 
 

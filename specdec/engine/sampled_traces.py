@@ -37,9 +37,11 @@ import torch
 
 from specdec.core.sampling import SamplingParams, warp
 from specdec.drafters.base import Drafter
+from specdec.engine.traces import AcceptanceTrace, stored_json
 from specdec.runtimes.base import Backend
 
-__all__ = ["CHAIN_FLOOR", "DRAFT_MODEL", "ExpectedRun", "SampledTrace", "expected_run", "record_sampled_trace"]
+__all__ = ["CHAIN_FLOOR", "DRAFT_MODEL", "ExpectedRun", "SampledTrace", "expected_run", "record_sampled_trace",
+           "stored_trace"]
 
 #: The key of the draft model's acceptance probabilities (its overlap) in `expected_run`.
 DRAFT_MODEL = "draft"
@@ -74,14 +76,10 @@ class SampledTrace:
         """From a stored ``traces`` row of a sampled sweep (``prompt_ids``, ``target_ids``, ``max_new_tokens``,
         ``sampling_json``, ``overlap``, ``chains``; JSON columns decoded or as text), as
         `specdec.bench.store_measurements` writes it."""
-        import json
-
-        def dec(x):
-            return json.loads(x) if isinstance(x, str) else x
-
-        sp, overlap, chains = dec(row["sampling_json"]), dec(row["overlap"]), dec(row["chains"])
+        sp, overlap, chains = (stored_json(row[c]) for c in ("sampling_json", "overlap", "chains"))
         chains = chains if isinstance(chains, dict) else {}  # NULL (a DataFrame NaN): no model-free drafter
-        return cls(tuple(dec(row["prompt_ids"])), tuple(dec(row["target_ids"])), int(row["max_new_tokens"]),
+        return cls(tuple(stored_json(row["prompt_ids"])), tuple(stored_json(row["target_ids"])),
+                   int(row["max_new_tokens"]),
                    SamplingParams(float(sp["temperature"]), int(sp["top_k"]), float(sp["top_p"])),
                    tuple(overlap) if isinstance(overlap, (list, tuple)) else None,  # NULL: no draft model
                    {k: tuple(tuple(c) for c in v) for k, v in chains.items()})
@@ -100,6 +98,26 @@ class SampledTrace:
         if drafter not in self.chains:
             raise KeyError(f"this trace did not record drafter {drafter!r}; it has {sorted(self.chains)}")
         return list(self.chains[drafter][pos][:k])
+
+
+def stored_trace(row: Mapping) -> AcceptanceTrace | SampledTrace:
+    """The trace a stored ``traces`` row holds (JSON columns decoded or as text): a `SampledTrace` where the row
+    records its sampling (``sampling_json``), else an `AcceptanceTrace`; each by its ``from_record``.
+
+    Raises:
+        ValueError: a row without prompt or target token ids (a store written before traces recorded them).
+    """
+    for c in ("prompt_ids", "target_ids"):
+        if _null(row.get(c)):
+            raise ValueError(f"the acceptance trace of {row.get('prompt_id')} ({row.get('config_label')}) has no "
+                             f"{c[:-4]} token ids (a store written before traces recorded them): its rounds "
+                             "cannot be replayed")
+    return (AcceptanceTrace if _null(row.get("sampling_json")) else SampledTrace).from_record(row)
+
+
+def _null(x) -> bool:
+    """A NULL column: None, or NaN (a DataFrame's missing cell)."""
+    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 @dataclass(frozen=True)

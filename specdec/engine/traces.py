@@ -19,7 +19,8 @@ produce the same greedy tokens as its batched teacher-forced pass; near-ties can
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "next_token_logits",
     "record_trace",
     "replay",
+    "stored_json",
     "target_margins",
 ]
 
@@ -62,6 +64,18 @@ class AcceptanceTrace:
     draft_top_prob: tuple[float, ...] | None
     max_new_tokens: int
 
+    @classmethod
+    def from_record(cls, row: Mapping) -> AcceptanceTrace:
+        """From a stored ``traces`` row of a greedy sweep (``prompt_ids``, ``target_ids``, ``draft_ids``,
+        ``draft_top_prob``, ``max_new_tokens``; JSON columns decoded or as text), as
+        `specdec.bench.store_measurements` writes it; ``draft_ids`` and ``draft_top_prob`` NULL (None or NaN):
+        None."""
+        def opt(x):
+            return tuple(x) if isinstance(x := stored_json(x), (list, tuple)) else None
+
+        return cls(tuple(stored_json(row["prompt_ids"])), tuple(stored_json(row["target_ids"])),
+                   opt(row["draft_ids"]), opt(row["draft_top_prob"]), int(row["max_new_tokens"]))
+
     def agreement(self) -> list[bool]:
         """``[T]`` per position: does the draft's greedy token equal the target's?
 
@@ -71,6 +85,11 @@ class AcceptanceTrace:
         if self.draft_ids is None:
             raise ValueError("this trace has no draft tokens (record it with a draft backend)")
         return [d == t for d, t in zip(self.draft_ids, self.target_ids, strict=True)]
+
+
+def stored_json(x):
+    """A stored JSON column's value: text parsed, anything else (already decoded, None, NaN) as it is."""
+    return json.loads(x) if isinstance(x, str) else x
 
 
 def record_trace(

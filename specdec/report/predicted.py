@@ -38,7 +38,6 @@ geometric mean of its adjacent baselines' (`specdec.report.speedup.paired_refere
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -192,6 +191,8 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         ngram: the sweep's (ngram_max, ngram_min).
         machine_costs: (config_label, machine_id) -> that machine's own curve (`machine_curves`).
     """
+    from specdec.engine.sampled_traces import stored_trace
+
     if traces is None or traces.empty:
         return []
     df = ensure_prepared(runs)
@@ -235,9 +236,9 @@ def prompt_models(runs: pd.DataFrame, rounds: pd.DataFrame, traces: pd.DataFrame
         o_spec = shared[(t.config_label, mid)][0] if o_spec is None else o_spec
         ng = shared[(t.config_label, mid)][1] if ng is None else ng
         ctx = None if is_missing(t.draft_context) else int(t.draft_context)
-        out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]), _trace_of(t),
-                               curve, o_base, o_spec, ng, ngram, ctx, padded=t.config_label in padded,
-                               catchup=catchup))
+        out.append(PromptModel((t.config_label, t.prompt_id, mid), str(sel["prompt_type"].iloc[0]),
+                               stored_trace(t._asdict()), curve, o_base, o_spec, ng, ngram, ctx,
+                               padded=t.config_label in padded, catchup=catchup))
     return out
 
 
@@ -268,28 +269,6 @@ def _shared_overheads(staged) -> dict[tuple[str, str], tuple[float, float]]:
         free.extend([ng] if ng is not None else [])
     out = {key: (_median(spec), _median(free)) for key, (spec, free) in acc.items()}
     return defaultdict(lambda: (0.0, 0.0), out)
-
-
-def _trace_of(t):
-    """The `AcceptanceTrace` of a ``traces`` row (JSON columns decoded).
-
-    Raises:
-        ValueError: a row without prompt or target token ids (a store written before traces recorded them).
-    """
-    from specdec.engine.traces import AcceptanceTrace
-
-    dec = [json.loads(x) if isinstance(x, str) else x for x in (t.prompt_ids, t.target_ids, t.draft_ids,
-                                                                t.draft_top_prob)]
-    if is_missing(dec[0]) or is_missing(dec[1]):
-        raise ValueError(f"the acceptance trace of {t.prompt_id} ({t.config_label}) has no "
-                         f"{'prompt' if is_missing(dec[0]) else 'target'} token ids (a store written before "
-                         "traces recorded them): its rounds cannot be replayed")
-    if not is_missing(getattr(t, "sampling_json", None)):
-        from specdec.engine.sampled_traces import SampledTrace
-
-        return SampledTrace.from_record(t._asdict())
-    return AcceptanceTrace(tuple(dec[0]), tuple(dec[1]), None if dec[2] is None else tuple(dec[2]),
-                           None if dec[3] is None else tuple(dec[3]), int(t.max_new_tokens))
 
 
 def padded_configs(runs: pd.DataFrame, rounds: pd.DataFrame | None) -> set[str]:

@@ -43,6 +43,11 @@ def test_greedy_output_equals_target_only(tiny_tokenizer, target, near_draft, co
         d = _mixed(near_draft, cost)
         got = speculative_generate(target, d, prompt, 40, k=8, vocab_size=V)
         assert got.token_ids == want, text
+        # every round records the drafter it chose, in order (a last round left no room to draft: none)
+        sources = [r.draft_source for r in got.rounds]
+        n = len(d.stats.choices)
+        assert sources[:n] == d.stats.choices and set(sources[n:]) <= {"none"}, text
+        assert all(r.k == 0 for r in got.rounds if r.draft_source == "none"), text
         for kind, n in d.stats.rounds.items():
             used[kind] += n
     if cost is FLAT:
@@ -280,6 +285,17 @@ def test_the_reports_replay_of_stored_mixed_runs_is_exact(tmp_path, tiny_pair, n
     mixed = pvm[pvm["method"] == "mixed"]
     assert len(mixed) >= 4 and set(mixed["policy"]) == {"fixed", "cost"}
     assert mixed["replay_exact"].all(), mixed[~mixed["replay_exact"]][["prompt_id", "k", "mismatch"]].to_string()
+    # each mixed round is stored with the drafter it chose, a target-only round without one; the report shows
+    # the mixed drafter's shares
+    st = load_store(tmp_path / "m.db")
+    runs, rounds = st.runs, st.rounds
+    mixed_ids = set(runs.loc[runs["method"] == "mixed", "run_id"])
+    src = rounds.loc[rounds["run_id"].isin(mixed_ids), "draft_source"]
+    assert src.notna().all() and set(src) <= {"suffix", "model", "none"} and "suffix" in set(src)
+    assert rounds.loc[rounds["run_id"].isin(set(runs.loc[runs["method"] == "baseline", "run_id"])),
+                      "draft_source"].isna().all()
+    table = a[T.DRAFTER_TABLE]
+    assert table.loc[table["method"] == "mixed", "sources"].str.contains("suffix").all()
 
 
 #: FLAT with a draft forward that grows with the tokens fed: the deferred prefill of a 60-token prompt costs

@@ -25,7 +25,7 @@ SCHEMA = {
     ],
     "rounds": [
         "run_id", "round_idx", "k", "k_requested", "num_accepted", "accept_flags", "next_kind", "num_emitted",
-        "draft_s", "verify_s", "other_s", "alpha_estimate", "forward_s", "n_forward",
+        "draft_s", "verify_s", "other_s", "alpha_estimate", "forward_s", "n_forward", "draft_source",
     ],
     "costs": ["sweep_id", "config_label", "role", "n_tokens", "seconds", "repeats", "spread_s"],
     "meta": ["key", "value"],
@@ -71,6 +71,11 @@ def test_schema_exactly_as_specified_and_rollback_journal(db):
         assert st.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "1"
         pk = {r[1]: r[5] for r in st.conn.execute("PRAGMA table_info(costs)") if r[5]}
         assert pk == {"sweep_id": 1, "config_label": 2, "role": 3, "n_tokens": 4}
+        # rounds is clustered on its key: no rowid, no second index beside the table
+        sql = st.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'rounds'").fetchone()[0]
+        assert sql.rstrip().endswith("WITHOUT ROWID")
+        assert not st.conn.execute("SELECT 1 FROM sqlite_master WHERE tbl_name = 'rounds' AND type = 'index'"
+                                   ).fetchall()
     Store(db).close()  # reopening an existing store is fine
 
 
@@ -251,9 +256,10 @@ def test_schema_declared_once_matches_the_published_store(tmp_path):
         # (runs.machine_id, the machine tables, rounds.forward_s, runs.first_divergence, traces and calibration
         # came later: opening an older store adds them, and the published stores were opened so - a checkout
         # does not change on first use)
-        # roofline.runtime_json, runs.policy_note, the batch axis's runs columns and the sampled traces' columns
+        # roofline.runtime_json, runs.policy_note, rounds.draft_source, the batch axis's runs columns and the
+        # sampled traces' columns
         # came after the published store was last written: opening it adds the columns
-        later = {("roofline", "runtime_json"), ("runs", "policy_note")} | {
+        later = {("roofline", "runtime_json"), ("runs", "policy_note"), ("rounds", "draft_source")} | {
             ("traces", c) for c in ("sampling_json", "overlap", "chains")} | {
             ("runs", c) for c in ("batch_size", "batch_id", "row", "batch_total_s", "batch_tokens_per_s",
                                   "matches_single", "predicted_speedup")}
@@ -266,7 +272,7 @@ def test_schema_declared_once_matches_the_published_store(tmp_path):
 
 
 def test_an_older_store_gains_the_new_columns_and_keeps_its_rows(tmp_path):
-    """A store written before a column existed (here: rounds without forward_s, runs without
+    """A store written before a column existed (here: rounds without forward_s and later ones, runs without
     first_divergence, no traces table) opens, gains them as NULL, and keeps every row."""
     path = tmp_path / "old.db"
     with Store(path) as st:
@@ -275,6 +281,7 @@ def test_an_older_store_gains_the_new_columns_and_keeps_its_rows(tmp_path):
                                          "num_emitted": 1, "verify_s": 0.1, "forward_s": 0.09}])
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE traces")
+    conn.execute("ALTER TABLE rounds DROP COLUMN draft_source")
     conn.execute("ALTER TABLE rounds DROP COLUMN n_forward")
     conn.execute("ALTER TABLE rounds DROP COLUMN forward_s")
     conn.execute("ALTER TABLE runs DROP COLUMN first_divergence")

@@ -159,6 +159,8 @@ class RoundRecord:
             not padded, the forward held k + 1 tokens.
         draft_stopped: the draft model stopped on its confidence before the K asked (`Draft.stopped`): it
             fed its k-th token too, so the next round's catch-up is 1 token (`specdec.engine.traces.draft_pending`).
+        draft_source: which part of a combining drafter drafted the round (`Draft.source`: the mixed drafter's
+            ``"suffix"``, ``"model"`` or ``"none"``); None for a drafter of one kind and for target-only rounds.
     """
 
     k: int
@@ -175,6 +177,7 @@ class RoundRecord:
     forward_s: float | None = None
     n_forward: int | None = None
     draft_stopped: bool = False
+    draft_source: str | None = None
 
     @property
     def num_drafted(self) -> int:

@@ -26,11 +26,16 @@ class Draft:
 
     ``stopped``: the draft model stopped on its confidence before K tokens; it then fed its last token
     to decide so (one more draft step than an unstopped round of as many tokens, and its cache holds every
-    drafted token: `specdec.engine.traces.draft_pending`)."""
+    drafted token: `specdec.engine.traces.draft_pending`).
+
+    ``source``: which of a combining drafter's parts proposed it (the mixed drafter: ``"suffix"``, ``"model"``
+    or ``"none"``), recorded per round (`specdec.core.metrics.RoundRecord.draft_source`); None for a drafter
+    of one kind."""
 
     tokens: list[int]
     probs: torch.Tensor | None = None
     stopped: bool = False
+    source: str | None = None
 
 
 def verified(tokens: list[int], committed: list[int], at: int) -> tuple[int, int]:

@@ -200,7 +200,9 @@ class BatchedMixedDrafter:
             self._pending[i] = (len(committed[i]), list(md.tokens)) if kind == "model" else None
             if ks[i] > 0:
                 self.stats[self.live[i]].choices.append(kind)
-            out.append(md if kind == "model" else offer if kind == "suffix" else Draft([], None))
+            d = md if kind == "model" else offer if kind == "suffix" else Draft([], None)
+            d.source = kind
+            out.append(d)
         return out
 
     def rollback(self, committed: list[list[int]]) -> None:

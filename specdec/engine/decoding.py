@@ -331,7 +331,7 @@ class _Loop:
             num_accepted=min(acc, len(block)), num_accepted_raw=acc, accept_flags=flags, next_kind=kind,
             num_emitted=len(block), draft_s=t_draft - t_start, verify_s=t_verify - t_draft,
             forward_s=t_forward - t_draft, other_s=t_end - t_verify, k_requested=k_req, alpha_estimate=alpha,
-            n_forward=n_fed if self.pad_to is not None else None, draft_stopped=d.stopped,
+            n_forward=n_fed if self.pad_to is not None else None, draft_stopped=d.stopped, draft_source=d.source,
         )
         r = self.results[i]
         r.rounds.append(record)

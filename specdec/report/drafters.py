@@ -27,7 +27,8 @@ from specdec.report.load import ensure_prepared
 from specdec.report.speedup import PROMPT_KEY, paired_reference
 from specdec.report.vocab import ALL_PROMPTS, BASELINE
 
-__all__ = ["DRAFTERS", "DRAFTER_RATIOS", "PLANNED_BEST", "drafter_ratio_table", "drafter_table", "with_planned_best"]
+__all__ = ["DRAFTERS", "DRAFTER_RATIOS", "PLANNED_BEST", "drafter_ratio_table", "drafter_table", "round_sources",
+           "with_planned_best"]
 
 #: The drafters compared, in the table's order, with the words the report uses for them (the catalogue's).
 DRAFTERS: dict[str, str] = {name: e.label for name, e in catalogue_drafters.DRAFTERS.items()}
@@ -66,11 +67,13 @@ def drafter_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.
         Columns ``config_label``, ``prompt_type``, ``method``, ``drafter`` (its words), ``k`` (``"best"`` or
         the fixed K), ``ks`` (the K the runs used, e.g. ``"2-6"``), ``n_prompts``, ``tokens_per_forward``
         (block efficiency: tokens committed per target forward, bonus included), ``acceptance_rate``,
-        ``speedup``, ``speedup_lo``, ``speedup_hi``, ``verdict``; empty when no drafter ran. Only fixed-K runs
-        and runs planned under policy best (adaptive policies have their own section).
+        ``speedup``, ``speedup_lo``, ``speedup_hi``, ``verdict``, ``sources`` (a combining drafter's share of
+        its rounds by the part that drafted them, `round_sources`; "" for a drafter of one kind); empty when no
+        drafter ran. Only fixed-K runs and runs planned under policy best (adaptive policies have their own
+        section).
     """
     cols = ["config_label", "prompt_type", "method", "drafter", "k", "ks", "n_prompts", "tokens_per_forward",
-            "acceptance_rate", "speedup", "speedup_lo", "speedup_hi", "verdict"]
+            "acceptance_rate", "speedup", "speedup_lo", "speedup_hi", "verdict", "sources"]
     df = with_planned_best(runs)
     if df.empty or not df["method"].isin(list(DRAFTERS)).any():
         return pd.DataFrame(columns=cols)
@@ -96,6 +99,7 @@ def drafter_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.
             "n_prompts": int(c["n_prompts"]), "tokens_per_forward": c.get("block_efficiency", np.nan),
             "acceptance_rate": c.get("acceptance_rate", np.nan), "speedup": c["speedup"],
             "speedup_lo": c["speedup_lo"], "speedup_hi": c["speedup_hi"], "verdict": c["verdict"],
+            "sources": round_sources(rounds, used.loc[sel, "run_id"]),
         })  # fmt: skip
     order = {m: i for i, m in enumerate(DRAFTERS)}
     out = pd.DataFrame(rows, columns=cols)
@@ -104,6 +108,20 @@ def drafter_table(runs: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.
     out["_k"] = out["k"].map(lambda k: -1 if k == PLANNED_BEST else int(k))
     return out.sort_values(["config_label", "_t", "prompt_type", "_m", "_k"]).drop(columns=["_t", "_m", "_k"]
                                                                                     ).reset_index(drop=True)
+
+
+def round_sources(rounds: pd.DataFrame | None, run_ids) -> str:
+    """The rounds of `run_ids` by the part of a combining drafter that drafted them (``rounds.draft_source``:
+    the mixed drafter's ``suffix``, ``model`` or ``none``), as shares of those rounds, e.g.
+    ``"suffix 61%, model 30%, none 9%"`` (largest first); "" where no round carries a source (a drafter of
+    one kind, or a store written before sources were recorded)."""
+    if rounds is None or rounds.empty or "draft_source" not in rounds.columns:
+        return ""
+    src = rounds.loc[rounds["run_id"].isin(set(run_ids)), "draft_source"].dropna()
+    if src.empty:
+        return ""
+    shares = src.value_counts(normalize=True)
+    return ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
 
 
 def _per_prompt_ratios(df: pd.DataFrame, ref: dict[int, float]) -> pd.Series:

@@ -37,7 +37,8 @@ def drafters_section(a: Analysis) -> Section:
         "(the K used are listed), else one row per fixed K. tokens/forward = tokens committed per target "
         "forward (bonus included); speedup = paired ratio to the neighbouring target-only runs, interval "
         "over the type's prompts. xtok is a draft with another tokenizer (it drafts text, re-tokenized for "
-        "the target); suffix_corpus also matches the other prompts' target-only outputs.")
+        "the target); suffix_corpus also matches the other prompts' target-only outputs; 'rounds drafted by' "
+        "= the mixed drafter's rounds by the drafter it chose (or none).")
     t = table_of(table, [
         ("config", lambda r: s(r["config_label"])), ("prompt type", lambda r: s(r["prompt_type"])),
         ("drafter", lambda r: f"{r['method']} ({r['drafter']})"), ("K", lambda r: s(r["k"])),
@@ -45,6 +46,7 @@ def drafters_section(a: Analysis) -> Section:
         ("tokens/forward", lambda r: f(r["tokens_per_forward"])),
         ("acceptance", lambda r: f(r["acceptance_rate"])), ("speedup", lambda r: f(r["speedup"])),
         ("95% CI", lambda r: ci(r["speedup_lo"], r["speedup_hi"])), ("verdict", _verdict),
+        *([("rounds drafted by", lambda r: s(r["sources"]))] if table["sources"].astype(bool).any() else []),
     ])
     t.caption = "Per prompt type, then all prompts pooled."
     t.limit = 400

@@ -121,16 +121,19 @@ def test_sweep_stores_traces_that_replay_its_timed_runs(full_sweep):
             trace = AcceptanceTrace(tuple(t["prompt_ids"]), tuple(t["target_ids"]), tuple(t["draft_ids"]),
                                     tuple(t["draft_top_prob"]), t["max_new_tokens"])
             drafter = None if r["method"] == "draft" else PromptLookupDrafter(cfg.ngram_max, cfg.ngram_min)
+            timed = [RoundRecord(k=x["k"], num_accepted=x["num_accepted"], accept_flags=(),
+                                 next_kind=x["next_kind"], num_emitted=x["num_emitted"], draft_s=x["draft_s"],
+                                 verify_s=x["verify_s"], other_s=x["other_s"])
+                     for x in st.rounds_of(r["run_id"])]
             if r["policy"] == "fixed":
                 rounds = replay(trace, k=r["k"], drafter=drafter, draft_context=t["draft_context"])
             else:
                 c = costs if r["method"] == "draft" else costs.with_draft_step(0.0)
                 policy = make_policy(r["policy"], r["k"], costs=c) if r["policy"] == "cost" else \
                     make_policy(r["policy"], r["k"])
-                rounds = replay(trace, policy=policy, drafter=drafter, draft_context=t["draft_context"])
-            timed = [RoundRecord(k=x["k"], num_accepted=x["num_accepted"], accept_flags=(),
-                                   next_kind=x["next_kind"], num_emitted=x["num_emitted"])
-                     for x in st.rounds_of(r["run_id"])]
+                # the cost policy's ledger weighs measured seconds: the replay is fed the run's own
+                rounds = replay(trace, policy=policy, drafter=drafter, draft_context=t["draft_context"],
+                                clock=timed)
             if r["policy"] == "confidence" and r["method"] == "draft":
                 # past a rejected token the draft's confidence is off the trace: K is an upper bound there
                 assert [(x.num_accepted, x.num_emitted) for x in timed] == \
@@ -685,12 +688,6 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
 
 @pytest.mark.parametrize("db, flags", [
     ("archive/study.db", {"threads": 2, **ORIGINAL_GRID}),  # results/archive/README.md: its continue command
-    ("policy_interleaved.db", {"threads": 2, "prompt_types": "natural,code,code_python,technical_ml", "ks": "2,16",
-                    "methods": "baseline,draft", "policies": "cost", "peers": False, "repeats": 2,
-                    "baseline_repeats": 3, "name": "policy-interleaved", "prompts_per_type": 1}),
-    ("compiled.db", {"threads": 2, "configs": "transformers-eager,transformers-compiled",
-                     "prompt_types": "repetitive,natural", "ks": "4", "methods": "baseline,draft",
-                     "policies": "none", "peers": False, "prompts_per_type": 1}),
     ("fp32_all.db", {"threads": 2, "prompts_per_type": 6, "ks": "1,2,4", "secondary_ks": "2",
                      "methods": "baseline,aa,draft", "policies": "cost", "secondary_policies": "cost",
                      "peers": False, "max_new_tokens": 128, "name": "fp32-all"}),
@@ -700,10 +697,6 @@ def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file
     ("llamacpp_all.db", {"threads": 2, "configs": "llamacpp", "prompts_per_type": 6, "ks": "1", "secondary_ks": "1",
                          "methods": "baseline,aa,draft,ngram", "policies": "cost", "secondary_policies": "cost",
                          "peers": False, "max_new_tokens": 128, "name": "llamacpp-all"}),
-    ("mixed.db", {"threads": 2, "configs": "mixed:llamacpp-draft-bf16",
-                  "prompt_types": "code,natural,dialogue,repetitive,technical,list_items", "prompts_per_type": 1,
-                  "ks": "2", "secondary_ks": "", "methods": "baseline,draft", "policies": "cost", "peers": False,
-                  "max_new_tokens": 128, "name": "mixed-primaries"}),
     ("mixed_all.db", {"threads": 2, "configs": "mixed:llamacpp-draft-bf16", "prompts_per_type": 6, "ks": "2",
                       "secondary_ks": "", "methods": "baseline,draft", "policies": "cost",
                       "secondary_policies": "cost", "peers": False, "max_new_tokens": 128, "name": "mixed-all"}),

@@ -53,8 +53,9 @@ __all__ = ["DRAFT_CALIBRATION_NS", "DRAFT_PREFILL_NS", "DRAFT_REPEAT_FACTOR", "D
 TARGET_ROLE, DRAFT_ROLE = "target", "draft"
 
 #: The draft is timed this many times as often as the target: its forwards are ~3x cheaper, and with 3
-#: samples a few slow ones decided the median (results/policy.db: draft step 137 ms, IQR 149 ms, while the
-#: same sweep's drafting ran at 97-106 ms per token), which made the cost policy think drafting dearer.
+#: samples a few slow ones decided the median (the cost-policy sweep `results/policy.db`, in git at f25c101:
+#: draft step 137 ms, IQR 149 ms, while the same sweep's drafting ran at 97-106 ms per token), which made the
+#: cost policy think drafting dearer.
 DRAFT_REPEAT_FACTOR = 3
 
 #: Draft forwards timed by the calibration block: its single step (n = 1) and its catch-up at a round's

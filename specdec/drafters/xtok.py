@@ -199,10 +199,13 @@ class StringMatchDrafter:
         """Nothing: `propose` re-tokenizes the committed text and truncates the draft's cache to the
         longest prefix it shares with it, which drops the rejected drafts."""
 
-    def _sync(self, committed: list[int]) -> tuple[list[int], torch.Tensor] | None:
+    def _sync(self, committed: list[int], k: int) -> tuple[list[int], torch.Tensor, int] | None:
         """Bring the draft's cache to ``draft_context(committed)``, feeding only what differs
-        from the cached tokens (at least the last one); returns the context and the draft's next-token
-        logits ``[draft_vocab]``, or None when the context is empty or does not fit."""
+        from the cached tokens (at least the last one); returns the context, the draft's next-token
+        logits ``[draft_vocab]`` and the draft steps `k` leaves room for, or None when k <= 0 or the context
+        is empty or does not fit."""
+        if k <= 0:
+            return None
         ctx = self.draft_context(committed)
         if not ctx or len(ctx) > self.backend.max_length:
             return None
@@ -212,7 +215,7 @@ class StringMatchDrafter:
         del self._cached[n:]
         logits = self.backend.forward(ctx[n:], last=1)[-1, : self.draft_vocab]
         self._cached.extend(ctx[n:])
-        return ctx, logits
+        return ctx, logits, min(k, self.backend.max_length - len(ctx) + 1)
 
     def _draw(self, logits: torch.Tensor, sampling: SamplingParams, generator, i: int,
               min_confidence: float | None) -> tuple[int | None, torch.Tensor | None]:
@@ -231,13 +234,10 @@ class StringMatchDrafter:
 
     def propose(self, committed, k, sampling, generator, min_confidence=None) -> Draft:
         """Up to `k` target ids spelling the draft's continuation of the committed text (see the class)."""
-        if k <= 0:
-            return Draft([], None)
-        synced = self._sync(list(committed))
+        synced = self._sync(list(committed), k)
         if synced is None:
             return Draft([], None)
-        ctx, logits = synced
-        steps = min(k, self.backend.max_length - len(ctx) + 1)
+        ctx, logits, steps = synced
         drafted: list[int] = []
         end: int | None = None
         for i in range(steps):
@@ -313,13 +313,10 @@ class IntersectionDrafter(StringMatchDrafter):
 
     def propose(self, committed, k, sampling, generator, min_confidence=None) -> Draft:
         """Up to `k` target ids drawn from the restricted draft distribution, with their q rows."""
-        if k <= 0:
-            return Draft([], None)
-        synced = self._sync(list(committed))
+        synced = self._sync(list(committed), k)
         if synced is None:
             return Draft([], None)
-        ctx, logits = synced
-        steps = min(k, self.backend.max_length - len(ctx) + 1)
+        _, logits, steps = synced
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(steps):

@@ -4,10 +4,9 @@ validated once by `make_config`. The runtime configurations are `specdec.catalog
 
 from __future__ import annotations
 
-import json
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,6 @@ __all__ = [
     "default_config",
     "load_config_file",
     "make_config",
-    "to_json",
 ]
 
 OUR_METHODS = tuple(m.name for m in our_methods() if m.default)
@@ -413,7 +411,3 @@ def make_config(
         values["configs"] = (label,)
     return SweepConfig(**_normalize(values))
 
-
-def to_json(cfg: SweepConfig) -> str:
-    """The full configuration as JSON (for logs and ``--dry-run``)."""
-    return json.dumps(asdict(cfg), sort_keys=True)

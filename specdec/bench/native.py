@@ -384,11 +384,6 @@ class NativeServer:
         body = self._request("/tokenize", req, self.request_timeout)
         return [int(t) for t in body["tokens"]]
 
-    def props(self) -> dict:
-        """The server's ``/props`` (its settings and build)."""
-        self.start()
-        return self._get("/props", self.request_timeout)
-
     def complete(
         self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False
     ) -> NativeRun:

@@ -47,7 +47,6 @@ from specdec.bench.config import (
     SweepConfig,
     load_config_file,
     make_config,
-    to_json,
 )
 from specdec.bench.estimate import (
     REFERENCE_COSTS,
@@ -122,5 +121,4 @@ __all__ = [
     "reference_costs",
     "run_sweep",
     "select_prompts",
-    "to_json",
 ]

@@ -150,6 +150,7 @@ def test_default_dtype_and_target_only_pairs(tiny_pair):
     ({"k": 0}, "k must be an integer >= 1"),
     ({"drafter": "oracle"}, "unknown drafter 'oracle'"),
     ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"top_p": 0.5}, "top_p 0.5 needs temperature > 0"),
     ({"max_new_tokens": 100000, "k": 2}, "exceeds the target's context"),
 ])
 def test_bad_arguments_raise_one_line(fp32_pair, kwargs, needle):

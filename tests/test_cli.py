@@ -32,6 +32,17 @@ def test_generate_json_with_baseline(tiny_pair, near_draft_dir):
     assert out["num_drafted"] > 0 and 0 < out["num_accepted"] <= out["num_drafted"]
 
 
+def test_sampled_generate_json_records_its_sampling_and_baseline_says_a_difference_is_expected(tiny_pair):
+    p = run("generate", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
+            "--prompt", "hello world the quick brown fox", "--k", "3", "--max-new-tokens", "12", "--temperature",
+            "0.7", "--top-k", "40", "--top-p", "0.95", "--seed", "3", "--baseline", "--json", "--threads", "1")
+    assert p.returncode == 0, p.stderr
+    out = one_row(json.loads(p.stdout))
+    assert (out["temperature"], out["top_k"], out["top_p"], out["seed"]) == (0.7, 40, 0.95, 3)
+    assert not out["identical_to_baseline"]  # two draws of 12 tokens from a random 1000-token model
+    assert "DIFFERENT" not in p.stderr and "outputs differ (sampled" in p.stderr
+
+
 def test_generate_defaults_to_the_machines_fastest_exact_dtype_and_names_it(tiny_pair):
     """The default dtype is `specdec.runtimes.precision.default_dtype` (bf16 where the CPU has native bf16 kernels);
     --dtype float32 asks for fp32; the statistics line and the JSON name what ran."""
@@ -144,6 +155,11 @@ def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_
         (["--max-new-tokens", "100000"], "exceeds the target's context"),
         (["--prompt", "   "], "prompt is empty"),
         (["--target", "/nonexistent/model-dir"], "/nonexistent/model-dir"),
+        # sampling settings are named by their flags; nonsense is refused, not run
+        (["--temperature", "inf"], "--temperature must be >= 0 and finite"),
+        (["--temperature", "0.7", "--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--top-p", "0.5"], "--top-p 0.5 needs --temperature > 0"),
+        (["--top-k", "5"], "--top-k 5 needs --temperature > 0"),
     ],
 )
 def test_bad_input_is_one_line(tiny_pair, extra, needle):

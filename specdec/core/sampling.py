@@ -7,6 +7,7 @@ is only lossless when p and q are the distributions the tokens are actually samp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +18,12 @@ class SamplingParams:
     """How tokens are chosen.
 
     Attributes:
-        temperature: 0 means greedy (argmax); > 0 divides the logits before softmax.
+        temperature: 0 means greedy (argmax); > 0 (finite) divides the logits before softmax.
         top_k: keep the k most likely tokens (0 = off).
         top_p: keep the smallest set whose probability reaches top_p (1.0 = off), applied after top-k.
+
+    Top-k and top-p shape a sampling distribution, so greedy decoding (temperature 0) takes neither: setting
+    one with temperature 0 raises ValueError instead of being ignored.
     """
 
     temperature: float = 0.0
@@ -27,12 +31,18 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        cuts = [f"{name} {value}" for name, value, off in (("top_k", self.top_k, 0), ("top_p", self.top_p, 1.0))
+                if value != off]
+        if self.temperature == 0.0 and cuts:
+            one = len(cuts) == 1
+            raise ValueError(f"{' and '.join(cuts)} need{'s' if one else ''} temperature > 0 (temperature 0 is "
+                             f"greedy decoding, which takes the argmax and would ignore {'it' if one else 'them'})")
 
     @property
     def greedy(self) -> bool:
@@ -67,13 +77,18 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         likely token of every row is always kept by top-k/top-p.
 
     Raises:
-        ValueError: `params` is greedy (there is no distribution to warp to), or a row has no finite logit.
+        ValueError: `params` is greedy (there is no distribution to warp to), a row has no finite logit, or
+            the temperature is so small that a row's largest logit divided by it overflows float32.
     """
     if params.greedy:
         raise ValueError("warp() needs temperature > 0; greedy decoding uses argmax")
-    x = logits.float() / params.temperature
+    x = logits.float()
     if not torch.isfinite(x.max(dim=-1).values).all():
         raise ValueError("a logits row has no finite entry (or contains NaN/inf)")
+    x = x / params.temperature
+    if not torch.isfinite(x.max(dim=-1).values).all():
+        raise ValueError(f"temperature {params.temperature:g} is too small: the logits divided by it overflow "
+                         "float32 (temperature 0 decodes greedily)")
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
         vals, idx = torch.topk(x, params.top_k, dim=-1)  # [..., k], sorted descending

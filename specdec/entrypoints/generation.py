@@ -13,6 +13,7 @@ drafter's draft length come from the one cost cache (`specdec.measure.cost_cache
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,8 @@ LLAMACPP_MAX_ROWS = 256
 
 #: How each setting is spelled in messages: on the command line, and in Python.
 FLAGS = {"drafter": "--drafter", "policy": "--policy", "k": "--k", "max_new_tokens": "--max-new-tokens",
-         "batch_size": "--batch-size", "pad_verify": "--pad-verify", "other_tokenizer": "--other-tokenizer"}
+         "batch_size": "--batch-size", "pad_verify": "--pad-verify", "other_tokenizer": "--other-tokenizer",
+         "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
 KEYWORDS = {name: name for name in FLAGS}
 
 
@@ -113,7 +115,11 @@ def check_settings(*, drafter: str = "draft", policy: str | None = None, k: int 
     if batch_size is not None and entry.max_rows is not None and int(batch_size) > entry.max_rows:
         raise ValueError(f"{s['drafter']} {entry.name} drafts {entry.max_rows} prompt at a time: "
                          f"give {s['batch_size']} {entry.max_rows}")
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    try:
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ValueError as exc:
+        raise ValueError(re.sub(r"\b(temperature|top_k|top_p)\b", lambda m: s.get(m.group(1), m.group(1)),
+                                str(exc))) from None
     return Settings(entry.name, pol.name, k_used, None if k is None else int(k),
                     budgets[0] if isinstance(max_new_tokens, int) else budgets, sampling, int(seed),
                     bool(chat_template), bool(pad_verify), bool(many),

@@ -227,7 +227,8 @@ def _generate_checked(o: dict, settings, specs, other, out_path, entries) -> Non
     tok = the_pair.loaded.tokenizer
     doc = output.report(run, [tok.decode(r.token_ids, skip_special_tokens=True) for r in run.results],
                         runtime=the_pair.runtime, lines=lines, prompts=texts, extra={
-                            "prompts_file": o["prompts_file"], "temperature": o["temperature"], "seed": o["seed"]})
+                            "prompts_file": o["prompts_file"], "temperature": o["temperature"], "top_k": o["top_k"],
+                            "top_p": o["top_p"], "seed": o["seed"]})
     show = sys.stderr if o["as_json"] else sys.stdout
     label = api.runtime_label(the_pair.runtime)
     (output.print_single if entries is None else output.print_batch)(doc, label=label, file=show)

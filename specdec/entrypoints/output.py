@@ -98,13 +98,17 @@ def print_single(doc: dict[str, Any], *, label: str, file=None) -> None:
         padded = sum(1 for k, n in zip(ks, ns, strict=True) if n is not None and n > k + 1)
         print(f"verification padded in {padded} of {row['num_rounds']} rounds "
               f"({sum(n - k - 1 for k, n in zip(ks, ns, strict=True))} filler tokens)", file=out)
-    _print_baseline(row, doc["runtime"].get("dtype"), out)
+    _print_baseline(row, doc["runtime"].get("dtype"), out, sampled=bool(doc.get("temperature")))
 
 
-def _print_baseline(row: dict[str, Any], dtype: str | None, out, prefix: str = "") -> None:
+#: What a sampled run's output differing from its target-only run means (nothing wrong).
+SAMPLED_DIFFER = "differ (sampled: two draws from the target's distribution, not expected to match)"
+
+
+def _print_baseline(row: dict[str, Any], dtype: str | None, out, prefix: str = "", sampled: bool = False) -> None:
     if "identical_to_baseline" not in row:
         return
-    same = "identical" if row["identical_to_baseline"] else "DIFFERENT"
+    same = "identical" if row["identical_to_baseline"] else SAMPLED_DIFFER if sampled else "DIFFERENT"
     print(f"{prefix}baseline {_fmt(row['baseline_tokens_per_s'])} tok/s; speedup {_fmt(row['speedup'])}x; "
           f"outputs {same}", file=out)
     if row.get("divergence"):
@@ -137,7 +141,8 @@ def print_batch(doc: dict[str, Any], *, label: str = "", file=None) -> None:
         if baseline:
             div = row.get("divergence")
             same = "yes" if row["identical_to_baseline"] else (
-                f"no, from token {div['step']} (margin {div['margin']:.3g})" if div else "no")
+                f"no, from token {div['step']} (margin {div['margin']:.3g})" if div
+                else "no (sampled)" if doc.get("temperature") else "no")
             cells += [_fmt(row["speedup"]), same]
         table.add_row(*cells)
     print(file=out)

@@ -37,7 +37,7 @@ import torch
 
 from specdec.core.sampling import SamplingParams, warp
 from specdec.drafters.base import Drafter
-from specdec.engine.traces import AcceptanceTrace, stored_json
+from specdec.engine.traces import AcceptanceTrace, stored_json, teacher_forced
 from specdec.runtimes.base import Backend
 
 __all__ = ["CHAIN_FLOOR", "DRAFT_MODEL", "ExpectedRun", "SampledTrace", "expected_run", "record_sampled_trace",
@@ -143,19 +143,6 @@ class ExpectedRun:
         return self.accepted / self.drafted if self.drafted else float("nan")
 
 
-def _warped_rows(backend: Backend, seq: list[int], start: int, sampling: SamplingParams,
-                 vocab_size: int | None) -> torch.Tensor:
-    """``[len(seq) - start, V]`` the warped next-token distributions after seq[:start + 1], ... (one forward
-    from an empty cache; the cache is reset before and after)."""
-    backend.reset()
-    with torch.no_grad():
-        logits = backend.forward(seq)[start:]
-    backend.reset()
-    if vocab_size is not None:
-        logits = logits[:, :vocab_size]
-    return warp(logits.float(), sampling)
-
-
 def _chain(target: Backend, seq: list[int], n_prompt: int, p: torch.Tensor, pos: int, tokens: Sequence[int],
            sampling: SamplingParams, vocab_size: int | None, cached: list[int]) -> tuple[float, ...]:
     """The acceptance probabilities of `tokens` proposed at output position `pos`: from the teacher-forced
@@ -241,11 +228,10 @@ def record_sampled_trace(
         return SampledTrace(tuple(prompt), (), max_new_tokens, sampling, () if draft is not None else None,
                             {name: () for name in drafters or {}})
     seq = prompt + out
-    start = len(prompt) - 1  # row start + i predicts output token i
-    p = _warped_rows(target, seq[:-1], start, sampling, vocab_size)  # [T, V]
+    p = warp(teacher_forced(target, prompt, out, vocab_size).float(), sampling)  # [T, V]: row i predicts out[i]
     overlap = None
     if draft is not None:
-        q = _warped_rows(draft, seq[:-1], start, sampling, vocab_size)
+        q = warp(teacher_forced(draft, prompt, out, vocab_size).float(), sampling)
         overlap = tuple(float(x) for x in torch.minimum(p, q).sum(dim=-1).tolist())
     chains: dict[str, tuple[tuple[float, ...], ...]] = {}
     for name, make in (drafters or {}).items():

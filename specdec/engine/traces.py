@@ -42,6 +42,7 @@ __all__ = [
     "replay",
     "stored_json",
     "target_margins",
+    "teacher_forced",
 ]
 
 
@@ -121,13 +122,7 @@ def record_trace(
         raise ValueError(f"{len(target_ids)} output tokens exceed the budget of {max_new_tokens}")
     draft_ids = top = None
     if draft is not None and target_ids:
-        seq = list(prompt_ids) + list(target_ids[:-1])
-        draft.reset()
-        with torch.no_grad():
-            logits = draft.forward(seq)[len(prompt_ids) - 1:]  # [T, vocab]: row i predicts output i
-        draft.reset()
-        if vocab_size is not None:
-            logits = logits[:, :vocab_size]
+        logits = teacher_forced(draft, prompt_ids, target_ids, vocab_size)
         probs = torch.softmax(logits.float(), dim=-1)
         top_p = probs.max(dim=-1).values
         draft_ids = tuple(int(x) for x in logits.argmax(dim=-1).tolist())  # argmax of logits, as greedy_verify
@@ -135,6 +130,17 @@ def record_trace(
     elif draft is not None:
         draft_ids, top = (), ()
     return AcceptanceTrace(tuple(prompt_ids), tuple(target_ids), draft_ids, top, max_new_tokens)
+
+
+def teacher_forced(backend: Backend, prompt_ids: Sequence[int], target_ids: Sequence[int],
+                   vocab_size: int | None = None) -> torch.Tensor:
+    """``[T, vocab]`` logits of one forward over prompt + target_ids[:-1] from an empty cache (reset before and
+    after): row i predicts output token i; columns past `vocab_size` are dropped (as the engine does)."""
+    backend.reset()
+    with torch.no_grad():
+        logits = backend.forward(list(prompt_ids) + list(target_ids[:-1]))[len(prompt_ids) - 1:]
+    backend.reset()
+    return logits if vocab_size is None else logits[:, :vocab_size]
 
 
 def target_margins(
@@ -161,13 +167,7 @@ def target_margins(
         raise ValueError("empty prompt")
     if not target_ids:
         return [], []
-    seq = list(prompt_ids) + list(target_ids[:-1])
-    target.reset()
-    with torch.no_grad():
-        logits = target.forward(seq)[len(prompt_ids) - 1:]  # [T, vocab]
-    target.reset()
-    if vocab_size is not None:
-        logits = logits[:, :vocab_size]
+    logits = teacher_forced(target, prompt_ids, target_ids, vocab_size)
     top2 = torch.softmax(logits.float(), dim=-1).topk(2, dim=-1).values  # [T, 2]
     margins = (top2[:, 0] - top2[:, 1]).tolist()
     return [float(m) for m in margins], [int(x) for x in logits.argmax(dim=-1).tolist()]

@@ -644,6 +644,28 @@ def test_estimate_follows_the_analytical_model():
                                    prompt_tokens=2, alpha=0.0) == pytest.approx(1.0 + 5 * 3.0)
 
 
+def test_dry_run_prices_a_sampled_traces_chain_forwards(app, tmp_path):
+    """Under sampling every traced prompt's trace is priced as a greedy one's plus `CHAIN_RUN_SHARE` of a
+    target-only run per model-free drafter whose chains it records (prompt lookup and the suffix drafter
+    here), not left out."""
+    import re
+
+    from specdec.bench.estimate import CHAIN_RUN_SHARE
+
+    def instrumentation_s(*extra: str) -> int:
+        res = CliRunner().invoke(app, ["sweep", "--configs", "transformers-bf16", "--methods",
+                                       "baseline,draft,ngram,suffix", "--dry-run", "--db",
+                                       str(tmp_path / "none.db"), *extra])
+        assert res.exit_code == 0, res.output
+        (part,) = re.findall(r"\+ ((?:\d+[hms] ?)+) traces and calibration", res.output)
+        return sum(int(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in re.findall(r"(\d+)([hms])", part))
+
+    greedy, sampled = instrumentation_s(), instrumentation_s("--temperature", "0.7", "--top-p", "0.95")
+    main = S.make_config({"configs": "transformers-bf16"})
+    chains = 2 * CHAIN_RUN_SHARE * 128 * S.REFERENCE_COSTS_BF16.target_step_s * len(S.prepare(main).prompts)
+    assert sampled - greedy == pytest.approx(chains, rel=0.05, abs=2), (greedy, sampled, chains)
+
+
 def test_dry_run_prices_each_configuration_with_its_own_reference(app, tmp_path):
     """Without stored costs, --dry-run prices a configuration with the reference curve of its runtime and
     dtype (a bf16 plan was priced with fp32 costs, 2-3x too long); a mixed pair takes the target's curve

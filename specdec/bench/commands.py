@@ -19,6 +19,7 @@ import typer
 from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  # [shards]
 from specdec.bench.control import LOCK_WAIT_S
 from specdec.bench.grid import batch_cost_ns
+from specdec.bench.methods import chain_drafter_names
 from specdec.bench.plan import calibration_passes
 from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, field_settings, typer_command
 from specdec.bench.shard import shard_plan  # [shards]
@@ -176,9 +177,10 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     measure_s = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats, batch_ns)
                     for label in cfg.configs)
     traced = {(c.config_label, c.prompt.id) for c in plan if c.batch_id is None}  # traces and blocks: B = 1 only
-    instr = sum(S.instrumentation_s(costs_by[label], max_n=S.cost_max_n(cfg), traces=cfg.traces and cfg.greedy,
+    chains = 0 if cfg.greedy else len(chain_drafter_names(cfg.methods))
+    instr = sum(S.instrumentation_s(costs_by[label], max_n=S.cost_max_n(cfg), traces=cfg.traces,
                                     calibration_repeats=calibration_passes(cfg, prepared.plan, label, pid),
-                                    new_tokens=cfg.max_new_tokens)
+                                    new_tokens=cfg.max_new_tokens, chain_drafters=chains)
                 for label, pid in traced)
     _echo(f"sweep {sid}: target {prepared.target}, draft {prepared.draft}; {len(prepared.prompts)} prompts, configs "
           f"{', '.join(cfg.configs)}; {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)")

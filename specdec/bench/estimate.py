@@ -11,6 +11,7 @@ from specdec.core.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCu
 from specdec.core.theory import expected_tokens_per_round
 
 __all__ = [
+    "CHAIN_RUN_SHARE",
     "REFERENCE_COSTS",
     "REFERENCE_COSTS_BF16",
     "REFERENCE_COSTS_LLAMACPP",
@@ -163,18 +164,26 @@ def cost_measurement_s(costs: CostCurve, max_n: int, repeats: int, extra_ns: Ite
                             + sum(costs.forward_s(n) for n in extra_ns))
 
 
+#: A sampled trace's chain forwards per model-free drafter, as a share of a target-only run of the same
+#: tokens: 0.02, 0.10 and 0.40 on three prompts of the default pair (bf16, T = 0.7, 128 tokens; docs/RESULTS.md,
+#: "Known gaps"), rounded up from their mean.
+CHAIN_RUN_SHARE = 0.2
+
+
 def instrumentation_s(costs: CostCurve, *, max_n: int, calibration_repeats: int, traces: bool,
-                      prompt_tokens: int = 100, new_tokens: int = 128) -> float:
+                      prompt_tokens: int = 100, new_tokens: int = 128, chain_drafters: int = 0) -> float:
     """Rough seconds one prompt's acceptance trace and calibration block add (`specdec.bench.runner`):
     the trace is one target and one draft forward over prompt + output (the draft at c times the target's
-    cost), the block `calibration_repeats` passes over forwards of 1..max_n tokens plus 3x as many passes
-    over the draft's forwards of `DRAFT_CALIBRATION_NS` tokens (priced as the draft step times the target's
-    v(n))."""
+    cost), and under sampling `CHAIN_RUN_SHARE` of a target-only run per model-free drafter whose chains it
+    records (`chain_drafters`); the block `calibration_repeats` passes over forwards of 1..max_n tokens plus
+    3x as many passes over the draft's forwards of `DRAFT_CALIBRATION_NS` tokens (priced as the draft step
+    times the target's v(n))."""
     out = 0.0
     if traces:
         n = max(1, prompt_tokens + new_tokens - 1)
         c = (costs.draft_step_s or 0.0) / costs.target_step_s
         out += costs.forward_s(n) * (1.0 + c)
+        out += chain_drafters * CHAIN_RUN_SHARE * new_tokens * costs.target_step_s
     if calibration_repeats > 0:
         draft = (costs.draft_step_s or 0.0) * sum(costs.v(n) for n in DRAFT_CALIBRATION_NS)
         out += calibration_repeats * (sum(costs.forward_s(n) for n in range(1, max_n + 1))

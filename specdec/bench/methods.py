@@ -353,3 +353,12 @@ for _m in (
 def peers_for(rc: RuntimeConfig) -> tuple[str, ...]:
     """Names of the peers that apply to runtime configuration `rc`, in plan order."""
     return tuple(m.name for m in peer_methods() if m.applies(rc))
+
+
+def chain_drafter_names(methods) -> list[str]:
+    """The model-free drafters that `methods` (a sweep's) replay from a sampled trace by their chains (the
+    catalogue's ``sampled_replay == "chain"``), sorted: each costs the trace its chain forwards."""
+    from specdec.catalogue.drafters import DRAFTERS
+
+    names = {METHODS[m].replay_as or m for m in methods if m in METHODS}
+    return sorted(n for n in names if n in DRAFTERS and DRAFTERS[n].sampled_replay == "chain")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from specdec.bench.console import one_line
 from specdec.bench.loaded import LoadedConfig
-from specdec.bench.methods import METHODS
+from specdec.bench.methods import METHODS, chain_drafter_names
 from specdec.bench.plan import PlannedRun, calibration_passes, cost_max_n
 from specdec.bench.state import SweepState
 from specdec.core.costs import CostCurve
@@ -149,13 +149,11 @@ def trace(s: SweepState, at: At) -> None:
 def _chain_drafters(loaded: LoadedConfig) -> dict[str, Callable]:
     """Factories of the model-free drafters the configuration's methods replay from a sampled trace (their
     chains), priced drafters on the configuration's costs."""
-    from specdec.catalogue.drafters import DRAFTERS, replay_drafter
+    from specdec.catalogue.drafters import replay_drafter
 
     costs = CostCurve.from_costs(loaded.costs) if loaded.costs else None
     ngram = (loaded.cfg.ngram_max, loaded.cfg.ngram_min)
-    names = {METHODS[m].replay_as or m for m in loaded.cfg.methods if m in METHODS}
-    return {n: (lambda n=n: replay_drafter(n, costs=costs, ngram=ngram)) for n in sorted(names)
-            if n in DRAFTERS and DRAFTERS[n].sampled_replay == "chain"}
+    return {n: (lambda n=n: replay_drafter(n, costs=costs, ngram=ngram)) for n in chain_drafter_names(loaded.cfg.methods)}
 
 
 def calibrate(s: SweepState, at: At) -> None:

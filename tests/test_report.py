@@ -46,7 +46,8 @@ CREATE TABLE runs (run_id INTEGER PRIMARY KEY, sweep_id TEXT REFERENCES sweeps, 
   batch_total_s REAL, batch_tokens_per_s REAL, matches_single INTEGER, predicted_speedup REAL);
 CREATE TABLE rounds (run_id INTEGER REFERENCES runs, round_idx INTEGER, k INTEGER, k_requested INTEGER,
   num_accepted INTEGER, accept_flags TEXT, next_kind TEXT, num_emitted INTEGER, draft_s REAL, verify_s REAL,
-  other_s REAL, alpha_estimate REAL, forward_s REAL, n_forward INTEGER, PRIMARY KEY (run_id, round_idx));
+  other_s REAL, alpha_estimate REAL, forward_s REAL, n_forward INTEGER, draft_source TEXT,
+  PRIMARY KEY (run_id, round_idx));
 CREATE TABLE costs (sweep_id TEXT, config_label TEXT, role TEXT, n_tokens INTEGER, seconds REAL,
   repeats INTEGER, spread_s REAL, PRIMARY KEY (sweep_id, config_label, role, n_tokens));
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
@@ -102,9 +103,9 @@ class Store:
         run_id = cur.lastrowid
         for idx, (kk, flags) in enumerate(rounds):
             acc = len(flags) - len(flags.lstrip("1"))
-            self.con.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", (
+            self.con.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", (
                 run_id, idx, kk, kk, acc, flags, "bonus" if acc == kk else "recovered", acc + 1,
-                0.001, 0.002, 0.0001, None, 0.0015, None))
+                0.001, 0.002, 0.0001, None, 0.0015, None, None))
         return run_id
 
     def costs(self, *, sweep_id=SWEEP, config_label=LABEL, t1=0.010, draft1=0.002, slope=0.001, n_max=17):
@@ -388,8 +389,9 @@ def test_machine_drift_from_round_traces(tmp_path):
 
     def trace(run_id, k, verify_s, n=6):
         for idx in range(n):
-            st.con.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                           (run_id, idx, k, k, 0, "", "recovered", 1, 0.0, verify_s, 0.0, None, verify_s, None))
+            st.con.execute("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                           (run_id, idx, k, k, 0, "", "recovered", 1, 0.0, verify_s, 0.0, None, verify_s, None,
+                            None))
 
     trace(st.run(method="baseline", tokens_per_s=10.0), 0, 0.010)  # baseline: 0.010 s per step
     # draft K=2 ran while the machine was twice as slow: its 3-token forwards took 2 x 0.010 x v(3) = 0.024 s

@@ -128,3 +128,30 @@ def test_the_main_job_on_a_prompt_file_prices_every_prompt_and_opens_the_report_
     assert first.startswith("The answer: when speculative decoding beats target-only decoding here")
     assert "| one | 5 |" in first and "| two | 5 |" in first
     assert {e.kind for e in res.drawn} >= {"answer_vs_k", "answer_vs_acceptance"}
+
+
+def test_a_sampled_stores_answer_table_shows_its_timed_runs_block_efficiency_not_none():
+    """Under sampling no speedup is replayed run by run (the greedy check is empty), but the timed sampled
+    fixed-K runs are checked by block efficiency: the answer's 'timed' column lists them per drafter and K
+    instead of saying 'none', and a type without a default-policy prediction shows '-' as its verdict."""
+    from specdec.report import tables as T
+    from specdec.report.analysis import Analysis
+    from specdec.report.document import Table
+    from specdec.report.sampled import COLUMNS
+    from specdec.report.sections_answer import answer_section
+
+    answer = type_answer(_grid({f"p{i}": {("draft", "fixed", 4): 1.3, ("ngram", "fixed", 8): 0.9}
+                                for i in range(2)}), _pvm([]).iloc[0:0])
+    assert (answer["timed"] == "").all() and (answer["default_verdict"] == "").all()
+    sampled = pd.DataFrame([[1, "c", "p0", "code", "draft", 4, 0.7, 2.5, 3.0, 2.5 / 3.0],
+                            [2, "c", "p1", "code", "draft", 4, 0.7, 2.5, 2.0, 2.5 / 2.0],
+                            [3, "c", "p0", "code", "ngram", 8, 0.7, 1.2, 1.0, 1.2]], columns=COLUMNS)
+    a = Analysis(store=None, tables={T.ANSWER.name: answer, T.SAMPLED.name: sampled}, costs={}, missing=[])
+    (tab,) = [b for b in answer_section(a, []).blocks if isinstance(b, Table)]
+    row = dict(zip(tab.headers, tab.rows[0], strict=True))
+    assert row["timed (measured, predicted)"] == ("tokens/forward: draft K=4 2.45 (predicted 2.50, 2 runs); "
+                                                  "ngram K=8 1.00 (predicted 1.20, 1 run)")
+    assert row["default verdict"] == "-"
+    empty = Analysis(store=None, tables={T.ANSWER.name: answer}, costs={}, missing=[])
+    (tab,) = [b for b in answer_section(empty, []).blocks if isinstance(b, Table)]
+    assert dict(zip(tab.headers, tab.rows[0], strict=True))["timed (measured, predicted)"] == "none"

@@ -846,6 +846,11 @@ def test_aa_noise_floor_by_hand(tmp_path):
     assert (row.aa_lo, row.aa_hi) == pytest.approx((want.lo, want.hi)) and row.verdict == "too few units"
     assert row.median_abs_dev == pytest.approx(0.1)
     assert len(aa_table(a.store.runs[a.store.runs["method"] != "baseline"])) == 0
+    from specdec.report.sections import _summary_section
+
+    # the summary says the floor rests on too few prompts
+    (line,) = [x for b in _summary_section(a).blocks for x in getattr(b, "items", []) if "A/A noise floor" in x]
+    assert "over 3 prompts (too few units: a rough floor)" in line
 
 
 def test_aa_noise_floor_stays_within_one_machine(tmp_path):

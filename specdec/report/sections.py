@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from specdec.core.stats import MIN_UNITS
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.cells import best_fixed, spec_fixed_cells
@@ -223,10 +224,11 @@ def _summary_section(a: Analysis) -> Section:
                          f"{r.peer} {ci(r.ratio_lo, r.ratio_hi)} over {r.n_prompts} prompts ({r.verdict}).")
     lines.extend(aa_line(a))
     for r in a[T.AA].itertuples():
+        few = r.n_prompts < MIN_UNITS
         lines.append(f"A/A noise floor on {r.config_label}: the last baseline run of a prompt over its first "
                      f"(they bracket its other runs) {f(r.aa_ratio)}x {ci(r.aa_lo, r.aa_hi)} over {r.n_prompts} "
-                     f"prompts, median |ratio - 1| = {pct(r.median_abs_dev)}: speedups within that of 1 are "
-                     "noise on this machine.")
+                     f"prompts{' (too few units: a rough floor)' if few else ''}, median |ratio - 1| = "
+                     f"{pct(r.median_abs_dev)}: speedups within that of 1 are noise on this machine.")
     dc = a[T.DRIFT]
     if len(dc) and dc["flagged"].any():
         lines.append(f"Machine drift: {int(dc['flagged'].sum())} of {len(dc)} cells ran while the target step "

@@ -151,6 +151,8 @@ def test_default_dtype_and_target_only_pairs(tiny_pair):
     ({"drafter": "oracle"}, "unknown drafter 'oracle'"),
     ({"temperature": -1.0}, "temperature must be >= 0"),
     ({"top_p": 0.5}, "top_p 0.5 needs temperature > 0"),
+    ({"temperature": 0.7, "top_k": 2.5}, "top_k must be an integer >= 0"),
+    ({"temperature": 0.7, "seed": 1.5}, "seed must be an integer, got 1.5"),
     ({"max_new_tokens": 100000, "k": 2}, "exceeds the target's context"),
 ])
 def test_bad_arguments_raise_one_line(fp32_pair, kwargs, needle):

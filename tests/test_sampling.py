@@ -33,3 +33,12 @@ def test_a_temperature_that_overflows_the_logits_is_named_not_blamed_on_the_logi
         warp(torch.tensor([[float("nan"), 1.0]]), SamplingParams(temperature=1.0))
     probs = warp(logits, SamplingParams(temperature=1e-30))  # tiny but representable: the argmax alone
     assert probs[0].tolist() == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("top_k", [2.5, True, -1])
+def test_top_k_must_be_a_non_negative_integer(top_k):
+    """A fractional top-k is refused here, not by `torch.topk` in the middle of a generation."""
+    with pytest.raises(ValueError, match="top_k must be an integer >= 0"):
+        SamplingParams(temperature=0.7, top_k=top_k)
+    params = SamplingParams(temperature=0.7, top_k=4.0)
+    assert type(params.top_k) is int and int((warp(torch.arange(10.0), params) > 0).sum()) == 4

@@ -19,7 +19,7 @@ class SamplingParams:
 
     Attributes:
         temperature: 0 means greedy (argmax); > 0 (finite) divides the logits before softmax.
-        top_k: keep the k most likely tokens (0 = off).
+        top_k: keep the k most likely tokens (an integer; 0 = off).
         top_p: keep the smallest set whose probability reaches top_p (1.0 = off), applied after top-k.
 
     Top-k and top-p shape a sampling distribution, so greedy decoding (temperature 0) takes neither: setting
@@ -33,8 +33,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not (0.0 <= self.temperature < math.inf):
             raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        object.__setattr__(self, "top_k", int(self.top_k))  # 4.0 -> 4: torch.topk takes an int
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         cuts = [f"{name} {value}" for name, value, off in (("top_k", self.top_k, 0), ("top_p", self.top_p, 1.0))

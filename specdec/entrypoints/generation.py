@@ -13,6 +13,7 @@ drafter's draft length come from the one cost cache (`specdec.measure.cost_cache
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ LLAMACPP_MAX_ROWS = 256
 #: How each setting is spelled in messages: on the command line, and in Python.
 FLAGS = {"drafter": "--drafter", "policy": "--policy", "k": "--k", "max_new_tokens": "--max-new-tokens",
          "batch_size": "--batch-size", "pad_verify": "--pad-verify", "other_tokenizer": "--other-tokenizer",
-         "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
+         "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 KEYWORDS = {name: name for name in FLAGS}
 
 
@@ -85,7 +86,7 @@ def check_settings(*, drafter: str = "draft", policy: str | None = None, k: int 
         ValueError: one line naming the setting as `spelling` spells it: an unknown drafter or policy, a
             policy without a batch form for a list, K < 1, a negative budget, invalid sampling settings, a
             batch size < 1 or above llama.cpp's row limit, ``pad_verify`` or the cost policy with a draft of
-            another tokenizer, ``pad_verify`` with a list.
+            another tokenizer, ``pad_verify`` with a list, a seed that is not an integer.
     """
     s = spelling
     try:
@@ -115,6 +116,8 @@ def check_settings(*, drafter: str = "draft", policy: str | None = None, k: int 
     if batch_size is not None and entry.max_rows is not None and int(batch_size) > entry.max_rows:
         raise ValueError(f"{s['drafter']} {entry.name} drafts {entry.max_rows} prompt at a time: "
                          f"give {s['batch_size']} {entry.max_rows}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Real) or not math.isfinite(seed) or int(seed) != seed:
+        raise ValueError(f"{s.get('seed', 'seed')} must be an integer, got {seed!r}")
     try:
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     except ValueError as exc:

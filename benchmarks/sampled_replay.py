@@ -82,15 +82,19 @@ def main() -> None:
                                  "ratio": pred.block_efficiency / meas})
                     print(f"T={temp} {p.id:24s} {name:6s} K={k:2d} predicted {pred.block_efficiency:.3f} "
                           f"measured {meas:.3f}", flush=True)
-    print("\npredicted / measured block efficiency (geometric mean, 95% t-interval over prompts):")
-    groups: dict[tuple, list[float]] = {}
+    print("\npredicted / measured block efficiency (geometric mean, 95% t-interval over prompts; a prompt's runs "
+          "pooled first, its runs sharing its trace):")
+    groups: dict[tuple, dict[str, list[float]]] = {}
     for r in rows:
-        groups.setdefault((r["temperature"], r["drafter"], r["k"]), []).append(r["ratio"])
-        groups.setdefault(("all", r["drafter"], "all"), []).append(r["ratio"])
-        groups.setdefault(("all", "all", "all"), []).append(r["ratio"])
-    for key, xs in groups.items():
-        ci = ratio_interval([x for x in xs if math.isfinite(x) and x > 0])
-        print(f"  T={key[0]} {key[1]:6s} K={key[2]}: {ci.center:.3f} [{ci.lo:.3f}, {ci.hi:.3f}] (n = {ci.n})")
+        if not (math.isfinite(r["ratio"]) and r["ratio"] > 0):
+            continue
+        for key in ((r["temperature"], r["drafter"], r["k"]), ("all", r["drafter"], "all"), ("all", "all", "all")):
+            groups.setdefault(key, {}).setdefault(r["prompt_id"], []).append(math.log(r["ratio"]))
+    for key, by_prompt in groups.items():
+        ci = ratio_interval([math.exp(sum(v) / len(v)) for v in by_prompt.values()])
+        runs = sum(len(v) for v in by_prompt.values())
+        print(f"  T={key[0]} {key[1]:6s} K={key[2]}: {ci.center:.3f} [{ci.lo:.3f}, {ci.hi:.3f}] "
+              f"({ci.n} prompts, {runs} runs)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"machine": m, "args": vars(args), "rows": rows}, f, indent=1)

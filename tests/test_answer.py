@@ -67,12 +67,31 @@ def test_the_timed_check_widens_the_interval_and_can_take_a_verdict_away():
     assert checked["n_timed"] == 6 and "draft cost 1.50x (predicted 1.62x, 6 runs)" == checked["timed"]
 
 
-def test_model_check_pools_and_splits_by_drafter():
+def test_a_check_over_few_prompts_still_widens_the_interval():
+    """A check over 3 prompts (6 cells) is rough but still widens: a model checked on few prompts never gives
+    a stronger verdict than one checked on many. Cells of one prompt are one unit, not three."""
+    near = {f"p{i}": {("draft", "cost", 16): 1.05 + 0.002 * i, ("draft", "fixed", 2): 1.05 + 0.002 * i}
+            for i in range(5)}
+    pvm = _pvm([1.06, 1.08, 1.10, 1.07, 1.09, 1.08]).assign(prompt_id=["p0", "p0", "p1", "p1", "p2", "p2"])
+    mc = model_check(pvm).set_index("method").loc["all"]
+    assert (mc["n"], mc["n_runs"]) == (3, 6)
+    alone = type_answer(_grid(near), pvm.iloc[0:0]).iloc[0]
+    checked = type_answer(_grid(near), pvm).iloc[0]
+    assert checked["best_lo"] == pytest.approx(alone["best_lo"] / mc["hi"])
+    assert checked["best_verdict"] != "win" == alone["best_verdict"]
+
+
+def test_model_check_pools_and_splits_by_drafter_with_the_prompt_as_unit():
+    """A prompt's cells share its trace and costs: they are pooled into one unit before the interval (prompts
+    p0 and p1 hold a draft and an ngram cell each, p2 a draft cell)."""
     pvm = pd.concat([_pvm([1.0, 1.1, 0.9]), _pvm([2.0, 2.0], method="ngram", policy="fixed", k=4)])
     mc = model_check(pvm).set_index("method")
-    assert mc.loc["all", "n"] == 5 and mc.loc["draft", "n"] == 3 and mc.loc["ngram", "n"] == 2
+    assert (mc.loc["all", "n"], mc.loc["draft", "n"], mc.loc["ngram", "n"]) == (3, 3, 2)
+    assert (mc.loc["all", "n_runs"], mc.loc["draft", "n_runs"], mc.loc["ngram", "n_runs"]) == (5, 3, 2)
     assert mc.loc["ngram", "ratio"] == pytest.approx(2.0)
-    assert mc.loc["all", "ratio"] == pytest.approx(math.exp(np.mean(np.log([1.0, 1.1, 0.9, 2.0, 2.0]))))
+    units = [math.sqrt(1.0 * 2.0), math.sqrt(1.1 * 2.0), 0.9]
+    assert mc.loc["all", "ratio"] == pytest.approx(math.exp(np.mean(np.log(units))))
+    assert mc.loc["all", "lo"] == pytest.approx(stats.ratio_interval(units).lo)
     assert mc.loc["all", "n_exact"] == 3
 
 

@@ -7,10 +7,12 @@ per prompt. A type's figure is the geometric mean over its prompts with a 95 % t
 prompt, `specdec.core.stats.ratio_interval`); a drafter's K is the one with the highest geometric mean over
 the type's prompts (chosen on those prompts, so mildly optimistic).
 
-The sweep's timed runs check the predictions (`predicted_vs_measured`: predicted / measured, paired). Where
-that check holds at least `MIN_UNITS` cells, a type's interval is widened by the check's pooled interval
-(lo / r_hi, hi / r_lo for r = predicted / measured), so a verdict also survives the model's own bias; with
-fewer the verdict rests on the predictions alone and says so.
+The sweep's timed runs check the predictions (`predicted_vs_measured`: predicted / measured, paired; the unit
+is the prompt, its cells pooled first). Where that check has an interval (2 prompts or more), a type's
+interval is widened by it (lo / r_hi, hi / r_lo for r = predicted / measured), so a verdict also survives the
+model's own bias; a check over fewer than `MIN_UNITS` prompts is labelled rough but still widens (a model
+checked on few prompts never gives stronger verdicts than one checked on many); without a check the verdict
+rests on the predictions alone and says so.
 """
 
 from __future__ import annotations
@@ -124,8 +126,9 @@ def model_check(pvm: pd.DataFrame) -> pd.DataFrame:
         pvm: the `predicted_vs_measured` table (one row per timed cell of a traced prompt).
 
     Returns:
-        Columns config_label, method (``"all"`` for the pooled row), n (cells), ratio, lo, hi (geometric mean
-        and 95 % t-interval of predicted / measured), n_exact (cells whose replayed rounds equal the timed ones).
+        Columns config_label, method (``"all"`` for the pooled row), n (prompts), ratio, lo, hi (geometric mean
+        and 95 % t-interval of predicted / measured over prompts: `pooled_ratios`), n_runs (cells), n_exact
+        (cells whose replayed rounds equal the timed ones).
     """
     out = pooled_ratios(pvm, lambda h: {"n_exact": int(h["replay_exact"].sum())})
     return out if len(out) else pd.DataFrame(columns=[*out.columns, "n_exact"])
@@ -133,18 +136,25 @@ def model_check(pvm: pd.DataFrame) -> pd.DataFrame:
 
 def pooled_ratios(df: pd.DataFrame, extra=None) -> pd.DataFrame:
     """A check's ``ratio`` column (predicted / measured, one row per timed run) pooled per config_label and
-    method and over all methods (``"all"``): columns config_label, method, n, ratio, lo, hi (geometric mean
-    and 95 % t-interval), plus what ``extra(rows)`` adds (a dict of columns per group)."""
-    cols = ["config_label", "method", "n", "ratio", "lo", "hi"]
+    method and over all methods (``"all"``). The unit is the prompt: a prompt's runs share its trace and
+    costs, so their errors are not independent; each prompt's runs are first pooled by geometric mean.
+
+    Returns:
+        Columns config_label, method, n (prompts), n_runs, ratio, lo, hi (geometric mean over the prompts and
+        its 95 % t-interval, `specdec.core.stats.ratio_interval`), plus what ``extra(rows)`` adds (a dict of
+        columns per group).
+    """
+    cols = ["config_label", "method", "n", "n_runs", "ratio", "lo", "hi"]
     if df is None or df.empty:
         return pd.DataFrame(columns=cols)
     ok = df[np.isfinite(df["ratio"].astype(float)) & (df["ratio"].astype(float) > 0)]
     rows = []
     for label, g in ok.groupby("config_label", sort=True):
         for method, h in [("all", g), *g.groupby("method", sort=True)]:
-            r = stats.ratio_interval(h["ratio"].astype(float))
-            rows.append({"config_label": label, "method": method, "n": r.n, "ratio": r.center, "lo": r.lo,
-                         "hi": r.hi, **(extra(h) if extra else {})})
+            per_prompt = np.exp(np.log(h["ratio"].astype(float)).groupby(h["prompt_id"]).mean())
+            r = stats.ratio_interval(per_prompt.to_numpy())
+            rows.append({"config_label": label, "method": method, "n": r.n, "n_runs": len(h), "ratio": r.center,
+                         "lo": r.lo, "hi": r.hi, **(extra(h) if extra else {})})
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=cols)
 
 
@@ -214,7 +224,7 @@ def type_answer(grid: pd.DataFrame, pvm: pd.DataFrame) -> pd.DataFrame:
     for (label, ptype), g in grid.groupby(["config_label", "prompt_type"], sort=True):
         pooled = checks[(checks["config_label"] == label) & (checks["method"] == "all")]
         check = ((float(pooled["lo"].iloc[0]), float(pooled["hi"].iloc[0]))
-                 if len(pooled) and int(pooled["n"].iloc[0]) >= MIN_UNITS else None)
+                 if len(pooled) and np.isfinite(float(pooled["lo"].iloc[0])) else None)
         rec: dict = {"config_label": label, "prompt_type": ptype, "n_prompts": int(g["prompt_id"].nunique())}
         d = g[(g["method"] == DEFAULT_POLICY[0]) & (g["policy"] == DEFAULT_POLICY[1])]["predicted"].astype(float)
         d = d[np.isfinite(d) & (d > 0)]

@@ -1,8 +1,9 @@
 """The sampled traces' check: per timed sampled run, the block efficiency its prompt's sampled trace predicts
 (`specdec.measure.pricing.TraceModel.expected`) beside the one it measured.
 
-A sampled run is one draw, so one run's block efficiency scatters around the expectation; the pooled ratio over
-runs (geometric mean, 95% t-interval) is the check of the replay's assumption (`docs/METHOD.md`).
+A sampled run is one draw, so one run's block efficiency scatters around the expectation; the pooled ratio
+(a prompt's runs pooled first, then the geometric mean over prompts with its 95% t-interval) is the check of
+the replay's assumption (`docs/METHOD.md`).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def sampled_check(runs: pd.DataFrame, models: Sequence) -> pd.DataFrame:
 
 
 def sampled_summary(check: pd.DataFrame) -> pd.DataFrame:
-    """`sampled_check` pooled per configuration and drafter and over all (``"all"``): n runs and the geometric
-    mean of predicted / measured block efficiency with its 95% t-interval (`pooled_ratios`)."""
+    """`sampled_check` pooled per configuration and drafter and over all (``"all"``): n prompts, n_runs and the
+    geometric mean over prompts of predicted / measured block efficiency with its 95% t-interval
+    (`pooled_ratios`)."""
     from specdec.report.answer import pooled_ratios
 
     return pooled_ratios(check)

@@ -58,7 +58,7 @@ def _check_line(a: Analysis) -> str:
     if mc.empty and len(a[T.SAMPLED]):
         from specdec.report.sampled import sampled_summary
 
-        pooled = "; ".join(f"{r.config_label} {f(r.ratio, 3)} {ci(r.lo, r.hi, 3)} (n = {r.n})"
+        pooled = "; ".join(f"{r.config_label} {f(r.ratio, 3)} {ci(r.lo, r.hi, 3)} ({r.n} prompts, {r.n_runs} runs)"
                            for r in sampled_summary(a[T.SAMPLED]).itertuples() if r.method == "all")
         return ("Sampled decoding: each prompt is priced in expectation from its sampled trace (fixed K; no "
                 "policy is replayed under sampling). The expectation's block efficiency against the timed "
@@ -70,15 +70,15 @@ def _check_line(a: Analysis) -> str:
     parts = []
     for label, g in mc.groupby("config_label", sort=True):
         pooled = g[g["method"] == "all"].iloc[0]
-        per = "; ".join(f"{r.method} {f(r.ratio, 3)} {ci(r.lo, r.hi, 3)} (n = {r.n})"
+        per = "; ".join(f"{r.method} {f(r.ratio, 3)} {ci(r.lo, r.hi, 3)} ({r.n} prompts)"
                         for r in g[g["method"] != "all"].itertuples())
-        few = "" if pooled["n"] >= stats.MIN_UNITS else " - fewer than 5 cells: the table's intervals are not widened"
+        few = "" if pooled["n"] >= stats.MIN_UNITS else " - fewer than 5 prompts: a rough check"
         parts.append(f"{label}: {f(pooled['ratio'], 3)} {ci(pooled['lo'], pooled['hi'], 3)} over {int(pooled['n'])} "
-                     f"timed cells{few}; per drafter {per}; replayed rounds equal to the timed ones in "
-                     f"{int(pooled['n_exact'])} of {int(pooled['n'])}")
+                     f"prompts ({int(pooled['n_runs'])} timed cells){few}; per drafter {per}; replayed rounds "
+                     f"equal to the timed ones in {int(pooled['n_exact'])} of {int(pooled['n_runs'])} cells")
     return ("The predictions checked against the timed runs (predicted / measured decode speedup, paired; 1 = "
-            "exact): " + ". ".join(parts) + ". The table's intervals are widened by the pooled interval where it "
-            "rests on 5 cells or more.")
+            "exact; a prompt's cells pooled first, the interval over prompts): " + ". ".join(parts) + ". The "
+            "table's intervals are widened by the pooled interval.")
 
 
 def _pooled_default(a: Analysis) -> str | None:

@@ -82,7 +82,7 @@ def _sampled_blocks(check) -> list:
     from specdec.report.sampled import sampled_summary
 
     lines = [f"{r.config_label}, {r.method}: predicted / measured block efficiency {f(r.ratio, 3)} "
-             f"{ci(r.lo, r.hi, 3)} over {i(r.n)} runs" for r in sampled_summary(check).itertuples()]
+             f"{ci(r.lo, r.hi, 3)} over {i(r.n)} prompts ({i(r.n_runs)} runs)" for r in sampled_summary(check).itertuples()]
     t = table_of(check, [("run", lambda r: i(r["run_id"])), *key_columns("prompt", "method", "K"),
                          ("temperature", lambda r: f(r["temperature"], 2)),
                          ("predicted", lambda r: f(r["predicted"], 3)), ("measured", lambda r: f(r["measured"], 3)),

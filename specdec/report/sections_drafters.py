@@ -46,7 +46,8 @@ def drafters_section(a: Analysis) -> Section:
         ("tokens/forward", lambda r: f(r["tokens_per_forward"])),
         ("acceptance", lambda r: f(r["acceptance_rate"])), ("speedup", lambda r: f(r["speedup"])),
         ("95% CI", lambda r: ci(r["speedup_lo"], r["speedup_hi"])), ("verdict", _verdict),
-        *([("rounds drafted by", lambda r: s(r["sources"]))] if table["sources"].astype(bool).any() else []),
+        *([("rounds drafted by", lambda r: s(r["sources"]))]
+          if "sources" in table.columns and table["sources"].astype(bool).any() else []),
     ])
     t.caption = "Per prompt type, then all prompts pooled."
     t.limit = 400

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specdec.bench import native as N
@@ -319,6 +320,43 @@ def test_report_compares_a_native_drafter_with_each_k_of_ours():
         ("baseline", "native_target"): 0.5, ("draft K=2", "native_draft K=2"): 2.0,
         ("ngram K=2", "native_ngram_simple"): 1.5, ("ngram K=4", "native_ngram_simple"): 2.0,
     })  # fmt: skip
+
+
+def test_native_table_pairs_each_side_with_its_own_target_only():
+    """Per type: the fastest native speculative method over native target-only, the fastest of our cells
+    over our target-only, and ours over native, each paired per prompt through the bracketing baselines
+    (a drift of the machine's speed within a prompt cancels), with the interval over prompts."""
+    import pandas as pd
+
+    from specdec.report.native import native_table
+
+    rows, run_id = [], 0
+    rng = np.random.default_rng(0)
+    for n in range(6):
+        ptype = "code" if n < 5 else "natural"
+        speed = float(rng.uniform(0.5, 2.0))  # the machine's speed at this prompt
+        order = [("native_target", None, None, 8.0), ("native_ngram_mod", None, None, 12.0),
+                 ("native_ngram_simple", None, None, 10.0), ("suffix", 16, "cost", 13.0 * (1 + 0.01 * n)),
+                 ("ngram", 4, "fixed", 11.0)]
+        for j, (method, k, policy, tps) in enumerate(order):
+            drift = 1 + 0.02 * j  # the machine slows within the prompt: each run 1% slower than the one before
+            for m, kk, p, t in (("baseline", None, None, 10.0 * drift), (method, k, policy, tps * (drift + 0.01))):
+                run_id += 1
+                rows.append({"run_id": run_id, "sweep_id": "s", "config_label": "llamacpp", "target": "t.gguf",
+                             "method": m, "k": kk, "policy": p, "prompt_id": f"p{n}", "prompt_type": ptype,
+                             "tokens_per_s": t * speed, "error": None, "repeat": 0})  # fmt: skip
+        run_id += 1
+        rows.append({**rows[-2], "run_id": run_id, "tokens_per_s": 10.0 * (1 + 0.02 * len(order)) * speed})
+    table = native_table(pd.DataFrame(rows)).set_index("prompt_type")
+    code = table.loc["code"]
+    assert code["n_prompts"] == 5 and code["best_native"] == "native_ngram_mod" and code["best_ours"] == "suffix cost"
+    assert code["native_ratio"] == pytest.approx(1.5, rel=1e-3) and code["native_verdict"] == "win"  # 12 / 8
+    assert code["native_target_ratio"] == pytest.approx(0.8, rel=1e-3)
+    assert code["ours_ratio"] == pytest.approx(1.3 * 1.02, rel=1e-2) and code["ours_verdict"] == "win"
+    assert code["ours_vs_native"] == pytest.approx(13 * 1.02 / 12, rel=1e-2) and code["vs_verdict"] == "win"
+    assert table.loc["natural"]["vs_verdict"] == "too few units"  # one prompt
+    assert table.loc["(all prompts)"]["n_prompts"] == 6
+    assert native_table(pd.DataFrame(rows)[lambda d: d["method"] != "native_target"]).empty
 
 
 @pytest.mark.slow  # loads the tiny GGUF on llama.cpp: 10-50 s on a shared 2-core box

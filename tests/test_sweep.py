@@ -479,6 +479,23 @@ def test_secondary_policies_time_a_policy_on_every_prompt_of_a_type():
         S.make_config({**base, "secondary_policies": "fixed"})
 
 
+def test_secondary_peers_time_the_peers_on_every_prompt_of_a_type():
+    """Peers run on primaries only unless `secondary_peers` is set: then every prompt of the type gets them,
+    each between two baselines, after the prompt's own cells (its A/A run and secondary policies)."""
+    base = {"prompt_types": "code", "prompts_per_type": 3, "ks": "", "secondary_ks": "", "configs": "llamacpp",
+            "methods": "baseline,aa,suffix,native_target,native_ngram_mod", "policies": "suffix:cost",
+            "secondary_policies": "suffix:cost", "checks_per_prompt": 1}
+    plain, wide = S.make_config(base), S.make_config({**base, "secondary_peers": True})
+    assert (plain.secondary_peers, wide.secondary_peers) == (False, True)
+    for cfg, want in ((plain, {"code-01"}), (wide, {"code-01", "code-02", "code-03"})):
+        plan = S.build_plan(cfg, S.select_prompts(cfg))
+        assert {c.prompt.id for c in plan if c.method == "native_ngram_mod"} == want
+    wplan = S.build_plan(wide, S.select_prompts(wide))
+    assert [(c.method, c.policy) for c in wplan if c.prompt.id == "code-02"] == [
+        ("baseline", None), ("aa", None), ("baseline", None), ("suffix", "cost"), ("baseline", None),
+        ("native_target", None), ("baseline", None), ("native_ngram_mod", None), ("baseline", None)]
+
+
 def test_type_ks_time_a_types_best_k_on_every_prompt_of_it():
     """--type-ks method:type=K adds fixed-K cells on every prompt of that type (primaries and the others),
     each between two baselines; a K already in the prompt's grid is not timed twice; type=K alone means every

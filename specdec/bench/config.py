@@ -131,6 +131,8 @@ class SweepConfig:
     peers: bool = setting(False, "Also time the library peers that apply to each configuration (transformers "
                           "generate/assisted/prompt lookup).")
     peer_ks: tuple[int, ...] = setting((4,), "K of the speculative peers.")
+    secondary_peers: bool = setting(False, "Also time the peers on the non-primary prompts (every prompt of "
+                                    "--prompts-per-type), for per-type intervals of a peer.")
     configs: tuple[str, ...] = setting((AUTO_CONFIG,), "Runtime configurations: auto (transformers-bf16 where "
                                        "the CPU has native bf16 kernels, else transformers-eager, fp32), "
                                        "transformers-eager, transformers-compiled, llamacpp, mixed, ... (or one "
@@ -332,6 +334,7 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"policy {BEST_K!r} chooses K from each prompt's acceptance trace and calibration "
                              f"block, which {why} leaves out; drop it (--policies cost) or give --ks")
     v["peers"] = bool(v["peers"])
+    v["secondary_peers"] = bool(v["secondary_peers"])
     v["chat_template"] = bool(v["chat_template"])
     return v
 

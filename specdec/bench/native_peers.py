@@ -31,6 +31,7 @@ from typing import Any
 from specdec.bench.native import NativeConfig, NativeRun, NativeServer
 from specdec.bench.native_bin import NativeUnavailableError, build_info, model_free_methods, require_binary
 from specdec.bench.requests import RunRecord, RunRequest, Runtime
+from specdec.catalogue.peers import NATIVE_PEERS
 
 __all__ = [
     "GREEDY_ONLY", "MODEL_FREE", "SERVERS", "ServerPool", "close_servers", "native_config", "native_name",
@@ -38,8 +39,7 @@ __all__ = [
 ]  # fmt: skip
 
 #: llama.cpp's model-free drafters timed as peers (`specdec.bench.native.NATIVE_METHODS`).
-MODEL_FREE = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-_NAMES = {"target": "native_target", "draft-simple": "native_draft"}
+MODEL_FREE = tuple(m for m in NATIVE_PEERS if m not in ("target", "draft-simple"))
 #: Why a sampled sweep skips them: llama.cpp's samplers, seeds and EOS ban (``ignore_eos``) are not ours.
 GREEDY_ONLY = "llama.cpp's native methods run greedy only (--temperature 0); sampled runs are not wired"
 #: llama.cpp's ``stop_type`` -> our ``finish_reason``
@@ -49,7 +49,7 @@ _FINISH = {"limit": "length", "eos": "eos"}
 def native_name(method: str) -> str:
     """The sweep's name (``runs.method``) of native method `method`: ``native_target``, ``native_draft``,
     ``native_ngram_simple`` ..."""
-    return _NAMES.get(method, "native_" + method.replace("-", "_"))
+    return NATIVE_PEERS[method]
 
 
 class ServerPool:

@@ -153,8 +153,9 @@ def build_plan(cfg: SweepConfig, prompts: Sequence[Prompt]) -> list[PlannedRun]:
     - ``pairing="none"``: baseline first, the pass, then ``baseline_repeats - repeats`` extra baselines.
 
     Primary prompts (first of each type) get `ks`, the policies and the peers; the others get
-    `secondary_ks` and `secondary_policies` only; every prompt also gets its type's `type_ks` (after its grid,
-    a K already in the grid not repeated) and its method's `method_ks` (a cross-tokenizer draft's fixed K).
+    `secondary_ks`, `secondary_policies` and, with `secondary_peers`, the peers only; every prompt also gets
+    its type's `type_ks` (after its grid, a K already in the grid not repeated) and its method's `method_ks`
+    (a cross-tokenizer draft's fixed K).
     A batch gets the methods with a batched form under the policies with one (`specdec.bench.grid`).
     Baseline runs of a prompt (a batch) are numbered 0, 1, ... in plan order (their ``repeat``).
     """
@@ -219,7 +220,8 @@ def _prompt_groups(cfg: SweepConfig, label: str, prompt: Prompt, turn: int | Non
         grid.extend((m, k, "fixed") for k in method_ks(cfg, m) if k not in ks and k not in extra)
     policies: list[Group] = [(m, cfg.policy_k, p) for m in drafting
                              for p in policies_for(cfg, m, primary=is_primary)]
-    if not is_primary and not grid and not policies and cfg.checks_per_prompt > 0:
+    timed_peers = is_primary or cfg.secondary_peers
+    if not is_primary and not grid and not policies and not (timed_peers and peers) and cfg.checks_per_prompt > 0:
         return []
     checks: list[Group] = [(m, None, None) for m in plain] + policies
     n = cfg.checks_per_prompt
@@ -227,7 +229,7 @@ def _prompt_groups(cfg: SweepConfig, label: str, prompt: Prompt, turn: int | Non
         dealt = {(turn * n + j) % len(checks) for j in range(n)}
         checks = [c for i, c in enumerate(checks) if i in dealt]
     groups = [c for c in checks if c[1] is None] + grid + [c for c in checks if c[1] is not None]
-    if is_primary:
+    if timed_peers:
         for pm in peers:
             groups.extend((pm.name, k, None) for k in (cfg.peer_ks if pm.takes_k else (None,)))
     return groups

@@ -6,7 +6,7 @@ report (`specdec.report.comparisons.peer_table`) compares exactly these pairs, w
 
 from __future__ import annotations
 
-__all__ = ["PEER_PAIRS"]
+__all__ = ["NATIVE_PEERS", "NATIVE_TARGET", "PEER_PAIRS"]
 
 #: ``(ours, peer)`` method names (``runs.method``). K must match where the peer takes K; a peer without K is
 #: compared with each of our K (llama.cpp's model-free drafters, at llama.cpp's own draft lengths); a peer may
@@ -27,3 +27,14 @@ PEER_PAIRS = (
     ("suffix", "native_ngram_mod"),
     ("suffix", "native_ngram_cache"),
 )
+
+#: llama.cpp's own methods timed as peers (`specdec.bench.native_peers`): llama.cpp's name (its
+#: ``--spec-type``; ``target`` is its decoding without speculation) -> the sweep's method name (``runs.method``).
+NATIVE_PEERS = {
+    "target": "native_target",
+    "draft-simple": "native_draft",
+    **{m: "native_" + m.replace("-", "_") for m in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
+                                                   "ngram-cache")},
+}
+#: llama.cpp's own target-only decoding: what its speculative methods are divided by in the report.
+NATIVE_TARGET = NATIVE_PEERS["target"]

@@ -12,7 +12,10 @@ from specdec.report.analysis import Analysis
 from specdec.report.document import Section, Table, ci, f, i, key_columns, num, pct, s, table_of, yn
 from specdec.report.vocab import ADAPTIVE_POLICIES, ALL_PROMPTS, EACH_TYPE_BEST_K, PEER_METHODS
 
-__all__ = ["adaptive_section", "condition_section", "model_section", "peer_section", "peer_tables", "runtime_section"]
+__all__ = [
+    "adaptive_section", "condition_section", "model_section", "native_tables", "peer_section", "peer_tables",
+    "runtime_section",
+]
 
 
 def _costs_note(sec: Section, a: Analysis) -> None:
@@ -126,8 +129,32 @@ def peer_tables(p: pd.DataFrame) -> list[Table]:
     return [pooled, by_type]
 
 
+def native_tables(n: pd.DataFrame) -> list[Table]:
+    """The table of a `specdec.report.native.native_table` frame `n`: per prompt type and pooled, the fastest
+    native speculative method and the fastest of ours, each over its own target-only, and ours over native."""
+    t = table_of(n, [
+        ("config", lambda r: s(r["config_label"])), ("prompt type", lambda r: s(r["prompt_type"])),
+        ("prompts", lambda r: i(r["n_prompts"])),
+        ("target-only tok/s: ours / native", lambda r: f"{f(r['target_tok_s'], 1)} / {f(r['native_target_tok_s'], 1)}"),
+        ("fastest native", lambda r: s(r["best_native"])), ("tok/s", lambda r: f(r["native_tok_s"], 1)),
+        ("vs native target-only", lambda r: f"{f(r['native_ratio'])} {ci(r['native_lo'], r['native_hi'])}"),
+        ("fastest ours", lambda r: s(r["best_ours"])), ("tok/s ", lambda r: f(r["ours_tok_s"], 1)),
+        ("vs our target-only", lambda r: f"{f(r['ours_ratio'])} {ci(r['ours_lo'], r['ours_hi'])}"),
+        ("ours / native", lambda r: f"{f(r['ours_vs_native'])} {ci(r['vs_lo'], r['vs_hi'])}"),
+        ("verdict (ours)", lambda r: s(r["vs_verdict"])),
+    ])  # fmt: skip
+    t.caption = ("specdec beside llama.cpp's own speculative decoding (llama-server on the same GGUF files, threads "
+                 "and prompts), per prompt type. 'Fastest' is chosen after the fact among the configurations "
+                 "measured (highest geometric-mean tokens/s over the type's prompts); each ratio is paired per "
+                 "prompt through the target-only runs around it, with its 95% interval over prompts (a verdict "
+                 "needs 5).")
+    return [t]
+
+
 def peer_section(a: Analysis) -> Section:
     sec = Section("Our implementation against the peers", "peers")
+    if len(n := a[T.NATIVE]):
+        sec.blocks.extend(native_tables(n))
     p = a[T.PEERS]
     if p.empty:
         sec.blocks.append(f"No peer measured alongside ours in this sweep ({', '.join(PEER_METHODS)}).")

@@ -46,6 +46,7 @@ from specdec.report.model import (
     spec_ks_by_config,
     speedup_condition_table,
 )
+from specdec.report.native import native_table
 from specdec.report.predicted import (
     machine_curves,
     prompt_models,
@@ -127,6 +128,7 @@ BREAK_EVEN = ReportTable("break_even", "break even",
 CONDITION = ReportTable("condition", "condition", lambda i: speedup_condition_table(i[CELLS], i.infos))
 MODEL = ReportTable("model", "model", lambda i: model_table(i[CELLS], i.infos))
 PEERS = ReportTable("peers", "peers", lambda i: peer_table(i.runs))
+NATIVE = ReportTable("native", "specdec beside llama.cpp's native methods", lambda i: native_table(i.runs))
 EQUALITY = ReportTable("equality", "equality", lambda i: equality_table(i.runs))
 ADAPTIVE = ReportTable("adaptive", "adaptive", lambda i: adaptive_table(i.runs, i[CELLS], i[OVERALL]))
 POSITIONS = ReportTable("positions", "positions", lambda i: position_acceptance(i.runs, i.rounds))
@@ -158,7 +160,7 @@ DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
 
 #: Every table, in build order (a builder reads only tables registered before it).
 REGISTRY: tuple[ReportTable, ...] = (
-    CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
+    CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, NATIVE, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
     BASELINE_STABILITY, COVERAGE, AA, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
     TRACE_GRID, TRACE_BEST_K, PREDICTED, ANSWER, SAMPLED, DIVERGENCE, ROOFLINE, DRAFTER_TABLE, DRAFTER_RATIOS,
 )

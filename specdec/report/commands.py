@@ -79,17 +79,22 @@ def register(app: typer.Typer) -> None:
         sweep: Annotated[
             str | None, typer.Option("--sweep", help="Sweep id (or unique prefix); default: the newest.")
         ] = None,
+        beside: Annotated[
+            Path | None, typer.Option("--beside", help="Another store: its newest sweep side by side with this "
+                                      "one per prompt type and drafter (best K, speedup, tokens per forward), "
+                                      "e.g. a greedy sweep beside a sampled one.")
+        ] = None,
     ) -> None:
         """Write a self-contained HTML report, a Markdown summary and the figures (PNG + SVG)."""
         from specdec.report.render import write_report
 
-        out_path = out_dir(out, inputs=[db])
+        out_path = out_dir(out, inputs=[db, *([beside] if beside is not None else [])])
         ids, singles, newest, n_batched = batch_sweeps(db)
         named = [i for i in ids if sweep and i.startswith(sweep)]
         if named and not any(i.startswith(sweep) for i in singles):  # --sweep selects a single-sequence sweep
             raise ValueError(f"--sweep {sweep}: {named[0]} is a batch sweep of {db}; its runs are in the report's "
                              f"batch section, which reports the newest batch sweep ({newest}): run without --sweep")
-        result = write_report(db, out_path, sweep)
+        result = write_report(db, out_path, sweep, beside=beside)
         a = result.analysis
         n_own = sweep_batched_runs(db, a.store.sweep_id)
         batched = (f"; {n_own} batched runs (B > 1)" if n_own

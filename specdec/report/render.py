@@ -200,13 +200,26 @@ class ReportResult:
         return [e for e in self.figures if e.skipped]
 
 
-def write_report(db: str | Path, out: str | Path, sweep: str | None = None) -> ReportResult:
+def _beside(a: Analysis, other_db: str | Path) -> Section:
+    """The section setting `a`'s sweep beside the newest sweep of store `other_db` (`specdec.report.beside`)."""
+    from specdec.report import tables as T
+    from specdec.report.beside import beside_section, beside_table, sweep_label
+
+    b = analyze(load_store(other_db))
+    return beside_section(beside_table(a[T.TRACE_GRID], b[T.TRACE_GRID]),
+                          sweep_label(a.store.runs, a.store.sweep_id), sweep_label(b.store.runs, b.store.sweep_id))
+
+
+def write_report(db: str | Path, out: str | Path, sweep: str | None = None,
+                 beside: str | Path | None = None) -> ReportResult:
     """Analyse the store `db` and write ``out/report.html``, ``out/report.md`` and ``out/figures/``.
 
     Args:
         db: results store (SQLite, schema of ``specdec/bench/store.py``).
         out: output directory (created if needed); existing report files are overwritten.
         sweep: sweep id or unique prefix; None = the newest sweep.
+        beside: another store whose newest sweep is set beside this one per prompt type and drafter
+            (`specdec.report.beside`: greedy beside sampled, say); None: no such section.
 
     Returns:
         `ReportResult` with the paths, the figure entries (drawn and skipped) and the analysis.
@@ -223,6 +236,8 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None) -> R
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = make_figures(analysis, fig_dir)
     extra, batch_figures = batch_report(db, fig_dir, analysis.store.sweep_id)
+    if beside is not None:
+        extra = [_beside(analysis, beside), *extra]
     html_path = out_dir / "report.html"
     md_path = out_dir / "report.md"
     html_path.write_text(render_html(analysis, figures, extra), encoding="utf-8")

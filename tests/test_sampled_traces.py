@@ -221,3 +221,56 @@ def test_the_sampled_best_k_is_the_analytical_optimum_on_a_constant_overlap():
         TraceModel(_const(0.5, 10), curve).best_fixed_k("ngram")
     with pytest.raises(ValueError, match="no sampled replay for drafter 'mixed'"):
         TraceModel(_const(0.5, 10), curve).best_fixed_k("mixed")
+
+
+def _varied(n: int, seed: int = 3) -> SampledTrace:
+    """A trace whose overlap and chain probabilities vary along the output (a chain of 0-6 tokens per
+    position), so a round's fate depends on where it starts."""
+    import random
+
+    rng = random.Random(seed)
+    overlap = tuple(rng.choice((0.1, 0.5, 0.9, 0.97)) for _ in range(n))
+    chain = tuple(tuple(rng.choice((0.2, 0.8, 0.95)) for _ in range(rng.randint(0, 6))) for _ in range(n))
+    return SampledTrace((1,), tuple(range(n)), n, HOT, overlap=overlap, chains={"ngram": chain})
+
+
+@pytest.mark.parametrize("drafter,k", [("draft", 3), ("ngram", 5)])
+def test_simulated_runs_of_a_fixed_k_converge_to_the_expectation(drafter, k):
+    """`simulate_run` under FixedK, averaged over draws, gives `expected_run`'s rounds, drafted and accepted
+    tokens (the same law, sampled): within 2% over 2000 draws."""
+    import random
+
+    from specdec.engine.sampled_traces import simulate_run
+    from specdec.policies.base import FixedK
+
+    t = _varied(60)
+    want = expected_run(t, drafter, k)
+    rng = random.Random(0)
+    runs = [simulate_run(t, drafter, FixedK(k), rng) for _ in range(2000)]
+    assert all(sum(r.num_emitted for r in rounds) == 60 for rounds in runs)
+    assert statistics.mean(len(rounds) for rounds in runs) == pytest.approx(want.rounds, rel=0.02)
+    assert statistics.mean(sum(r.k for r in rounds) for rounds in runs) == pytest.approx(want.drafted, rel=0.02)
+    assert statistics.mean(sum(r.num_accepted for r in rounds) for rounds in runs) == pytest.approx(
+        want.accepted, rel=0.02)
+
+
+def test_the_cost_policy_under_sampling_drafts_where_it_pays_and_stops_where_it_cannot():
+    """`TraceModel.expected_policy`: on a constant overlap of 0.9 the cost policy's simulated runs reach the
+    best fixed K's predicted speedup within 5%; on an overlap of 0.02 it soon stops drafting (at most 3% below
+    target-only); the mean drafted per drafting round and tokens per forward are consistent with that."""
+    from specdec.core.costs import CostCurve
+    from specdec.measure.pricing import TraceModel
+
+    curve = CostCurve({1: 0.10, 2: 0.11, 4: 0.12, 8: 0.15, 17: 0.25}, draft_step_s=0.02)
+    good = TraceModel(_const(0.9, 400), curve)
+    bpf, mean_k, speedup = good.expected_policy("draft", "cost", 16)
+    assert speedup == pytest.approx(good.best_fixed_k("draft")[1], rel=0.05) and speedup > 1.5
+    assert bpf > 3 and mean_k >= 2
+    bpf, mean_k, speedup = TraceModel(_const(0.02, 400), curve).expected_policy("draft", "cost", 16)
+    assert 0.97 <= speedup <= 1.0 + 1e-9 and bpf < 1.1
+    assert TraceModel(_const(0.9, 50), curve).expected_policy("draft", "cost", 16, seed=1) == \
+        TraceModel(_const(0.9, 50), curve).expected_policy("draft", "cost", 16, seed=1)  # seeded
+    with pytest.raises(ValueError, match="needs measured costs"):
+        TraceModel(_const(0.9, 50), None).expected_policy("draft", "cost", 16)
+    with pytest.raises(ValueError, match="no record of drafter 'ngram'"):
+        TraceModel(_const(0.9, 50), curve).expected_policy("ngram", "cost", 16)

@@ -1432,12 +1432,14 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
     check = a[T.SAMPLED]  # the report checks each timed run against its trace's expectation
     assert sorted(check["run_id"]) == sorted(r["run_id"] for r in runs)
     assert (check["predicted"] >= 1.0).all() and (check["measured"] >= 1.0).all()
-    # the K grid and the answer per type come from the expectations (fixed K; no policy replays under sampling)
+    # the K grid and the answer per type come from the expectations: every fixed K exactly, the cost policy
+    # (the default) as the mean of simulated runs
     grid = a[T.TRACE_GRID]
-    assert set(grid["method"]) == {"draft", "ngram", "suffix"} and set(grid["policy"]) == {"fixed"}
-    assert len(grid) == 16 * 3 * len(models) and (grid["predicted"] > 0).all()
+    assert set(grid["method"]) == {"draft", "ngram", "suffix"} and set(grid["policy"]) == {"fixed", "cost"}
+    assert len(grid) == 17 * 3 * len(models) and (grid["predicted"] > 0).all()
     answer = a[T.ANSWER]
     assert set(answer["prompt_type"]) == {"code", "repetitive"} and answer["best_method"].notna().all()
+    assert (answer["default"] > 0).all()  # the default policy predicted per type under sampling
     write_report(db, tmp_path / "report")
     text = (tmp_path / "report" / "report.md").read_text()
     assert "Sampled sweeps: each prompt's sampled trace" in text and "priced in expectation" in text

@@ -30,6 +30,7 @@ from its rounds is driven along x). `docs/METHOD.md` states the check against ti
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,11 +38,11 @@ import torch
 
 from specdec.core.sampling import SamplingParams, warp
 from specdec.drafters.base import Drafter
-from specdec.engine.traces import AcceptanceTrace, stored_json, teacher_forced
+from specdec.engine.traces import AcceptanceTrace, ReplayRound, stored_json, teacher_forced
 from specdec.runtimes.base import Backend
 
 __all__ = ["CHAIN_FLOOR", "DRAFT_MODEL", "ExpectedRun", "SampledTrace", "expected_run", "record_sampled_trace",
-           "stored_trace"]
+           "simulate_run", "stored_trace"]
 
 #: The key of the draft model's acceptance probabilities (its overlap) in `expected_run`.
 DRAFT_MODEL = "draft"
@@ -288,3 +289,42 @@ def expected_run(trace: SampledTrace, drafter: str, k: int, round_s: Callable[[i
         value[i] = tuple(here)
     r, d, a, s, dr = value[0]
     return ExpectedRun(r, d, a, s, n, dr)
+
+
+def simulate_run(trace: SampledTrace, drafter: str, policy, rng: random.Random) -> list[ReplayRound]:
+    """One draw of a run of `drafter` under K policy `policy` over `trace`, for what an expectation cannot give:
+    a policy's K depends on the rounds it has seen. Each round at output position i asks the policy for K,
+    drafts kk = min(K, budget - i - 1, the proposal's length) tokens, accepts them in turn with their recorded
+    probabilities (`SampledTrace.acceptance`; the first rejection ends the round), commits the accepted tokens
+    plus one, feeds the policy the round and moves on along the seeded output (the assumption of
+    `expected_run`). Averaged over draws it is the policy's expected run; for a fixed K it converges to
+    `expected_run`'s.
+
+    Args:
+        trace: a `SampledTrace`. drafter: `DRAFT_MODEL` or a recorded drafter's name.
+        policy: a fresh `specdec.policies` K policy (started here; a confidence stop is not applied).
+        rng: the draw's random source.
+
+    Returns:
+        The rounds (`specdec.engine.traces.ReplayRound`); their emitted tokens sum to the output's length.
+
+    Raises:
+        KeyError: a drafter the trace did not record.
+    """
+    n = len(trace.target_ids)
+    policy.start(prefill_tokens=len(trace.prompt_ids) if drafter == DRAFT_MODEL else None,
+                 budget=trace.max_new_tokens)
+    rounds: list[ReplayRound] = []
+    pos = 0
+    while pos < n:
+        want = max(0, int(policy.next_round().k))
+        probs = trace.acceptance(drafter, pos, max(0, min(want, trace.max_new_tokens - pos - 1)))
+        accepted = 0
+        while accepted < len(probs) and rng.random() < probs[accepted]:
+            accepted += 1
+        emitted = min(accepted + 1, n - pos)
+        r = ReplayRound(len(probs), min(accepted, emitted), emitted)
+        rounds.append(r)
+        policy.observe(r.as_record())
+        pos += emitted
+    return rounds

@@ -31,7 +31,10 @@ if TYPE_CHECKING:
     from specdec.engine.sampled_traces import ExpectedRun
     from specdec.engine.traces import AcceptanceTrace, ReplayRound
 
-__all__ = ["TraceModel"]
+__all__ = ["POLICY_DRAWS", "TraceModel"]
+
+#: Simulated runs averaged for a K policy's expected run over a sampled trace (`TraceModel.expected_policy`).
+POLICY_DRAWS = 32
 
 
 class TraceModel:
@@ -164,6 +167,50 @@ class TraceModel:
             raise ValueError(f"the sampled trace holds no record of drafter {method!r}: {e.args[0]}") from None
         base = self.baseline_decode_s()
         return run, base / run.decode_s if run.decode_s > 0 and math.isfinite(base) else math.nan
+
+    def expected_policy(self, method: str, policy: str, k: int, draws: int = POLICY_DRAWS, seed: int = 0
+                        ) -> tuple[float, float, float]:
+        """A sampled trace's run of `method` under adaptive K `policy` (largest K `k`), averaged over `draws`
+        simulated runs (`specdec.engine.sampled_traces.simulate_run`, seeded by `seed`; the policy built as
+        `rounds` builds it): the mean tokens per target forward, the mean drafted tokens per drafting round,
+        and the predicted decode speedup (target-only seconds over the mean priced seconds, each draw's rounds
+        priced as `decode_s` prices replayed rounds).
+
+        Raises:
+            ValueError: a drafter no sampled trace replays or this one did not record; the cost policy without
+                costs; draws < 1.
+        """
+        import random
+
+        from specdec.catalogue.drafters import drafter
+        from specdec.catalogue.policies import make_policy
+        from specdec.catalogue.policies import policy as policy_entry
+        from specdec.engine.sampled_traces import DRAFT_MODEL, simulate_run
+
+        entry = drafter(method)
+        if entry.sampled_replay is None:
+            raise ValueError(f"no sampled replay for drafter {method!r}")
+        if policy_entry(policy).needs_costs and self.curve is None:
+            raise ValueError(f"the {policy} policy needs measured costs")
+        if draws < 1:
+            raise ValueError(f"draws must be >= 1, got {draws}")
+        key = DRAFT_MODEL if entry.sampled_replay == "overlap" else entry.name
+        rng = random.Random(seed)
+        n_rounds = drafted = drafting = 0
+        seconds = 0.0
+        for _ in range(draws):
+            pol = make_policy(policy, k, costs=self.curve, pad_verify=self.padded, free_drafts=entry.k_is_cap)
+            try:
+                rounds = simulate_run(self.trace, key, pol, rng)
+            except KeyError as e:
+                raise ValueError(f"the sampled trace holds no record of drafter {method!r}: {e.args[0]}") from None
+            n_rounds += len(rounds)
+            drafted += sum(r.k for r in rounds)
+            drafting += sum(1 for r in rounds if r.k > 0)
+            seconds += self.decode_s(method, rounds)
+        base, mean_s = self.baseline_decode_s(), seconds / draws
+        speedup = base / mean_s if mean_s > 0 and math.isfinite(base) else math.nan
+        return len(self.trace.target_ids) * draws / n_rounds, drafted / drafting if drafting else 0.0, speedup
 
     def best_fixed_k(self, method: str, ks: Iterable[int] = range(1, 17)) -> tuple[int, float]:
         """The fixed K in `ks` whose replay (a sampled trace: whose expected run) is predicted fastest, and its

@@ -315,7 +315,7 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
     rows = []
     for m in models:
         if m.sampled:
-            rows += _expected_rows(m)
+            rows += _expected_rows(m, policies, policy_k)
             continue
         for method in _DRAFTERS:
             if drafter(method).needs_model and not m.trace.draft_ids:
@@ -337,21 +337,29 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
     return pd.DataFrame(rows)
 
 
-def _expected_rows(m: PromptModel) -> list[dict]:
+def _expected_rows(m: PromptModel, policies: Sequence[str], policy_k: int) -> list[dict]:
     """`trace_grid`'s rows of a sampled trace: every drafter it recorded at fixed K in `GRID`, in expectation
-    (`TraceModel.expected`; no policy is replayed under sampling)."""
+    (`TraceModel.expected`), and under each of `policies`, averaged over simulated runs
+    (`TraceModel.expected_policy`; a policy that needs costs is left out without them)."""
     rows = []
     for method in _DRAFTERS:
         kind = drafter(method).sampled_replay
         if kind is None or (kind == "overlap" and m.trace.overlap is None) or (
                 kind == "chain" and method not in m.trace.chains):
             continue
+        key = {"config_label": m.key[0], "prompt_id": m.key[1], "prompt_type": m.prompt_type, "method": method}
         for k in GRID:
             run, speedup = m.expected(method, k)
-            rows.append({"config_label": m.key[0], "prompt_id": m.key[1], "prompt_type": m.prompt_type,
-                         "method": method, "policy": "fixed", "k": k, "predicted": speedup,
+            rows.append({**key, "policy": "fixed", "k": k, "predicted": speedup,
                          "block_efficiency": run.block_efficiency,
                          "mean_k": run.drafted / run.drafting_rounds if run.drafting_rounds else 0.0})
+        for policy in policies:
+            try:
+                bpf, mean_k, speedup = m.expected_policy(method, policy, policy_k)
+            except ValueError:
+                continue
+            rows.append({**key, "policy": policy, "k": policy_k, "predicted": speedup, "block_efficiency": bpf,
+                         "mean_k": mean_k})
     return rows
 
 

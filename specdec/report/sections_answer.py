@@ -60,8 +60,8 @@ def _check_line(a: Analysis) -> str:
 
         pooled = "; ".join(f"{r.config_label} {f(r.ratio, 3)} {ci(r.lo, r.hi, 3)} ({r.n} prompts, {r.n_runs} runs)"
                            for r in sampled_summary(a[T.SAMPLED]).itertuples() if r.method == "all")
-        return ("Sampled decoding: each prompt is priced in expectation from its sampled trace (fixed K; no "
-                "policy is replayed under sampling). The expectation's block efficiency against the timed "
+        return ("Sampled decoding: each prompt is priced in expectation from its sampled trace (a fixed K exactly, "
+                "a K policy as the mean of simulated runs). The expectation's block efficiency against the timed "
                 f"sampled runs' (predicted / measured; each run one draw): {pooled}. Their speedups are not "
                 "checked run by run, and the intervals are over prompts only.")
     if mc.empty:

@@ -637,6 +637,18 @@ def test_missing_baseline_names_the_config(tmp_path):
     assert math.isnan(_cell(res.analysis.table("cells"), "code")["speedup"])
 
 
+def test_a_missing_beside_store_is_one_error_and_nothing_is_written(tmp_path):
+    """`write_report(..., beside=...)` reads the other store before it writes anything."""
+    from specdec.report.render import write_report
+
+    st = Store(tmp_path / "s.db").sweep()
+    st.run(tokens_per_s=10.0, prompt_id="p0", prompt_type="code")
+    path = st.close()
+    with pytest.raises(FileNotFoundError):
+        write_report(path, tmp_path / "o", beside=tmp_path / "missing.db")
+    assert not (tmp_path / "o").exists()
+
+
 def test_store_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_store(tmp_path / "missing.db")

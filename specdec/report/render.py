@@ -200,12 +200,11 @@ class ReportResult:
         return [e for e in self.figures if e.skipped]
 
 
-def _beside(a: Analysis, other_db: str | Path) -> Section:
-    """The section setting `a`'s sweep beside the newest sweep of store `other_db` (`specdec.report.beside`)."""
+def _beside(a: Analysis, b: Analysis) -> Section:
+    """The section setting `a`'s sweep beside `b`'s (`specdec.report.beside`)."""
     from specdec.report import tables as T
     from specdec.report.beside import beside_section, beside_table, sweep_label
 
-    b = analyze(load_store(other_db))
     return beside_section(beside_table(a[T.TRACE_GRID], b[T.TRACE_GRID]),
                           sweep_label(a.store.runs, a.store.sweep_id), sweep_label(b.store.runs, b.store.sweep_id))
 
@@ -225,19 +224,20 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None,
         `ReportResult` with the paths, the figure entries (drawn and skipped) and the analysis.
 
     Raises:
-        FileNotFoundError: `db` does not exist.
-        ValueError: `db` is not an SQLite store, or `sweep` matches no sweep or several.
+        FileNotFoundError: `db` (or `beside`) does not exist.
+        ValueError: `db` (or `beside`) is not an SQLite store, or `sweep` matches no sweep or several.
         OSError: `out` cannot be written.
     """
     store = load_store(db, sweep)
+    other = analyze(load_store(beside)) if beside is not None else None  # read before anything is written
     analysis = analyze(store)
     out_dir = Path(out)
     fig_dir = out_dir / "figures"
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = make_figures(analysis, fig_dir)
     extra, batch_figures = batch_report(db, fig_dir, analysis.store.sweep_id)
-    if beside is not None:
-        extra = [_beside(analysis, beside), *extra]
+    if other is not None:
+        extra = [_beside(analysis, other), *extra]
     html_path = out_dir / "report.html"
     md_path = out_dir / "report.md"
     html_path.write_text(render_html(analysis, figures, extra), encoding="utf-8")

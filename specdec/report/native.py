@@ -26,6 +26,7 @@ from specdec.catalogue.drafters import DRAFTERS
 from specdec.catalogue.peers import NATIVE_PEERS, NATIVE_TARGET
 from specdec.core import stats
 from specdec.report.load import ensure_prepared
+from specdec.report.predicted import positive_geomean
 from specdec.report.speedup import PROMPT_KEY, paired_reference
 from specdec.report.vocab import ALL_PROMPTS, BASELINE, FIXED_POLICIES
 
@@ -69,16 +70,11 @@ def _interval(logs: pd.Series) -> tuple[float, float, float, str]:
 
 def _fastest(rates: pd.DataFrame, cells: list[str]) -> tuple[str | None, float]:
     """The cell of `cells` with the highest geometric-mean tokens/s over the prompts that ran it (None: none)."""
-    geo = {c: float(np.exp(np.log(rates[c].dropna()).mean())) for c in cells if c in rates and rates[c].notna().any()}
+    geo = {c: positive_geomean(rates[c]) for c in cells if c in rates and rates[c].notna().any()}
     if not geo:
         return None, np.nan
     best = max(geo, key=geo.get)
     return best, geo[best]
-
-
-def _geo(col: pd.Series) -> float:
-    col = col.dropna()
-    return float(np.exp(np.log(col).mean())) if len(col) else np.nan
 
 
 def _row(logs: pd.DataFrame, rates: pd.DataFrame, key: dict) -> dict | None:
@@ -90,8 +86,8 @@ def _row(logs: pd.DataFrame, rates: pd.DataFrame, key: dict) -> dict | None:
         return None
     rec = dict.fromkeys(COLUMNS, np.nan) | key
     rec["n_prompts"] = int(logs[NATIVE_TARGET].notna().sum())
-    rec["target_tok_s"] = _geo(rates[BASELINE]) if BASELINE in rates else np.nan
-    rec["native_target_tok_s"] = _geo(rates[NATIVE_TARGET])
+    rec["target_tok_s"] = positive_geomean(rates[BASELINE]) if BASELINE in rates else np.nan
+    rec["native_target_tok_s"] = positive_geomean(rates[NATIVE_TARGET])
     rec["native_target_ratio"], rec["native_target_lo"], rec["native_target_hi"], _ = _interval(logs[NATIVE_TARGET])
     best_n, rec["native_tok_s"] = _fastest(rates, native)
     rec["best_native"] = best_n

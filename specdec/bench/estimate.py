@@ -44,7 +44,7 @@ REFERENCE_COSTS_BF16 = CostCurve(dict(enumerate(
      0.1633, 0.1688, 0.1705, 0.1735), start=1)), 0.0501)
 
 #: llama.cpp (GGUF Q4_K_M), the default pair, 2 threads, on the same AMD EPYC: medians over the calibration
-#: blocks of results/fast.db (6 prompts).
+#: blocks of fast.db (6 prompts; in commit c3696a3).
 REFERENCE_COSTS_LLAMACPP = CostCurve(dict(enumerate(
     (0.0327, 0.0719, 0.0902, 0.1041, 0.1209, 0.1355, 0.1518, 0.1359, 0.1358, 0.1372, 0.1401, 0.14, 0.1424,
      0.1424, 0.1442, 0.1443, 0.2078), start=1)), 0.0149)

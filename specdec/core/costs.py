@@ -8,7 +8,7 @@ over every committed token the draft has not cached yet (its *catch-up*, `specde
 1 token, 2 after an all-accepted round, one more per plain round before it), so a round of K costs
 ``draft_forward(pending) + (K - 1) x draft_step + target_forward(K + 1)``. Measured on the 2-vCPU AMD EPYC
 the 2-token catch-up costs 1.75-1.9 draft steps in fp32 transformers and 2.0 on llama.cpp, 1.0 in bf16
-(`results/fp32_all.db`, `results/fast.db`, `results/bf16_all.db`); pricing every round at K draft steps
+(`results/fp32_all.db`, `results/bf16_all.db`, and `fast.db` in commit c3696a3); pricing every round at K draft steps
 had made fp32 and llama.cpp predictions optimistic. The analytical model
 (`specdec.core.theory`, through `curve_value`), the cost policy (`specdec.policies.cost.CostPolicy`) and the
 sweep's duration estimate (`specdec.bench.estimate`) all evaluate the curve through it, so the report's

@@ -713,6 +713,35 @@ def test_dry_run_prices_each_configuration_with_its_own_reference(app, tmp_path)
     assert not (tmp_path / "none.db").exists()
 
 
+def test_dry_run_over_the_main_job_says_how_many_prompts_per_type_fit(app, tmp_path):
+    """A dry run of the built-in prompts estimated over the main job's ~35 min names the most prompts per type
+    whose plan fits on the same costs (its own dry run agrees: that count fits, one more does not), says
+    when fewer than 5 leave no per-type verdicts, and says when not even one prompt per type fits; a plan
+    that fits gets no such line."""
+    import re
+
+    from specdec.bench.commands import MAIN_JOB_S
+
+    def dry(*extra: str) -> tuple[int, str]:
+        res = CliRunner().invoke(app, ["sweep", "--dry-run", "--db", str(tmp_path / "none.db"), *extra])
+        assert res.exit_code == 0, res.output
+        (total,) = re.findall(r"= ((?:\d+[hms] ?)+) \(model loading", res.output)
+        return sum(int(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in re.findall(r"(\d+)([hms])", total)), res.output
+
+    full, out = dry("--configs", "transformers-bf16")
+    assert full > MAIN_JOB_S
+    (n,) = map(int, re.findall(r"--prompts-per-type (\d+) fits", out))
+    assert 1 <= n < 5 and "too few units" in out
+    fits, _ = dry("--configs", "transformers-bf16", "--prompts-per-type", str(n))
+    over, _ = dry("--configs", "transformers-bf16", "--prompts-per-type", str(n + 1))
+    assert fits <= MAIN_JOB_S < over
+    assert f"--prompts-per-type {n} fits (~{S.format_duration(fits)};" in out
+    _, slow = dry("--configs", "transformers-eager")
+    assert "even with --prompts-per-type 1" in slow
+    quick, fast = dry("--configs", "llamacpp")
+    assert quick <= MAIN_JOB_S and "main job's" not in fast
+
+
 def test_sweep_id_covers_meaning_not_grid(tiny_pair, near_draft_dir, prompt_file):
     base = _cfg(tiny_pair, near_draft_dir, prompt_file)
     sid = S.prepare(base).sweep_id

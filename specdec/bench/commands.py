@@ -171,17 +171,7 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     if references:
         sources.append("reference costs of the default pair on 2 cores (" + "; ".join(references) + ")")
     source = " and ".join(sources)
-    timed, warm = S.estimate_plan_s(plan, costs_by, max_new_tokens=cfg.max_new_tokens,
-                                    warmup_tokens=cfg.warmup_tokens)
-    batch_ns = batch_cost_ns(cfg)[0]
-    measure_s = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats, batch_ns)
-                    for label in cfg.configs)
-    traced = {(c.config_label, c.prompt.id) for c in plan if c.batch_id is None}  # traces and blocks: B = 1 only
-    chains = 0 if cfg.greedy else len(chain_drafter_names(cfg.methods))
-    instr = sum(S.instrumentation_s(costs_by[label], max_n=S.cost_max_n(cfg), traces=cfg.traces,
-                                    calibration_repeats=calibration_passes(cfg, prepared.plan, label, pid),
-                                    new_tokens=cfg.max_new_tokens, chain_drafters=chains)
-                for label, pid in traced)
+    parts = _plan_estimate(cfg, prepared.plan, plan, costs_by)
     _echo(f"sweep {sid}: target {prepared.target}, draft {prepared.draft}; {len(prepared.prompts)} prompts, configs "
           f"{', '.join(cfg.configs)}; {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)")
     left = f" ({n_planned - len(plan)} of {n_planned} already done in {db_path}: the runs left)" \
@@ -194,10 +184,59 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     _echo(f"{len(plan)} timed generations{left}:")
     for key, n in S.plan_summary(plan).items():
         _echo(f"  {key:<34} {n}")
+    timed, warm, measure_s, instr = parts
     _echo(f"rough estimate: {S.format_duration(timed)} timed + {S.format_duration(warm)} warm-ups + "
           f"{S.format_duration(measure_s)} cost measurement + {S.format_duration(instr)} traces and calibration = "
-          f"{S.format_duration(timed + warm + measure_s + instr)} "
+          f"{S.format_duration(sum(parts))} "
           f"(model loading excluded), from {source}, ~100-token prompts and an ASSUMED acceptance alpha = 0.5")
+    if sum(parts) > MAIN_JOB_S and not done and shard is None and cfg.prompts is None:
+        _echo(_what_fits(cfg, costs_by))
+
+
+#: The main job's duration on one machine (seconds): a dry run of the built-in prompts over it says what fits.
+MAIN_JOB_S = 35 * 60
+
+
+def _plan_estimate(cfg, full_plan, plan, costs_by) -> tuple[float, float, float, float]:
+    """Rough seconds of `plan` (the runs of `full_plan` still to do) priced with `costs_by` ({config label:
+    `CostCurve`}): ``(timed runs, warm-ups, cost measurement, traces and calibration blocks)``."""
+    from specdec.bench import sweep as S
+
+    timed, warm = S.estimate_plan_s(plan, costs_by, max_new_tokens=cfg.max_new_tokens,
+                                    warmup_tokens=cfg.warmup_tokens)
+    batch_ns = batch_cost_ns(cfg)[0]
+    measure_s = sum(S.cost_measurement_s(costs_by[label], S.cost_max_n(cfg), cfg.cost_repeats, batch_ns)
+                    for label in cfg.configs)
+    traced = {(c.config_label, c.prompt.id) for c in plan if c.batch_id is None}  # traces and blocks: B = 1 only
+    chains = 0 if cfg.greedy else len(chain_drafter_names(cfg.methods))
+    instr = sum(S.instrumentation_s(costs_by[label], max_n=S.cost_max_n(cfg), traces=cfg.traces,
+                                    calibration_repeats=calibration_passes(cfg, full_plan, label, pid),
+                                    new_tokens=cfg.max_new_tokens, chain_drafters=chains)
+                for label, pid in traced)
+    return timed, warm, measure_s, instr
+
+
+def _what_fits(cfg, costs_by) -> str:
+    """One line for a plan of the built-in prompts estimated over `MAIN_JOB_S`: the most prompts per type
+    whose plan fits it on the same costs (each count's plan priced like the full one), and what a per-type
+    claim then rests on."""
+    from specdec.bench import sweep as S
+
+    budget = f"{MAIN_JOB_S // 60} min"
+    total = None
+    for n in range(cfg.prompts_per_type - 1, 0, -1):
+        smaller = dataclasses.replace(cfg, prompts_per_type=n)
+        plan = S.prepare(smaller).plan
+        total = sum(_plan_estimate(smaller, plan, plan, costs_by))
+        if total <= MAIN_JOB_S:
+            claim = ("fewer than 5 prompts per type: the report's per-type figures are labelled too few units, "
+                     "with no verdicts" if n < 5 else "per-type verdicts over 5+ prompts each")
+            return (f"over the main job's ~{budget} on these costs: --prompts-per-type {n} fits "
+                    f"(~{S.format_duration(total)}; {claim})")
+    if total is None:
+        return f"over the main job's ~{budget} on these costs"
+    return (f"over the main job's ~{budget} on these costs, even with --prompts-per-type 1 "
+            f"(~{S.format_duration(total)}): a faster runtime configuration (--configs) or fewer --prompt-types")
 
 
 # ------------------------------------------------------------------------------------------------ costs

@@ -21,13 +21,15 @@ if TYPE_CHECKING:
     from specdec.drafters.base import BatchedDrafter, Drafter
 
 __all__ = [
-    "DRAFTERS", "DRAFT_MODEL", "PROMPT_LOOKUP", "DraftSource", "DrafterEntry", "analytic_c", "batched_drafter",
+    "DEFAULT_DRAFTER", "DRAFTERS", "DRAFT_MODEL", "PROMPT_LOOKUP", "DraftSource", "DrafterEntry", "analytic_c", "batched_drafter",
     "drafter", "drafter_names", "free_drafters", "grid_drafters", "model_drafters", "register", "replay_drafter", "single_drafter",
 ]  # fmt: skip
 
 #: The names of the two classic drafters the analytical model and the report's figures single out.
 DRAFT_MODEL = "draft"
 PROMPT_LOOKUP = "ngram"
+#: The drafter `generate` (command line and API, one prompt and a batch) uses when none is named.
+DEFAULT_DRAFTER = DRAFT_MODEL
 #: The mixed drafter's horizon where the generation's budget is not given (the study's 128 new tokens).
 MIXED_BUDGET = 128
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from specdec.catalogue.drafters import DEFAULT_DRAFTER
 from specdec.core.metrics import GenerationResult
 from specdec.runtimes.loading import LoadedPair
 
@@ -237,7 +238,7 @@ def generate(
     max_new_tokens: int | Sequence[int] = 128,
     k: int | None = None,
     policy: str | None = None,
-    drafter: Any = "draft",
+    drafter: Any = DEFAULT_DRAFTER,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from specdec.catalogue.drafters import DEFAULT_DRAFTER
 from specdec.errors import one_line, user_errors
 
 app = typer.Typer(
@@ -86,7 +87,7 @@ def _generate_settings() -> tuple:
                 "last batch may be smaller), each row with its own accepted length. Eager backends only; 1 when "
                 "not given.", PANEL_PLAN, int),
         Setting("max_new_tokens", 128, "New tokens per prompt.", PANEL_PLAN, int),
-        Setting("drafter", "draft", _drafter_help(), PANEL_PLAN),
+        Setting("drafter", DEFAULT_DRAFTER, _drafter_help(), PANEL_PLAN),
         Setting("policy", None, _policy_help(), PANEL_PLAN),
         Setting("k", None, "K: draft tokens per round (fixed), or the largest K an adaptive policy may ask for "
                 "(the heuristic's starting K). Default: 4 fixed/heuristic, 16 otherwise.", PANEL_PLAN, int),

@@ -265,6 +265,9 @@ def test_c3_divergence_is_reported_with_margin(tiny_pair, near_draft_dir, monkey
     """Case C3: when greedy speculative output differs from target-only (as half-precision kernels can make
     it), `generate --baseline` reports the first differing step and the target's top-2 logit margin there.
     The divergence is simulated by flipping one token of the speculative output."""
+    # specdec.bench.methods binds speculative_generate by name: first imported under the patch, it would keep
+    # the flipped one for every later sweep in this process
+    import specdec.bench.methods  # noqa: F401
     from specdec.engine import decoding
     from specdec.entrypoints.cli import main
 

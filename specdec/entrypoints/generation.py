@@ -70,7 +70,8 @@ class Settings:
     spelling: dict[str, str] = field(default_factory=lambda: dict(KEYWORDS), compare=False)
 
 
-def check_settings(*, drafter: str = catalogue_drafters.DEFAULT_DRAFTER, policy: str | None = None, k: int | None = None,
+def check_settings(*, drafter: str = catalogue_drafters.DEFAULT_DRAFTER, policy: str | None = None,
+                   k: int | None = None,
                    max_new_tokens: int | Sequence[int] = 128, temperature: float = 0.0, top_k: int = 0,
                    top_p: float = 1.0, seed: int = 0, chat_template: bool = False, pad_verify: bool = False,
                    batch_size: int | None = None, many: bool = False, costs: dict | None = None,

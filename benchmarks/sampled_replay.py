@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--prompts", type=int, default=12, help="built-in primary prompts (one per type)")
     ap.add_argument("--per-type", type=int, default=1, help="built-in prompts per type")
+    ap.add_argument("--start", type=int, default=0,
+                    help="skip the first N of those prompts (continue a stopped run; seeds stay per prompt)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="write every cell's row as JSON here")
@@ -63,6 +65,8 @@ def main() -> None:
         sp = SamplingParams(temperature=temp, top_p=args.top_p)
         source = DraftSource(loaded, sp)
         for n, p in enumerate(prompts):
+            if n < args.start:
+                continue
             ids = encode_prompt(loaded.tokenizer, p.text)
             out = autoregressive_generate(target, ids, args.max_new_tokens, sampling=sp, vocab_size=vocab,
                                           seed=1000 + n).token_ids

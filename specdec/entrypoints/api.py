@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from specdec.catalogue.drafters import DEFAULT_DRAFTER
+from specdec.catalogue.drafters import DEFAULT_DRAFTER, DRAFT_MODEL
 from specdec.core.metrics import GenerationResult
 from specdec.runtimes.loading import LoadedPair
 
@@ -300,7 +300,7 @@ def generate(
         raise TypeError("a list of prompts drafts with a drafter's name (one drafter object cannot serve "
                         "every row)")
     settings = g.check_settings(
-        drafter=drafter if isinstance(drafter, str) else "draft", policy=policy, k=k,
+        drafter=drafter if isinstance(drafter, str) else DRAFT_MODEL, policy=policy, k=k,
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         chat_template=chat_template, pad_verify=pad_verify, batch_size=batch_size, many=many, costs=costs,
         remeasure_costs=remeasure_costs, other_tokenizer=(pair.loaded.info or {}).get("vocab_overlap") is not None,

@@ -210,3 +210,38 @@ def test_rollback_matches_fresh_forward(tiny_tokenizer, target):
     target.reset()
     want = target.forward(seq[:9])[-1]
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_synthetic_acceptance_keeps_the_caches_right_and_accepts_at_its_rate():
+    """Timing at a set acceptance (llama.cpp's --spec-synth-rates): wrong drafts are committed by the coin, and
+    every token the target adds is still the target's argmax after everything committed before it, so both
+    caches rolled back and caught up correctly; the mean accepted per round follows alpha (1 - alpha^K) / (1 -
+    alpha) and the tokens per round (1 - alpha^(K+1)) / (1 - alpha)."""
+    from conftest import FnLM, table_law
+
+    from specdec.core.sampling import SamplingParams
+    from specdec.core.theory import expected_accepted_per_round, expected_tokens_per_round
+
+    vocab, alpha, k = 50, 0.6, 4
+    law = table_law(vocab, 0)
+    target, draft = FnLM(law, vocab, 2048), FnLM(table_law(vocab, 1), vocab, 2048)
+    prompt = [1, 2, 3]
+    r = speculative_generate(target, ModelDrafter(draft, vocab), prompt, 1200, k=k, synthetic=[alpha] * k, seed=3)
+    assert len(r.token_ids) == 1200
+    seq, pos = list(prompt), 0
+    for rec in r.rounds:
+        block = r.token_ids[pos : pos + rec.num_emitted]
+        seq.extend(block[: rec.num_accepted])
+        if rec.num_emitted > rec.num_accepted:  # the round's own token, from the target
+            assert block[rec.num_accepted] == int(law(tuple(seq)).argmax())
+            seq.append(block[rec.num_accepted])
+        pos += rec.num_emitted
+    full = [rec for rec in r.rounds if rec.k == k]
+    mean_accepted = sum(rec.num_accepted for rec in full) / len(full)
+    assert abs(mean_accepted - expected_accepted_per_round(alpha, k)) < 0.2  # ~450 rounds: s.e. ~0.06
+    assert abs(len(r.token_ids) / len(r.rounds) - expected_tokens_per_round(alpha, k)) < 0.2
+    real = speculative_generate(target, ModelDrafter(draft, vocab), prompt, 300, k=k).rounds
+    assert sum(rec.num_accepted for rec in real) / len(real) < mean_accepted / 3  # the real rule: far fewer
+    with pytest.raises(ValueError, match="synthetic acceptance takes greedy"):
+        speculative_generate(target, ModelDrafter(draft, vocab), prompt, 8, k=k, synthetic=[0.5] * k,
+                             sampling=SamplingParams(temperature=1.0))

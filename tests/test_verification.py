@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 
 from specdec.core.metrics import GenerationResult, RoundRecord
 from specdec.core.sampling import SamplingParams, residual, warp
-from specdec.core.verification import accepted_count, greedy_verify, stochastic_verify
+from specdec.core.verification import accepted_count, greedy_verify, stochastic_verify, synthetic_verify
 
 
 def logits_with_argmax(argmaxes, vocab=10):
@@ -266,3 +267,25 @@ def test_c13_mock_models_independent_acceptance():
     rounds = r.rounds[:5000]
     mean_acc = sum(x.num_accepted for x in rounds) / len(rounds)
     assert abs(mean_acc - 0.8 * (1 - 0.8**4) / 0.2) < 0.05
+
+
+def test_synthetic_verify_accepts_by_its_probabilities_whatever_the_tokens():
+    """llama.cpp's --spec-synth-rates rule: acceptance by coin, the target's argmax after the accepted prefix."""
+    logits = logits_with_argmax([3, 4, 5, 6])  # the drafts below are all wrong for the target
+    rng = random.Random(0)
+    v = synthetic_verify([9, 9, 9], logits, [1.0, 1.0, 1.0], rng)
+    assert (v.num_accepted, v.next_token, v.next_kind) == (3, 6, "bonus")
+    assert v.committed_tokens([9, 9, 9]) == [9, 9, 9, 6]
+    v = synthetic_verify([3, 4, 5], logits, [0.0, 1.0, 1.0], rng)  # right drafts, refused by the coin
+    assert (v.num_accepted, v.accept_flags, v.next_token, v.next_kind) == (0, (False,), 3, "recovered")
+    v = synthetic_verify([9, 9, 9], logits, [1.0, 0.0, 1.0], rng)
+    assert (v.num_accepted, v.next_token) == (1, 4)
+    # iid alpha: P(n accepted) = alpha^n (1 - alpha) for n < K; mean accepted E = alpha (1 - alpha^K) / (1 - alpha)
+    alpha, k, n = 0.7, 4, 20_000
+    counts = [synthetic_verify([9] * k, logits_with_argmax([1] * (k + 1)), [alpha] * k, rng).num_accepted
+              for _ in range(n)]
+    expected = alpha * (1 - alpha**k) / (1 - alpha)
+    assert abs(sum(counts) / n - expected) < 0.03
+    assert abs(counts.count(0) / n - (1 - alpha)) < 0.015
+    with pytest.raises(ValueError, match="2 synthetic acceptance probabilities for K = 3"):
+        synthetic_verify([1, 2, 3], logits, [0.5, 0.5], rng)

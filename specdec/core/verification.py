@@ -12,7 +12,8 @@ the generator passed in.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +80,35 @@ def greedy_verify(draft_tokens: list[int], target_logits: torch.Tensor) -> Verdi
             break
     n = accepted_count(flags)
     return Verdict(n, tuple(flags), int(argmax[n]), "bonus" if n == k else "recovered")
+
+
+def synthetic_verify(draft_tokens: list[int], target_logits: torch.Tensor, probs: Sequence[float],
+                     rng: random.Random) -> Verdict:
+    """Synthetic verification, for timing the loop at a set acceptance (llama.cpp's ``--spec-synth-rates``):
+    draft position i is accepted with probability ``probs[i]`` given that every earlier one was, whatever its
+    token, and the target's argmax after the accepted prefix is committed (recovered, or bonus when all pass).
+    The forward, the rollback and the bookkeeping are the real ones; the output is not the target's.
+
+    Args:
+        draft_tokens: K token ids. target_logits: ``[K+1, vocab]`` as `greedy_verify`.
+        probs: at least K conditional acceptance probabilities in [0, 1] (iid acceptance alpha: ``[alpha] * K``).
+        rng: the row's generator of uniform draws (one draw per evaluated position).
+
+    Raises:
+        ValueError: the logits do not have K+1 rows, or fewer than K probabilities.
+    """
+    k = len(draft_tokens)
+    if target_logits.shape[0] != k + 1:
+        raise ValueError(f"target_logits has {target_logits.shape[0]} rows, expected K+1 = {k + 1}")
+    if len(probs) < k:
+        raise ValueError(f"{len(probs)} synthetic acceptance probabilities for K = {k} draft tokens")
+    flags: list[bool] = []
+    for i in range(k):
+        flags.append(rng.random() < probs[i])
+        if not flags[-1]:
+            break
+    n = accepted_count(flags)
+    return Verdict(n, tuple(flags), int(target_logits[n].argmax()), "bonus" if n == k else "recovered")
 
 
 def stochastic_verify(

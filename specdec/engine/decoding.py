@@ -23,6 +23,7 @@ in: shared by every row of that round, so they must not be summed across rows.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 
@@ -30,7 +31,7 @@ import torch
 
 from specdec.core.metrics import GenerationResult, RoundRecord
 from specdec.core.sampling import SamplingParams, sample, warp
-from specdec.core.verification import greedy_verify, stochastic_verify_logits
+from specdec.core.verification import greedy_verify, stochastic_verify_logits, synthetic_verify
 from specdec.drafters.base import BatchedDrafter, Draft, Drafter, PerRowDrafters
 from specdec.policies.base import FixedK, KPolicy, RoundPlan
 from specdec.policies.batch import BatchKPolicy, FixedBatchK
@@ -102,14 +103,19 @@ class RowPolicy:
         return note() if callable(note) else None
 
 
-def _generators(sampling: SamplingParams, seed, n: int, device) -> list[torch.Generator | None]:
-    if sampling.greedy:
-        return [None] * n
+def _seeds(seed, n: int) -> list[int]:
+    """Row seeds: an int (or None, 0) s gives row i the seed s + i; a sequence gives one per row."""
     seeds = [int(seed or 0) + i for i in range(n)] if seed is None or isinstance(seed, int) else list(seed)
     if len(seeds) != n:
         raise ValueError(f"got {len(seeds)} seeds for {n} prompts")
+    return seeds
+
+
+def _generators(sampling: SamplingParams, seed, n: int, device) -> list[torch.Generator | None]:
+    if sampling.greedy:
+        return [None] * n
     out = []
-    for s in seeds:
+    for s in _seeds(seed, n):
         g = torch.Generator(device=device)
         g.manual_seed(int(s))
         out.append(g)
@@ -154,6 +160,7 @@ def generate_batch(
     seed: int | Sequence[int] | None = None,
     clock: Clock = time.perf_counter,
     pad_to: Callable[[int], int] | None = None,
+    synthetic: Sequence[float] | None = None,
 ) -> list[GenerationResult]:
     """Decode B = ``len(prompts)`` prompts of any lengths together: target-only or speculative.
 
@@ -181,6 +188,10 @@ def generate_batch(
             copies of the last real token, whose logits are dropped and whose cache entries the round's
             truncate removes; never past the context), for a runtime whose measured curve makes a wider
             forward cheaper (`specdec.core.costs.CostCurve.padded_n`). None: no padding.
+        synthetic: timing only, greedy only: draft position i is accepted with conditional probability
+            ``synthetic[i]`` whatever its token (`specdec.core.verification.synthetic_verify`, seeded per row
+            by `seed`), as llama.cpp's ``--spec-synth-rates``; the rounds cost what real ones do, but the
+            output is not the target's. None: real verification.
 
     Returns:
         One `GenerationResult` per prompt, in prompt order, with one `RoundRecord` per round the row took part
@@ -189,14 +200,18 @@ def generate_batch(
 
     Raises:
         ValueError: no prompts, an empty prompt, a negative budget, budgets or seeds of the wrong length,
-            more rows than ``target.max_rows``, K < 1, `k`/`policy` given wrongly, or a `pad_to` that returns
-            fewer tokens than it was given.
+            more rows than ``target.max_rows``, K < 1, `k`/`policy` given wrongly, a `pad_to` that returns
+            fewer tokens than it was given, or `synthetic` with sampling or with a probability outside [0, 1].
         ContextOverflowError: a prompt plus its budget exceeds the target's context.
     """
     budgets, policy = _checked(target, prompts, max_new_tokens, drafter, k, policy)
     b = len(prompts)
     loop = _Loop(target, drafter, policy, sampling, frozenset(eos_ids), vocab_size or target.vocab_size,
                  _generators(sampling, seed, b, target.device), clock, pad_to)
+    if synthetic is not None:
+        if not sampling.greedy or not all(0.0 <= float(p) <= 1.0 for p in synthetic):
+            raise ValueError("synthetic acceptance takes greedy decoding and probabilities in [0, 1]")
+        loop.synthetic = ([float(p) for p in synthetic], [random.Random(s) for s in _seeds(seed, b)])
     return loop.run(prompts, budgets)
 
 
@@ -206,6 +221,7 @@ class _Loop:
     def __init__(self, target, drafter, policy, sampling, eos, vocab, gens, clock, pad_to) -> None:
         self.target, self.drafter, self.policy, self.sampling = target, drafter, policy, sampling
         self.eos, self.vocab, self.gens, self.clock, self.pad_to = eos, vocab, gens, clock, pad_to
+        self.synthetic: tuple[list[float], list[random.Random]] | None = None  # (probabilities, row rngs)
 
     def now(self) -> float:
         self.target.synchronize()
@@ -276,7 +292,9 @@ class _Loop:
         for j, i in enumerate(live):
             rows = logits[j][: len(drafts[j].tokens) + 1, : self.vocab]  # the filler rows dropped
             d = drafts[j]
-            if self.sampling.greedy:
+            if self.synthetic is not None and self.drafter is not None:
+                out.append(synthetic_verify(d.tokens, rows, self.synthetic[0], self.synthetic[1][i]))
+            elif self.sampling.greedy:
                 out.append(greedy_verify(d.tokens, rows))
             elif self.drafter is None:
                 out.append(None)
@@ -358,6 +376,7 @@ def speculative_generate(
     seed: int | None = None,
     clock: Clock = time.perf_counter,
     pad_to: Callable[[int], int] | None = None,
+    synthetic: Sequence[float] | None = None,
 ) -> GenerationResult:
     """Speculative decoding of one sequence: `generate_batch` with B = 1 on the single-sequence backend
     (`specdec.runtimes.base.OneRow`), the drafter as its one row and the policy as its one-row form
@@ -371,7 +390,7 @@ def speculative_generate(
             `specdec.drafters.base.Drafter`). prompt_ids: ``[prompt_len]`` token ids, non-empty.
         max_new_tokens: budget of new tokens; never exceeded. 0 -> no forward at all.
         k: fixed K (>= 1); or give `policy` instead (`specdec.policies`).
-        sampling, eos_ids, vocab_size, seed, clock, pad_to: as `generate_batch`.
+        sampling, eos_ids, vocab_size, seed, clock, pad_to, synthetic: as `generate_batch`.
 
     Returns:
         A `GenerationResult` with one `RoundRecord` per target forward.
@@ -385,7 +404,8 @@ def speculative_generate(
         raise ValueError("give exactly one of k and policy")
     return generate_batch(OneRow(target), [prompt_ids], max_new_tokens, drafter=PerRowDrafters.one(drafter),
                           policy=RowPolicy(policy if policy is not None else FixedK(k)), sampling=sampling,
-                          eos_ids=eos_ids, vocab_size=vocab_size, seed=seed, clock=clock, pad_to=pad_to)[0]
+                          eos_ids=eos_ids, vocab_size=vocab_size, seed=seed, clock=clock, pad_to=pad_to,
+                          synthetic=synthetic)[0]
 
 
 def autoregressive_generate(

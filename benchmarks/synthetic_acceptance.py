@@ -66,7 +66,7 @@ def _specdec(pair, ids: list[int], new: int, k: int, alpha: float, seed: int) ->
             "draft_s": statistics.fmean(x.draft_s for x in rounds)}  # fmt: skip
 
 
-def _native(server, ids: list[int], new: int, k: int, seed: int) -> dict:
+def _native(server, ids: list[int], new: int, seed: int) -> dict:
     r = server.complete(ids, new, ignore_eos=True, seed=seed)
     # the first token comes from the prefill; every decode round adds its accepted drafts plus one token
     rounds = max(1, r.predicted_n - 1 - (r.draft_accepted or 0))
@@ -120,7 +120,7 @@ def measure(args) -> dict:
                         srv = servers[0 if k == 0 else phase]
                         if srv.port is None:  # started and warmed up once, outside any timed figure
                             srv.start().complete(ids[:16], 4, ignore_eos=True)
-                        row = _native(srv, ids, args.new, k, seed)
+                        row = _native(srv, ids, args.new, seed)
                     out["runs"].append({"rep": rep, "loop": loop, "alpha": alpha, "k": k, **row})
                     print(f"rep {rep} {loop:<8} alpha={alpha} K={k}: {row['decode_tokens_per_s']:.2f} tok/s, "
                           f"{row['tokens'] / row['rounds']:.2f} tokens/round", flush=True)

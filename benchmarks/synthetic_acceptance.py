@@ -29,6 +29,10 @@ own step says how much.
 
     SPECDEC_NATIVE_BIN_DIR=DIR python benchmarks/synthetic_acceptance.py --reps 5 --json synth.json
     python benchmarks/synthetic_acceptance.py --from-json synth.json      # the tables again
+    python benchmarks/synthetic_acceptance.py --from-json synth.json --db STORE   # into `specdec report`'s
+
+The summary is `specdec.report.synthetic.summarize`, the same code the report's table runs on a stored
+measurement (``--db``: attached to the store's newest sweep, or ``--sweep``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ import json
 import os
 import statistics
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
+
+from specdec.report.synthetic import summarize
 
 
 def _prompt(target: Path, kind: str) -> list[int]:
@@ -103,7 +110,8 @@ def measure(args) -> dict:
     pair = load_pair(target=str(target), draft=str(draft), backend="llamacpp", threads=args.threads)
     ids = _prompt(target, args.type)
     costs = measure_costs(pair.loaded, max_n=max(ks) + 1, repeats=args.cost_repeats)
-    out = {"machine": {**machine_info(threads=args.threads), "native": native.build_info()}, "new": args.new,
+    out = {"created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+           "machine": {**machine_info(threads=args.threads), "native": native.build_info()}, "new": args.new,
            "threads": args.threads, "type": args.type, "prompt_tokens": len(ids), "costs": costs, "runs": []}
     servers = _servers(args, target, draft, cells)
     _specdec(pair, ids[:16], 8, 0, 0.0, 0)  # warm-up of specdec's contexts
@@ -129,46 +137,6 @@ def measure(args) -> dict:
             srv.close()
     out["machine"]["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
     return out
-
-
-def summarize(result: dict) -> list[dict]:
-    """Per (loop, alpha, K): the measured speedup (each run over its loop's mean target-only decode rate of
-    the same repetition; geometric mean and 95% t-interval over repetitions), the prediction, the round's
-    wall time and its cost beyond the predicted forwards (seconds)."""
-    from specdec.core.costs import CostCurve
-    from specdec.core.stats import ratio_interval
-    from specdec.core.theory import expected_tokens_per_round
-
-    curve = CostCurve.from_costs(result["costs"])
-    t1 = curve.target_step_s
-    base: dict[tuple[int, str], list[dict]] = {}
-    for r in result["runs"]:
-        if r["k"] == 0:
-            base.setdefault((r["rep"], r["loop"]), []).append(r)
-    rows = []
-    for loop in ("specdec", "native"):
-        reps = [rs for (_, lp), rs in sorted(base.items()) if lp == loop]
-        own = statistics.fmean(x["round_s"] for rs in reps for x in rs)
-        rows.append({"loop": loop, "alpha": None, "k": 0, "round_s": own, "beyond_s": own - t1,
-                     "decode_tokens_per_s": statistics.fmean(x["decode_tokens_per_s"] for rs in reps for x in rs)})
-        for alpha, k in dict.fromkeys((r["alpha"], r["k"]) for r in result["runs"] if r["k"]):
-            runs = [r for r in result["runs"] if (r["loop"], r["alpha"], r["k"]) == (loop, alpha, k)]
-            ratios = [r["decode_tokens_per_s"] / statistics.fmean(x["decode_tokens_per_s"]
-                                                                    for x in base[(r["rep"], loop)])
-                      for r in runs]  # fmt: skip
-            predicted_round = curve.round_s(k)  # the draft's K steps (and catch-up) + t_target(K + 1)
-            round_s = statistics.fmean(r["round_s"] for r in runs)
-            per_round = statistics.fmean(r["tokens"] / r["rounds"] for r in runs)
-            rows.append({
-                "loop": loop, "alpha": alpha, "k": k, "n": len(runs), "speedup": ratio_interval(ratios),
-                "predicted": float(expected_tokens_per_round(alpha, k)) * t1 / predicted_round,
-                # the model at the tokens per round these runs drew: the cost model's error alone
-                "predicted_at_drawn": per_round * t1 / predicted_round, "tokens_per_round": per_round,
-                "expected_tokens_per_round": float(expected_tokens_per_round(alpha, k)),
-                "decode_tokens_per_s": statistics.fmean(r["decode_tokens_per_s"] for r in runs),
-                "round_s": round_s, "beyond_s": round_s - predicted_round,
-            })  # fmt: skip
-    return rows
 
 
 def print_table(result: dict, rows: list[dict]) -> None:
@@ -228,7 +196,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--draft", default=None, help="draft GGUF (default: the default pair's)")
     ap.add_argument("--json", default=None, help="also write the raw runs, costs and machine here")
     ap.add_argument("--from-json", default=None, help="print the tables of an earlier --json instead of running")
+    ap.add_argument("--db", default=None, help="also attach the measurement (or --from-json's) to a sweep of this "
+                    "results store, where `specdec report` shows it beside the native methods")
+    ap.add_argument("--sweep", default=None, help="with --db: the sweep id (default: the store's newest sweep)")
     args = ap.parse_args(argv)
+    if args.db:
+        _sweep_of(args.db, args.sweep)  # a wrong store or sweep fails before the measurement, not after it
     result = json.loads(Path(args.from_json).read_text()) if args.from_json else measure(args)
     rows = summarize(result)
     print_table(result, rows)
@@ -236,6 +209,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.json and not args.from_json:
         doc = {**result, "rows": [{**r, "speedup": asdict(r["speedup"])} if "speedup" in r else r for r in rows]}
         Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
+    if args.db:
+        from specdec.bench.store import Store
+
+        sweep_id = _sweep_of(args.db, args.sweep)
+        with Store(args.db) as st:
+            st.save_synthetic(sweep_id, {k: v for k, v in result.items() if k != "rows"})
+        print(f"attached to sweep {sweep_id} of {args.db}")
+
+
+def _sweep_of(db: str, sweep: str | None) -> str:
+    """The sweep of `db` the measurement is attached to: `sweep` (an id or unique prefix) or the newest."""
+    from specdec.report.load import load_store
+
+    if not Path(db).is_file():
+        raise SystemExit(f"--db {db}: no such results store (run `specdec sweep` first)")
+    sweep_id = load_store(db, sweep).sweep_id
+    if sweep_id is None:
+        raise SystemExit(f"--db {db}: the store holds no sweep to attach the measurement to")
+    return sweep_id
 
 
 if __name__ == "__main__":

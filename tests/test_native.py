@@ -670,14 +670,12 @@ def test_the_pinned_source_is_the_one_the_extra_installs():
 
 
 def test_synthetic_acceptance_summary_pairs_each_run_with_its_own_loops_target_only():
-    """benchmarks/synthetic_acceptance.py: a speculative run's speedup is its decode rate over the mean of its
+    """The synthetic-acceptance summary (benchmark and report): a speculative run's speedup is its decode rate over the mean of its
     own loop's target-only runs of the same repetition; the prediction is E(alpha, K) t(1) / round_s(K) on the
     measured curve; "beyond" is the round's wall time minus that round's predicted forwards."""
-    from conftest import load_benchmark
-
     from specdec.core.costs import CostCurve
+    from specdec.report.synthetic import summarize
 
-    bench = load_benchmark("synthetic_acceptance")
     costs = {"target_forward_s": {"1": 0.1, "2": 0.15, "3": 0.2, "5": 0.3}, "draft_step_s": 0.02,
              "target_step_s": 0.1, "c": 0.2, "draft_forward_s": {"1": 0.02, "2": 0.03}}  # fmt: skip
     runs = []
@@ -687,7 +685,7 @@ def test_synthetic_acceptance_summary_pairs_each_run_with_its_own_loops_target_o
                       "tokens": 10, "rounds": 10, "round_s": 0.1} for x in (base_s, base_n)]  # fmt: skip
             runs.append({"rep": rep, "loop": loop, "alpha": 0.5, "k": 2, "decode_tokens_per_s": 12.0 * scale,
                          "tokens": 14, "rounds": 8, "round_s": 0.25})  # fmt: skip
-    rows = bench.summarize({"costs": costs, "runs": runs})
+    rows = summarize({"costs": costs, "runs": runs})
     spec = next(r for r in rows if (r["loop"], r["k"]) == ("specdec", 2))
     native = next(r for r in rows if (r["loop"], r["k"]) == ("native", 2))
     expected = math.exp((math.log(12 / 9.5) + math.log(12 / 8.0)) / 2)  # paired within each repetition
@@ -696,3 +694,77 @@ def test_synthetic_acceptance_summary_pairs_each_run_with_its_own_loops_target_o
     assert spec["predicted"] == pytest.approx(1.75 * 0.1 / round_s)  # E(0.5, 2) = 1 + 0.5 + 0.25
     assert spec["predicted_at_drawn"] == pytest.approx(14 / 8 * 0.1 / round_s)
     assert spec["beyond_s"] == pytest.approx(0.25 - round_s)
+
+
+def _synthetic_doc(scale_native: float) -> dict:
+    """A synthetic-acceptance document: per repetition each loop's target-only runs at 10 tok/s and one K = 2
+    run at 15 (specdec) or 15 * `scale_native` (native), on a curve where t(1) = 0.1 s."""
+    costs = {"target_forward_s": {"1": 0.1, "2": 0.15, "3": 0.2}, "draft_step_s": 0.02, "target_step_s": 0.1,
+             "c": 0.2, "draft_forward_s": {"1": 0.02}}  # fmt: skip
+    runs = []
+    for rep in range(5):
+        for loop, scale in (("specdec", 1.0), ("native", scale_native)):
+            runs += [{"rep": rep, "loop": loop, "alpha": None, "k": 0, "decode_tokens_per_s": 10.0, "tokens": 10,
+                      "rounds": 10, "round_s": 0.1}] * 2  # fmt: skip
+            runs.append({"rep": rep, "loop": loop, "alpha": 0.5, "k": 2, "decode_tokens_per_s": 15.0 * scale,
+                         "tokens": 14, "rounds": 8, "round_s": 0.25, "forward_s": 0.15, "draft_s": 0.06})  # fmt: skip
+    return {"created_at": "2026-12-07T02:24:00+00:00", "machine": {"cpu_model": "Test CPU", "host": "h1",
+                                                                     "native": {"version": "b1"}},
+            "threads": 2, "new": 10, "type": "natural", "prompt_tokens": 8, "costs": costs, "runs": runs}
+
+
+def test_a_stored_synthetic_measurement_reaches_the_reports_table(tmp_path, capsys):
+    """A measurement attached to a sweep (the benchmark's ``--from-json ... --db``) is read back by the report
+    for that sweep only, summarized by the same code, and rendered in the peers section."""
+    from conftest import load_benchmark
+
+    from specdec.bench.merge import merge_stores
+    from specdec.bench.store import Store, sweep_id_for
+    from specdec.core.costs import CostCurve
+    from specdec.report.analysis import analyze
+    from specdec.report.document import Table
+    from specdec.report.load import load_store
+    from specdec.report.sections_compare import peer_section
+    from specdec.report.tables import SYNTHETIC
+
+    db = tmp_path / "s.db"
+    with Store(db) as st:
+        for name in ("older", "newer"):
+            cfg = {"name": name}
+            st.begin_sweep(sweep_id_for(cfg), cfg, resume=False, machine={"cpu_model": "x"})
+    newest = load_store(db).sweep_id
+    doc = tmp_path / "synth.json"
+    doc.write_text(json.dumps(_synthetic_doc(0.8)))
+    load_benchmark("synthetic_acceptance").main(["--from-json", str(doc), "--db", str(db)])
+    assert f"attached to sweep {newest}" in capsys.readouterr().out
+    other = next(s for s in load_store(db).sweeps["sweep_id"] if s != newest)
+    assert load_store(db, other).synthetic == []  # attached to the newest sweep only
+
+    a = analyze(load_store(db))
+    t = a[SYNTHETIC].set_index(["loop", "k"])
+    assert t.loc[("specdec", 2), "speedup"] == pytest.approx(1.5)  # 15 over its own 10, every repetition
+    assert t.loc[("native", 2), "speedup"] == pytest.approx(1.2)
+    assert t.loc[("native", 2), "verdict"] == "win" and t.loc[("specdec", 0), "speedup"] == 1.0
+    predicted = 1.75 * 0.1 / CostCurve.from_costs(_synthetic_doc(0.8)["costs"]).round_s(2)  # E(0.5, 2) t(1) / round
+    assert t.loc[("specdec", 2), "predicted"] == pytest.approx(predicted)
+    assert t.loc[("native", 2), "measured_over_predicted"] == pytest.approx(1.2 / predicted)
+    assert "Test CPU" in t.loc[("specdec", 2), "machine"]
+    table = next(b for b in peer_section(a).blocks if isinstance(b, Table) and "set acceptance" in b.caption)
+    row = table.rows[[r[:3] for r in table.rows].index(["native", "0.50", "2"])]
+    assert row[table.headers.index("speedup")].startswith("1.20 [1.20, 1.20]")
+    merge_stores(tmp_path / "merged.db", [db])  # a merge keeps it with its sweep
+    assert load_store(tmp_path / "merged.db", newest).synthetic == load_store(db).synthetic
+
+
+def test_the_synthetic_benchmark_refuses_a_store_without_a_sweep_before_measuring(tmp_path):
+    from conftest import load_benchmark
+
+    from specdec.bench.store import Store
+
+    with Store(tmp_path / "empty.db"):
+        pass
+    bench = load_benchmark("synthetic_acceptance")
+    with pytest.raises(SystemExit, match="holds no sweep"):
+        bench.main(["--db", str(tmp_path / "empty.db")])
+    with pytest.raises(SystemExit, match="no such results store"):
+        bench.main(["--db", str(tmp_path / "absent.db")])

@@ -40,6 +40,7 @@ SCHEMA = {
                     "context_tokens", "seconds", "repeats", "spread_s"],
     "roofline": ["sweep_id", "config_label", "machine_id", "target_weight_bytes", "draft_weight_bytes",
                  "bandwidth_gbps", "bandwidth_json", "runtime_json"],
+    "synthetic": ["sweep_id", "machine_id", "created_at", "doc_json"],
 }  # fmt: skip
 
 CONFIG = {"target": "t", "draft": "d", "max_new_tokens": 8, "temperature": 0.0}
@@ -257,12 +258,13 @@ def test_schema_declared_once_matches_the_published_store(tmp_path):
         # came later: opening an older store adds them, and the published stores were opened so - a checkout
         # does not change on first use)
         # roofline.runtime_json, runs.policy_note, rounds.draft_source, the batch axis's runs columns and the
-        # sampled traces' columns
-        # came after the published store was last written: opening it adds the columns
+        # sampled traces' columns and the synthetic table
+        # came after the published store was last written: opening it adds them
         later = {("roofline", "runtime_json"), ("runs", "policy_note"), ("rounds", "draft_source")} | {
             ("traces", c) for c in ("sampling_json", "overlap", "chains")} | {
             ("runs", c) for c in ("batch_size", "batch_id", "row", "batch_total_s", "batch_tokens_per_s",
-                                  "matches_single", "predicted_speedup")}
+                                  "matches_single", "predicted_speedup")} | {
+            ("synthetic", c) for c in SCHEMA["synthetic"]}
         for table, cols in S.TABLES.items():
             got = [(r[1], r[2]) for r in conn.execute(f"PRAGMA table_info({table})")]
             assert [g for g in got if (table, g[0]) not in later] == [

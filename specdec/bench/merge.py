@@ -228,8 +228,9 @@ def _merge_one(dst: Store, path: Path, held: dict[str, dict], result: MergeResul
             legacy = {sid: M.register_machine(conn, s["machine_json"]) for sid, s in sweeps.items()}
             batch_legacy = {sid: M.register_machine(conn, s["machine_json"])
                             for sid, s in held["batch_sweeps"].items()}
-            for table in ("shards", "machine_costs", "costs", "roofline"):
-                for row in src.conn.execute(f"SELECT * FROM {table}"):
+            held_tables = {r[0] for r in src.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            for table in ("shards", "machine_costs", "costs", "roofline", "synthetic"):
+                for row in src.conn.execute(f"SELECT * FROM {table}") if table in held_tables else ():
                     _insert(conn, table, dict(row))
             if not src.conn.execute("SELECT 1 FROM machine_costs LIMIT 1").fetchone():
                 # an old store: its costs were measured on its sweep's machine

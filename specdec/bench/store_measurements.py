@@ -1,5 +1,6 @@
-"""The measurement tables of a results store (traces, calibration blocks, roofline inputs, cost curves), as a
-mixin of `specdec.bench.store.Store` (which provides ``conn``, ``machine_id`` and ``transaction``)."""
+"""The measurement tables of a results store (traces, calibration blocks, roofline inputs, synthetic-acceptance
+measurements, cost curves), as a mixin of `specdec.bench.store.Store` (which provides ``conn``, ``machine_id``
+and ``transaction``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ __all__ = ["MeasurementTables"]
 
 
 class MeasurementTables:
-    """Reads and writes of the ``traces``, ``calibration``, ``roofline``, ``costs`` and ``machine_costs``
-    tables (each write one transaction)."""
+    """Reads and writes of the ``traces``, ``calibration``, ``roofline``, ``synthetic``, ``costs`` and
+    ``machine_costs`` tables (each write one transaction)."""
 
     # ------------------------------------------------------------------------- traces and calibration
 
@@ -123,6 +124,22 @@ class MeasurementTables:
         row = self.conn.execute("SELECT bandwidth_gbps FROM roofline WHERE machine_id = ? AND bandwidth_gbps IS "
                                 "NOT NULL LIMIT 1", (self.machine_id or "",)).fetchone()
         return None if row is None else float(row[0])
+
+    def save_synthetic(self, sweep_id: str, doc: Mapping[str, Any]) -> str:
+        """Attach one synthetic-acceptance measurement to `sweep_id` (`specdec.report.synthetic`: its raw
+        ``runs``, ``costs``, settings and ``machine``, the machine registered in ``machines``); returns its
+        ``created_at`` (the measurement's own, if it has one)."""
+        created = str(doc.get("created_at") or _now())
+        with self.transaction() as conn:
+            mid = _machines.register_machine(conn, doc.get("machine"))
+            conn.execute("INSERT OR REPLACE INTO synthetic VALUES (?, ?, ?, ?)",
+                         (sweep_id, mid or "", created, json.dumps({**doc, "created_at": created}, default=str)))
+        return created
+
+    def synthetic(self, sweep_id: str | None = None) -> list[dict]:
+        """The synthetic-acceptance measurements (``doc_json`` decoded), optionally of one sweep, oldest first."""
+        sql = "SELECT doc_json FROM synthetic" + (" WHERE sweep_id = ?" if sweep_id else "") + " ORDER BY created_at"
+        return [json.loads(r[0]) for r in self.conn.execute(sql, (sweep_id,) if sweep_id else ()).fetchall()]
 
     # ------------------------------------------------------------------------------------------ costs
 

@@ -130,6 +130,12 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("draft_weight_bytes", "INTEGER"), ("bandwidth_gbps", "REAL"), ("bandwidth_json", "TEXT"),
         ("runtime_json", "TEXT"),
     ),
+    # Synthetic-acceptance measurements (`specdec.report.synthetic`): specdec's loop and llama.cpp's own at set
+    # acceptance rates, one row per benchmark run attached to a sweep: ``doc_json`` holds its raw runs, the cost
+    # curve it was priced on, its settings and machine (JSON; derived figures are computed by the report).
+    "synthetic": (
+        ("sweep_id", "TEXT"), ("machine_id", "TEXT"), ("created_at", "TEXT"), ("doc_json", "TEXT"),
+    ),
 }  # fmt: skip
 #: The tables of the former batch harness (``specdec batch-sweep``), kept so that its published stores
 #: (results/batch_*.db) stay readable, exportable and mergeable (`specdec.bench.store_batch`); nothing writes
@@ -170,6 +176,7 @@ _CONSTRAINTS = {
     "traces": "PRIMARY KEY (sweep_id, config_label, prompt_id, machine_id)",
     "calibration": "PRIMARY KEY (sweep_id, config_label, prompt_id, machine_id, after_run_id, role, n_tokens)",
     "roofline": "PRIMARY KEY (sweep_id, config_label, machine_id)",
+    "synthetic": "PRIMARY KEY (sweep_id, machine_id, created_at)",
     "batch_calibration": "PRIMARY KEY (sweep_id, config_label, machine_id, role, batch_size, n_tokens)",
 }
 #: Tables stored clustered on their primary key (no rowid, no second index: a store's largest table, ``rounds``,

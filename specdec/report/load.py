@@ -71,6 +71,8 @@ class StoreData:
             (empty for stores written before them). roofline: weight bytes and bandwidth per configuration.
         machine_costs: each machine's own start-up cost curve (``costs`` columns plus ``machine_id``; empty
             for stores written before them, where ``costs`` is the only curve).
+        synthetic: the synthetic-acceptance measurements attached to the sweep (`specdec.report.synthetic`;
+            decoded documents, oldest first).
     """
 
     db_path: str
@@ -87,6 +89,7 @@ class StoreData:
     calibration: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("calibration"))))
     roofline: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("roofline"))))
     machine_costs: pd.DataFrame = field(default_factory=lambda: empty_frame(list(store.columns("machine_costs"))))
+    synthetic: list[dict] = field(default_factory=list)
 
     def machine_runs(self) -> list[tuple[str, str, int, int]]:
         """The machines that timed this sweep's runs, by machine id: ``(machine_id, label, runs, baseline runs)``.
@@ -272,8 +275,10 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
         notes.append(f"the store holds shard(s) {', '.join(held)} of this sweep, not {', '.join(absent)}: every "
                      "table and pooled figure covers the held shards' prompts only (`specdec merge` adds the "
                      "others)")
+    synthetic = read("SELECT doc_json FROM synthetic WHERE sweep_id = ? ORDER BY created_at", params, "synthetic",
+                     ["doc_json"])
     return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes, machines,
-                     traces, calibration, roofline, machine_costs)
+                     traces, calibration, roofline, machine_costs, [json.loads(d) for d in synthetic["doc_json"]])
 
 
 def _select_sweep(sweeps: pd.DataFrame, run_sweeps: pd.DataFrame, sweep: str | None, path: Path,

@@ -55,6 +55,7 @@ from specdec.report.predicted import (
     trace_grid,
 )
 from specdec.report.sampled import sampled_check
+from specdec.report.synthetic import synthetic_table
 from specdec.report.vocab import CELL_KEY
 
 __all__ = ["REGISTRY", "Inputs", "ReportTable"]
@@ -129,6 +130,8 @@ CONDITION = ReportTable("condition", "condition", lambda i: speedup_condition_ta
 MODEL = ReportTable("model", "model", lambda i: model_table(i[CELLS], i.infos))
 PEERS = ReportTable("peers", "peers", lambda i: peer_table(i.runs))
 NATIVE = ReportTable("native", "specdec beside llama.cpp's native methods", lambda i: native_table(i.runs))
+SYNTHETIC = ReportTable("synthetic", "the synthetic-acceptance table",
+                        lambda i: synthetic_table(i.store.synthetic if i.store is not None else None))
 EQUALITY = ReportTable("equality", "equality", lambda i: equality_table(i.runs))
 ADAPTIVE = ReportTable("adaptive", "adaptive", lambda i: adaptive_table(i.runs, i[CELLS], i[OVERALL]))
 POSITIONS = ReportTable("positions", "positions", lambda i: position_acceptance(i.runs, i.rounds))
@@ -160,7 +163,7 @@ DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
 
 #: Every table, in build order (a builder reads only tables registered before it).
 REGISTRY: tuple[ReportTable, ...] = (
-    CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, NATIVE, EQUALITY, ADAPTIVE, POSITIONS, GAPS,
-    BASELINE_STABILITY, COVERAGE, AA, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
+    CELLS, OVERALL, BEST_K, BREAK_EVEN, CONDITION, MODEL, PEERS, NATIVE, SYNTHETIC, EQUALITY, ADAPTIVE, POSITIONS,
+    GAPS, BASELINE_STABILITY, COVERAGE, AA, DRIFT_RUNS, DRIFT, OPTIMAL_K, RUNTIMES, RUNTIMES_BY_TYPE,
     TRACE_GRID, TRACE_BEST_K, PREDICTED, ANSWER, SAMPLED, DIVERGENCE, ROOFLINE, DRAFTER_TABLE, DRAFTER_RATIOS,
 )

@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> None:
                     "results store, where `specdec report` shows it beside the native methods")
     ap.add_argument("--sweep", default=None, help="with --db: the sweep id (default: the store's newest sweep)")
     args = ap.parse_args(argv)
-    if args.db:
-        _sweep_of(args.db, args.sweep)  # a wrong store or sweep fails before the measurement, not after it
+    # a wrong store or sweep fails before the measurement, not after it
+    sweep_id = _sweep_of(args.db, args.sweep) if args.db else None
     result = json.loads(Path(args.from_json).read_text()) if args.from_json else measure(args)
     rows = summarize(result)
     print_table(result, rows)
@@ -209,10 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.json and not args.from_json:
         doc = {**result, "rows": [{**r, "speedup": asdict(r["speedup"])} if "speedup" in r else r for r in rows]}
         Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
-    if args.db:
+    if sweep_id is not None:
         from specdec.bench.store import Store
 
-        sweep_id = _sweep_of(args.db, args.sweep)
         with Store(args.db) as st:
             st.save_synthetic(sweep_id, {k: v for k, v in result.items() if k != "rows"})
         print(f"attached to sweep {sweep_id} of {args.db}")

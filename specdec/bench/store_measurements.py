@@ -15,8 +15,8 @@ __all__ = ["MeasurementTables"]
 
 
 class MeasurementTables:
-    """Reads and writes of the ``traces``, ``calibration``, ``roofline``, ``synthetic``, ``costs`` and
-    ``machine_costs`` tables (each write one transaction)."""
+    """Reads and writes of the ``traces``, ``calibration``, ``roofline``, ``costs`` and ``machine_costs``
+    tables, and writes of ``synthetic`` (the report reads it: `specdec.report.load`); each write one transaction."""
 
     # ------------------------------------------------------------------------- traces and calibration
 
@@ -135,11 +135,6 @@ class MeasurementTables:
             conn.execute("INSERT OR REPLACE INTO synthetic VALUES (?, ?, ?, ?)",
                          (sweep_id, mid or "", created, json.dumps({**doc, "created_at": created}, default=str)))
         return created
-
-    def synthetic(self, sweep_id: str | None = None) -> list[dict]:
-        """The synthetic-acceptance measurements (``doc_json`` decoded), optionally of one sweep, oldest first."""
-        sql = "SELECT doc_json FROM synthetic" + (" WHERE sweep_id = ?" if sweep_id else "") + " ORDER BY created_at"
-        return [json.loads(r[0]) for r in self.conn.execute(sql, (sweep_id,) if sweep_id else ()).fetchall()]
 
     # ------------------------------------------------------------------------------------------ costs
 

@@ -55,7 +55,6 @@ from specdec.report.figure_kit import (
     tex_safe,
 )
 from specdec.report.headline import (
-    DEFAULT_CELL,
     HOW_TO_READ_FIRST,
     aa_floor,
     cell_label,
@@ -210,12 +209,13 @@ def type_table(a: Analysis) -> pd.DataFrame:
     if "store" not in cells.columns:
         cells = cells.assign(store="")
     cells = cells[cells["prompt_type"] != ALL_PROMPTS]
+    default = a.default_policy
     rows = []
     for (store, label), c in cells.groupby(["store", "config_label"], sort=True):
-        for _, h in headline_table(c).iterrows():
+        for _, h in headline_table(c, default).iterrows():
             ptype = h["prompt_type"]
             mine = c[c["prompt_type"] == ptype]
-            d = mine[(mine["method"] == DEFAULT_CELL[0]) & (mine["policy"] == DEFAULT_CELL[1])]
+            d = mine[(mine["method"] == default[0]) & (mine["policy"] == default[1])]
             b = mine[mine["method"] == BASELINE]
             rec = {"store": store, "config_label": label, "prompt_type": ptype,
                    "n_prompts": int(mine["n_prompts_expected"].max()),
@@ -240,7 +240,7 @@ def headline_rows(a: Analysis) -> pd.DataFrame:
     """Per prompt type the best timed cell over every configuration of `a` (`study_analysis`):
     `headline_table` of the stacked cells (among the cells on the most prompts of the type, ties to the
     smaller K), with ``best`` = its `cell_label`. Sorted by speedup, highest first."""
-    head = headline_table(a[T.CELLS])
+    head = headline_table(a[T.CELLS], a.default_policy)
     return head.assign(best=[cell_label(r) for _, r in head.iterrows()]) if len(head) else head.assign(best=[])
 
 

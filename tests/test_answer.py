@@ -181,3 +181,12 @@ def test_a_sampled_stores_answer_table_shows_its_timed_runs_block_efficiency_not
     empty = Analysis(store=None, tables={T.ANSWER.name: answer}, costs={}, missing=[])
     (tab,) = [b for b in answer_section(empty, []).blocks if isinstance(b, Table)]
     assert dict(zip(tab.headers, tab.rows[0], strict=True))["timed (measured, predicted)"] == "none"
+
+
+def test_the_default_column_is_the_default_policy_the_store_names():
+    grid = _grid({f"p{i}": {("draft", "cost", 16): 1.2, ("mixed", "cost", 16): 1.8 + 0.01 * i} for i in range(5)})
+    mixed = stats.ratio_interval([1.8 + 0.01 * i for i in range(5)])
+    (r,) = type_answer(grid, _pvm([]).iloc[0:0], ("mixed", "cost")).itertuples()
+    assert r.default == pytest.approx(mixed.center) and r.default_verdict == "win"
+    (d,) = type_answer(grid, _pvm([]).iloc[0:0], ("draft", "cost")).itertuples()
+    assert d.default == pytest.approx(1.2)

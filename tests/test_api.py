@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from specdec.catalogue.drafters import DEFAULT_DRAFTER
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 PROMPT = "hello world the quick brown fox"
 
@@ -73,9 +75,9 @@ def test_greedy_generation_equals_target_only_for_each_drafter_and_policy(fp32_p
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     ref = _target_only(fp32_pair, 24)
-    runs = [generate(fp32_pair, PROMPT, max_new_tokens=24, k=3),
+    runs = [generate(fp32_pair, PROMPT, max_new_tokens=24, k=3, drafter="model"),
             generate(fp32_pair, PROMPT, max_new_tokens=24, policy="heuristic"),
-            generate(fp32_pair, PROMPT, max_new_tokens=24),  # cost policy
+            generate(fp32_pair, PROMPT, max_new_tokens=24),  # the default drafter, cost policy
             generate(fp32_pair, PROMPT, max_new_tokens=24, drafter="ngram", k=2)]
     for out in runs:
         assert isinstance(out, Generation) and isinstance(out, GenerationResult)
@@ -86,6 +88,7 @@ def test_greedy_generation_equals_target_only_for_each_drafter_and_policy(fp32_p
     assert fixed.num_drafted > 0 and 0 < fixed.num_accepted <= fixed.num_drafted
     assert {r.k for r in fixed.rounds} <= {0, 1, 2, 3}
     assert (heuristic.policy, heuristic.k) == ("heuristic", 4) and (cost.policy, cost.k) == ("cost", 16)
+    assert heuristic.drafter == cost.drafter == DEFAULT_DRAFTER
     assert ngram.drafter == "ngram"
     # token ids as the prompt give the same output as its text
     ids = fp32_pair.tokenizer(PROMPT)["input_ids"]
@@ -95,9 +98,9 @@ def test_greedy_generation_equals_target_only_for_each_drafter_and_policy(fp32_p
 def test_sampled_generation_is_reproducible_by_seed(fp32_pair):
     from specdec import generate
 
-    a = generate(fp32_pair, PROMPT, max_new_tokens=20, k=4, temperature=0.9, top_k=50, seed=3)
-    b = generate(fp32_pair, PROMPT, max_new_tokens=20, k=4, temperature=0.9, top_k=50, seed=3)
-    c = generate(fp32_pair, PROMPT, max_new_tokens=20, k=4, temperature=0.9, top_k=50, seed=4)
+    a = generate(fp32_pair, PROMPT, max_new_tokens=20, k=4, temperature=0.9, top_k=50, seed=3, drafter="draft")
+    b = generate(fp32_pair, PROMPT, max_new_tokens=20, k=4, temperature=0.9, top_k=50, seed=3, drafter="draft")
+    c = generate(fp32_pair, PROMPT, max_new_tokens=20, k=4, temperature=0.9, top_k=50, seed=4, drafter="draft")
     assert a.token_ids == b.token_ids and len(a.token_ids) == 20 and a.temperature == 0.9
     assert c.token_ids != a.token_ids  # another seed, another sample (20 tokens from a 1000-token vocab)
     assert a.num_drafted > 0
@@ -141,7 +144,7 @@ def test_default_dtype_and_target_only_pairs(tiny_pair):
     assert next(pair.loaded.target.hf_model.parameters()).dtype.__repr__().endswith(pair.dtype)
     out = generate(pair, "abc abc abc abc abc abc", max_new_tokens=8, drafter="ngram", k=2)
     assert out.dtype == pair.dtype and out.num_tokens > 0
-    with pytest.raises(ValueError, match="drafter 'draft' needs a draft model"):
+    with pytest.raises(ValueError, match=f"drafter '{DEFAULT_DRAFTER}' needs a draft model"):
         generate(pair, PROMPT, max_new_tokens=4, k=2)
 
 

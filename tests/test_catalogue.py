@@ -129,3 +129,22 @@ def test_a_drafter_registered_in_the_catalogue_runs_at_every_entry_point(toy, pa
     model = TraceModel(trace, CostCurve({1: 0.01, 3: 0.012}, 0.0))
     rounds = model.rounds("toy", 2)
     assert sum(r.num_emitted for r in rounds) == len(singles[1]) and any(r.k > 0 for r in rounds)
+
+
+@pytest.mark.parametrize("timed, expected", [
+    (["draft"], "draft"),  # a store that timed only the draft model's cost policy keeps it as its default
+    (["model", "ngram"], "draft"),  # aliases name their drafter; the first in catalogue order
+    (["suffix", catalogue.DEFAULT_DRAFTER], catalogue.DEFAULT_DRAFTER),  # the catalogue's default where timed
+    (["baseline", "hf_generate"], catalogue.DEFAULT_DRAFTER),  # no drafter's cost policy timed
+    (None, catalogue.DEFAULT_DRAFTER),
+])
+def test_a_store_keeps_the_default_policy_it_timed(timed, expected):
+    assert catalogue.default_policy(timed) == (expected, "cost")
+
+
+def test_the_main_job_times_the_default_drafters_cost_policy_and_the_draft_models():
+    from specdec.bench.config import SweepConfig
+
+    policies = SweepConfig().policies
+    assert f"{catalogue.DEFAULT_DRAFTER}:cost" in policies and f"{catalogue.DRAFT_MODEL}:cost" in policies
+    assert len(set(policies)) == len(policies)

@@ -20,7 +20,7 @@ def run(*args, env=None):
 def test_generate_json_with_baseline(tiny_pair, near_draft_dir):
     p = run("generate", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir),
             "--prompt", "hello world the quick brown fox", "--k", "4", "--max-new-tokens", "24",
-            "--baseline", "--json", "--threads", "1")
+            "--baseline", "--json", "--threads", "1", "--drafter", "draft")
     assert p.returncode == 0, p.stderr
     out = one_row(json.loads(p.stdout))  # stdout is the JSON object alone (the text goes to stderr)
     for key in ("token_ids", "text", "finish_reason", "num_rounds", "num_drafted", "num_accepted",
@@ -35,7 +35,8 @@ def test_generate_json_with_baseline(tiny_pair, near_draft_dir):
 def test_sampled_generate_json_records_its_sampling_and_baseline_says_a_difference_is_expected(tiny_pair):
     p = run("generate", "--target", str(tiny_pair.target_dir), "--draft", str(tiny_pair.draft_dir),
             "--prompt", "hello world the quick brown fox", "--k", "3", "--max-new-tokens", "12", "--temperature",
-            "0.7", "--top-k", "40", "--top-p", "0.95", "--seed", "3", "--baseline", "--json", "--threads", "1")
+            "0.7", "--top-k", "40", "--top-p", "0.95", "--seed", "3", "--baseline", "--json", "--threads", "1",
+            "--drafter", "draft")
     assert p.returncode == 0, p.stderr
     out = one_row(json.loads(p.stdout))
     assert (out["temperature"], out["top_k"], out["top_p"], out["seed"]) == (0.7, 40, 0.95, 3)

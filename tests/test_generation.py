@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from specdec.catalogue.drafters import DEFAULT_DRAFTER
 from specdec.catalogue.drafters import drafter as drafter_entry
 from specdec.entrypoints import generation as g
 from specdec.entrypoints.generation import LLAMACPP_MAX_ROWS
@@ -132,7 +133,7 @@ def test_cli_output_and_json_file(tiny_pair, near_draft_dir, singles, tmp_path, 
     assert code == 0, err
     doc = json.loads(out_file.read_text())
     tok = load_pair(str(tiny_pair.target_dir), None).tokenizer
-    assert doc["num_prompts"] == len(TEXTS) and doc["batch_size"] == 2 and doc["drafter"] == "draft"
+    assert doc["num_prompts"] == len(TEXTS) and doc["batch_size"] == 2 and doc["drafter"] == DEFAULT_DRAFTER
     assert doc["prompts_file"] == str(pf) and doc["runtime"]["dtype"] == "float32"
     assert doc["runtime"]["backend"] == "transformers"
     for i, r in enumerate(doc["rows"]):

@@ -536,7 +536,8 @@ ORIGINAL_GRID = {"ks": "1,2,4,8,16", "policies": "cost", "peers": True, "configs
 def test_default_plan_and_budget_fit_the_cpu():
     """The main job: five prompts per type, each priced by one target-only run (which yields its trace and
     calibration block); on the primary of each type two checks between baselines, dealt in turn from the A/A
-    run, each drafter at its trace's best K and the default cost policy, so each check is timed on 4-5 types;
+    run, each drafter at its trace's best K and the default drafter's and the draft model's cost policies, so
+    each check is timed on 4 types;
     the configuration is the fastest exact transformers path of this machine."""
     from specdec.bench.config import default_config
 
@@ -547,8 +548,8 @@ def test_default_plan_and_budget_fit_the_cpu():
     assert cfg.configs == (default_config(),) and cfg.peers is False and cfg.checks_per_prompt == 2
     assert cfg.methods == ("baseline", "aa", "draft", "ngram", "mixed")
     assert S.plan_summary(plan) == {
-        "baseline": 84, "aa": 5, "draft best (K<=16)": 5, "draft cost (K<=16)": 5, "ngram best (K<=16)": 5,
-        "mixed best (K<=16)": 4,
+        "baseline": 84, "aa": 4, "draft best (K<=16)": 4, "draft cost (K<=16)": 4, "ngram best (K<=16)": 4,
+        "mixed best (K<=16)": 4, "mixed cost (K<=16)": 4,
     }  # fmt: skip
     primaries = sorted({c.prompt.id for c in plan if c.prompt.id.endswith("-01")})
     dealt = set()
@@ -559,10 +560,11 @@ def test_default_plan_and_budget_fit_the_cpu():
             continue
         assert [c.method for c in cells[0::2]] == ["baseline"] * 3 and len(cells) == 5
         dealt.add(frozenset((c.method, c.policy) for c in cells[1::2]))
-    checks = [("aa", None), ("draft", "best"), ("draft", "cost"), ("ngram", "best"), ("mixed", "best")]
-    assert dealt == {frozenset((checks[2 * j % 5], checks[(2 * j + 1) % 5])) for j in range(5)}
+    checks = [("aa", None), ("draft", "best"), ("draft", "cost"), ("ngram", "best"), ("mixed", "best"),
+              ("mixed", "cost")]
+    assert dealt == {frozenset((checks[2 * j % 6], checks[(2 * j + 1) % 6])) for j in range(6)}
     every = S.make_config({"checks_per_prompt": 0, "prompts_per_type": 1})
-    assert len(S.build_plan(every, S.select_prompts(every))) == 12 * 11  # every check on every primary
+    assert len(S.build_plan(every, S.select_prompts(every))) == 12 * (1 + 2 * len(checks))  # every check, every primary
     with pytest.raises(ValueError, match="checks_per_prompt must be >= 0"):
         S.make_config({"checks_per_prompt": -1})
     # the original study's timed grid is one flag set away

@@ -20,6 +20,7 @@ from specdec.bench.settings import (
     setting,
 )
 from specdec.bench.values import BEST_K, as_list, int_list, parse_batch_sizes, parse_type_ks, policy_name
+from specdec.catalogue.drafters import DEFAULT_DRAFTER, DRAFT_MODEL
 from specdec.catalogue.policies import ADAPTIVE_POLICIES
 from specdec.catalogue.runtimes import (
     CONFIG_ALIASES,
@@ -58,6 +59,10 @@ AUTO_CONFIG = "auto"
 DEFAULT_DB = "results/sweep.db"
 
 # ------------------------------------------------------------------------------------- configuration
+
+#: The policies the main job times: each prompt's best fixed K, and the cost policy of the default drafter
+#: (the default policy, `specdec.catalogue.drafters.default_policy`) and of the draft model.
+DEFAULT_POLICIES = (BEST_K, *dict.fromkeys((f"{DEFAULT_DRAFTER}:cost", f"{DRAFT_MODEL}:cost")))
 
 
 #: How target-only runs are placed around the other runs (`SweepConfig.pairing`).
@@ -116,7 +121,7 @@ class SweepConfig:
                                        "each prompt's context, after its first baseline); 0 = off.")
     methods: tuple[str, ...] = setting(OUR_METHODS, "Our methods (baseline, aa and the drafters) and/or peer names "
                                        "(default: ours; under sampling those a sampled trace replays).")
-    policies: tuple[str, ...] = setting((BEST_K, "draft:cost"), "Policies timed on primaries, for every drafting "
+    policies: tuple[str, ...] = setting(DEFAULT_POLICIES, "Policies timed on primaries, for every drafting "
                                         "method or one (METHOD:POLICY): best (the fixed K the prompt's trace "
                                         "predicts fastest), heuristic, confidence, cost, or 'none'; K <= "
                                         "--policy-k.")

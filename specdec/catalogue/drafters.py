@@ -22,14 +22,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DRAFTER", "DRAFTERS", "DRAFT_MODEL", "PROMPT_LOOKUP", "DraftSource", "DrafterEntry", "analytic_c", "batched_drafter",
-    "drafter", "drafter_names", "free_drafters", "grid_drafters", "model_drafters", "register", "replay_drafter", "single_drafter",
+    "default_policy", "drafter", "drafter_names", "free_drafters", "grid_drafters", "model_drafters", "register", "replay_drafter", "single_drafter",
 ]  # fmt: skip
 
 #: The names of the two classic drafters the analytical model and the report's figures single out.
 DRAFT_MODEL = "draft"
 PROMPT_LOOKUP = "ngram"
-#: The drafter `generate` (command line and API, one prompt and a batch) uses when none is named.
-DEFAULT_DRAFTER = DRAFT_MODEL
+#: The drafter `generate` (command line and API, one prompt and a batch) uses when none is named, and whose
+#: cost policy the main job times as the default policy: the mixed drafter (each round the suffix drafter's
+#: proposal, the draft model's or none, by expected tokens/s on the measured costs; where no K of the draft
+#: model can pay, as on llama.cpp on a CPU, the suffix drafter without running the draft model).
+DEFAULT_DRAFTER = "mixed"
 #: The mixed drafter's horizon where the generation's budget is not given (the study's 128 new tokens).
 MIXED_BUDGET = 128
 
@@ -213,6 +216,17 @@ def drafter(name: str) -> DrafterEntry:
         if key in e.names:
             return e
     raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+
+
+def default_policy(timed: Any = None) -> tuple[str, str]:
+    """The default policy as (drafter name, K policy name) of a store whose runs timed the cost policy of the
+    drafters in `timed` (stored method names): `DEFAULT_DRAFTER` where it is among them or none is given (what
+    `generate` runs when nothing is named), else the first of them in catalogue order, so a store keeps the
+    default it was made with when the catalogue's changes."""
+    names = {e.name for e in map(_known, timed if timed is not None else ()) if e is not None}
+    if not names or DEFAULT_DRAFTER in names:
+        return DEFAULT_DRAFTER, "cost"
+    return next(n for n in DRAFTERS if n in names), "cost"
 
 
 def for_pair(name: str, pair: Any) -> DrafterEntry:

@@ -48,7 +48,8 @@ def _drafts_with_model(name: str) -> bool:
 def _drafter_help() -> str:
     from specdec.catalogue.drafters import DRAFTERS
 
-    return "; ".join(f"{n}: {e.help}" for n, e in DRAFTERS.items()) + "."
+    return ("; ".join(f"{n}: {e.help}" for n, e in DRAFTERS.items())
+            + f". Default: {DEFAULT_DRAFTER} ({DRAFTERS[DEFAULT_DRAFTER].help}).")
 
 
 def _policy_help() -> str:

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from specdec.catalogue.drafters import DRAFT_MODEL
-from specdec.report.load import StoreData, parse_json, prepare_runs
+from specdec.report.load import StoreData, default_policy_of, parse_json, prepare_runs
 from specdec.report.model import CostInfo, cost_infos
 from specdec.report.tables import REGISTRY, Inputs, ReportTable
-from specdec.report.vocab import ADAPTIVE_POLICIES, BASELINE, PEER_METHODS, SPEC_METHODS
+from specdec.report.vocab import ADAPTIVE_POLICIES, BASELINE, OUR_DRAFTERS, PEER_METHODS
 
 __all__ = ["Analysis", "analyze"]
 
@@ -62,6 +62,12 @@ class Analysis:
     def sweep_config(self) -> dict | None:
         """The sweep's configuration parsed from ``config_json`` (None when absent or not JSON)."""
         return parse_json(self.store.sweep.get("config_json") if self.store.sweep else None)
+
+    @property
+    def default_policy(self) -> tuple[str, str]:
+        """The default policy of the store's runs or trace grid, as (drafter, policy)
+        (`specdec.report.load.default_policy_of`)."""
+        return default_policy_of(self.store.runs, self.tables.get("trace_grid"))
 
     @property
     def machine(self) -> dict | None:
@@ -101,8 +107,8 @@ def _data_notes(runs: pd.DataFrame, store: StoreData, infos: dict[str, CostInfo]
     notes += _cost_notes(runs, store, infos)
     if len(ok) and store.rounds.empty:
         notes.append("no per-round trace (rounds): acceptance by draft position is missing")
-    if len(ok) and not ok["method"].isin(SPEC_METHODS).any():
-        notes.append(f"no speculative runs ({' / '.join(SPEC_METHODS)}): only baseline or peer rows")
+    if len(ok) and not ok["method"].isin(OUR_DRAFTERS).any():
+        notes.append("no speculative runs of ours: only baseline or peer rows")
     if len(ok) and not ok["method"].isin(PEER_METHODS).any():
         notes.append(f"no peer runs ({', '.join(PEER_METHODS)})")
     if len(ok) and not ok["policy"].isin(ADAPTIVE_POLICIES).any():

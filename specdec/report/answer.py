@@ -23,18 +23,15 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from specdec.catalogue.drafters import DRAFT_MODEL, drafter, grid_drafters
+from specdec.catalogue.drafters import default_policy, drafter, grid_drafters
 from specdec.core import stats
 from specdec.core.stats import MIN_UNITS
 from specdec.report.load import ensure_prepared, is_missing, run_rate
 from specdec.report.predicted import PromptModel, trace_best_k
 from specdec.report.speedup import paired_reference
 
-__all__ = ["ANSWER_COLUMNS", "DEFAULT_POLICY", "model_check", "predicted_vs_measured", "summary", "type_answer",
+__all__ = ["ANSWER_COLUMNS", "model_check", "predicted_vs_measured", "summary", "type_answer",
            "widened"]
-
-#: The default policy's replay in the trace grid: (method, policy).
-DEFAULT_POLICY = (DRAFT_MODEL, "cost")
 
 ANSWER_COLUMNS = ["config_label", "prompt_type", "n_prompts", "default", "default_lo", "default_hi",
                   "default_verdict", "best_method", "best_k", "best", "best_lo", "best_hi", "best_verdict",
@@ -204,7 +201,7 @@ def _timed(pvm: pd.DataFrame, label: str, ptype: str) -> dict:
     return {"n_timed": len(t), "timed": "; ".join(parts)}
 
 
-def type_answer(grid: pd.DataFrame, pvm: pd.DataFrame) -> pd.DataFrame:
+def type_answer(grid: pd.DataFrame, pvm: pd.DataFrame, default: tuple[str, str] | None = None) -> pd.DataFrame:
     """Per (config_label, prompt_type): the default policy's and the best drafter's predicted decode speedup
     over the type's traced prompts, each with its interval widened by the model check (`widened`) and verdict,
     every drafter at its best K, and the type's timed cells.
@@ -212,6 +209,8 @@ def type_answer(grid: pd.DataFrame, pvm: pd.DataFrame) -> pd.DataFrame:
     Args:
         grid: the trace grid (`specdec.report.predicted.trace_grid`: one row per prompt, drafter, policy, K).
         pvm: `predicted_vs_measured` (the timed check).
+        default: the default policy as (drafter, policy) (None: `specdec.catalogue.drafters.default_policy` of
+            the drafters the grid prices under the cost policy).
 
     Returns:
         `ANSWER_COLUMNS`; ``n_timed`` counts the type's timed runs and ``timed`` lists them per drafter and K
@@ -220,13 +219,14 @@ def type_answer(grid: pd.DataFrame, pvm: pd.DataFrame) -> pd.DataFrame:
     if grid is None or grid.empty:
         return pd.DataFrame(columns=ANSWER_COLUMNS)
     checks = model_check(pvm)
+    default = default or default_policy(grid.loc[grid["policy"] == "cost", "method"].unique())
     rows = []
     for (label, ptype), g in grid.groupby(["config_label", "prompt_type"], sort=True):
         pooled = checks[(checks["config_label"] == label) & (checks["method"] == "all")]
         check = ((float(pooled["lo"].iloc[0]), float(pooled["hi"].iloc[0]))
                  if len(pooled) and np.isfinite(float(pooled["lo"].iloc[0])) else None)
         rec: dict = {"config_label": label, "prompt_type": ptype, "n_prompts": int(g["prompt_id"].nunique())}
-        d = g[(g["method"] == DEFAULT_POLICY[0]) & (g["policy"] == DEFAULT_POLICY[1])]["predicted"].astype(float)
+        d = g[(g["method"] == default[0]) & (g["policy"] == default[1])]["predicted"].astype(float)
         d = d[np.isfinite(d) & (d > 0)]
         ci = stats.ratio_interval(d)
         lo, hi, verdict = widened(ci, check)

@@ -24,7 +24,7 @@ from specdec.report.vocab import (
     BASELINE,
     EACH_TYPE_BEST_K,
     FIXED_POLICIES,
-    SPEC_METHODS,
+    OUR_DRAFTERS,
 )
 
 __all__ = [
@@ -114,8 +114,8 @@ def equality_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def exactness(equality: pd.DataFrame) -> pd.DataFrame:
     """The one count of exactness the report and the study (`study/`) quote:
-    per configuration, the greedy runs of our speculative engine (``SPEC_METHODS``: draft model and prompt
-    lookup, fixed K and policies) that finished and whose output was compared with the same configuration's
+    per configuration, the greedy runs of our speculative engine (``OUR_DRAFTERS``: every drafter, fixed K and
+    policies) that finished and whose output was compared with the same configuration's
     target-only output (``matches_baseline`` recorded, only under greedy decoding), and how many equal it.
 
     Args:
@@ -126,7 +126,7 @@ def exactness(equality: pd.DataFrame) -> pd.DataFrame:
         checked runs (empty frame with those columns when none).
     """
     cols = ["config_label", "n_checked", "n_equal", "n_diverged"]
-    eq = equality[equality["method"].isin(SPEC_METHODS)] if len(equality) else equality
+    eq = equality[equality["method"].isin(OUR_DRAFTERS)] if len(equality) else equality
     if eq.empty:
         return pd.DataFrame(columns=cols)
     g = eq.groupby("config_label", sort=True)[["n_checked", "n_equal"]].sum().astype(int).reset_index()

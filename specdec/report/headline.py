@@ -2,8 +2,8 @@
 
 The headline figure shows, per prompt type, the speculative cell with the highest paired speedup (any of our
 drafters, any runtime configuration, fixed K or an adaptive policy: chosen after the fact, so optimistic)
-with its 95 % interval, next to the default policy (the draft model with the cost policy, fixed before any
-run: the figure a user can expect), against the A/A noise floor (target-only timed as a method: the interval
+with its 95 % interval, next to the default policy (the sweep's default drafter with the cost policy, fixed
+before any run: the figure a user can expect), against the A/A noise floor (target-only timed as a method: the interval
 noise alone reaches on this machine). Each speedup is over the target-only decoding of its own configuration.
 """
 
@@ -14,20 +14,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specdec.catalogue.drafters import DRAFT_MODEL
+from specdec.catalogue.drafters import default_policy, drafter
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.cells import best_cell
 from specdec.report.comparisons import exactness
 from specdec.report.document import Bullets, Section, ci, f, pct
 from specdec.report.figure_kit import FigureEntry, Namer, new_figure, save_figure, tex_safe
-from specdec.report.vocab import ALL_PROMPTS, SPEC_METHODS
+from specdec.report.vocab import ALL_PROMPTS, OUR_DRAFTERS
 
-__all__ = ["DEFAULT_CELL", "HOW_TO_READ_FIRST", "aa_floor", "cell_label", "cell_what", "headline_figure",
+__all__ = ["HOW_TO_READ_FIRST", "aa_floor", "cell_label", "cell_what", "headline_figure",
            "headline_section", "headline_table", "padded_reference", "verdict_lines"]
-
-#: The default policy's cell: method and policy (K is its cap, `SweepConfig.policy_k`).
-DEFAULT_CELL = (DRAFT_MODEL, "cost")
 
 #: The short "how to read this" of the first screen; the definitions of every metric are in the appendix.
 HOW_TO_READ_FIRST = [
@@ -43,18 +40,26 @@ HOW_TO_READ_FIRST = [
     ("The A/A noise floor is target-only timed as if it were a method: how far from 1 noise alone goes on this "
      "machine. A speedup inside it is no speedup."),
     ("'Best' cells (configuration, drafter, K) are picked after the fact and so are optimistic; the default "
-     "policy (draft model, cost policy) is fixed before the run and is the figure to expect."),
+     "policy (the sweep's default drafter under the cost policy, named below) is fixed before the run and is the "
+     "figure to expect."),
     ("Definitions of every metric are in 'Appendix: definitions'; the machine, library versions and the raw "
      "sweep configuration in 'Appendix: where the data came from'."),
 ]
 
 
-def headline_table(cells: pd.DataFrame) -> pd.DataFrame:
+def default_words(default: tuple[str, str]) -> str:
+    """The default policy in words: ``"draft model, cost policy"``."""
+    return f"{drafter(default[0]).label}, {default[1]} policy"
+
+
+def headline_table(cells: pd.DataFrame, default: tuple[str, str] | None = None) -> pd.DataFrame:
     """Per prompt type: the best speculative cell (among those measured on the most prompts of the type) and
     the default policy's cell on the same configuration.
 
     Args:
         cells: the report's cell table (`specdec.report.tables.CELLS`).
+        default: the default policy as (drafter, policy) (`Analysis.default_policy`; None:
+            `specdec.catalogue.drafters.default_policy` of the drafters whose cost policy the cells timed).
 
     Returns:
         One row per prompt type (sorted by the best speedup, highest first) with ``prompt_type``,
@@ -68,14 +73,15 @@ def headline_table(cells: pd.DataFrame) -> pd.DataFrame:
             "default_n"]
     if cells.empty or "speedup" not in cells.columns:
         return pd.DataFrame(columns=cols)
-    spec = cells[cells["method"].isin(SPEC_METHODS) & (cells["prompt_type"] != ALL_PROMPTS)
+    default = default or default_policy(cells.loc[cells["policy"] == "cost", "method"].unique())
+    spec = cells[cells["method"].isin(OUR_DRAFTERS) & (cells["prompt_type"] != ALL_PROMPTS)
                  & np.isfinite(cells["speedup"].astype(float))]
     rows = []
     for ptype, g in spec.groupby("prompt_type", sort=True):
         best = best_cell(g)  # a cell of one prompt would otherwise win by chance over cells of five
         rec = {c: best[c] for c in cols[:11]}
-        d = g[(g["config_label"] == best["config_label"]) & (g["method"] == DEFAULT_CELL[0])
-              & (g["policy"] == DEFAULT_CELL[1])]
+        d = g[(g["config_label"] == best["config_label"]) & (g["method"] == default[0])
+              & (g["policy"] == default[1])]
         if len(d):
             d = d.iloc[0]
             rec.update(default_speedup=d["speedup"], default_lo=d["speedup_lo"], default_hi=d["speedup_hi"],
@@ -130,7 +136,7 @@ def headline_figure(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
     """The headline figure (kind ``headline``): one row per prompt type, the best cell's speedup with its 95 %
     interval (bar and whisker), the default policy's (hollow diamond), parity at 1 and the A/A interval
     shaded. Skipped (with the reason) without speculative cells."""
-    t = headline_table(a[T.CELLS])
+    t = headline_table(a[T.CELLS], a.default_policy)
     if t.empty:
         return [FigureEntry("headline", "headline", "Headline", "",
                             skipped="no speculative cell with a measured speedup")]
@@ -152,7 +158,7 @@ def headline_figure(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
     dd = np.isfinite(dsp)
     if dd.any():
         ax.plot(dsp[dd], y[dd] - 0.32, "D", mfc="white", mec="#1565c0", ms=6, ls="none",
-                label="default policy (draft, cost)")
+                label=f"default policy ({', '.join(a.default_policy)})")
         dh = dd & np.isfinite(dlo) & np.isfinite(dhi)
         ax.errorbar(dsp[dh], y[dh] - 0.32, xerr=np.vstack([dsp[dh] - dlo[dh], dhi[dh] - dsp[dh]]), fmt="none",
                     ecolor="#1565c0", capsize=2, lw=0.8)
@@ -180,7 +186,7 @@ def headline_figure(a: Analysis, out: Path, name: Namer) -> list[FigureEntry]:
         "Per prompt type, the speculative cell with the highest paired speedup among those measured on the most "
         "prompts of the type (any configuration, drafter, K or policy; chosen after the fact, so optimistic) as a bar from 1 with its 95 % t-interval over the type's "
         "prompts (green: win, red: loss, grey: no measurable difference or too few prompts for a verdict), and "
-        "the default policy (draft model, cost policy; hollow diamond) on the same configuration. Shaded: the "
+        f"the default policy ({default_words(a.default_policy)}; hollow diamond) on the same configuration. Shaded: the "
         "pooled A/A interval, how far noise alone reaches; dashed, where measured: target-only decoding padded "
         "to its cheapest step shape, a faster target-only decoder than the baseline. Each speedup is over target-only decoding on its own "
         "configuration."))]
@@ -193,7 +199,7 @@ def _single(r) -> str:
 
 def verdict_lines(a: Analysis) -> list[str]:
     """The five-line verdict under the headline figure (fewer when the store lacks the data)."""
-    t = headline_table(a[T.CELLS])
+    t = headline_table(a[T.CELLS], a.default_policy)
     if t.empty:
         return ["No speculative cell with a measured speedup in this store."]
     lines = []
@@ -207,14 +213,15 @@ def verdict_lines(a: Analysis) -> list[str]:
                  f"({cell_label(top)}{_single(top)}); lowest best cell: {low['prompt_type']} {f(low['speedup'])}x "
                  f"{ci(low['speedup_lo'], low['speedup_hi'])} ({cell_label(low)}{_single(low)}).")
     ov = a[T.OVERALL]
-    d = ov[(ov["method"] == DEFAULT_CELL[0]) & (ov["policy"] == DEFAULT_CELL[1])] if len(ov) else ov
+    default = a.default_policy
+    d = ov[(ov["method"] == default[0]) & (ov["policy"] == default[1])] if len(ov) else ov
     if len(d):
         parts = [f"{r.config_label} {f(r.speedup)}x {ci(r.speedup_lo, r.speedup_hi)} over {int(r.n_aligned)} "
                  f"prompts ({r.verdict})" for r in d.itertuples()]
         dv = t["default_verdict"].value_counts()
         # default_verdict is the default policy on each type's best-cell configuration: say so when there are several
         where = " on the configuration of the type's best cell" if d["config_label"].nunique() > 1 else ""
-        lines.append("The default policy (draft model, cost policy), fixed before the run, pooled over all prompts: "
+        lines.append(f"The default policy ({default_words(default)}), fixed before the run, pooled over all prompts: "
                      + "; ".join(parts) + f"; per type{where} it wins on {dv.get('win', 0)} and loses on "
                      f"{dv.get('loss', 0)} of {int((t['default_verdict'] != '').sum())}.")
     floor, padded = aa_floor(a), padded_reference(a)

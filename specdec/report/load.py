@@ -30,6 +30,7 @@ __all__ = [
     "RUN_COLUMNS",
     "SWEEP_COLUMNS",
     "StoreData",
+    "default_policy_of",
     "empty_frame",
     "ensure_prepared",
     "is_missing",
@@ -340,6 +341,20 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
     tps = df["tokens_per_s"]
     df["ok"] = ~df["failed"] & np.isfinite(tps) & (tps > 0)
     return df
+
+
+def default_policy_of(runs: pd.DataFrame, grid: pd.DataFrame | None = None) -> tuple[str, str]:
+    """The default policy of a store, as (drafter, policy): `specdec.catalogue.drafters.default_policy` of the
+    drafters whose cost policy its runs timed, else of those its trace grid (`grid`) prices under the cost
+    policy, else the catalogue's default."""
+    from specdec.catalogue.drafters import default_policy
+
+    for frame in (runs, grid):
+        if frame is not None and not frame.empty and {"method", "policy"} <= set(frame.columns):
+            timed = frame.loc[frame["policy"] == "cost", "method"].dropna().astype(str).unique()
+            if len(timed):
+                return default_policy(timed)
+    return default_policy()
 
 
 def ensure_prepared(runs: pd.DataFrame) -> pd.DataFrame:

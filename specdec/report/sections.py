@@ -30,7 +30,7 @@ from specdec.report.sections_compare import (
 )
 from specdec.report.sections_drafters import drafters_section
 from specdec.report.sections_traces import aa_line, roofline_section, traces_section
-from specdec.report.vocab import ALL_PROMPTS, SINGLE_RUN, SPEC_METHODS
+from specdec.report.vocab import ALL_PROMPTS, OUR_DRAFTERS, SINGLE_RUN
 
 __all__ = ["HOW_TO_READ", "build_sections"]
 
@@ -210,7 +210,7 @@ def _summary_section(a: Analysis) -> Section:
         lines.append(line + ".")
     eq = a[T.EQUALITY]
     if len(eq):
-        ours = eq[eq["method"].isin(SPEC_METHODS)]
+        ours = eq[eq["method"].isin(OUR_DRAFTERS)]
         if len(ours):
             n_eq, n = int(ours["n_equal"].sum()), int(ours["n_checked"].sum())
             lines.append(f"Output equality (greedy): {n_eq} of {n} speculative runs of ours produced exactly the "

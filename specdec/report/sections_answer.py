@@ -13,7 +13,7 @@ import pandas as pd
 from specdec.core import stats
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
-from specdec.report.answer import DEFAULT_POLICY, model_check
+from specdec.report.answer import model_check
 from specdec.report.document import Bullets, Section, ci, f, i, s, table_of
 from specdec.report.figure_kit import (
     FigureEntry,
@@ -24,7 +24,7 @@ from specdec.report.figure_kit import (
     save_figure,
     tex_safe,
 )
-from specdec.report.headline import aa_floor
+from specdec.report.headline import aa_floor, default_words
 from specdec.report.predicted import positive_geomean
 
 __all__ = ["answer_figures", "answer_section"]
@@ -87,20 +87,21 @@ def _pooled_default(a: Analysis) -> str | None:
     if g.empty:
         return None
     parts = []
-    for label, h in g[(g["method"] == DEFAULT_POLICY[0]) & (g["policy"] == DEFAULT_POLICY[1])].groupby("config_label"):
+    default = a.default_policy
+    for label, h in g[(g["method"] == default[0]) & (g["policy"] == default[1])].groupby("config_label"):
         v = h["predicted"].astype(float)
         r = stats.ratio_interval(v[np.isfinite(v) & (v > 0)])
         text = f"{label}: predicted {f(r.center)}x {ci(r.lo, r.hi)} over {r.n} prompts"
         ov = a[T.OVERALL]
-        m = ov[(ov["config_label"] == label) & (ov["method"] == DEFAULT_POLICY[0])
-               & (ov["policy"] == DEFAULT_POLICY[1])] if len(ov) else ov
+        m = ov[(ov["config_label"] == label) & (ov["method"] == default[0])
+               & (ov["policy"] == default[1])] if len(ov) else ov
         if len(m):
             n = int(m["n_aligned"].iloc[0])
             text += (f", timed {f(m['speedup'].iloc[0])}x {ci(m['speedup_lo'].iloc[0], m['speedup_hi'].iloc[0])} "
                      f"end to end over {n} prompt{'s' if n != 1 else ''}"
                      + (" (too few for a verdict)" if n < stats.MIN_UNITS else f" ({m['verdict'].iloc[0]})"))
         parts.append(text)
-    return ("The default policy (draft model, cost policy), fixed before any run, pooled: " + "; ".join(parts) + "."
+    return (f"The default policy ({default_words(default)}), fixed before any run, pooled: " + "; ".join(parts) + "."
             if parts else None)
 
 

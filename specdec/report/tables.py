@@ -37,7 +37,7 @@ from specdec.report.diagnostics import (
     roofline_table,
 )
 from specdec.report.drafters import drafter_ratio_table, drafter_table
-from specdec.report.load import parse_json
+from specdec.report.load import default_policy_of, parse_json
 from specdec.report.model import (
     CostInfo,
     break_even_table,
@@ -85,6 +85,10 @@ class Inputs:
                                              stored_curves(self.infos), ngram,
                                              machine_costs=machine_curves(st.machine_costs))
         return self._models
+
+    def default_policy(self) -> tuple[str, str]:
+        """The default policy of the store's runs or trace grid (`specdec.report.load.default_policy_of`)."""
+        return default_policy_of(self.runs, self.tables.get("trace_grid"))
 
     def sweep_setting(self, name: str, default: Any) -> Any:
         cfg = parse_json(((self.store.sweep or {}) if self.store is not None else {}).get("config_json")) or {}
@@ -156,7 +160,8 @@ ROOFLINE = ReportTable("roofline", "the roofline",
                        lambda i: roofline_table(i.runs, i.store.roofline if i.store is not None else None))
 DRAFTER_TABLE = ReportTable("drafters", "the drafters by prompt type", lambda i: drafter_table(i.runs, i.rounds))
 DRAFTER_RATIOS = ReportTable("drafter_ratios", "the paired drafter ratios", lambda i: drafter_ratio_table(i.runs))
-ANSWER = ReportTable("answer", "the answer per prompt type", lambda i: type_answer(i[TRACE_GRID], i[PREDICTED]))
+ANSWER = ReportTable("answer", "the answer per prompt type",
+                     lambda i: type_answer(i[TRACE_GRID], i[PREDICTED], i.default_policy()))
 SAMPLED = ReportTable("sampled", "the sampled traces' check", lambda i: sampled_check(i.runs, i.prompt_models()))
 DIVERGENCE = ReportTable("divergence", "divergences from target-only output",
                          lambda i: divergence_table(i.runs, i.store.traces if i.store is not None else None))

@@ -29,6 +29,7 @@ __all__ = [
     "CELL_KEY",
     "EACH_TYPE_BEST_K",
     "FIXED_POLICIES",
+    "OUR_DRAFTERS",
     "PEER_METHODS",
     "SINGLE_RUN",
     "SPEC_METHODS",
@@ -43,8 +44,10 @@ SINGLE_RUN = "single run (no interval)"
 
 #: Our target-only decoding: the denominator of every speedup.
 BASELINE = "baseline"
-#: Our speculative methods (the analytical model applies to them).
+#: Our speculative methods the analytical model applies to (fixed K, per-token acceptance).
 SPEC_METHODS = tuple(n for n, e in DRAFTERS.items() if e.analytic is not None)
+#: Every speculative method of ours (every drafter of the catalogue): the headline's cells and the exactness count.
+OUR_DRAFTERS = tuple(DRAFTERS)
 #: Peer implementations measured in the same run.
 PEER_METHODS = tuple(dict.fromkeys(peer for _, peer in PEER_PAIRS))
 #: Policies that choose K per round.

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from specdec.bench import store
+from specdec.catalogue.drafters import default_policy
 from specdec.core.metrics import RATES
 from specdec.store_info import machine_label, missing_shards
 
@@ -347,8 +348,6 @@ def default_policy_of(runs: pd.DataFrame, grid: pd.DataFrame | None = None) -> t
     """The default policy of a store, as (drafter, policy): `specdec.catalogue.drafters.default_policy` of the
     drafters whose cost policy its runs timed, else of those its trace grid (`grid`) prices under the cost
     policy, else the catalogue's default."""
-    from specdec.catalogue.drafters import default_policy
-
     for frame in (runs, grid):
         if frame is not None and not frame.empty and {"method", "policy"} <= set(frame.columns):
             timed = frame.loc[frame["policy"] == "cost", "method"].dropna().astype(str).unique()

@@ -48,8 +48,9 @@ HOW_TO_READ_FIRST = [
 
 
 def default_words(default: tuple[str, str]) -> str:
-    """The default policy in words: ``"draft model, cost policy"``."""
-    return f"{drafter(default[0]).label}, {default[1]} policy"
+    """The default policy in words: ``"draft model, cost policy"``, ``"mixed (suffix or draft model), cost policy"``."""
+    e = drafter(default[0])
+    return f"{e.label if e.name in e.label else f'{e.name} ({e.label})'}, {default[1]} policy"
 
 
 def headline_table(cells: pd.DataFrame, default: tuple[str, str] | None = None) -> pd.DataFrame:

@@ -146,6 +146,8 @@ def test_cli_output_and_json_file(tiny_pair, near_draft_dir, singles, tmp_path, 
             assert r["block_efficiency"] == pytest.approx(r["num_tokens"] / r["num_rounds"])
             assert r["tokens_per_s"] == pytest.approx(r["num_tokens"] / r["total_s"])
             assert r["num_drafted"] == sum(r["rounds_k"])
+            assert len(r["rounds_source"]) == r["num_rounds"]  # the mixed drafter names each round's part
+            assert all(src in ("suffix", "model") for src, k in zip(r["rounds_source"], r["rounds_k"]) if k > 0)
             assert (r["acceptance_rate"] is None) == (r["num_drafted"] == 0)
             acc = r["acceptance"]  # the serving engines' shape: a round drafts when its K > 0
             assert acc["num_drafts"] == sum(1 for k in r["rounds_k"] if k > 0)
@@ -588,3 +590,15 @@ def test_a_failed_run_leaves_no_folder_that_out_made(tiny_pair, tmp_path, capsys
         code, _, err = cli(["generate", *argv, "--max-new-tokens", "4", "--out", str(tmp_path / "kept" / "x.json")],
                            capsys)
         assert code == 2 and (tmp_path / "kept").is_dir() and not list((tmp_path / "kept").iterdir())
+
+
+def test_one_prompts_output_names_the_drafter_and_the_part_of_each_round(capsys):
+    from specdec.entrypoints.output import print_single
+
+    row = {"text": "x", "num_tokens": 3, "finish_reason": "length", "tokens_per_s": 1.0, "ttft_s": 0.1,
+           "num_rounds": 3, "acceptance_rate": 0.5, "block_efficiency": 1.0, "rounds_k": [2, 0, 3],
+           "rounds_source": ["suffix", None, "model"]}
+    print_single({"rows": [row], "drafter": "mixed", "policy": "cost", "pad_verify": False, "runtime": {}},
+                 label="transformers")
+    out = capsys.readouterr().out
+    assert "drafter mixed, ran transformers" in out and "rounds drafted by: suffix 1, model 1" in out

@@ -48,8 +48,7 @@ def _drafts_with_model(name: str) -> bool:
 def _drafter_help() -> str:
     from specdec.catalogue.drafters import DRAFTERS
 
-    return ("; ".join(f"{n}: {e.help}" for n, e in DRAFTERS.items())
-            + f". Default: {DEFAULT_DRAFTER} ({DRAFTERS[DEFAULT_DRAFTER].help}).")
+    return "; ".join(f"{n}{''.join(f' (alias {a})' for a in e.aliases[:1])}: {e.help}" for n, e in DRAFTERS.items()) + "."
 
 
 def _policy_help() -> str:
@@ -91,7 +90,8 @@ def _generate_settings() -> tuple:
         Setting("drafter", DEFAULT_DRAFTER, _drafter_help(), PANEL_PLAN),
         Setting("policy", None, _policy_help(), PANEL_PLAN),
         Setting("k", None, "K: draft tokens per round (fixed), or the largest K an adaptive policy may ask for "
-                "(the heuristic's starting K). Default: 4 fixed/heuristic, 16 otherwise.", PANEL_PLAN, int),
+                "(the heuristic's starting K); a drafter that sets its own length (suffix, mixed) takes it as its "
+                "cap. Default: 4 fixed/heuristic, 16 otherwise.", PANEL_PLAN, int),
         flag("chat_template", "Wrap the prompt in the chat template."),
         flag("baseline", "Also run target-only decoding of the same prompts and compare: speedup, and where "
              "greedy output first differs."),
@@ -200,13 +200,17 @@ def _generate(**o) -> None:
 def _generate_checked(o: dict, settings, specs, other, out_path, entries) -> None:
     """``specdec generate`` once its settings and output path are checked: load, run, print, write."""
     from specdec import models
+    from specdec.catalogue.drafters import DRAFTERS
     from specdec.catalogue.drafters import drafter as drafter_entry
     from specdec.entrypoints import api, output
     from specdec.entrypoints import generation as g
 
     needs_draft = drafter_entry(settings.drafter).needs_model
     if specs[1] is None and needs_draft:
-        fail(f"--drafter {settings.drafter} needs a draft model: give --draft or --pair, or a model-free drafter")
+        default = " (the default)" if o["drafter"] == DEFAULT_DRAFTER else ""
+        free = " or ".join(n for n, e in DRAFTERS.items() if not (e.needs_model or e.uses_corpus))
+        fail(f"--drafter {settings.drafter}{default} needs a draft model: give --draft or --pair, or a model-free "
+             f"drafter (--drafter {free})")
     load = {n: o[n] for n in ("dtype", "device", "threads", "backend", "draft_backend", "draft_dtype", "quant",
                               "draft_quant", "gguf_type", "compile", "trust_remote_code")}
     the_pair = api.load_pair(o["pair"], target=o["target"], draft=o["draft"], other_tokenizer=other,

@@ -38,7 +38,8 @@ def report(run: Any, texts: Sequence[str], *, runtime: dict, lines: Sequence[str
            prompts: Sequence[str] | None = None, extra: dict | None = None) -> dict[str, Any]:
     """The JSON document of a run (`specdec.entrypoints.generation.Run`): settings, the runtime record (what
     ran: backend, dtype, quantization, requantized GGUF type), one entry per prompt (where it was read, its
-    batch, prompt tokens, text, token ids, `row_figures`, the K of each round and, with a baseline,
+    batch, prompt tokens, text, token ids, `row_figures`, the K of each round and which part of a combining
+    drafter drafted it (``rounds_source``: ``suffix``, ``model`` or None) and, with a baseline,
     ``baseline_tokens_per_s``, ``speedup``, ``identical_to_baseline`` and ``divergence``; with `prompts`, the
     prompt's text), one entry per batch, and the aggregate tokens/s (all new tokens over the batches' summed
     wall time)."""
@@ -47,7 +48,8 @@ def report(run: Any, texts: Sequence[str], *, runtime: dict, lines: Sequence[str
         row = {"index": i, **({"line": lines[i]} if lines is not None else {}),
                **({"prompt": prompts[i]} if prompts is not None else {}), "batch": run.batch_of[i],
                "prompt_tokens": len(r.prompt_ids), "text": text, "token_ids": list(r.token_ids), **row_figures(r),
-               "rounds_k": [x.k for x in r.rounds], "rounds_alpha": [x.alpha_estimate for x in r.rounds]}
+               "rounds_k": [x.k for x in r.rounds], "rounds_alpha": [x.alpha_estimate for x in r.rounds],
+               "rounds_source": [x.draft_source for x in r.rounds]}
         if run.padded:
             row["rounds_n_forward"] = [x.n_forward for x in r.rounds]
         if run.baselines is not None:
@@ -88,7 +90,10 @@ def print_single(doc: dict[str, Any], *, label: str, file=None) -> None:
     print(row["text"], file=out)
     print(f"\n[{row['num_tokens']} tokens, {row['finish_reason']}] {_fmt(row['tokens_per_s'])} tok/s, "
           f"TTFT {_fmt(row['ttft_s'])} s, rounds {row['num_rounds']}, acceptance {_fmt(row['acceptance_rate'])}, "
-          f"block efficiency {_fmt(row['block_efficiency'])}; ran {label}", file=out)
+          f"block efficiency {_fmt(row['block_efficiency'])}; drafter {doc['drafter']}, ran {label}", file=out)
+    sources = [s for s in row.get("rounds_source", ()) if s]
+    if sources:  # a combining drafter (the mixed drafter): which part drafted how many rounds
+        print("rounds drafted by: " + ", ".join(f"{s} {sources.count(s)}" for s in dict.fromkeys(sources)), file=out)
     if row.get("policy_note"):  # e.g. the cost policy ran target-only because no K pays on this configuration
         drafted = sum(1 for k in row["rounds_k"] if k > 0)
         print(f"{doc['policy']} policy: {row['policy_note']}; drafted in {drafted} of {row['num_rounds']} rounds",

@@ -109,3 +109,24 @@ def test_a_cached_measurement_with_damaged_figures_is_measured_again(fp32_pair, 
     assert json.loads(path.read_text())["costs"]["target_step_s"] == 0.3  # the damaged file was replaced
     _, note = cached_costs(fp32_pair, key, max_n=3, cache=tmp_path, measure=measure)
     assert note.startswith("costs from") and measured == [3, 3]
+
+
+def test_a_measurement_too_noisy_to_trust_is_used_once_and_never_cached(fp32_pair, tmp_path):
+    """A busy machine's curve (t(1) 1.66 s with a spread of 1.48 s, beside t(5) 0.41 s, as seen when a test run
+    shared the cores) prices this run only; the next run measures again, and a quiet measurement is cached."""
+    quiet = {1: (0.10, 0.004), 5: (0.30, 0.01)}
+    busy = {1: (1.66, 1.48), 5: (0.41, 0.02)}
+    curves = [busy, quiet]
+
+    def measure(pair, target_ns, draft_ns):
+        c = curves.pop(0)
+        return {"draft_step_s": 0.05, "target_step_s": c[1][0], "target_forward_s": {n: c[n][0] for n in (1, 5)},
+                "target_forward_spread_s": {n: c[n][1] for n in (1, 5)}}
+
+    key = {"target": model_fingerprint(str(fp32_pair.target.spec)), "draft": None, "dtype": "float32", "threads": 1}
+    costs, note = cached_costs(fp32_pair, key, max_n=5, cache=tmp_path, measure=measure)
+    assert costs["target_forward_s"][1] == 1.66 and "not cached" in note and "machine is busy" in note
+    assert not list((tmp_path / "costs").glob("*.json"))
+    costs, note = cached_costs(fp32_pair, key, max_n=5, cache=tmp_path, measure=measure)  # measured again
+    assert costs["target_forward_s"][1] == 0.10 and "cached in" in note and not curves
+    assert cached_costs(fp32_pair, key, max_n=5, cache=tmp_path, measure=measure)[1].startswith("costs from")

@@ -86,6 +86,26 @@ def _sound(costs: Any) -> bool:
     return True
 
 
+#: A measurement is too noisy to keep when a forward of at least `NOISY_MIN_S` (shorter ones are a few
+#: scheduler ticks, whose jitter says nothing about the machine) spreads (IQR over the repeats) by more than
+#: this share of its time.
+NOISY_SPREAD = 0.5
+NOISY_MIN_S = 0.01
+
+
+def _noisy(costs: Mapping[str, Any]) -> str | None:
+    """Why a fresh measurement is too noisy to cache (None when it is not): a target forward of at least
+    `NOISY_MIN_S` whose spread over the repeats exceeds `NOISY_SPREAD` of its time, as when other work shares
+    the cores."""
+    times, spreads = costs.get("target_forward_s") or {}, costs.get("target_forward_spread_s") or {}
+    for n, t in times.items():
+        spread = spreads.get(n)
+        if spread is not None and t >= NOISY_MIN_S and spread > NOISY_SPREAD * t:
+            return (f"the target's {n}-token forward varied by {spread * 1e3:.0f} ms around {t * 1e3:.0f} ms: "
+                    "the machine is busy")
+    return None
+
+
 def cached_costs(
     pair: Any,
     key: Mapping[str, Any],
@@ -153,6 +173,9 @@ def cached_costs(
         costs = measure_forwards(pair, target_ns, draft_ns, repeats=repeats, context_tokens=context_tokens)
     costs = {**costs, "plan": plan, "rows": int(rows)}
     note = f"costs measured in {time.perf_counter() - t0:.1f} s ({len(costs['target_forward_s'])} target shapes)"
+    noisy = _noisy(costs)
+    if noisy is not None:  # a busy machine's figures are used for this run only, never reused by later ones
+        return costs, note + f" (not cached: {noisy}; the next run measures again)"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")  # written whole, then renamed: a reader never sees half a file

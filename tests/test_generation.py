@@ -597,8 +597,8 @@ def test_one_prompts_output_names_the_drafter_and_the_part_of_each_round(capsys)
 
     row = {"text": "x", "num_tokens": 3, "finish_reason": "length", "tokens_per_s": 1.0, "ttft_s": 0.1,
            "num_rounds": 3, "acceptance_rate": 0.5, "block_efficiency": 1.0, "rounds_k": [2, 0, 3],
-           "rounds_source": ["suffix", None, "model"]}
+           "rounds_source": ["suffix", "none", "model"]}
     print_single({"rows": [row], "drafter": "mixed", "policy": "cost", "pad_verify": False, "runtime": {}},
                  label="transformers")
     out = capsys.readouterr().out
-    assert "drafter mixed, ran transformers" in out and "rounds drafted by: suffix 1, model 1" in out
+    assert "drafter mixed, ran transformers" in out and "rounds by part: suffix 1, no draft 1, model 1" in out

@@ -39,7 +39,7 @@ def report(run: Any, texts: Sequence[str], *, runtime: dict, lines: Sequence[str
     """The JSON document of a run (`specdec.entrypoints.generation.Run`): settings, the runtime record (what
     ran: backend, dtype, quantization, requantized GGUF type), one entry per prompt (where it was read, its
     batch, prompt tokens, text, token ids, `row_figures`, the K of each round and which part of a combining
-    drafter drafted it (``rounds_source``: ``suffix``, ``model`` or None) and, with a baseline,
+    drafter drafted it (``rounds_source``: ``suffix``, ``model``, ``none`` or None for a single drafter) and, with a baseline,
     ``baseline_tokens_per_s``, ``speedup``, ``identical_to_baseline`` and ``divergence``; with `prompts`, the
     prompt's text), one entry per batch, and the aggregate tokens/s (all new tokens over the batches' summed
     wall time)."""
@@ -93,7 +93,8 @@ def print_single(doc: dict[str, Any], *, label: str, file=None) -> None:
           f"block efficiency {_fmt(row['block_efficiency'])}; drafter {doc['drafter']}, ran {label}", file=out)
     sources = [s for s in row.get("rounds_source", ()) if s]
     if sources:  # a combining drafter (the mixed drafter): which part drafted how many rounds
-        print("rounds drafted by: " + ", ".join(f"{s} {sources.count(s)}" for s in dict.fromkeys(sources)), file=out)
+        print("rounds by part: " + ", ".join(f"{'no draft' if s == 'none' else s} {sources.count(s)}"
+                                             for s in dict.fromkeys(sources)), file=out)
     if row.get("policy_note"):  # e.g. the cost policy ran target-only because no K pays on this configuration
         drafted = sum(1 for k in row["rounds_k"] if k > 0)
         print(f"{doc['policy']} policy: {row['policy_note']}; drafted in {drafted} of {row['num_rounds']} rounds",

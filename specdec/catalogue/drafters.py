@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DRAFTER", "DRAFTERS", "DRAFT_MODEL", "PROMPT_LOOKUP", "DraftSource", "DrafterEntry", "analytic_c", "batched_drafter",
-    "default_policy", "drafter", "drafter_names", "free_drafters", "grid_drafters", "model_drafters", "register", "replay_drafter", "single_drafter",
+    "default_policy", "drafter", "drafter_names", "free_drafters", "grid_drafters", "model_drafters", "model_free_drafters", "register", "replay_drafter", "single_drafter",
 ]  # fmt: skip
 
 #: The names of the two classic drafters the analytical model and the report's figures single out.
@@ -174,7 +174,7 @@ class DrafterEntry:
             return
         if pair is None or pair.draft is None:
             raise ValueError(f"drafter {self.name!r} needs a draft model: load a pair with a draft, or draft "
-                             f"with {' or '.join(repr(d) for d in drafter_names() if not DRAFTERS[d].needs_model)}")
+                             f"with {' or '.join(repr(d) for d in model_free_drafters())}")
         other = (getattr(pair, "info", None) or {}).get("vocab_overlap") is not None
         if other != self.other_tokenizer:
             kind = "another tokenizer than the target" if other else "the target's tokenizer"
@@ -295,6 +295,11 @@ def model_drafters() -> tuple[str, ...]:
     """The drafters that draft every drafting round with the pair's own draft model (same tokenizer): each
     such round costs draft steps and reads the draft's weights (the mixed drafter's rounds may not)."""
     return tuple(n for n, e in DRAFTERS.items() if e.needs_model and not e.other_tokenizer and not e.priced)
+
+
+def model_free_drafters() -> tuple[str, ...]:
+    """The drafters that need no draft model (what a pair without one can draft with), in catalogue order."""
+    return tuple(n for n, e in DRAFTERS.items() if not e.needs_model)
 
 
 def free_drafters() -> tuple[str, ...]:

@@ -200,15 +200,15 @@ def _generate(**o) -> None:
 def _generate_checked(o: dict, settings, specs, other, out_path, entries) -> None:
     """``specdec generate`` once its settings and output path are checked: load, run, print, write."""
     from specdec import models
-    from specdec.catalogue.drafters import DRAFTERS
     from specdec.catalogue.drafters import drafter as drafter_entry
+    from specdec.catalogue.drafters import model_free_drafters
     from specdec.entrypoints import api, output
     from specdec.entrypoints import generation as g
 
     needs_draft = drafter_entry(settings.drafter).needs_model
     if specs[1] is None and needs_draft:
         default = " (the default)" if o["drafter"] == DEFAULT_DRAFTER else ""
-        free = " or ".join(n for n, e in DRAFTERS.items() if not (e.needs_model or e.uses_corpus))
+        free = " or ".join(model_free_drafters())
         fail(f"--drafter {settings.drafter}{default} needs a draft model: give --draft or --pair, or a model-free "
              f"drafter (--drafter {free})")
     load = {n: o[n] for n in ("dtype", "device", "threads", "backend", "draft_backend", "draft_dtype", "quant",

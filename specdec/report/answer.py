@@ -23,10 +23,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from specdec.catalogue.drafters import default_policy, drafter, grid_drafters
+from specdec.catalogue.drafters import drafter, grid_drafters
 from specdec.core import stats
 from specdec.core.stats import MIN_UNITS
-from specdec.report.load import ensure_prepared, is_missing, run_rate
+from specdec.report.load import default_policy_of, ensure_prepared, is_missing, run_rate
 from specdec.report.predicted import PromptModel, trace_best_k
 from specdec.report.speedup import paired_reference
 
@@ -209,8 +209,8 @@ def type_answer(grid: pd.DataFrame, pvm: pd.DataFrame, default: tuple[str, str] 
     Args:
         grid: the trace grid (`specdec.report.predicted.trace_grid`: one row per prompt, drafter, policy, K).
         pvm: `predicted_vs_measured` (the timed check).
-        default: the default policy as (drafter, policy) (None: `specdec.catalogue.drafters.default_policy` of
-            the drafters the grid prices under the cost policy).
+        default: the default policy as (drafter, policy) (None: `specdec.report.load.default_policy_of` the
+            grid).
 
     Returns:
         `ANSWER_COLUMNS`; ``n_timed`` counts the type's timed runs and ``timed`` lists them per drafter and K
@@ -219,7 +219,7 @@ def type_answer(grid: pd.DataFrame, pvm: pd.DataFrame, default: tuple[str, str] 
     if grid is None or grid.empty:
         return pd.DataFrame(columns=ANSWER_COLUMNS)
     checks = model_check(pvm)
-    default = default or default_policy(grid.loc[grid["policy"] == "cost", "method"].unique())
+    default = default or default_policy_of(grid)
     rows = []
     for (label, ptype), g in grid.groupby(["config_label", "prompt_type"], sort=True):
         pooled = checks[(checks["config_label"] == label) & (checks["method"] == "all")]

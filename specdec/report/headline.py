@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from specdec.catalogue.drafters import default_policy, drafter
+from specdec.catalogue.drafters import drafter
 from specdec.report import tables as T
 from specdec.report.analysis import Analysis
 from specdec.report.cells import best_cell
 from specdec.report.comparisons import exactness
 from specdec.report.document import Bullets, Section, ci, f, pct
 from specdec.report.figure_kit import FigureEntry, Namer, new_figure, save_figure, tex_safe
+from specdec.report.load import default_policy_of
 from specdec.report.vocab import ALL_PROMPTS, OUR_DRAFTERS
 
 __all__ = ["HOW_TO_READ_FIRST", "aa_floor", "cell_label", "cell_what", "headline_figure",
@@ -60,7 +61,7 @@ def headline_table(cells: pd.DataFrame, default: tuple[str, str] | None = None) 
     Args:
         cells: the report's cell table (`specdec.report.tables.CELLS`).
         default: the default policy as (drafter, policy) (`Analysis.default_policy`; None:
-            `specdec.catalogue.drafters.default_policy` of the drafters whose cost policy the cells timed).
+            `specdec.report.load.default_policy_of` the cells).
 
     Returns:
         One row per prompt type (sorted by the best speedup, highest first) with ``prompt_type``,
@@ -74,7 +75,7 @@ def headline_table(cells: pd.DataFrame, default: tuple[str, str] | None = None) 
             "default_n"]
     if cells.empty or "speedup" not in cells.columns:
         return pd.DataFrame(columns=cols)
-    default = default or default_policy(cells.loc[cells["policy"] == "cost", "method"].unique())
+    default = default or default_policy_of(cells)
     spec = cells[cells["method"].isin(OUR_DRAFTERS) & (cells["prompt_type"] != ALL_PROMPTS)
                  & np.isfinite(cells["speedup"].astype(float))]
     rows = []

@@ -149,7 +149,7 @@ def test_the_main_job_on_a_prompt_file_prices_every_prompt_and_opens_the_report_
     assert {e.kind for e in res.drawn} >= {"answer_vs_k", "answer_vs_acceptance"}
     # --beside: a sweep beside another (here itself): both sides equal, per type and drafter
     beside = write_report(tmp_path / "job.db", tmp_path / "beside", beside=tmp_path / "job.db").markdown
-    part = beside.read_text(encoding="utf-8").split("\n## Beside another sweep")[1].split("\n## ")[0]
+    part = beside.read_text(encoding="utf-8").split("\n## Beside greedy")[1].split("\n## ")[0]
     lines = [ln for ln in part.splitlines() if ln.startswith("| ") and "| draft |" in ln]
     cells = [ln.strip("| ").split(" | ") for ln in lines]
     assert len(cells) == 2 and all(c[3] == c[4] and c[3].startswith("K=") for c in cells)

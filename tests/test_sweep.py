@@ -1476,6 +1476,56 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
     assert "Sampled sweeps: each prompt's sampled trace" in text and "priced in expectation" in text
 
 
+def test_a_temperature_axis_is_one_sweep_per_temperature_in_one_store_each_beside_the_others(
+        tmp_path, tiny_pair, near_draft_dir, prompt_file):
+    """``--temperatures 0,0.7``: one store, one sweep per temperature (its own id, its runs at that
+    temperature, top-p only where T > 0, each seeded); the same command with --resume runs nothing again,
+    and one given a third temperature adds only its sweep; the report sets each sweep of the axis beside the
+    one it shows. A setting one temperature refuses fails before any sweep."""
+    from specdec.report.load import axis_sweeps
+    from specdec.report.render import write_report
+
+    db = tmp_path / "axis.db"
+    args = ["sweep", "--target", str(tiny_pair.target_dir), "--draft", str(near_draft_dir), "--prompts",
+            str(prompt_file), "--prompt-types", "code", "--ks", "2", "--secondary-ks", "", "--max-new-tokens", "6",
+            "--methods", "baseline,draft,ngram", "--policies", "none", "--no-progress", "--threads", "1",
+            "--configs", "transformers-eager", "--top-p", "0.9", "--db", str(db)]
+    runner = CliRunner()
+    res = runner.invoke(cli_app(), [*args, "--temperatures", "0,0.7"])
+    assert res.exit_code == 0, res.output
+    with Store(db) as st:
+        sweeps = st.sweeps()
+        by_t = {json.loads(w["config_json"])["temperature"]: w["sweep_id"] for w in sweeps}
+        temps = {sid: {r["temperature"] for r in st.runs(sid)} for sid in by_t.values()}
+        seeded = all(r["seed"] is not None for sid in by_t.values() for r in st.runs(sid))
+        n_runs = {sid: len(st.runs(sid)) for sid in by_t.values()}
+    assert sorted(by_t) == [0.0, 0.7] and len(set(by_t.values())) == 2
+    assert temps[by_t[0.0]] == {0.0} and temps[by_t[0.7]] == {0.7} and seeded
+    assert json.loads(next(w for w in sweeps if w["sweep_id"] == by_t[0.0])["config_json"])["top_p"] == 1.0
+    res = runner.invoke(cli_app(), [*args, "--temperatures", "0,0.7,1.0", "--resume"])
+    assert res.exit_code == 0, res.output
+    with Store(db) as st:
+        again = {sid: len(st.runs(sid)) for sid in (w["sweep_id"] for w in st.sweeps())}
+    assert {sid: again[sid] for sid in n_runs} == n_runs and len(again) == 3  # only T = 1.0 ran
+    assert len(axis_sweeps(db, by_t[0.0])) == 2 and axis_sweeps(db, by_t[0.7])[0] == by_t[0.0]
+    md = write_report(db, tmp_path / "report", sweep=by_t[0.7]).markdown.read_text(encoding="utf-8")
+    assert f"\n## Beside greedy ({by_t[0.0]})" in md and "\n## Beside T = 1 (" in md
+    # refused in one line before any sweep starts
+    bad = runner.invoke(cli_app(), [*args[:-2], "--db", str(tmp_path / "none.db"), "--temperatures", "0.7,0",
+                                    "--temperature", "0.5"])
+    assert bad.exit_code != 0 and "not both" in bad.output and not (tmp_path / "none.db").exists()
+    bad = runner.invoke(cli_app(), [*args[:-2], "--db", str(tmp_path / "none.db"), "--temperatures", "0,0.7",
+                                    "--methods", "baseline,draft,mixed", "--policies", "best"])
+    assert bad.exit_code != 0 and "temperature 0.7: policy 'best'" in bad.output
+    assert not (tmp_path / "none.db").exists()  # the greedy sweep, which alone would run, did not start
+
+
+def cli_app():
+    from specdec.entrypoints.cli import register_subcommands
+
+    return register_subcommands()
+
+
 def test_policy_best_needs_traces_calibration_and_a_sampled_replay(tiny_pair, near_draft_dir, prompt_file):
     for kw, why in (({"temperature": 0.7, "methods": "baseline,draft,mixed"}, "under sampling .* without mixed"),
                     ({"traces": False}, "--no-traces"), ({"calibration_repeats": 0}, "--calibration-repeats 0")):

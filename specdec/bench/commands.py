@@ -96,29 +96,60 @@ def _sweep(**opts) -> None:
         db_path = Path(opts["db"] or file_values.get("db") or S.DEFAULT_DB)
         if opts["measure_costs"] and not opts["dry_run"]:
             raise ValueError("--measure-costs prices a --dry-run; add --dry-run (a sweep measures its own costs)")
+        axis = S.axis_configs(cfg)  # one sweep per temperature of --temperatures, all validated first
         if opts["dry_run"]:
-            _dry_run(cfg, db_path, shard, measure=opts["measure_costs"], resume=opts["resume"])
+            for one in axis:
+                _dry_run(one, db_path, shard, measure=opts["measure_costs"],
+                         resume=axis_resume(one, axis, db_path, opts["resume"]))
             return
-        try:
-            if executor == "ray":
-                return sweep_on_ray(cfg, db_path, resume=opts["resume"], address=opts["address"],
-                                    progress=opts["progress"], max_runs=opts["max_runs"])
-            result = S.run_sweep(cfg, db=db_path, resume=opts["resume"], progress=opts["progress"],
-                                 max_runs=opts["max_runs"], lock_wait_s=opts["wait_for_store"],
-                                 shard=shard)  # shard=None: the whole plan
-        except KeyboardInterrupt as exc:
-            typer.echo(f"\ninterrupted: finished runs are saved in {db_path}; rerun the same command with "
-                       f"--resume to continue", err=True)
-            raise typer.Exit(S.interrupt_exit_status(exc)) from None
+        for one in axis:
+            resume = axis_resume(one, axis, db_path, opts["resume"])
+            try:
+                if executor == "ray":
+                    sweep_on_ray(one, db_path, resume=resume, address=opts["address"], progress=opts["progress"],
+                                 max_runs=opts["max_runs"])
+                    continue
+                result = S.run_sweep(one, db=db_path, resume=resume, progress=opts["progress"],
+                                     max_runs=opts["max_runs"], lock_wait_s=opts["wait_for_store"],
+                                     shard=shard)  # shard=None: the whole plan
+            except KeyboardInterrupt as exc:
+                typer.echo(f"\ninterrupted: finished runs are saved in {db_path}; rerun the same command with "
+                           f"--resume to continue", err=True)
+                raise typer.Exit(S.interrupt_exit_status(exc)) from None
+            if not _report_result(result, db_path):
+                return  # interrupted: the axis's later sweeps wait for --resume
+
+
+def axis_resume(one, axis, db_path: Path, resume: bool) -> bool:
+    """``--resume`` for sweep `one` of a temperature axis (`specdec.bench.config.axis_configs`): a sweep the
+    store does not hold yet starts (False) once another sweep of the axis is there, so one command starts or
+    continues the whole axis; otherwise `resume` (a store holding none of them still refuses a mistyped
+    ``--resume``)."""
+    if not resume or len(axis) == 1 or not db_path.is_file():
+        return resume
+    from specdec.bench import sweep as S
+    from specdec.bench.store import Store
+
+    with Store(db_path, readonly=True) as store:
+        held = {sid for sid in (S.prepare(c).sweep_id for c in axis) if store.get_sweep(sid) is not None}
+    return S.prepare(one).sweep_id in held or not held
+
+
+def _report_result(result, db_path: Path) -> bool:
+    """Print how sweep `result` ended; False when it was interrupted (resume later).
+
+    Raises:
+        ValueError: every run attempted failed (a broken setup, not a result: exit non-zero).
+    """
     if result.status == "interrupted":  # stopped by --max-runs, or a configuration could not load
         typer.echo(f"sweep {result.sweep_id}: interrupted; rerun the same command with --resume to continue")
     else:
         typer.echo(f"sweep {result.sweep_id}: {result.status}; export with: specdec export --db {db_path} "
                    f"--format csv --out runs.csv")
     if result.failed and result.failed >= result.ran - result.skipped:
-        # Every run attempted now failed: that is not a result, it is a broken setup (exit non-zero).
         raise ValueError(f"all {result.failed} runs attempted failed; their errors are stored in {db_path} "
                          f"(specdec report names them)")
+    return result.status != "interrupted"
 
 
 sweep = typer_command(_sweep, sweep_settings(), "Run the study on this machine: per prompt a target-only run "

@@ -44,6 +44,7 @@ __all__ = [
     "RUNTIME_CONFIGS",
     "RuntimeConfig",
     "SweepConfig",
+    "axis_configs",
     "check_available",
     "default_config",
     "load_config_file",
@@ -143,6 +144,10 @@ class SweepConfig:
                                        "transformers-eager, transformers-compiled, llamacpp, mixed, ... (or one "
                                        "by --backend and --draft-backend).", PANEL_RUNTIME)
     temperature: float = setting(0.0, "0 = greedy.", PANEL_SAMPLING)
+    temperatures: tuple[float, ...] = setting((), "Temperatures as an axis, e.g. 0,0.7,1.0: one sweep per "
+                                              "temperature into the one store, in this order, each with its own "
+                                              "id (top-k/top-p apply to T > 0); instead of --temperature.",
+                                              PANEL_SAMPLING)
     top_k: int = setting(0, "0 = off.", PANEL_SAMPLING)
     top_p: float = setting(1.0, "1 = off.", PANEL_SAMPLING)
     seed: int = setting(0, "Base seed; repeat r uses seed + r.", PANEL_SAMPLING)
@@ -320,7 +325,13 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     v["dtype"] = resolve_dtype(v["dtype"], v["device"])  # auto: bf16 where the CPU has native kernels
     v["temperature"] = float(v["temperature"])
     v["top_p"] = float(v["top_p"])
-    SamplingParams(v["temperature"], v["top_k"], v["top_p"])  # validates
+    v["temperatures"] = _temperatures(v["temperatures"])
+    if v["temperatures"] and v["temperature"] != 0.0:
+        raise ValueError("give --temperature or --temperatures, not both")
+    for t in v["temperatures"] or (v["temperature"],):
+        SamplingParams(t, v["top_k"] if t > 0 else 0, v["top_p"] if t > 0 else 1.0)  # validates
+    if v["temperature"] == 0.0 and not v["temperatures"]:
+        SamplingParams(0.0, v["top_k"], v["top_p"])  # greedy with top-k/top-p: the one-line refusal
     v["pairing"] = str(v["pairing"]).strip().lower()
     if v["pairing"] not in PAIRINGS:
         raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, got {v['pairing']!r}")
@@ -342,6 +353,40 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     v["secondary_peers"] = bool(v["secondary_peers"])
     v["chat_template"] = bool(v["chat_template"])
     return v
+
+
+def _temperatures(value: Any) -> tuple[float, ...]:
+    """The temperature axis as floats, in the given order, without repeats (ValueError: not a number)."""
+    out = []
+    for item in as_list(value, "temperatures"):
+        try:
+            out.append(float(item))
+        except (TypeError, ValueError):
+            raise ValueError(f"temperatures: {item!r} is not a number") from None
+    return tuple(dict.fromkeys(out))
+
+
+def axis_configs(cfg: SweepConfig) -> list[SweepConfig]:
+    """The sweeps of `cfg`'s temperature axis, in order: `cfg` itself when it has none, else one
+    `SweepConfig` per temperature (``temperatures`` empty, top-k/top-p off at T = 0), each validated as if
+    given alone, so a setting one temperature refuses fails before any sweep runs.
+
+    Raises:
+        ValueError: a temperature's settings are refused (the message names the temperature).
+    """
+    if not cfg.temperatures:
+        return [cfg]
+    base = {f.name: getattr(cfg, f.name) for f in fields(SweepConfig)}  # validated at T = 0 (make_config)
+    out = []
+    for t in cfg.temperatures:
+        one = {**base, "temperatures": (), "temperature": t}
+        if t == 0.0:
+            one.update(top_k=0, top_p=1.0)
+        try:
+            out.append(SweepConfig(**_normalize(one)))
+        except ValueError as exc:
+            raise ValueError(f"temperature {t:g}: {exc}") from None
+    return out
 
 
 def _no_sampled_replay(methods) -> tuple[str, str] | None:

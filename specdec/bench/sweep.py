@@ -45,6 +45,7 @@ from specdec.bench.config import (
     RUNTIME_CONFIGS,
     RuntimeConfig,
     SweepConfig,
+    axis_configs,
     load_config_file,
     make_config,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "SamplingParams",
     "SweepConfig",
     "SweepResult",
+    "axis_configs",
     "build_plan",
     "cost_max_n",
     "cost_measurement_s",

@@ -11,6 +11,8 @@ table counts each side's prompts).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -74,7 +76,7 @@ def _side_text(r: pd.Series, p: str) -> str:
 
 def beside_section(table: pd.DataFrame, label_a: str, label_b: str) -> Section:
     """The report's section of a `beside_table` frame, the two sweeps named by `label_a` and `label_b`."""
-    sec = Section("Beside another sweep", "beside")
+    sec = Section(f"Beside {label_b}", "beside-" + re.sub(r"[^a-z0-9]+", "-", label_b.lower()).strip("-"))
     if table.empty:
         sec.blocks.append(f"Neither sweep ({label_a}; {label_b}) has acceptance traces to price.")
         return sec

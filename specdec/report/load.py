@@ -29,8 +29,10 @@ __all__ = [
     "COST_COLUMNS",
     "ROUND_COLUMNS",
     "RUN_COLUMNS",
+    "SAMPLING_KEYS",
     "SWEEP_COLUMNS",
     "StoreData",
+    "axis_sweeps",
     "default_policy_of",
     "empty_frame",
     "ensure_prepared",
@@ -281,6 +283,36 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
                      ["doc_json"])
     return StoreData(str(path), sweep_id, sweep_row, sweeps, runs, rounds, costs, meta, notes, machines,
                      traces, calibration, roofline, machine_costs, [json.loads(d) for d in synthetic["doc_json"]])
+
+
+#: The identity keys a temperature axis varies (`specdec.bench.config.axis_configs`; `specdec.bench.plan.meaning`).
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "ignore_eos")
+
+
+def axis_sweeps(db: str | Path, sweep_id: str | None) -> list[str]:
+    """The other sweeps of store `db` on `sweep_id`'s temperature axis (``specdec sweep --temperatures``):
+    those whose stored identity equals its own but for `SAMPLING_KEYS`, ordered by temperature; [] when
+    `sweep_id` is None or has no stored identity."""
+    if sweep_id is None:
+        return []
+    con = _connect(Path(db))
+    try:
+        rows = con.execute("SELECT sweep_id, config_json FROM sweeps").fetchall()
+    except sqlite3.DatabaseError:
+        return []
+    finally:
+        con.close()
+    meaning = {str(sid): parse_json(cj) for sid, cj in rows}
+    if not isinstance(meaning.get(sweep_id), dict):
+        return []
+
+    def rest(m: dict) -> dict:
+        return {k: v for k, v in m.items() if k not in SAMPLING_KEYS}
+
+    mine = rest(meaning[sweep_id])
+    same = [(float(m.get("temperature") or 0.0), sid) for sid, m in meaning.items()
+            if sid != sweep_id and isinstance(m, dict) and rest(m) == mine]
+    return [sid for _, sid in sorted(same)]
 
 
 def _select_sweep(sweeps: pd.DataFrame, run_sweeps: pd.DataFrame, sweep: str | None, path: Path,

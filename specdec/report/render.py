@@ -19,7 +19,7 @@ from typing import Any
 
 from specdec.report.analysis import Analysis, analyze
 from specdec.report.document import Bullets, Pre, Section, Table
-from specdec.report.load import load_store
+from specdec.report.load import axis_sweeps, load_store
 from specdec.report.plots import FigureEntry, make_figures
 from specdec.report.sections import build_sections
 from specdec.report.sections_batch import batch_report  # the batch axis's section, when the store has one
@@ -218,7 +218,9 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None,
         out: output directory (created if needed); existing report files are overwritten.
         sweep: sweep id or unique prefix; None = the newest sweep.
         beside: another store whose newest sweep is set beside this one per prompt type and drafter
-            (`specdec.report.beside`: greedy beside sampled, say); None: no such section.
+            (`specdec.report.beside`: greedy beside sampled, say); None: no such section. The other sweeps
+            of `db` on this one's temperature axis (`specdec.report.load.axis_sweeps`) are set beside it
+            the same way, one section each.
 
     Returns:
         `ReportResult` with the paths, the figure entries (drawn and skipped) and the analysis.
@@ -229,15 +231,16 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None,
         OSError: `out` cannot be written.
     """
     store = load_store(db, sweep)
-    other = analyze(load_store(beside)) if beside is not None else None  # read before anything is written
+    # read before anything is written: the sweeps of this one's temperature axis, then --beside's
+    others = [analyze(load_store(db, sid)) for sid in axis_sweeps(db, store.sweep_id)]
+    others += [analyze(load_store(beside))] if beside is not None else []
     analysis = analyze(store)
     out_dir = Path(out)
     fig_dir = out_dir / "figures"
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = make_figures(analysis, fig_dir)
     extra, batch_figures = batch_report(db, fig_dir, analysis.store.sweep_id)
-    if other is not None:
-        extra = [_beside(analysis, other), *extra]
+    extra = [*(_beside(analysis, other) for other in others), *extra]
     html_path = out_dir / "report.html"
     md_path = out_dir / "report.md"
     html_path.write_text(render_html(analysis, figures, extra), encoding="utf-8")

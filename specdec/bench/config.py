@@ -328,10 +328,10 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     v["temperatures"] = _temperatures(v["temperatures"])
     if v["temperatures"] and v["temperature"] != 0.0:
         raise ValueError("give --temperature or --temperatures, not both")
-    for t in v["temperatures"] or (v["temperature"],):
-        SamplingParams(t, v["top_k"] if t > 0 else 0, v["top_p"] if t > 0 else 1.0)  # validates
-    if v["temperature"] == 0.0 and not v["temperatures"]:
-        SamplingParams(0.0, v["top_k"], v["top_p"])  # greedy with top-k/top-p: the one-line refusal
+    for t in v["temperatures"]:  # validates each; top-k/top-p apply to the sampled ones
+        SamplingParams(t, v["top_k"] if t > 0 else 0, v["top_p"] if t > 0 else 1.0)
+    if not v["temperatures"]:
+        SamplingParams(v["temperature"], v["top_k"], v["top_p"])  # validates
     v["pairing"] = str(v["pairing"]).strip().lower()
     if v["pairing"] not in PAIRINGS:
         raise ValueError(f"pairing must be one of {', '.join(PAIRINGS)}, got {v['pairing']!r}")

@@ -1438,16 +1438,19 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
     from specdec.report.predicted import prompt_models
     from specdec.report.render import write_report
 
-    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="", policies="best",
-                            policy_k=6, methods="baseline,draft,ngram,suffix", calibration_repeats=1,
-                            temperature=0.7, top_p=0.9, prompt_types="code,repetitive")
+    cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="",
+                            policies="best,draft:cost", policy_k=6, methods="baseline,draft,ngram,suffix",
+                            calibration_repeats=1, temperature=0.7, top_p=0.9, prompt_types="code,repetitive")
     db = tmp_path / "sampled_best.db"
     S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
     with Store(db) as st:
         sid = st.sweeps()[0]["sweep_id"]
-        runs = [r for r in st.runs(sid) if r["method"] in ("draft", "ngram", "suffix")]
+        timed = [r for r in st.runs(sid) if r["method"] in ("draft", "ngram", "suffix")]
         cal, traces = st.calibration(sid), {t["prompt_id"]: t for t in st.traces(sid)}
-    assert len(runs) >= 6 and all(r["error"] is None and r["policy"] == "fixed" for r in runs)
+    runs = [r for r in timed if r["policy"] == "fixed"]
+    policy_runs = [r for r in timed if r["policy"] != "fixed"]
+    assert len(runs) >= 6 and all(r["error"] is None for r in timed)
+    assert len(policy_runs) == 2 and {(r["method"], r["policy"]) for r in policy_runs} == {("draft", "cost")}
     for r in runs:
         t = traces[r["prompt_id"]]
         assert set(t["chains"]) == {"ngram", "suffix"} and len(t["overlap"]) == len(t["target_ids"])
@@ -1461,8 +1464,13 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
     assert models and all(m.sampled for m in models)
     a = analyze(store)
     check = a[T.SAMPLED]  # the report checks each timed run against its trace's expectation
-    assert sorted(check["run_id"]) == sorted(r["run_id"] for r in runs)
+    assert sorted(check["run_id"]) == sorted(r["run_id"] for r in timed)
     assert (check["predicted"] >= 1.0).all() and (check["measured"] >= 1.0).all()
+    by_model = {m.key[1]: m for m in models}
+    for r in policy_runs:  # a policy's run against the mean of its simulated runs, pooled apart
+        row = check[check["run_id"] == r["run_id"]].iloc[0]
+        assert row["method"] == "draft cost"
+        assert row["predicted"] == pytest.approx(by_model[r["prompt_id"]].expected_policy("draft", "cost", 6)[0])
     # the K grid and the answer per type come from the expectations: every fixed K exactly, the cost policy
     # (the default) as the mean of simulated runs
     grid = a[T.TRACE_GRID]
@@ -1533,6 +1541,11 @@ def test_policy_best_needs_traces_calibration_and_a_sampled_replay(tiny_pair, ne
             tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", **kw)
     # the default methods under sampling are those a sampled trace replays (the mixed drafter left out)
     assert "mixed" in S.make_config({}).methods and "mixed" not in S.make_config({"temperature": 0.7}).methods
+    # ... and the plan says that the default policies' mixed:cost plans nothing then
+    from specdec.bench.grid import idle_policies
+
+    assert idle_policies(S.make_config({})) is None
+    assert idle_policies(S.make_config({"temperature": 0.7})).startswith("nothing planned for policy mixed:cost")
     # under sampling the draft model, prompt lookup and the suffix drafter have a sampled replay
     cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", temperature=0.7,
                             methods="baseline,draft,ngram,suffix")

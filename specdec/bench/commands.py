@@ -17,8 +17,8 @@ from typing import Annotated
 import typer
 
 from specdec.bench.cluster_commands import check_executor, merge, sweep_on_ray  # [shards]
-from specdec.bench.control import LOCK_WAIT_S
-from specdec.bench.grid import batch_cost_ns
+from specdec.bench.control import LOCK_WAIT_S, axis_resume
+from specdec.bench.grid import batch_cost_ns, idle_policies
 from specdec.bench.methods import chain_drafter_names
 from specdec.bench.plan import calibration_passes
 from specdec.bench.settings import PANEL_PLAN, PANEL_STORE, Setting, field_settings, typer_command
@@ -120,21 +120,6 @@ def _sweep(**opts) -> None:
                 return  # interrupted: the axis's later sweeps wait for --resume
 
 
-def axis_resume(one, axis, db_path: Path, resume: bool) -> bool:
-    """``--resume`` for sweep `one` of a temperature axis (`specdec.bench.config.axis_configs`): a sweep the
-    store does not hold yet starts (False) once another sweep of the axis is there, so one command starts or
-    continues the whole axis; otherwise `resume` (a store holding none of them still refuses a mistyped
-    ``--resume``)."""
-    if not resume or len(axis) == 1 or not db_path.is_file():
-        return resume
-    from specdec.bench import sweep as S
-    from specdec.bench.store import Store
-
-    with Store(db_path, readonly=True) as store:
-        held = {sid for sid in (S.prepare(c).sweep_id for c in axis) if store.get_sweep(sid) is not None}
-    return S.prepare(one).sweep_id in held or not held
-
-
 def _report_result(result, db_path: Path) -> bool:
     """Print how sweep `result` ended; False when it was interrupted (resume later).
 
@@ -215,6 +200,8 @@ def _dry_run(cfg, db_path: Path, shard: str | None = None, measure: bool = False
     _echo(f"{len(plan)} timed generations{left}:")
     for key, n in S.plan_summary(plan).items():
         _echo(f"  {key:<34} {n}")
+    if (idle := idle_policies(cfg)) is not None:
+        _echo(idle)
     timed, warm, measure_s, instr = parts
     _echo(f"rough estimate: {S.format_duration(timed)} timed + {S.format_duration(warm)} warm-ups + "
           f"{S.format_duration(measure_s)} cost measurement + {S.format_duration(instr)} traces and calibration = "

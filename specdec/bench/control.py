@@ -1,5 +1,6 @@
 """How one sweep process is controlled: one writer per results store, SIGTERM stopping it like Ctrl-C
-(with the shell's exit status for it), and the shard of the plan it runs."""
+(with the shell's exit status for it), the shard of the plan it runs, and how ``--resume`` applies along a
+temperature axis."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from specdec.bench.plan import Prepared
+from specdec.bench.plan import Prepared, prepare
 from specdec.bench.shard import Shard, shard_plan
-from specdec.bench.store import writer_lock
+from specdec.bench.store import Store, writer_lock
 
 __all__ = [
     "LOCK_WAIT_S",
     "SIGTERM_REASON",
+    "axis_resume",
     "for_shard",
     "interrupt_exit_status",
     "sigterm_as_interrupt",
@@ -68,3 +70,15 @@ def for_shard(prepared: Prepared, shard: Shard | str | None) -> Prepared:
     if shard is None:
         return prepared
     return dataclasses.replace(prepared, plan=shard_plan(prepared.plan, prepared.prompts, shard))
+
+
+def axis_resume(one, axis, db_path: Path, resume: bool) -> bool:
+    """``--resume`` for sweep `one` of a temperature axis (`specdec.bench.config.axis_configs`): a sweep the
+    store does not hold yet starts (False) once another sweep of the axis is there, so one command starts or
+    continues the whole axis; otherwise `resume` (a store holding none of them still refuses a mistyped
+    ``--resume``)."""
+    if not resume or len(axis) == 1 or not db_path.is_file():
+        return resume
+    with Store(db_path, readonly=True) as store:
+        held = {sid for sid in (prepare(c).sweep_id for c in axis) if store.get_sweep(sid) is not None}
+    return prepare(one).sweep_id in held or not held

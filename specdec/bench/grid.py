@@ -28,8 +28,17 @@ if TYPE_CHECKING:
     from specdec.bench.config import SweepConfig
 
 __all__ = [
-    "GROUPS", "batch_cost_ns", "batch_k", "batch_policies", "batch_units", "group_of", "method_ks",
-    "policies_for", "type_ks_entries", "type_ks_for",
+    "GROUPS",
+    "batch_cost_ns",
+    "batch_k",
+    "batch_policies",
+    "batch_units",
+    "group_of",
+    "idle_policies",
+    "method_ks",
+    "policies_for",
+    "type_ks_entries",
+    "type_ks_for",
 ]  # fmt: skip
 
 #: The prompt groups a batch is drawn from, by prompt type (a type outside them is a group of its own).
@@ -64,6 +73,18 @@ def policies_for(cfg: SweepConfig, method: str, *, primary: bool = True) -> tupl
     if method in METHODS and METHODS[method].cross_tokenizer:
         out.pop(BEST_K, None)
     return tuple(out)
+
+
+def idle_policies(cfg: SweepConfig) -> str | None:
+    """A line naming the ``method:policy`` entries of the policies that plan nothing because `method` is not
+    among the sweep's methods (the default ``mixed:cost`` under sampling, where the mixed drafter, which has
+    no sampled replay, is left out of the default methods); None when every entry plans runs."""
+    idle = dict.fromkeys(e for e in (*cfg.policies, *cfg.secondary_policies)
+                         if ":" in e and e.split(":", 1)[0] not in cfg.methods)
+    if not idle:
+        return None
+    why = "" if cfg.greedy else " (under sampling the default methods are those a sampled trace replays)"
+    return f"nothing planned for policy {', '.join(idle)}: not among the methods {','.join(cfg.methods)}{why}"
 
 
 def method_ks(cfg: SweepConfig, method: str) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ from specdec.bench import batch_runs, native_peers, probes
 from specdec.bench.config import BEST_K, DEFAULT_DB, SweepConfig
 from specdec.bench.console import ERR_LEN, one_line, summary_line
 from specdec.bench.control import LOCK_WAIT_S, SIGTERM_REASON, for_shard, interrupt_exit_status, sweep_guard
+from specdec.bench.grid import idle_policies
 from specdec.bench.loaded import (
     LoadedConfig,
     PlanDoesNotFitError,
@@ -360,6 +361,8 @@ def run_sweep(
             s.log(f"sweep {sid}: {len(plan)} timed generations ({n_prompts} prompts x {len(cfg.configs)} "
                   f"config(s), {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)); "
                   f"{s.result.already_done} already done, {len(todo)} to run; results in {db}")
+            if (idle := idle_policies(cfg)) is not None:
+                s.log(idle)
             s.bar = tqdm(total=len(todo), unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True,
                          desc="sweep")
             stopped = _run_configs(todo, s)  # run (each run recorded as it finishes)

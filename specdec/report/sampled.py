@@ -21,9 +21,12 @@ COLUMNS = ["run_id", "config_label", "prompt_id", "prompt_type", "method", "k", 
 
 
 def sampled_check(runs: pd.DataFrame, models: Sequence) -> pd.DataFrame:
-    """Per timed sampled fixed-K run of a drafter a sampled trace replays (`DrafterEntry.sampled_replay`) on
-    a prompt with a sampled trace (`models`: `specdec.report.predicted.prompt_models`): predicted and measured
-    block efficiency (tokens per target forward) and their ratio. Columns: `COLUMNS`."""
+    """Per timed sampled run of a drafter a sampled trace replays (`DrafterEntry.sampled_replay`) on a prompt
+    with a sampled trace (`models`: `specdec.report.predicted.prompt_models`): predicted and measured block
+    efficiency (tokens per target forward) and their ratio. A fixed-K run is predicted by the trace's
+    expected run (exact), a K policy's run by the mean of its simulated runs
+    (`specdec.measure.pricing.TraceModel.expected_policy`), its ``method`` then ``"<drafter> <policy>"`` so
+    that each pools apart. Columns: `COLUMNS`."""
     from specdec.catalogue.drafters import DRAFTERS
 
     by_key = {m.key: m for m in models if m.sampled}
@@ -33,19 +36,22 @@ def sampled_check(runs: pd.DataFrame, models: Sequence) -> pd.DataFrame:
     rows = []
     for r in df[df["ok"]].itertuples(index=False):
         entry = DRAFTERS.get(r.method)
-        if entry is None or entry.sampled_replay is None or (r.policy or "fixed") != "fixed":
+        if entry is None or entry.sampled_replay is None:
             continue
         mid = "" if is_missing(getattr(r, "machine_id", None)) else str(r.machine_id)
         m = by_key.get((r.config_label, r.prompt_id, mid))
         if m is None or is_missing(r.num_rounds) or not r.num_rounds:
             continue
+        fixed = r.policy in ("fixed", "-", None)
         try:
-            pred = m.expected(r.method, int(r.k))[0].block_efficiency
+            pred = (m.expected(r.method, int(r.k))[0].block_efficiency if fixed
+                    else m.expected_policy(r.method, r.policy, int(r.k))[0])
         except ValueError:
             continue
         meas = float(r.new_tokens) / float(r.num_rounds)
         rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
-                     "prompt_type": r.prompt_type, "method": r.method, "k": int(r.k),
+                     "prompt_type": r.prompt_type, "method": r.method if fixed else f"{r.method} {r.policy}",
+                     "k": int(r.k),
                      "temperature": float(r.temperature), "predicted": pred, "measured": meas,
                      "ratio": pred / meas})
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -87,8 +87,9 @@ def _sampled_blocks(check) -> list:
                          ("temperature", lambda r: f(r["temperature"], 2)),
                          ("predicted", lambda r: f(r["predicted"], 3)), ("measured", lambda r: f(r["measured"], 3)),
                          ("pred / meas", lambda r: f(r["ratio"], 3))])
-    t.caption = ("Every timed sampled fixed-K run on a prompt with a sampled trace: the block efficiency (tokens "
-                 "per target forward) its trace's expected run predicts, and the run's own (one draw).")
+    t.caption = ("Every timed sampled run on a prompt with a sampled trace: the block efficiency (tokens per "
+                 "target forward) its trace's expected run predicts (a K policy's: the mean of its simulated "
+                 "runs), and the run's own (one draw).")
     t.collapsed = True
     intro = ("Sampled sweeps: each prompt's sampled trace (the draft model's overlap sum_x min(p, q) and the "
              "model-free drafters' acceptance probabilities along the seeded target-only output) gives every "

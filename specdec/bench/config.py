@@ -19,7 +19,15 @@ from specdec.bench.settings import (
     Setting,
     setting,
 )
-from specdec.bench.values import BEST_K, as_list, int_list, parse_batch_sizes, parse_type_ks, policy_name
+from specdec.bench.values import (
+    BEST_K,
+    as_list,
+    float_list,
+    int_list,
+    parse_batch_sizes,
+    parse_type_ks,
+    policy_name,
+)
 from specdec.catalogue.drafters import DEFAULT_DRAFTER, DRAFT_MODEL
 from specdec.catalogue.policies import ADAPTIVE_POLICIES
 from specdec.catalogue.runtimes import (
@@ -144,10 +152,8 @@ class SweepConfig:
                                        "transformers-eager, transformers-compiled, llamacpp, mixed, ... (or one "
                                        "by --backend and --draft-backend).", PANEL_RUNTIME)
     temperature: float = setting(0.0, "0 = greedy.", PANEL_SAMPLING)
-    temperatures: tuple[float, ...] = setting((), "Temperatures as an axis, e.g. 0,0.7,1.0: one sweep per "
-                                              "temperature into the one store, in this order, each with its own "
-                                              "id (top-k/top-p apply to T > 0); instead of --temperature.",
-                                              PANEL_SAMPLING)
+    temperatures: tuple[float, ...] = setting((), "A temperature axis, e.g. 0,0.7,1.0: one sweep per temperature "
+                                              "into the one store, in order (top-k/top-p where T > 0).", PANEL_SAMPLING)
     top_k: int = setting(0, "0 = off.", PANEL_SAMPLING)
     top_p: float = setting(1.0, "1 = off.", PANEL_SAMPLING)
     seed: int = setting(0, "Base seed; repeat r uses seed + r.", PANEL_SAMPLING)
@@ -325,7 +331,7 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     v["dtype"] = resolve_dtype(v["dtype"], v["device"])  # auto: bf16 where the CPU has native kernels
     v["temperature"] = float(v["temperature"])
     v["top_p"] = float(v["top_p"])
-    v["temperatures"] = _temperatures(v["temperatures"])
+    v["temperatures"] = float_list(v["temperatures"], "temperatures")
     if v["temperatures"] and v["temperature"] != 0.0:
         raise ValueError("give --temperature or --temperatures, not both")
     for t in v["temperatures"]:  # validates each; top-k/top-p apply to the sampled ones
@@ -355,25 +361,10 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
-def _temperatures(value: Any) -> tuple[float, ...]:
-    """The temperature axis as floats, in the given order, without repeats (ValueError: not a number)."""
-    out = []
-    for item in as_list(value, "temperatures"):
-        try:
-            out.append(float(item))
-        except (TypeError, ValueError):
-            raise ValueError(f"temperatures: {item!r} is not a number") from None
-    return tuple(dict.fromkeys(out))
-
-
 def axis_configs(cfg: SweepConfig) -> list[SweepConfig]:
-    """The sweeps of `cfg`'s temperature axis, in order: `cfg` itself when it has none, else one
-    `SweepConfig` per temperature (``temperatures`` empty, top-k/top-p off at T = 0), each validated as if
-    given alone, so a setting one temperature refuses fails before any sweep runs.
-
-    Raises:
-        ValueError: a temperature's settings are refused (the message names the temperature).
-    """
+    """The sweeps of `cfg`'s temperature axis, in order: `cfg` when it has none, else one `SweepConfig` per
+    temperature (top-k/top-p off at T = 0), each validated as if given alone, so that a setting one temperature
+    refuses fails before any sweep runs (ValueError naming the temperature)."""
     if not cfg.temperatures:
         return [cfg]
     base = {f.name: getattr(cfg, f.name) for f in fields(SweepConfig)}  # validated at T = 0 (make_config)

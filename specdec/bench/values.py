@@ -8,7 +8,7 @@ from typing import Any
 
 from specdec.bench.methods import our_methods
 
-__all__ = ["BEST_K", "MAX_BATCH", "as_list", "int_list", "parse_batch_sizes", "parse_type_ks", "policy_name"]
+__all__ = ["BEST_K", "MAX_BATCH", "as_list", "float_list", "int_list", "parse_batch_sizes", "parse_type_ks", "policy_name"]
 
 #: A fixed K chosen per prompt: the K in 1..--policy-k that the prompt's acceptance trace, priced with its
 #: calibration block, predicts fastest (`specdec.measure.pricing.TraceModel.best_fixed_k`; greedy sweeps with
@@ -43,6 +43,17 @@ def int_list(value: Any, what: str, *, allow_empty: bool) -> tuple[int, ...]:
         out.append(k)
     if not out and not allow_empty:
         raise ValueError(f"{what}: give at least one value")
+    return tuple(dict.fromkeys(out))
+
+
+def float_list(value: Any, what: str) -> tuple[float, ...]:
+    """Numbers as floats, in the given order, without repeats (ValueError: one that is not a number)."""
+    out = []
+    for item in as_list(value, what):
+        try:
+            out.append(float(item))
+        except (TypeError, ValueError):
+            raise ValueError(f"{what}: {item!r} is not a number") from None
     return tuple(dict.fromkeys(out))
 
 

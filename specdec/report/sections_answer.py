@@ -41,14 +41,14 @@ def _sampled_timed(check: pd.DataFrame, label: str, ptype: str) -> str:
     """The type's timed sampled runs (`specdec.report.sampled.sampled_check`), per drafter and K (or policy):
     their measured block efficiency beside the one their sampled traces predict (a sampled run's speedup is
     not predicted run by run), ``"tokens/forward: draft K=4 3.20 (predicted 2.74, 1 run)"``, a policy's
-    ``"draft cost (K<=16) ..."``; "" without any."""
+    ``"draft cost (K up to 16) ..."``; "" without any."""
     t = check[(check["config_label"] == label) & (check["prompt_type"] == ptype)] if len(check) else check
     if not len(t):
         return ""
     parts = []
     for (method, k), h in t.groupby(["method", "k"], sort=True):
         n = len(h)
-        what = f"{method} (K<={int(k)})" if " " in method else f"{method} K={int(k)}"
+        what = f"{method} (K up to {int(k)})" if " " in method else f"{method} K={int(k)}"
         parts.append(f"{what} {stats.geometric_mean(h['measured']):.2f} (predicted "
                      f"{stats.geometric_mean(h['predicted']):.2f}, {n} run{'s' if n > 1 else ''})")
     return "tokens/forward: " + "; ".join(parts)

@@ -40,24 +40,10 @@ from specdec.catalogue.runtimes import (
 from specdec.core.sampling import SamplingParams
 
 __all__ = [
-    "ADAPTIVE_POLICIES",
-    "AUTO_CONFIG",
-    "BEST_K",
-    "DEFAULT_DB",
-    "FILE_ONLY_KEYS",
-    "FILE_SETTINGS",
-    "OUR_METHODS",
-    "PEER_METHODS",
-    "QUICK",
-    "RUNTIME_CONFIGS",
-    "RuntimeConfig",
-    "SweepConfig",
-    "axis_configs",
-    "check_available",
-    "default_config",
-    "load_config_file",
-    "make_config",
-]
+    "ADAPTIVE_POLICIES", "AUTO_CONFIG", "BEST_K", "DEFAULT_DB", "FILE_ONLY_KEYS", "FILE_SETTINGS", "OUR_METHODS",
+    "PEER_METHODS", "QUICK", "RUNTIME_CONFIGS", "RuntimeConfig", "SweepConfig", "axis_configs", "check_available",
+    "default_config", "load_config_file", "make_config",
+]  # fmt: skip
 
 OUR_METHODS = tuple(m.name for m in our_methods() if m.default)
 PEER_METHODS = tuple(m.name for m in peer_methods())

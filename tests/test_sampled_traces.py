@@ -219,7 +219,9 @@ def test_the_sampled_best_k_is_the_analytical_optimum_on_a_constant_overlap():
         assert k == want and speedup == pytest.approx(rate[want], rel=0.01), alpha
     with pytest.raises(ValueError, match="no record of drafter 'ngram'"):
         TraceModel(_const(0.5, 10), curve).best_fixed_k("ngram")
-    with pytest.raises(ValueError, match="no sampled replay for drafter 'mixed'"):
+    with pytest.raises(ValueError, match="no sampled replay for drafter 'xtok'"):
+        TraceModel(_const(0.5, 10), curve).best_fixed_k("xtok")
+    with pytest.raises(ValueError, match="no record of drafter 'mixed': no suffix chain"):
         TraceModel(_const(0.5, 10), curve).best_fixed_k("mixed")
 
 
@@ -274,3 +276,113 @@ def test_the_cost_policy_under_sampling_drafts_where_it_pays_and_stops_where_it_
         TraceModel(_const(0.9, 50), None).expected_policy("draft", "cost", 16)
     with pytest.raises(ValueError, match="no record of drafter 'ngram'"):
         TraceModel(_const(0.9, 50), curve).expected_policy("ngram", "cost", 16)
+
+
+# The mixed drafter under sampling: driven along the output, its model rounds drawn from the overlap, its
+# suffix rounds read from the suffix drafter's chain (`simulate_run`'s live drafter).
+def _mixed_costs():
+    from specdec.core.costs import CostCurve
+
+    return CostCurve({1: 0.10, 2: 0.105, 4: 0.115, 8: 0.13, 17: 0.16}, draft_step_s=0.02)
+
+
+def _mixed_rounds(t: SampledTrace, k: int, draws: int, seed: int = 0):
+    import random
+
+    from specdec.catalogue.drafters import replay_drafter
+    from specdec.engine.sampled_traces import simulate_run
+    from specdec.policies.base import FixedK
+
+    rng = random.Random(seed)
+    return [simulate_run(t, "mixed", FixedK(k), rng, replay_drafter("mixed", costs=_mixed_costs(), trace=t, rng=rng))
+            for _ in range(draws)]
+
+
+def test_the_mixed_drafters_model_rounds_follow_the_overlap_and_teach_its_estimate():
+    """On an output with no repeat (the suffix drafter never proposes) the mixed drafter's model rounds are
+    drawn from the overlap: their accepted tokens average the overlap's expectation for the round's start and
+    length (within 3 standard errors); the draws reach the drafter's estimate, so on an overlap of 0.03 it
+    soon stops drafting with the model (fewer than 5 model rounds a run of 80 on average), and on 0.97 it
+    drafts every round."""
+    n = 80
+    out = tuple(500 + i for i in range(n))
+    chains = {"suffix": ((),) * n}
+    overlap = tuple(0.3 + 0.65 * ((i * 7) % 11) / 10 for i in range(n))
+    t = SampledTrace((1, 2, 3), out, n, HOT, overlap=overlap, chains=chains)
+    diffs = []
+    for rounds in _mixed_rounds(t, 6, 300):
+        pos = 0
+        assert sum(r.num_emitted for r in rounds) == n
+        for r in rounds:
+            assert r.by_model or r.k == 0  # a round the model did not draft is a plain one here
+            want, survive = 0.0, 1.0
+            for p in overlap[pos:pos + r.k]:
+                survive *= p
+                want += survive
+            diffs.append(r.num_accepted - want)
+            pos += r.num_emitted
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5
+    assert abs(statistics.mean(diffs)) < 3 * se, (statistics.mean(diffs), se)
+    low = SampledTrace((1, 2, 3), out, n, HOT, overlap=(0.03,) * n, chains=chains)
+    assert statistics.mean(sum(1 for r in rounds if r.by_model) for rounds in _mixed_rounds(low, 6, 50)) < 5
+    high = SampledTrace((1, 2, 3), out, n, HOT, overlap=(0.97,) * n, chains=chains)
+    assert all(all(r.by_model for r in rounds[:-1]) for rounds in _mixed_rounds(high, 6, 50))
+
+
+def test_the_mixed_drafters_suffix_rounds_read_the_suffix_chain():
+    """On a repeating output whose suffix chain accepts every token, the mixed drafter drafts with the suffix
+    drafter (rounds not by the model) and commits several tokens a round; the same output with a chain that
+    accepts none commits one token per suffix round: the rounds' fates come from the chain."""
+    n = 60
+    out = tuple([7, 8, 9, 10] * (n // 4))
+    prompt = (7, 8, 9, 10, 7, 8, 9, 10)
+    for p, most in ((1.0, None), (0.0, 0)):
+        chains = {"suffix": tuple((p,) * 16 for _ in range(n))}
+        t = SampledTrace(prompt, out, n, HOT, overlap=(0.02,) * n, chains=chains)
+        rounds = _mixed_rounds(t, 8, 5)
+        suffix = [r for rs in rounds for r in rs if r.by_model is False]
+        assert suffix and all(r.k > 0 for r in suffix)
+        if most is None:
+            assert statistics.mean(r.num_accepted for r in suffix) > 3
+        else:
+            assert max(r.num_accepted for r in suffix) == 0
+
+
+@pytest.mark.parametrize("sampling", [HOT, WARM], ids=["t1", "t0.7-top-p"])
+def test_the_mixed_drafters_sampled_replay_matches_timed_sampled_runs(tiny_tokenizer, target, near_draft, sampling):
+    """The mixed drafter's predicted target forwards per token (`TraceModel.expected`: the mean of simulated
+    runs, over 12 seeded target-only runs' traces) against the measured one (48 seeded speculative runs of the
+    live drafter, K = 8, their rounds over their tokens): within 8% per prompt and 5% pooled (the measured
+    side's standard error is ~2.5% a prompt). The negative control, the overlap replaced by the
+    chance that the two models' draws coincide, is off by more than 10%."""
+    from specdec.drafters.mixed import MixedDrafter
+    from specdec.drafters.suffix import SuffixDrafter
+    from specdec.measure.pricing import TraceModel
+
+    costs = _mixed_costs()
+    ratios, control = [], []
+    for text in TEXTS:
+        prompt = tiny_tokenizer(text).input_ids
+        traces = []
+        for seed in range(12):
+            out = autoregressive_generate(target, prompt, 40, vocab_size=V, sampling=sampling,
+                                          seed=100 + seed).token_ids
+            traces.append(record_sampled_trace(target, prompt, out, 40, sampling, draft=near_draft,
+                                               drafters={"suffix": lambda: SuffixDrafter(costs)}, vocab_size=V))
+        pred = statistics.mean(TraceModel(t, costs).expected("mixed", 8)[0].rounds / len(t.target_ids)
+                               for t in traces)
+        wrong = statistics.mean(
+            TraceModel(m, costs).expected("mixed", 8)[0].rounds / len(m.target_ids)
+            for m in (SampledTrace(t.prompt_ids, t.target_ids, t.max_new_tokens, t.sampling,
+                                   _match_rule(t, target, near_draft).overlap, t.chains) for t in traces))
+        rounds = tokens = 0
+        for seed in range(48):
+            d = MixedDrafter(SuffixDrafter(costs), near_draft, V, costs)
+            r = speculative_generate(target, d, prompt, 40, k=8, vocab_size=V, sampling=sampling, seed=seed)
+            rounds, tokens = rounds + len(r.rounds), tokens + len(r.token_ids)
+            assert "model" in d.stats.choices
+        ratios.append(pred / (rounds / tokens))
+        control.append(wrong / (rounds / tokens))
+    assert all(abs(r - 1) < 0.08 for r in ratios), ratios
+    assert abs(statistics.mean(ratios) - 1) < 0.05, ratios
+    assert statistics.mean(control) > 1.1, control

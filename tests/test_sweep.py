@@ -1439,18 +1439,20 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
     from specdec.report.render import write_report
 
     cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, ks="", secondary_ks="",
-                            policies="best,draft:cost", policy_k=6, methods="baseline,draft,ngram,suffix",
-                            calibration_repeats=1, temperature=0.7, top_p=0.9, prompt_types="code,repetitive")
+                            policies="best,draft:cost,mixed:cost", policy_k=6,
+                            methods="baseline,draft,ngram,suffix,mixed", calibration_repeats=1, temperature=0.7,
+                            top_p=0.9, prompt_types="code,repetitive")
     db = tmp_path / "sampled_best.db"
     S.run_sweep(cfg, db=db, progress=False, echo=lambda _: None)
     with Store(db) as st:
         sid = st.sweeps()[0]["sweep_id"]
-        timed = [r for r in st.runs(sid) if r["method"] in ("draft", "ngram", "suffix")]
+        timed = [r for r in st.runs(sid) if r["method"] in ("draft", "ngram", "suffix", "mixed")]
         cal, traces = st.calibration(sid), {t["prompt_id"]: t for t in st.traces(sid)}
     runs = [r for r in timed if r["policy"] == "fixed"]
     policy_runs = [r for r in timed if r["policy"] != "fixed"]
     assert len(runs) >= 6 and all(r["error"] is None for r in timed)
-    assert len(policy_runs) == 2 and {(r["method"], r["policy"]) for r in policy_runs} == {("draft", "cost")}
+    assert len(policy_runs) == 4
+    assert {(r["method"], r["policy"]) for r in policy_runs} == {("draft", "cost"), ("mixed", "cost")}
     for r in runs:
         t = traces[r["prompt_id"]]
         assert set(t["chains"]) == {"ngram", "suffix"} and len(t["overlap"]) == len(t["target_ids"])
@@ -1469,16 +1471,18 @@ def test_policy_best_under_sampling_times_each_drafter_at_the_k_its_sampled_trac
     by_model = {m.key[1]: m for m in models}
     for r in policy_runs:  # a policy's run against the mean of its simulated runs, pooled apart
         row = check[check["run_id"] == r["run_id"]].iloc[0]
-        assert row["method"] == "draft cost"
-        assert row["predicted"] == pytest.approx(by_model[r["prompt_id"]].expected_policy("draft", "cost", 6)[0])
+        assert row["method"] == f"{r['method']} cost"
+        assert row["predicted"] == pytest.approx(
+            by_model[r["prompt_id"]].expected_policy(r["method"], "cost", 6)[0])
     # the K grid and the answer per type come from the expectations: every fixed K exactly, the cost policy
     # (the default) as the mean of simulated runs
     grid = a[T.TRACE_GRID]
-    assert set(grid["method"]) == {"draft", "ngram", "suffix"} and set(grid["policy"]) == {"fixed", "cost"}
-    assert len(grid) == 17 * 3 * len(models) and (grid["predicted"] > 0).all()
+    assert set(grid["method"]) == {"draft", "ngram", "suffix", "mixed"} and set(grid["policy"]) == {"fixed", "cost"}
+    assert len(grid) == 17 * 4 * len(models) and (grid["predicted"] > 0).all()
     answer = a[T.ANSWER]
     assert set(answer["prompt_type"]) == {"code", "repetitive"} and answer["best_method"].notna().all()
     assert (answer["default"] > 0).all()  # the default policy predicted per type under sampling
+    assert a.default_policy == ("mixed", "cost")  # generate's default, replayed from the sampled traces
     write_report(db, tmp_path / "report")
     text = (tmp_path / "report" / "report.md").read_text()
     assert "Sampled sweeps: each prompt's sampled trace" in text and "priced in expectation" in text
@@ -1523,7 +1527,7 @@ def test_a_temperature_axis_is_one_sweep_per_temperature_in_one_store_each_besid
                                     "--temperature", "0.5"])
     assert bad.exit_code != 0 and "not both" in bad.output and not (tmp_path / "none.db").exists()
     bad = runner.invoke(cli_app(), [*args[:-2], "--db", str(tmp_path / "none.db"), "--temperatures", "0,0.7",
-                                    "--methods", "baseline,draft,mixed", "--policies", "best"])
+                                    "--methods", "baseline,draft,ngram_hf", "--policies", "best"])
     assert bad.exit_code != 0 and "temperature 0.7: policy 'best'" in bad.output
     assert not (tmp_path / "none.db").exists()  # the greedy sweep, which alone would run, did not start
 
@@ -1535,20 +1539,22 @@ def cli_app():
 
 
 def test_policy_best_needs_traces_calibration_and_a_sampled_replay(tiny_pair, near_draft_dir, prompt_file):
-    for kw, why in (({"temperature": 0.7, "methods": "baseline,draft,mixed"}, "under sampling .* without mixed"),
+    for kw, why in (({"temperature": 0.7, "methods": "baseline,draft,ngram_hf"}, "under sampling .* without ngram_hf"),
                     ({"traces": False}, "--no-traces"), ({"calibration_repeats": 0}, "--calibration-repeats 0")):
         with pytest.raises(ValueError, match=why):
             tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", **kw)
-    # the default methods under sampling are those a sampled trace replays (the mixed drafter left out)
-    assert "mixed" in S.make_config({}).methods and "mixed" not in S.make_config({"temperature": 0.7}).methods
-    # ... and the plan says that the default policies' mixed:cost plans nothing then
+    # the default methods under sampling are those a sampled trace replays: the mixed drafter (the default)
+    # among them, so the default policies plan runs at every temperature
     from specdec.bench.grid import idle_policies
 
-    assert idle_policies(S.make_config({})) is None
-    assert idle_policies(S.make_config({"temperature": 0.7})).startswith("nothing planned for policy mixed:cost")
-    # under sampling the draft model, prompt lookup and the suffix drafter have a sampled replay
+    assert S.make_config({}).methods == S.make_config({"temperature": 0.7}).methods
+    assert idle_policies(S.make_config({})) is None and idle_policies(S.make_config({"temperature": 0.7})) is None
+    # a policy entry whose drafter is not planned says so
+    assert idle_policies(S.make_config({"temperature": 0.7, "methods": "baseline,draft"})).startswith(
+        "nothing planned for policy mixed:cost")
+    # under sampling the draft model, prompt lookup, the suffix drafter and the mixed drafter have a sampled replay
     cfg = tiny_sweep_config(tiny_pair, near_draft_dir, prompt_file, policies="best", temperature=0.7,
-                            methods="baseline,draft,ngram,suffix")
+                            methods="baseline,draft,ngram,suffix,mixed")
     assert cfg.policies == ("best",)
 
 

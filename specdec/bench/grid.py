@@ -77,8 +77,8 @@ def policies_for(cfg: SweepConfig, method: str, *, primary: bool = True) -> tupl
 
 def idle_policies(cfg: SweepConfig) -> str | None:
     """A line naming the ``method:policy`` entries of the policies that plan nothing because `method` is not
-    among the sweep's methods (the default ``mixed:cost`` under sampling, where the mixed drafter, which has
-    no sampled replay, is left out of the default methods); None when every entry plans runs."""
+    among the sweep's methods (``--policies mixed:cost --methods baseline,draft``; under sampling the default
+    methods are those a sampled trace replays); None when every entry plans runs."""
     idle = dict.fromkeys(e for e in (*cfg.policies, *cfg.secondary_policies)
                          if ":" in e and e.split(":", 1)[0] not in cfg.methods)
     if not idle:

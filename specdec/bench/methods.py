@@ -357,8 +357,10 @@ def peers_for(rc: RuntimeConfig) -> tuple[str, ...]:
 
 def chain_drafter_names(methods) -> list[str]:
     """The model-free drafters that `methods` (a sweep's) replay from a sampled trace by their chains (the
-    catalogue's ``sampled_replay == "chain"``), sorted: each costs the trace its chain forwards."""
+    catalogue's ``sampled_replay == "chain"``, and the `DrafterEntry.chain` of a ``"drafter+overlap"`` one),
+    sorted: each costs the trace its chain forwards."""
     from specdec.catalogue.drafters import DRAFTERS
 
     names = {METHODS[m].replay_as or m for m in methods if m in METHODS}
+    names |= {DRAFTERS[n].chain for n in names if n in DRAFTERS and DRAFTERS[n].sampled_replay == "drafter+overlap"}
     return sorted(n for n in names if n in DRAFTERS and DRAFTERS[n].sampled_replay == "chain")

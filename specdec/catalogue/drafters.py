@@ -57,10 +57,13 @@ class DraftSource:
             sizes a batched draft model's cache (None: the runtime's default).
         trace: an acceptance trace (`specdec.engine.traces.AcceptanceTrace`) that stands in for the pair's
             draft model: a drafter replayed with ``replay="drafter+trace"`` reads its draft model's greedy
-            proposals from it (`specdec.drafters.traced.TracedModelDrafter`). draft_context: the draft
-            model's context length then (it caps K as the live draft's does; None: no cap).
+            proposals from it (`specdec.drafters.traced.TracedModelDrafter`), or, from a sampled trace, its
+            rounds' fates drawn from `rng` (`specdec.drafters.traced.SampledModelDrafter`).
+        draft_context: the draft model's context length then (it caps K as the live draft's does; None: no
+            cap).
         budget: the new tokens a row is expected to generate (the generation's budget): the horizon over which
             the mixed drafter weighs the draft model's deferred prefill (None: `MIXED_BUDGET`).
+        rng: the random source of a sampled trace's draft-model stand-in (`random.Random`).
     """
 
     pair: Any = None
@@ -73,6 +76,7 @@ class DraftSource:
     trace: Any = None
     draft_context: int | None = None
     budget: int | None = None
+    rng: Any = None
 
     def row_costs(self) -> Any:
         """`costs` as one row of a batch sees them: ``v(n) = t(rows x n) / t(rows)`` on the measured curve
@@ -115,6 +119,9 @@ class DrafterEntry:
             ``"drafter+trace"`` likewise with the trace standing in for its draft model (`DraftSource.trace`:
             a drafter that chooses per round whether to draft with the model), None when no trace records
             it. replay_as: a drafter whose replay stands for this one's.
+        chain: for a ``"drafter+trace"`` replay, the model-free drafter whose rounds it drafts besides the
+            draft model's (its `specdec.drafters.base.Draft.source`), whose chain a sampled trace records for
+            them (`sampled_replay`).
         analytic: how the analytical model (Leviathan et al. 2023: fixed K, per-token acceptance) prices its
             drafting: ``"measured"`` at the measured c, ``"free"`` at c = 0; None: the model does not describe
             it (its draft length follows its match, or its tokens are another tokenizer's).
@@ -134,6 +141,7 @@ class DrafterEntry:
     priced: bool = False
     replay: str | None = "drafter"
     replay_as: str | None = None
+    chain: str | None = None
     analytic: str | None = None
     max_rows: int | None = None
     in_sweep: bool = False
@@ -151,11 +159,13 @@ class DrafterEntry:
     def sampled_replay(self) -> str | None:
         """How a sampled trace (`specdec.engine.sampled_traces`) replays it: ``"overlap"`` (the draft model: its
         overlap with the target along the sampled output), ``"chain"`` (a model-free drafter asked along the
-        output, its tokens' acceptance probabilities recorded), None (not recorded: a drafter that chooses per
-        round whether to draft with the model, one of another tokenizer, or one replayed as another)."""
-        if self.replay_as is not None:
+        output, its tokens' acceptance probabilities recorded), ``"drafter+overlap"`` (a drafter that chooses per
+        round between the draft model and a model-free drafter: driven along the output, its model rounds drawn
+        from the overlap, its other rounds from `chain`'s), None (not recorded: one of another tokenizer, or
+        one replayed as another)."""
+        if self.replay_as is not None or (self.replay == "drafter+trace" and self.chain is None):
             return None
-        return {"trace": "overlap", "drafter": "chain"}.get(self.replay or "")
+        return {"trace": "overlap", "drafter": "chain", "drafter+trace": "drafter+overlap"}.get(self.replay or "")
 
     @property
     def k_is_cap(self) -> bool:
@@ -314,15 +324,17 @@ def grid_drafters() -> tuple[str, ...]:
 
 
 def replay_drafter(name: str, *, costs: Any = None, ngram: tuple[int, int] = (3, 1), trace: Any = None,
-                   draft_context: int | None = None) -> Drafter | None:
+                   draft_context: int | None = None, rng: Any = None) -> Drafter | None:
     """What `specdec.engine.traces.replay` drives for drafter `name`: None for a drafter replayed from the
     trace's draft tokens (the draft model), else a fresh row drafter (its proposals depend on the committed
     text alone, or on that and its draft model's greedy proposals, read from `trace`).
 
     Args:
         costs: the cost curve a priced drafter chooses with. ngram: prompt lookup's n-gram sizes.
-        trace: the trace being replayed (needed by a ``"drafter+trace"`` replay, `DrafterEntry.replay`).
+        trace: the trace being replayed (needed by a ``"drafter+trace"`` replay, `DrafterEntry.replay`): a
+            greedy trace with draft tokens, or a sampled one with the draft model's overlap.
         draft_context: the draft model's context length (None: no cap).
+        rng: a sampled trace's random source (`DraftSource.rng`).
 
     Raises:
         ValueError: an unknown name, a drafter no trace records, or a ``"drafter+trace"`` replay without a
@@ -336,10 +348,11 @@ def replay_drafter(name: str, *, costs: Any = None, ngram: tuple[int, int] = (3,
     if entry.replay == "drafter":
         return entry.row(DraftSource(costs=costs, ngram=ngram))
     if entry.replay == "drafter+trace":
-        if trace is None or trace.draft_ids is None:
-            raise ValueError(f"drafter {name!r} is replayed from a trace's draft tokens: none given")
+        kind = "overlap" if getattr(trace, "sampling", None) is not None else "draft_ids"
+        if getattr(trace, kind, None) is None:
+            raise ValueError(f"drafter {name!r} is replayed from a trace's draft model: none given")
         return entry.row(DraftSource(costs=costs, ngram=ngram, trace=trace, draft_context=draft_context,
-                                     budget=trace.max_new_tokens))
+                                     budget=trace.max_new_tokens, rng=rng))
     replayable = ", ".join(n for n, e in DRAFTERS.items() if e.replay is not None)
     raise ValueError(f"no replay for drafter {name!r} (known: {replayable})")
 
@@ -390,9 +403,9 @@ def _mixed(s: DraftSource) -> Drafter:
     from specdec.drafters.suffix import SuffixDrafter
 
     if s.trace is not None:
-        from specdec.drafters.traced import TracedModelDrafter
+        from specdec.drafters.traced import model_on_trace
 
-        return MixedDrafter.on_model_drafter(SuffixDrafter(s.costs), TracedModelDrafter(s.trace, s.draft_context),
+        return MixedDrafter.on_model_drafter(SuffixDrafter(s.costs), model_on_trace(s.trace, s.draft_context, s.rng),
                                              s.costs, budget=s.budget or MIXED_BUDGET)
     return MixedDrafter(SuffixDrafter(s.costs), s.pair.draft.backend, s.pair.vocab_size, s.costs,
                         budget=s.budget or MIXED_BUDGET)
@@ -428,7 +441,7 @@ for _e in (
     DrafterEntry("mixed", "suffix or draft model",
                  "each round the suffix drafter's proposal, the draft model's or none, by expected tokens/s on "
                  "the measured costs", _mixed, batched=_mixed_batched, needs_model=True, priced=True,
-                 replay="drafter+trace", in_sweep=True),
+                 replay="drafter+trace", chain="suffix", in_sweep=True),
     DrafterEntry("xtok", "draft with another tokenizer",
                  "a draft model of another tokenizer: its text re-tokenized for the target",
                  _cross_tokenizer, aliases=("cross_tokenizer",), needs_model=True, other_tokenizer=True,

@@ -13,6 +13,14 @@ cache's length after `rollback` (so the next round's catch-up) and every later c
 drafter's. The confidence stop (`min_confidence`) is read from ``draft_top_prob`` while the drafted tokens agree
 with the target; past a disagreement the replay assumes no stop (a K that bounds the live one from above, as
 `specdec.engine.traces.replay` says).
+
+Under sampling (`SampledModelDrafter`) a round's fate is a draw: the draft model's j-th token of a round at
+output position i is accepted, given those before it were, with probability beta_{i+j-1}, the overlap of the two
+models' warped distributions along the sampled trace (`specdec.engine.sampled_traces`). The stand-in draws
+that fate when it proposes and writes it into its tokens: the accepted ones are the trace's output tokens,
+the first rejected one and those after it `UNKNOWN`. So the drafter that drives it learns from the committed
+sequence, which follows the trace, exactly the accepted and judged counts of the draw
+(`specdec.drafters.base.verified`), and the simulation reads the draw back from the tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from __future__ import annotations
 from specdec.core.sampling import SamplingParams
 from specdec.drafters.base import Draft
 
-__all__ = ["UNKNOWN", "TracedModelDrafter"]
+__all__ = ["UNKNOWN", "SampledModelDrafter", "TracedModelDrafter", "model_on_trace"]
 
 #: The placeholder for a draft token past the first one the target rejects (no token id is negative).
 UNKNOWN = -1
@@ -41,6 +49,7 @@ class TracedModelDrafter:
 
     name = "model"
     defers_prefill = True
+    greedy = True
 
     def __init__(self, trace, draft_context: int | None = None) -> None:
         if trace.draft_ids is None:
@@ -77,8 +86,8 @@ class TracedModelDrafter:
         Raises:
             ValueError: sampled decoding, or a committed sequence that is not the trace's prompt + output.
         """
-        if not sampling.greedy:
-            raise ValueError("a trace replays greedy decoding only")
+        if sampling.greedy != self.greedy:
+            raise ValueError(f"this trace replays {'greedy' if self.greedy else 'sampled'} decoding only")
         out = []
         for i, (c, k) in enumerate(zip(committed, ks, strict=True)):
             if k <= 0:
@@ -92,11 +101,7 @@ class TracedModelDrafter:
     def _read(self, committed: list[int], k: int, stop: float | None) -> tuple[list[int], bool]:
         """Up to `k` draft tokens after `committed` from the trace, and whether the confidence stop ended them."""
         t = self.trace
-        n_prompt = len(t.prompt_ids)
-        pos = len(committed) - n_prompt
-        if pos < 0 or tuple(committed[:n_prompt]) != t.prompt_ids or tuple(committed[n_prompt:]) != t.target_ids[:pos]:
-            raise ValueError("the committed sequence is not the trace's prompt + target-only output: the replay "
-                             "left the trace")
+        pos = self._on_trace(committed)
         tokens: list[int] = []
         known = True  # every token drafted so far agrees with the target: the draft's context is on the trace
         for j in range(pos, pos + k):
@@ -107,6 +112,20 @@ class TracedModelDrafter:
             tokens.append(tok)
             known = known and j < len(t.target_ids) and tok == t.target_ids[j]
         return tokens, False
+
+    def _on_trace(self, committed: list[int]) -> int:
+        """The output position `committed` reaches on the trace.
+
+        Raises:
+            ValueError: a committed sequence that is not the trace's prompt + output.
+        """
+        t = self.trace
+        n_prompt = len(t.prompt_ids)
+        pos = len(committed) - n_prompt
+        if pos < 0 or tuple(committed[:n_prompt]) != t.prompt_ids or tuple(committed[n_prompt:]) != t.target_ids[:pos]:
+            raise ValueError("the committed sequence is not the trace's prompt + target-only output: the replay "
+                             "left the trace")
+        return pos
 
     def rollback(self, committed: list[list[int]]) -> None:
         """Keep each row's cached prefix that agrees with its committed sequence (at most all but its last
@@ -121,3 +140,47 @@ class TracedModelDrafter:
 
     def keep(self, rows: list[int]) -> None:
         self._cached = [self._cached[r] for r in rows]
+
+
+class SampledModelDrafter(TracedModelDrafter):
+    """The draft model of one sampled trace (`specdec.engine.sampled_traces.SampledTrace`, with its overlap) as
+    `BatchedModelDrafter`'s batch of one row, its rounds' fates drawn from `rng` (module docstring): a proposal
+    of K tokens at output position i is the output's tokens while each is accepted with probability
+    ``overlap[i + j]`` in turn, then `UNKNOWN`; no proposal runs past the output's end. Sampled only; the
+    confidence stop is not applied.
+
+    Raises:
+        ValueError: a trace without the draft model's overlap.
+    """
+
+    greedy = False
+
+    def __init__(self, trace, rng, draft_context: int | None = None) -> None:
+        if getattr(trace, "overlap", None) is None:
+            raise ValueError("this sampled trace has no draft model's overlap (record it with a draft backend)")
+        self.trace, self.rng, self.draft_context = trace, rng, draft_context
+        self._cached = []
+
+    def _read(self, committed: list[int], k: int, stop: float | None) -> tuple[list[int], bool]:
+        t = self.trace
+        pos = self._on_trace(committed)
+        tokens: list[int] = []
+        accepted = True
+        for j in range(pos, min(pos + k, len(t.target_ids))):
+            accepted = accepted and self.rng.random() < t.overlap[j]
+            tokens.append(t.target_ids[j] if accepted else UNKNOWN)
+        return tokens, False
+
+
+def model_on_trace(trace, draft_context: int | None = None, rng=None) -> TracedModelDrafter:
+    """The draft model read from `trace`: `SampledModelDrafter` (fates drawn from `rng`) for a sampled trace,
+    `TracedModelDrafter` for a greedy one.
+
+    Raises:
+        ValueError: a sampled trace without `rng` or overlap; a greedy one without draft tokens.
+    """
+    if getattr(trace, "sampling", None) is not None:
+        if rng is None:
+            raise ValueError("a sampled trace's draft model draws its rounds' fates: give a random source")
+        return SampledModelDrafter(trace, rng, draft_context)
+    return TracedModelDrafter(trace, draft_context)

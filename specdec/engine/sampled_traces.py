@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.core.sampling import SamplingParams, warp
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import Draft, Drafter
 from specdec.engine.traces import AcceptanceTrace, ReplayRound, stored_json, teacher_forced
 from specdec.runtimes.base import Backend
 
@@ -291,7 +291,8 @@ def expected_run(trace: SampledTrace, drafter: str, k: int, round_s: Callable[[i
     return ExpectedRun(r, d, a, s, n, dr)
 
 
-def simulate_run(trace: SampledTrace, drafter: str, policy, rng: random.Random) -> list[ReplayRound]:
+def simulate_run(trace: SampledTrace, drafter: str, policy, rng: random.Random, live: Drafter | None = None
+                 ) -> list[ReplayRound]:
     """One draw of a run of `drafter` under K policy `policy` over `trace`, for what an expectation cannot give:
     a policy's K depends on the rounds it has seen. Each round at output position i asks the policy for K,
     drafts kk = min(K, budget - i - 1, the proposal's length) tokens, accepts them in turn with their recorded
@@ -300,10 +301,20 @@ def simulate_run(trace: SampledTrace, drafter: str, policy, rng: random.Random) 
     `expected_run`). Averaged over draws it is the policy's expected run; for a fixed K it converges to
     `expected_run`'s.
 
+    A drafter that chooses per round between the draft model and a model-free drafter (the mixed drafter) is
+    driven as the engine drives it (`live`: prefill, propose on prompt + output[:i], rollback with the
+    committed sequence along the output), its draft model a `specdec.drafters.traced.SampledModelDrafter` on
+    the same `rng`: a round the draft model drafted has its fate drawn there and written into its tokens (the
+    output's tokens while accepted), a round of the model-free drafter (its `Draft.source`) reads that
+    drafter's recorded chain, cut to the tokens it proposed (a proposal longer than the recorded one is
+    drafted as the recorded one's length: the chain holds no more). Its model-free drafter learns from the
+    output, as the chain's recording drafter did.
+
     Args:
-        trace: a `SampledTrace`. drafter: `DRAFT_MODEL` or a recorded drafter's name.
+        trace: a `SampledTrace`. drafter: `DRAFT_MODEL` or a recorded drafter's name (with `live`: ignored).
         policy: a fresh `specdec.policies` K policy (started here; a confidence stop is not applied).
         rng: the draw's random source.
+        live: the driven drafter (None: `drafter`'s recorded probabilities alone).
 
     Returns:
         The rounds (`specdec.engine.traces.ReplayRound`); their emitted tokens sum to the output's length.
@@ -312,19 +323,31 @@ def simulate_run(trace: SampledTrace, drafter: str, policy, rng: random.Random) 
         KeyError: a drafter the trace did not record.
     """
     n = len(trace.target_ids)
-    policy.start(prefill_tokens=len(trace.prompt_ids) if drafter == DRAFT_MODEL else None,
-                 budget=trace.max_new_tokens)
+    defers = drafter == DRAFT_MODEL if live is None else getattr(live, "defers_prefill", False)
+    policy.start(prefill_tokens=len(trace.prompt_ids) if defers else None, budget=trace.max_new_tokens)
+    prompt = list(trace.prompt_ids)
+    if live is not None:
+        live.prefill(prompt[:-1])
     rounds: list[ReplayRound] = []
     pos = 0
     while pos < n:
-        want = max(0, int(policy.next_round().k))
-        probs = trace.acceptance(drafter, pos, max(0, min(want, trace.max_new_tokens - pos - 1)))
+        kk = max(0, min(int(policy.next_round().k), trace.max_new_tokens - pos - 1))
+        by_model = None
+        if live is None:
+            probs = trace.acceptance(drafter, pos, kk)
+        else:
+            draft = live.propose(prompt + list(trace.target_ids[:pos]), kk, trace.sampling, None) if kk else Draft([])
+            by_model = bool(live.drafted_by_model) if kk else None  # `specdec.engine.traces.ReplayRound.by_model`
+            probs = ([float(t == x) for t, x in zip(draft.tokens, trace.target_ids[pos:])] if by_model
+                     else trace.acceptance(draft.source, pos, len(draft.tokens)) if draft.tokens else [])
         accepted = 0
         while accepted < len(probs) and rng.random() < probs[accepted]:
             accepted += 1
         emitted = min(accepted + 1, n - pos)
-        r = ReplayRound(len(probs), min(accepted, emitted), emitted)
+        r = ReplayRound(len(probs), min(accepted, emitted), emitted, by_model=by_model)
         rounds.append(r)
         policy.observe(r.as_record())
         pos += emitted
+        if live is not None:
+            live.rollback(prompt + list(trace.target_ids[:pos]))
     return rounds

@@ -142,7 +142,9 @@ class TraceModel:
         """A sampled trace's expected fixed-K run of `method` (`specdec.engine.sampled_traces.expected_run`)
         and its predicted decode speedup: a round that drafted kk tokens costs F(kk + 1) + o_spec plus, for
         the draft model, kk draft steps (its catch-up priced at one step: an expectation has no round
-        history), for a model-free drafter its per-round seconds.
+        history), for a model-free drafter its per-round seconds. A drafter that chooses per round between the
+        draft model and a model-free one has no closed form: the mean of `POLICY_DRAWS` simulated runs at
+        fixed K (`simulated`).
 
         Raises:
             ValueError: a drafter no sampled trace replays or this one did not record.
@@ -150,10 +152,10 @@ class TraceModel:
         from specdec.catalogue.drafters import drafter
         from specdec.engine.sampled_traces import DRAFT_MODEL, expected_run
 
-        entry = drafter(method)
-        if entry.sampled_replay is None:
-            raise ValueError(f"no sampled replay for drafter {method!r}: choose K with --ks under sampling")
-        model = entry.sampled_replay == "overlap"
+        kind = self._sampled_kind(method)
+        if kind == "drafter+overlap":
+            return self.simulated(method, "fixed", k)
+        model = kind == "overlap"
         curve = self.curve
 
         def round_s(kk: int) -> float:
@@ -161,20 +163,36 @@ class TraceModel:
             return draft + (curve.padded_value(kk + 1) if self.padded else curve.forward_s(kk + 1)) + self.o_spec
 
         try:
-            run = expected_run(self.trace, DRAFT_MODEL if model else entry.name, int(k),
+            run = expected_run(self.trace, DRAFT_MODEL if model else drafter(method).name, int(k),
                                round_s if curve is not None else None)
         except KeyError as e:
             raise ValueError(f"the sampled trace holds no record of drafter {method!r}: {e.args[0]}") from None
         base = self.baseline_decode_s()
         return run, base / run.decode_s if run.decode_s > 0 and math.isfinite(base) else math.nan
 
+    def _sampled_kind(self, method: str) -> str:
+        """`method`'s `specdec.catalogue.drafters.DrafterEntry.sampled_replay` (ValueError when None)."""
+        from specdec.catalogue.drafters import drafter
+
+        kind = drafter(method).sampled_replay
+        if kind is None:
+            raise ValueError(f"no sampled replay for drafter {method!r}: choose K with --ks under sampling")
+        return kind
+
     def expected_policy(self, method: str, policy: str, k: int, draws: int = POLICY_DRAWS, seed: int = 0
                         ) -> tuple[float, float, float]:
-        """A sampled trace's run of `method` under adaptive K `policy` (largest K `k`), averaged over `draws`
+        """`simulated`'s run of `method` under adaptive K `policy` (largest K `k`) as the mean tokens per target
+        forward, the mean drafted tokens per drafting round and the predicted decode speedup."""
+        run, speedup = self.simulated(method, policy, k, draws, seed)
+        return run.block_efficiency, run.drafted / run.drafting_rounds if run.drafting_rounds else 0.0, speedup
+
+    def simulated(self, method: str, policy: str, k: int, draws: int = POLICY_DRAWS, seed: int = 0
+                  ) -> tuple[ExpectedRun, float]:
+        """A sampled trace's run of `method` under K `policy` at K `k` (its largest K), averaged over `draws`
         simulated runs (`specdec.engine.sampled_traces.simulate_run`, seeded by `seed`; the policy built as
-        `rounds` builds it): the mean tokens per target forward, the mean drafted tokens per drafting round,
-        and the predicted decode speedup (target-only seconds over the mean priced seconds, each draw's rounds
-        priced as `decode_s` prices replayed rounds).
+        `rounds` builds it; a ``"drafter+overlap"`` drafter driven live on the trace, `replay_drafter`): the
+        mean run (rounds, drafted, accepted, priced seconds as `decode_s` prices replayed rounds, drafting
+        rounds) and the predicted decode speedup (target-only seconds over the mean priced seconds).
 
         Raises:
             ValueError: a drafter no sampled trace replays or this one did not record; the cost policy without
@@ -182,35 +200,37 @@ class TraceModel:
         """
         import random
 
-        from specdec.catalogue.drafters import drafter
+        from specdec.catalogue.drafters import drafter, replay_drafter
         from specdec.catalogue.policies import make_policy
         from specdec.catalogue.policies import policy as policy_entry
-        from specdec.engine.sampled_traces import DRAFT_MODEL, simulate_run
+        from specdec.engine.sampled_traces import DRAFT_MODEL, ExpectedRun, simulate_run
 
-        entry = drafter(method)
-        if entry.sampled_replay is None:
-            raise ValueError(f"no sampled replay for drafter {method!r}")
+        kind, entry = self._sampled_kind(method), drafter(method)
         if policy_entry(policy).needs_costs and self.curve is None:
             raise ValueError(f"the {policy} policy needs measured costs")
         if draws < 1:
             raise ValueError(f"draws must be >= 1, got {draws}")
-        key = DRAFT_MODEL if entry.sampled_replay == "overlap" else entry.name
+        if kind == "drafter+overlap" and entry.chain not in self.trace.chains:
+            raise ValueError(f"the sampled trace holds no record of drafter {method!r}: no {entry.chain} chain")
+        key = DRAFT_MODEL if kind == "overlap" else entry.name
         rng = random.Random(seed)
-        n_rounds = drafted = drafting = 0
-        seconds = 0.0
+        totals = [0.0] * 5  # rounds, drafted, accepted, seconds, drafting rounds
         for _ in range(draws):
             pol = make_policy(policy, k, costs=self.curve, pad_verify=self.padded, free_drafts=entry.k_is_cap)
+            live = None if kind != "drafter+overlap" else replay_drafter(
+                method, costs=self.curve, ngram=self.ngram, trace=self.trace, draft_context=self.draft_context,
+                rng=rng)
             try:
-                rounds = simulate_run(self.trace, key, pol, rng)
+                rounds = simulate_run(self.trace, key, pol, rng, live)
             except KeyError as e:
                 raise ValueError(f"the sampled trace holds no record of drafter {method!r}: {e.args[0]}") from None
-            n_rounds += len(rounds)
-            drafted += sum(r.k for r in rounds)
-            drafting += sum(1 for r in rounds if r.k > 0)
-            seconds += self.decode_s(method, rounds)
-        base, mean_s = self.baseline_decode_s(), seconds / draws
-        speedup = base / mean_s if mean_s > 0 and math.isfinite(base) else math.nan
-        return len(self.trace.target_ids) * draws / n_rounds, drafted / drafting if drafting else 0.0, speedup
+            for i, x in enumerate((len(rounds), sum(r.k for r in rounds), sum(r.num_accepted for r in rounds),
+                                   self.decode_s(method, rounds), sum(1 for r in rounds if r.k > 0))):
+                totals[i] += x
+        rounds_, drafted, accepted, seconds, drafting = (t / draws for t in totals)
+        base = self.baseline_decode_s()
+        speedup = base / seconds if seconds > 0 and math.isfinite(base) else math.nan
+        return ExpectedRun(rounds_, drafted, accepted, seconds, len(self.trace.target_ids), drafting), speedup
 
     def best_fixed_k(self, method: str, ks: Iterable[int] = range(1, 17)) -> tuple[int, float]:
         """The fixed K in `ks` whose replay (a sampled trace: whose expected run) is predicted fastest, and its

@@ -145,6 +145,16 @@ class GreedyChain:
         return Draft(ids[len(committed):])
 
 
+def _seeded_traces(target, draft, prompt, sampling, n, drafters, new=40) -> list[SampledTrace]:
+    """The sampled traces of `n` seeded target-only runs of `new` tokens (seeds 100, 101, ...)."""
+    out = []
+    for seed in range(n):
+        ids = autoregressive_generate(target, prompt, new, vocab_size=V, sampling=sampling, seed=100 + seed).token_ids
+        out.append(record_sampled_trace(target, prompt, ids, new, sampling, draft=draft, drafters=drafters,
+                                        vocab_size=V))
+    return out
+
+
 def test_the_expectation_matches_timed_sampled_runs(tiny_tokenizer, target, near_draft):
     """The predicted block efficiency (mean over 6 seeded target-only runs' traces) against the measured one
     (mean over 16 seeded speculative runs) for the draft model, prompt lookup and a deterministic drafter
@@ -158,13 +168,8 @@ def test_the_expectation_matches_timed_sampled_runs(tiny_tokenizer, target, near
     for sampling in (HOT, WARM, COLD):
         for text in TEXTS:
             prompt = tiny_tokenizer(text).input_ids
-            traces = []
-            for seed in range(6):
-                out = autoregressive_generate(target, prompt, 40, vocab_size=V, sampling=sampling,
-                                              seed=100 + seed).token_ids
-                chain = {"ngram": PromptLookupDrafter, "greedy_chain": lambda: GreedyChain(near_draft)}
-                traces.append(record_sampled_trace(target, prompt, out, 40, sampling, draft=near_draft,
-                                                   drafters=chain, vocab_size=V))
+            chain = {"ngram": PromptLookupDrafter, "greedy_chain": lambda: GreedyChain(near_draft)}
+            traces = _seeded_traces(target, near_draft, prompt, sampling, 6, chain)
             for name in ("draft", "ngram", "greedy_chain"):
                 for k in (2, 4):
                     pred = statistics.mean(expected_run(t, name, k).block_efficiency for t in traces)
@@ -363,12 +368,7 @@ def test_the_mixed_drafters_sampled_replay_matches_timed_sampled_runs(tiny_token
     ratios, control = [], []
     for text in TEXTS:
         prompt = tiny_tokenizer(text).input_ids
-        traces = []
-        for seed in range(12):
-            out = autoregressive_generate(target, prompt, 40, vocab_size=V, sampling=sampling,
-                                          seed=100 + seed).token_ids
-            traces.append(record_sampled_trace(target, prompt, out, 40, sampling, draft=near_draft,
-                                               drafters={"suffix": lambda: SuffixDrafter(costs)}, vocab_size=V))
+        traces = _seeded_traces(target, near_draft, prompt, sampling, 12, {"suffix": lambda: SuffixDrafter(costs)})
         pred = statistics.mean(TraceModel(t, costs).expected("mixed", 8)[0].rounds / len(t.target_ids)
                                for t in traces)
         wrong = statistics.mean(

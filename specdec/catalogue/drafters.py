@@ -221,11 +221,10 @@ def drafter(name: str) -> DrafterEntry:
     Raises:
         ValueError: an unknown name (the message lists the names).
     """
-    key = str(name).strip().lower()
-    for e in DRAFTERS.values():
-        if key in e.names:
-            return e
-    raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    entry = _known(name)
+    if entry is None:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    return entry
 
 
 def default_policy(timed: Any = None) -> tuple[str, str]:
@@ -287,10 +286,7 @@ def batched_drafter(name: str, source: DraftSource) -> BatchedDrafter:
 
 def _known(name: str) -> DrafterEntry | None:
     """The entry of a stored method name, or None for a method that is no drafter (target-only, peers)."""
-    try:
-        return drafter(name)
-    except ValueError:
-        return None
+    return next((e for e in DRAFTERS.values() if str(name).strip().lower() in e.names), None)
 
 
 def analytic_c(name: str, c: float | None) -> float | None:
@@ -348,9 +344,8 @@ def replay_drafter(name: str, *, costs: Any = None, ngram: tuple[int, int] = (3,
     if entry.replay == "drafter":
         return entry.row(DraftSource(costs=costs, ngram=ngram))
     if entry.replay == "drafter+trace":
-        kind = "overlap" if getattr(trace, "sampling", None) is not None else "draft_ids"
-        if getattr(trace, kind, None) is None:
-            raise ValueError(f"drafter {name!r} is replayed from a trace's draft model: none given")
+        if trace is None:  # a trace without its draft model's record: `model_on_trace` says so
+            raise ValueError(f"drafter {name!r} is replayed from a trace's draft model: no trace given")
         return entry.row(DraftSource(costs=costs, ngram=ngram, trace=trace, draft_context=draft_context,
                                      budget=trace.max_new_tokens, rng=rng))
     replayable = ", ".join(n for n, e in DRAFTERS.items() if e.replay is not None)

@@ -386,3 +386,21 @@ def test_the_mixed_drafters_sampled_replay_matches_timed_sampled_runs(tiny_token
     assert all(abs(r - 1) < 0.08 for r in ratios), ratios
     assert abs(statistics.mean(ratios) - 1) < 0.05, ratios
     assert statistics.mean(control) > 1.1, control
+
+
+def test_the_sampled_grid_prices_only_the_drafters_a_trace_records():
+    """The report's K grid of a sampled trace holds a drafter only where the trace records what its replay reads:
+    a trace with the draft's overlap and prompt lookup's chain (a sweep without the suffix drafter) gives the
+    draft model and prompt lookup, not the mixed drafter, whose suffix rounds read the suffix chain; with that
+    chain it gives the suffix and mixed drafters too (and the mixed drafter's fixed K and cost policy)."""
+    from specdec.core.costs import CostCurve
+    from specdec.report.predicted import PromptModel, _expected_rows
+
+    curve = CostCurve({1: 0.10, 2: 0.11, 4: 0.12, 8: 0.15, 17: 0.25}, draft_step_s=0.02)
+    for chains, want in (({"ngram": ((0.5,),) * 20}, {"draft", "ngram"}),
+                         ({"ngram": ((0.5,),) * 20, "suffix": ((),) * 20}, {"draft", "ngram", "suffix", "mixed"})):
+        t = SampledTrace((1,), tuple(range(20)), 20, HOT, overlap=(0.5,) * 20, chains=chains)
+        m = PromptModel(("c", "p", ""), "code", t, curve, 0.0, 0.0, 0.0, (3, 1), None)
+        rows = _expected_rows(m, ("cost",), 16)
+        assert {r["method"] for r in rows} == want
+        assert {r["policy"] for r in rows if r["method"] == "mixed"} <= {"fixed", "cost"}

@@ -149,13 +149,12 @@ class TraceModel:
         Raises:
             ValueError: a drafter no sampled trace replays or this one did not record.
         """
-        from specdec.catalogue.drafters import drafter
         from specdec.engine.sampled_traces import DRAFT_MODEL, expected_run
 
-        kind = self._sampled_kind(method)
-        if kind == "drafter+overlap":
+        entry = self._sampled_entry(method)
+        if entry.sampled_replay == "drafter+overlap":
             return self.simulated(method, "fixed", k)
-        model = kind == "overlap"
+        model = entry.sampled_replay == "overlap"
         curve = self.curve
 
         def round_s(kk: int) -> float:
@@ -163,21 +162,32 @@ class TraceModel:
             return draft + (curve.padded_value(kk + 1) if self.padded else curve.forward_s(kk + 1)) + self.o_spec
 
         try:
-            run = expected_run(self.trace, DRAFT_MODEL if model else drafter(method).name, int(k),
+            run = expected_run(self.trace, DRAFT_MODEL if model else entry.name, int(k),
                                round_s if curve is not None else None)
         except KeyError as e:
             raise ValueError(f"the sampled trace holds no record of drafter {method!r}: {e.args[0]}") from None
         base = self.baseline_decode_s()
         return run, base / run.decode_s if run.decode_s > 0 and math.isfinite(base) else math.nan
 
-    def _sampled_kind(self, method: str) -> str:
-        """`method`'s `specdec.catalogue.drafters.DrafterEntry.sampled_replay` (ValueError when None)."""
+    def _sampled_entry(self, method: str):
+        """`method`'s `specdec.catalogue.drafters.DrafterEntry`, which a sampled trace replays (ValueError when
+        its `sampled_replay` is None)."""
         from specdec.catalogue.drafters import drafter
 
-        kind = drafter(method).sampled_replay
-        if kind is None:
+        entry = drafter(method)
+        if entry.sampled_replay is None:
             raise ValueError(f"no sampled replay for drafter {method!r}: choose K with --ks under sampling")
-        return kind
+        return entry
+
+    def records(self, method: str) -> bool:
+        """Whether this sampled trace holds what `method`'s sampled replay reads: the draft model's overlap
+        (``"overlap"``), the drafter's chain (``"chain"``), or both the overlap and its `DrafterEntry.chain`'s
+        chain (``"drafter+overlap"``); False for a drafter no sampled trace replays."""
+        from specdec.catalogue.drafters import drafter
+
+        entry, overlap, chains = drafter(method), self.trace.overlap is not None, self.trace.chains
+        return {"overlap": overlap, "chain": entry.name in chains,
+                "drafter+overlap": overlap and entry.chain in chains}.get(entry.sampled_replay or "", False)
 
     def expected_policy(self, method: str, policy: str, k: int, draws: int = POLICY_DRAWS, seed: int = 0
                         ) -> tuple[float, float, float]:
@@ -200,18 +210,20 @@ class TraceModel:
         """
         import random
 
-        from specdec.catalogue.drafters import drafter, replay_drafter
+        from specdec.catalogue.drafters import replay_drafter
         from specdec.catalogue.policies import make_policy
         from specdec.catalogue.policies import policy as policy_entry
         from specdec.engine.sampled_traces import DRAFT_MODEL, ExpectedRun, simulate_run
 
-        kind, entry = self._sampled_kind(method), drafter(method)
+        entry = self._sampled_entry(method)
+        kind = entry.sampled_replay
         if policy_entry(policy).needs_costs and self.curve is None:
             raise ValueError(f"the {policy} policy needs measured costs")
         if draws < 1:
             raise ValueError(f"draws must be >= 1, got {draws}")
-        if kind == "drafter+overlap" and entry.chain not in self.trace.chains:
-            raise ValueError(f"the sampled trace holds no record of drafter {method!r}: no {entry.chain} chain")
+        if kind == "drafter+overlap" and not self.records(method):
+            raise ValueError(f"the sampled trace holds no record of drafter {method!r}: no {entry.chain} chain "
+                             "or no overlap")
         key = DRAFT_MODEL if kind == "overlap" else entry.name
         rng = random.Random(seed)
         totals = [0.0] * 5  # rounds, drafted, accepted, seconds, drafting rounds

@@ -343,9 +343,7 @@ def _expected_rows(m: PromptModel, policies: Sequence[str], policy_k: int) -> li
     (`TraceModel.expected_policy`; a policy that needs costs is left out without them)."""
     rows = []
     for method in _DRAFTERS:
-        kind = drafter(method).sampled_replay
-        if kind is None or (kind == "overlap" and m.trace.overlap is None) or (
-                kind == "chain" and method not in m.trace.chains):
+        if not m.records(method):
             continue
         key = {"config_label": m.key[0], "prompt_id": m.key[1], "prompt_type": m.prompt_type, "method": method}
         for k in GRID:

@@ -169,13 +169,15 @@ def test_a_sampled_stores_answer_table_shows_its_timed_runs_block_efficiency_not
     answer = type_answer(_grid({f"p{i}": {("draft", "fixed", 4): 1.3, ("ngram", "fixed", 8): 0.9}
                                 for i in range(2)}), _pvm([]).iloc[0:0])
     assert (answer["timed"] == "").all() and (answer["default_verdict"] == "").all()
-    sampled = pd.DataFrame([[1, "c", "p0", "code", "draft", 4, 0.7, 2.5, 3.0, 2.5 / 3.0],
-                            [2, "c", "p1", "code", "draft", 4, 0.7, 2.5, 2.0, 2.5 / 2.0],
-                            [3, "c", "p0", "code", "ngram", 8, 0.7, 1.2, 1.0, 1.2]], columns=COLUMNS)
+    sampled = pd.DataFrame([[1, "c", "p0", "code", "draft", "fixed", 4, 0.7, 2.5, 3.0, 2.5 / 3.0],
+                            [2, "c", "p1", "code", "draft", "fixed", 4, 0.7, 2.5, 2.0, 2.5 / 2.0],
+                            [3, "c", "p0", "code", "ngram", "fixed", 8, 0.7, 1.2, 1.0, 1.2],
+                            [4, "c", "p1", "code", "mixed cost", "cost", 16, 0.7, 2.2, 2.0, 1.1]], columns=COLUMNS)
     a = Analysis(store=None, tables={T.ANSWER.name: answer, T.SAMPLED.name: sampled}, costs={}, missing=[])
     (tab,) = [b for b in answer_section(a, []).blocks if isinstance(b, Table)]
     row = dict(zip(tab.headers, tab.rows[0], strict=True))
     assert row["timed (measured, predicted)"] == ("tokens/forward: draft K=4 2.45 (predicted 2.50, 2 runs); "
+                                                  "mixed cost (K up to 16) 2.00 (predicted 2.20, 1 run); "
                                                   "ngram K=8 1.00 (predicted 1.20, 1 run)")
     assert row["default verdict"] == "-"
     empty = Analysis(store=None, tables={T.ANSWER.name: answer}, costs={}, missing=[])

@@ -1494,7 +1494,7 @@ def test_a_temperature_axis_is_one_sweep_per_temperature_in_one_store_each_besid
     temperature, top-p only where T > 0, each seeded); the same command with --resume runs nothing again,
     and one given a third temperature adds only its sweep; the report sets each sweep of the axis beside the
     one it shows. A setting one temperature refuses fails before any sweep."""
-    from specdec.report.load import axis_sweeps
+    from specdec.report.load import axis_sweeps, load_store
     from specdec.report.render import write_report
 
     db = tmp_path / "axis.db"
@@ -1519,7 +1519,7 @@ def test_a_temperature_axis_is_one_sweep_per_temperature_in_one_store_each_besid
     with Store(db) as st:
         again = {sid: len(st.runs(sid)) for sid in (w["sweep_id"] for w in st.sweeps())}
     assert {sid: again[sid] for sid in n_runs} == n_runs and len(again) == 3  # only T = 1.0 ran
-    assert len(axis_sweeps(db, by_t[0.0])) == 2 and axis_sweeps(db, by_t[0.7])[0] == by_t[0.0]
+    assert len(axis_sweeps(load_store(db, by_t[0.0]))) == 2 and axis_sweeps(load_store(db, by_t[0.7]))[0] == by_t[0.0]
     md = write_report(db, tmp_path / "report", sweep=by_t[0.7]).markdown.read_text(encoding="utf-8")
     assert f"\n## Beside greedy ({by_t[0.0]})" in md and "\n## Beside T = 1 (" in md
     # refused in one line before any sweep starts

@@ -97,13 +97,12 @@ def _sweep(**opts) -> None:
         if opts["measure_costs"] and not opts["dry_run"]:
             raise ValueError("--measure-costs prices a --dry-run; add --dry-run (a sweep measures its own costs)")
         axis = S.axis_configs(cfg)  # one sweep per temperature of --temperatures, all validated first
+        resumes = axis_resume(axis, db_path, opts["resume"])
         if opts["dry_run"]:
-            for one in axis:
-                _dry_run(one, db_path, shard, measure=opts["measure_costs"],
-                         resume=axis_resume(one, axis, db_path, opts["resume"]))
+            for one, resume in zip(axis, resumes, strict=True):
+                _dry_run(one, db_path, shard, measure=opts["measure_costs"], resume=resume)
             return
-        for one in axis:
-            resume = axis_resume(one, axis, db_path, opts["resume"])
+        for one, resume in zip(axis, resumes, strict=True):
             try:
                 if executor == "ray":
                     sweep_on_ray(one, db_path, resume=resume, address=opts["address"], progress=opts["progress"],

@@ -72,13 +72,14 @@ def for_shard(prepared: Prepared, shard: Shard | str | None) -> Prepared:
     return dataclasses.replace(prepared, plan=shard_plan(prepared.plan, prepared.prompts, shard))
 
 
-def axis_resume(one, axis, db_path: Path, resume: bool) -> bool:
-    """``--resume`` for sweep `one` of a temperature axis (`specdec.bench.config.axis_configs`): a sweep the
-    store does not hold yet starts (False) once another sweep of the axis is there, so one command starts or
-    continues the whole axis; otherwise `resume` (a store holding none of them still refuses a mistyped
-    ``--resume``)."""
+def axis_resume(axis, db_path: Path, resume: bool) -> list[bool]:
+    """``--resume`` for each sweep of a temperature axis (`specdec.bench.config.axis_configs`), in order: a
+    sweep the store does not hold yet starts (False) once another sweep of the axis is there, so one command
+    starts or continues the whole axis; otherwise `resume` (a store holding none of them still refuses a
+    mistyped ``--resume``)."""
     if not resume or len(axis) == 1 or not db_path.is_file():
-        return resume
+        return [resume] * len(axis)
+    ids = [prepare(c).sweep_id for c in axis]
     with Store(db_path, readonly=True) as store:
-        held = {sid for sid in (prepare(c).sweep_id for c in axis) if store.get_sweep(sid) is not None}
-    return prepare(one).sweep_id in held or not held
+        held = {sid for sid in ids if store.get_sweep(sid) is not None}
+    return [sid in held or not held for sid in ids]

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from specdec.bench import store
+from specdec.bench.plan import same_axis
 from specdec.catalogue.drafters import default_policy
 from specdec.core.metrics import RATES
 from specdec.store_info import machine_label, missing_shards
@@ -29,7 +30,6 @@ __all__ = [
     "COST_COLUMNS",
     "ROUND_COLUMNS",
     "RUN_COLUMNS",
-    "SAMPLING_KEYS",
     "SWEEP_COLUMNS",
     "StoreData",
     "axis_sweeps",
@@ -285,33 +285,17 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
                      traces, calibration, roofline, machine_costs, [json.loads(d) for d in synthetic["doc_json"]])
 
 
-#: The identity keys a temperature axis varies (`specdec.bench.config.axis_configs`; `specdec.bench.plan.meaning`).
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "ignore_eos")
-
-
-def axis_sweeps(db: str | Path, sweep_id: str | None) -> list[str]:
-    """The other sweeps of store `db` on `sweep_id`'s temperature axis (``specdec sweep --temperatures``):
-    those whose stored identity equals its own but for `SAMPLING_KEYS`, ordered by temperature; [] when
-    `sweep_id` is None or has no stored identity."""
-    if sweep_id is None:
+def axis_sweeps(store: StoreData) -> list[str]:
+    """The other sweeps of `store`'s file on its sweep's temperature axis (``specdec sweep --temperatures``):
+    those whose stored identity equals its own but for the sampling keys (`specdec.bench.plan.same_axis`),
+    ordered by temperature; [] when the sweep has no stored identity."""
+    meaning = {str(sid): parse_json(cj) for sid, cj in zip(store.sweeps["sweep_id"], store.sweeps["config_json"],
+                                                            strict=True)}
+    mine = meaning.get(str(store.sweep_id))
+    if not isinstance(mine, dict):
         return []
-    con = _connect(Path(db))
-    try:
-        rows = con.execute("SELECT sweep_id, config_json FROM sweeps").fetchall()
-    except sqlite3.DatabaseError:
-        return []
-    finally:
-        con.close()
-    meaning = {str(sid): parse_json(cj) for sid, cj in rows}
-    if not isinstance(meaning.get(sweep_id), dict):
-        return []
-
-    def rest(m: dict) -> dict:
-        return {k: v for k, v in m.items() if k not in SAMPLING_KEYS}
-
-    mine = rest(meaning[sweep_id])
     same = [(float(m.get("temperature") or 0.0), sid) for sid, m in meaning.items()
-            if sid != sweep_id and isinstance(m, dict) and rest(m) == mine]
+            if sid != store.sweep_id and isinstance(m, dict) and same_axis(m, mine)]
     return [sid for _, sid in sorted(same)]
 
 

@@ -232,7 +232,7 @@ def write_report(db: str | Path, out: str | Path, sweep: str | None = None,
     """
     store = load_store(db, sweep)
     # read before anything is written: the sweeps of this one's temperature axis, then --beside's
-    others = [analyze(load_store(db, sid)) for sid in axis_sweeps(db, store.sweep_id)]
+    others = [analyze(load_store(db, sid)) for sid in axis_sweeps(store)]
     others += [analyze(load_store(beside))] if beside is not None else []
     analysis = analyze(store)
     out_dir = Path(out)

@@ -16,8 +16,8 @@ from specdec.report.load import ensure_prepared, is_missing
 
 __all__ = ["sampled_check", "sampled_summary"]
 
-COLUMNS = ["run_id", "config_label", "prompt_id", "prompt_type", "method", "k", "temperature", "predicted",
-           "measured", "ratio"]
+COLUMNS = ["run_id", "config_label", "prompt_id", "prompt_type", "method", "policy", "k", "temperature",
+           "predicted", "measured", "ratio"]
 
 
 def sampled_check(runs: pd.DataFrame, models: Sequence) -> pd.DataFrame:
@@ -26,7 +26,7 @@ def sampled_check(runs: pd.DataFrame, models: Sequence) -> pd.DataFrame:
     efficiency (tokens per target forward) and their ratio. A fixed-K run is predicted by the trace's
     expected run (exact), a K policy's run by the mean of its simulated runs
     (`specdec.measure.pricing.TraceModel.expected_policy`), its ``method`` then ``"<drafter> <policy>"`` so
-    that each pools apart. Columns: `COLUMNS`."""
+    that each pools apart (``policy``: the run's K policy, ``"fixed"`` for a fixed K). Columns: `COLUMNS`."""
     from specdec.catalogue.drafters import DRAFTERS
 
     by_key = {m.key: m for m in models if m.sampled}
@@ -51,7 +51,7 @@ def sampled_check(runs: pd.DataFrame, models: Sequence) -> pd.DataFrame:
         meas = float(r.new_tokens) / float(r.num_rounds)
         rows.append({"run_id": int(r.run_id), "config_label": r.config_label, "prompt_id": r.prompt_id,
                      "prompt_type": r.prompt_type, "method": r.method if fixed else f"{r.method} {r.policy}",
-                     "k": int(r.k),
+                     "policy": "fixed" if fixed else str(r.policy), "k": int(r.k),
                      "temperature": float(r.temperature), "predicted": pred, "measured": meas,
                      "ratio": pred / meas})
     return pd.DataFrame(rows, columns=COLUMNS)

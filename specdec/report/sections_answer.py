@@ -46,9 +46,9 @@ def _sampled_timed(check: pd.DataFrame, label: str, ptype: str) -> str:
     if not len(t):
         return ""
     parts = []
-    for (method, k), h in t.groupby(["method", "k"], sort=True):
+    for (method, policy, k), h in t.groupby(["method", "policy", "k"], sort=True):
         n = len(h)
-        what = f"{method} (K up to {int(k)})" if " " in method else f"{method} K={int(k)}"
+        what = f"{method} K={int(k)}" if policy == "fixed" else f"{method} (K up to {int(k)})"
         parts.append(f"{what} {stats.geometric_mean(h['measured']):.2f} (predicted "
                      f"{stats.geometric_mean(h['predicted']):.2f}, {n} run{'s' if n > 1 else ''})")
     return "tokens/forward: " + "; ".join(parts)

@@ -131,7 +131,8 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
-        self.reply({"status": "ok"} if self.path == "/health" else {"argv": sys.argv})
+        self.reply({"status": "ok"} if self.path == "/health" else
+                   {"argv": sys.argv, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
 
     def do_POST(self):
         global served
@@ -181,6 +182,19 @@ def test_stand_in_lifecycle(fake_bin):
     assert not server.running and not server.log_path.exists()  # the temporary log directory is gone
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("policy", [None, "PASSIVE", "ACTIVE"])
+def test_the_server_runs_under_the_clients_openmp_wait_policy(fake_bin, monkeypatch, policy):
+    """specdec's llama.cpp backend runs under the OpenMP wait policy of its environment (libgomp reads it once,
+    when torch loads it), so the server gets that same one and no other: PASSIVE alone costs ggml an OpenMP
+    futex wake-up per op, which made native target-only ~20% slower than ours on one VM."""
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    with N.NativeServer(N.NativeConfig(fake_bin)) as server:
+        assert server._get("/props", 10.0)["omp_wait_policy"] == policy
 
 
 def test_stand_in_fresh_process_for_stateful_drafters(fake_bin):

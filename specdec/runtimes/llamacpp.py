@@ -51,11 +51,11 @@ import torch
 
 from specdec.runtimes.base import BackendError, ContextOverflowError
 
-# libgomp (llama.cpp's OpenMP worker threads) reads this once, when `llama_cpp` first loads libggml-cpu, so it
-# must be set before that import. With the default (ACTIVE) idle workers spin between decodes; on a shared or
-# oversubscribed machine this stalled 2-thread single-token decodes of SmolLM2-135M from ~20 ms to 0.1-3 s.
-# PASSIVE costs one futex wake-up per decode. An explicit OMP_WAIT_POLICY in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's wait policy: llama.cpp's CPU backend (an OpenMP build) shares torch's libgomp, loaded and configured
+# once at `import torch`, so only an OMP_WAIT_POLICY in the environment before the process starts applies;
+# setting it here would be too late. Unset, libgomp spins briefly at each barrier and then sleeps. ggml waits
+# at an OpenMP barrier after every op, so PASSIVE (sleep at once) costs a futex wake-up per op: ~24 ms more per
+# forward of the default target on the 2-vCPU Intel Xeon VM (87 -> 111 ms; `specdec costs`), whatever n.
 
 DEFAULT_MAX_CTX = 4096
 DEFAULT_N_BATCH = 512

@@ -31,7 +31,6 @@ from specdec.bench.store import cell_key, model_identity, sweep_id_for
 from specdec.prompts import Prompt, read_prompts
 
 __all__ = [
-    "SAMPLING_KEYS",
     "PlannedRun",
     "Prepared",
     "build_plan",
@@ -42,7 +41,6 @@ __all__ = [
     "prepare",
     "primary_ids",
     "rebracket",
-    "same_axis",
     "select_prompts",
 ]
 
@@ -270,17 +268,6 @@ def _pass(cfg: SweepConfig, groups: list[Group], make, *, priced: bool = False) 
     if with_base:
         out.extend(make(base, None, None, r) for r in range(cfg.repeats, cfg.baseline_repeats))
     return out
-
-
-#: The identity keys sampling sets in `meaning`: a temperature axis (`specdec.bench.config.axis_configs`) varies
-#: only these, so two sweeps of one axis have identities equal but for them (`same_axis`).
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "ignore_eos")
-
-
-def same_axis(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two sweep identities (`meaning`) are equal but for `SAMPLING_KEYS`: one temperature axis."""
-    return {k: v for k, v in a.items() if k not in SAMPLING_KEYS} == {k: v for k, v in b.items()
-                                                                      if k not in SAMPLING_KEYS}
 
 
 def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str | None) -> dict[str, Any]:

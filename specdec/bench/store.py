@@ -55,13 +55,14 @@ from specdec.bench.store_schema import (
     cell_key,
     columns,
     model_identity,
+    same_axis,
     sweep_id_for,
 )
 
 __all__ = [
     "ROUND_COLUMNS", "RUN_COLUMNS", "SCHEMA_VERSION", "TABLES", "Store", "StoreBusyError", "StoreError",
     "SweepExistsError", "SweepNotFoundError", "batch_group", "batch_id_for", "canonical_json", "cell_key", "columns", "connect",
-    "model_identity", "sweep_id_for", "writer_lock",
+    "model_identity", "same_axis", "sweep_id_for", "writer_lock",
 ]  # fmt: skip
 
 

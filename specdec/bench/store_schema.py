@@ -30,6 +30,7 @@ __all__ = [
     "BATCH_TABLES",
     "ROUND_COLUMNS",
     "RUN_COLUMNS",
+    "SAMPLING_KEYS",
     "SCHEMA_VERSION",
     "TABLES",
     "batch_group",
@@ -38,6 +39,7 @@ __all__ = [
     "cell_key",
     "columns",
     "model_identity",
+    "same_axis",
     "sweep_id_for",
 ]
 
@@ -225,6 +227,17 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
 def canonical_json(obj: Any) -> str:
     """JSON with sorted keys, no whitespace, ASCII only: the same object always gives the same string."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+#: The identity keys sampling sets (`specdec.bench.plan.meaning`): a temperature axis
+#: (`specdec.bench.config.axis_configs`) varies only these, so its sweeps' identities are equal but for them.
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "ignore_eos")
+
+
+def same_axis(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two sweep identities are equal but for `SAMPLING_KEYS`: sweeps of one temperature axis."""
+    return {k: v for k, v in a.items() if k not in SAMPLING_KEYS} == {k: v for k, v in b.items()
+                                                                      if k not in SAMPLING_KEYS}
 
 
 def sweep_id_for(config: Mapping[str, Any]) -> str:

@@ -21,7 +21,6 @@ import numpy as np
 import pandas as pd
 
 from specdec.bench import store
-from specdec.bench.plan import same_axis
 from specdec.catalogue.drafters import default_policy
 from specdec.core.metrics import RATES
 from specdec.store_info import machine_label, missing_shards
@@ -285,17 +284,17 @@ def _read(con: sqlite3.Connection, path: Path, sweep: str | None) -> StoreData:
                      traces, calibration, roofline, machine_costs, [json.loads(d) for d in synthetic["doc_json"]])
 
 
-def axis_sweeps(store: StoreData) -> list[str]:
-    """The other sweeps of `store`'s file on its sweep's temperature axis (``specdec sweep --temperatures``):
-    those whose stored identity equals its own but for the sampling keys (`specdec.bench.plan.same_axis`),
+def axis_sweeps(data: StoreData) -> list[str]:
+    """The other sweeps of `data`'s file on its sweep's temperature axis (``specdec sweep --temperatures``):
+    those whose stored identity equals its own but for the sampling keys (`specdec.bench.store.same_axis`),
     ordered by temperature; [] when the sweep has no stored identity."""
-    meaning = {str(sid): parse_json(cj) for sid, cj in zip(store.sweeps["sweep_id"], store.sweeps["config_json"],
+    meaning = {str(sid): parse_json(cj) for sid, cj in zip(data.sweeps["sweep_id"], data.sweeps["config_json"],
                                                             strict=True)}
-    mine = meaning.get(str(store.sweep_id))
+    mine = meaning.get(str(data.sweep_id))
     if not isinstance(mine, dict):
         return []
     same = [(float(m.get("temperature") or 0.0), sid) for sid, m in meaning.items()
-            if sid != store.sweep_id and isinstance(m, dict) and same_axis(m, mine)]
+            if sid != data.sweep_id and isinstance(m, dict) and store.same_axis(m, mine)]
     return [sid for _, sid in sorted(same)]
 
 

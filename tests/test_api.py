@@ -87,7 +87,7 @@ def test_greedy_generation_equals_target_only_for_each_drafter_and_policy(fp32_p
     assert (fixed.policy, fixed.k, fixed.drafter) == ("fixed", 3, "draft")  # the catalogue's one name
     assert fixed.num_drafted > 0 and 0 < fixed.num_accepted <= fixed.num_drafted
     assert {r.k for r in fixed.rounds} <= {0, 1, 2, 3}
-    assert (heuristic.policy, heuristic.k) == ("heuristic", 4) and (cost.policy, cost.k) == ("cost", 16)
+    assert (heuristic.policy, heuristic.k) == ("heuristic", 4) and (cost.policy, cost.k) == ("cost", 64)
     assert heuristic.drafter == cost.drafter == DEFAULT_DRAFTER
     assert ngram.drafter == "ngram"
     # token ids as the prompt give the same output as its text
@@ -121,18 +121,18 @@ def test_the_cost_policy_reuses_its_cached_costs_and_remeasures_on_request(fp32_
     monkeypatch.setattr(timing, "measure_forwards", counting)
     generate(fp32_pair, PROMPT, max_new_tokens=4)
     generate(fp32_pair, PROMPT, max_new_tokens=4)
-    assert calls == [17]  # measured once, then read from the cache
+    assert calls == [65]  # measured once (verification at the default largest K, 64), then read from the cache
     generate(fp32_pair, PROMPT, max_new_tokens=4, remeasure_costs=True)
-    assert calls == [17, 17]
+    assert calls == [65, 65]
     (stored,) = (tmp_path / "costs").glob("quick-*.json")
     import json
 
     costs = json.loads(stored.read_text())["costs"]
-    assert sorted(int(n) for n in costs["target_forward_s"]) == [1, 2, 3, 5, 9, 17]
+    assert sorted(int(n) for n in costs["target_forward_s"]) == [1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 49, 64, 65]
     assert costs["draft_step_s"] > 0
     # given costs are used as they are: nothing is measured
     generate(fp32_pair, PROMPT, max_new_tokens=4, costs={"draft_step_s": 0.01, "target_forward_s": {1: 0.02}})
-    assert calls == [17, 17]
+    assert calls == [65, 65]
 
 
 def test_default_dtype_and_target_only_pairs(tiny_pair):

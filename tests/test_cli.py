@@ -115,7 +115,7 @@ def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_
         entry, k = resolve_policy(name, k)
         return entry.name, k
 
-    assert default_policy(None, None) == ("cost", 16)
+    assert default_policy(None, None) == ("cost", 64)
     assert default_policy(None, 3) == ("fixed", 3)
     assert default_policy("Heuristic", None) == ("heuristic", 4)
     assert default_policy("confidence", None) == ("confidence", 16)
@@ -127,9 +127,9 @@ def test_generate_defaults_to_the_cost_policy_unless_k_is_given(tiny_pair, near_
     p = run(*args, env=env)
     assert p.returncode == 0, p.stderr
     out = one_row(json.loads(p.stdout.strip().splitlines()[-1]))
-    assert (out["policy"], out["k"]) == ("cost", 16)
+    assert (out["policy"], out["k"]) == ("cost", 64)
     assert out["identical_to_baseline"] and len(out["rounds_k"]) == out["num_rounds"]
-    assert all(0 <= k <= 16 for k in out["rounds_k"])
+    assert all(0 <= k <= 64 for k in out["rounds_k"])
     # only an adaptive policy estimates alpha; each round records the estimate it chose K with
     assert len(out["rounds_alpha"]) == out["num_rounds"] and all(0 <= a <= 1 for a in out["rounds_alpha"])
     assert "costs measured" in p.stderr and len(list((tmp_path / "costs").glob("*.json"))) == 1

@@ -19,7 +19,9 @@ def fp32_pair(tiny_pair, near_draft_dir):
 
 
 def test_the_plans_shapes():
-    assert quick_ns(17) == ([1, 2, 3, 5, 9, 17], list(QUICK_DRAFT_NS))
+    assert quick_ns(17) == ([1, 2, 3, 5, 9, 16, 17], list(QUICK_DRAFT_NS))
+    # the cost policy's default K (64): both ends of each step of the kernels' staircase past 17
+    assert quick_ns(65)[0] == [1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 49, 64, 65]
     assert quick_ns(6)[0] == [1, 2, 3, 5, 6] and quick_ns(1)[0] == [1]
     with pytest.raises(ValueError):
         quick_ns(0)

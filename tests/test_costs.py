@@ -233,3 +233,36 @@ def test_interleaved_forward_times_alternate_backends_and_roll_back():
         interleaved_forward_times({"a": (a, [1, 2, 3])}, [4], repeats=1)
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         interleaved_forward_times({"a": (a, [1, 2, 3])}, [1], repeats=0)
+
+
+#: llama.cpp's target (Q4_K_M, 2 threads, repacking off) on a 2-vCPU Xeon, in target steps at every n up to 65:
+#: its forward time rises in steps of 16 tokens.
+XEON_LLAMACPP_V = {1: 1.0, 2: 1.42, 3: 1.8, 4: 2.16, 5: 2.5, 6: 2.76, 7: 3.09, 8: 3.22, 9: 3.32, 10: 3.31,
+                   11: 3.34, 12: 3.43, 13: 3.33, 14: 3.34, 15: 3.39, 16: 3.35, 17: 4.54, 18: 4.6, 19: 4.61,
+                   20: 4.69, 21: 4.76, 22: 4.72, 23: 4.68, 24: 4.77, 25: 4.82, 26: 4.81, 27: 4.78, 28: 4.73,
+                   29: 4.82, 30: 4.95, 31: 4.97, 32: 4.89, 33: 6.02, 34: 6.02, 35: 6.13, 36: 6.23, 37: 6.27,
+                   38: 6.12, 39: 6.19, 40: 6.19, 41: 6.23, 42: 6.28, 43: 6.34, 44: 6.27, 45: 6.35, 46: 6.43,
+                   47: 6.4, 48: 6.36, 49: 7.34, 50: 7.41, 51: 7.55, 52: 7.72, 53: 7.75, 54: 7.65, 55: 7.5,
+                   56: 7.99, 57: 7.96, 58: 8.02, 59: 8.13, 60: 8.19, 61: 8.17, 62: 8.28, 63: 8.22, 64: 7.97,
+                   65: 9.24}
+
+
+def test_a_staircase_timed_at_both_ends_of_its_steps_lets_the_cost_policy_draft_a_repeat_whole():
+    from specdec.core.costs import measured_ns
+    from specdec.measure.timing import quick_ns
+
+    assert measured_ns(17) == list(range(1, 18)) and measured_ns(5) == [1, 2, 3, 4, 5]
+    assert measured_ns(65) == [*range(1, 18), 24, 25, 32, 33, 40, 41, 48, 49, 56, 57, 64, 65]
+    assert measured_ns(30)[-3:] == [24, 25, 30]
+    with pytest.raises(ValueError):
+        measured_ns(0)
+    # the sparse curve (the sweep's, and generate's quick one) follows the dense one within 6% at every n
+    for ns in (measured_ns(65), quick_ns(65)[0]):
+        sampled = {n: XEON_LLAMACPP_V[n] for n in ns}
+        assert max(abs(curve_value(sampled, n) / v - 1) for n, v in XEON_LLAMACPP_V.items()) < 0.06
+    # a free drafter whose drafts are nearly always right: 48 tokens in one round (6.4 steps) beat three rounds
+    # of 16 (3 x 3.35); measured to 17 only, the curve's slope prices 49 tokens at 9.5 steps and K stays 15
+    wide = CostPolicy(0.0, {n: XEON_LLAMACPP_V[n] for n in measured_ns(65)}, max_k=64)
+    narrow = CostPolicy(0.0, {n: XEON_LLAMACPP_V[n] for n in measured_ns(17)}, max_k=64)
+    assert wide.best_k(0.98) == 47 and narrow.best_k(0.98) == 15
+    assert wide.best_k(0.9) == narrow.best_k(0.9) == 15  # at 0.9 a long draft is not expected to survive

@@ -127,7 +127,9 @@ class SweepConfig:
                                      "turn, this many per primary (a timed sample that checks the traces' "
                                      "predictions); 0 = every one on every primary. K grids and peers run in "
                                      "full.")
-    policy_k: int = setting(16, "Policies' starting (heuristic) or maximum (confidence, cost) K.")
+    policy_k: int | None = setting(None, "Policies' starting (heuristic) or largest (best, confidence, cost) K; "
+                                   "default: each policy's own, as generate gives it (heuristic 4, best and "
+                                   "confidence 16, cost 64).")
     peers: bool = setting(False, "Also time the library peers that apply to each configuration (transformers "
                           "generate/assisted/prompt lookup).")
     peer_ks: tuple[int, ...] = setting((4,), "K of the speculative peers.")
@@ -293,7 +295,7 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
     v["prompt_types"] = str(pt).strip() or "all"
     if v["prompts"] is not None:  # a path from the command line, a string from a file
         v["prompts"] = str(v["prompts"])
-    for name in ("prompts_per_type", "max_new_tokens", "repeats", "baseline_repeats", "policy_k", "warmup_tokens",
+    for name in ("prompts_per_type", "max_new_tokens", "repeats", "baseline_repeats", "warmup_tokens",
                  "cost_repeats", "cost_context_tokens", "ngram_max", "ngram_min", "top_k", "seed",
                  "calibration_repeats", "checks_per_prompt"):
         try:
@@ -301,13 +303,17 @@ def _normalize(values: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise ValueError(f"{name} must be an integer, got {v[name]!r}") from None
     for name, low in (("prompts_per_type", 1), ("max_new_tokens", 1), ("repeats", 1), ("baseline_repeats", 1),
-                      ("policy_k", 1), ("warmup_tokens", 1), ("cost_repeats", 1), ("cost_context_tokens", 1),
+                      ("warmup_tokens", 1), ("cost_repeats", 1), ("cost_context_tokens", 1),
                       ("ngram_min", 1), ("top_k", 0), ("calibration_repeats", 0),
                       ("checks_per_prompt", 0)):
         if v[name] < low:
             raise ValueError(f"{name} must be >= {low}, got {v[name]}")
     if v["ngram_max"] < v["ngram_min"]:
         raise ValueError(f"ngram_max ({v['ngram_max']}) must be >= ngram_min ({v['ngram_min']})")
+    if v["policy_k"] is not None:
+        v["policy_k"] = int(v["policy_k"])
+        if v["policy_k"] < 1:
+            raise ValueError(f"policy_k must be >= 1, got {v['policy_k']}")
     if v["threads"] is not None:
         v["threads"] = int(v["threads"])
         if v["threads"] < 1:

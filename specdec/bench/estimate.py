@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from specdec.bench.methods import METHODS
 from specdec.bench.plan import PlannedRun
-from specdec.core.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCurve
+from specdec.core.costs import DRAFT_CALIBRATION_NS, DRAFT_REPEAT_FACTOR, CostCurve, measured_ns
 from specdec.core.theory import expected_tokens_per_round
 
 __all__ = [
@@ -158,9 +158,9 @@ def estimate_plan_s(
 
 
 def cost_measurement_s(costs: CostCurve, max_n: int, repeats: int, extra_ns: Iterable[int] = ()) -> float:
-    """Rough seconds `measure_costs` takes: (repeats + 1 warm-up) passes over forwards of 1..max_n tokens and
+    """Rough seconds `measure_costs` takes: (repeats + 1 warm-up) passes over forwards of `measured_ns(max_n)` tokens and
     of `extra_ns` tokens (the forwards that price a batch's K, `specdec.bench.grid.batch_cost_ns`)."""
-    return (repeats + 1) * (sum(costs.forward_s(n) for n in range(1, max_n + 1))
+    return (repeats + 1) * (sum(costs.forward_s(n) for n in measured_ns(max_n))
                             + sum(costs.forward_s(n) for n in extra_ns))
 
 
@@ -175,7 +175,7 @@ def instrumentation_s(costs: CostCurve, *, max_n: int, calibration_repeats: int,
     """Rough seconds one prompt's acceptance trace and calibration block add (`specdec.bench.runner`):
     the trace is one target and one draft forward over prompt + output (the draft at c times the target's
     cost), and under sampling `CHAIN_RUN_SHARE` of a target-only run per model-free drafter whose chains it
-    records (`chain_drafters`); the block `calibration_repeats` passes over forwards of 1..max_n tokens plus
+    records (`chain_drafters`); the block `calibration_repeats` passes over forwards of `measured_ns(max_n)` plus
     3x as many passes over the draft's forwards of `DRAFT_CALIBRATION_NS` tokens (priced as the draft step
     times the target's v(n))."""
     out = 0.0
@@ -186,7 +186,7 @@ def instrumentation_s(costs: CostCurve, *, max_n: int, calibration_repeats: int,
         out += chain_drafters * CHAIN_RUN_SHARE * new_tokens * costs.target_step_s
     if calibration_repeats > 0:
         draft = (costs.draft_step_s or 0.0) * sum(costs.v(n) for n in DRAFT_CALIBRATION_NS)
-        out += calibration_repeats * (sum(costs.forward_s(n) for n in range(1, max_n + 1))
+        out += calibration_repeats * (sum(costs.forward_s(n) for n in measured_ns(max_n))
                                       + DRAFT_REPEAT_FACTOR * draft)
     return out
 

@@ -37,6 +37,8 @@ __all__ = [
     "idle_policies",
     "method_ks",
     "policies_for",
+    "policy_k",
+    "sweep_policy_ks",
     "type_ks_entries",
     "type_ks_for",
 ]  # fmt: skip
@@ -73,6 +75,29 @@ def policies_for(cfg: SweepConfig, method: str, *, primary: bool = True) -> tupl
     if method in METHODS and METHODS[method].cross_tokenizer:
         out.pop(BEST_K, None)
     return tuple(out)
+
+
+#: The largest K of ``best`` (the fixed K the prompt's trace predicts fastest) without ``--policy-k``: the
+#: largest K of the original study's grid.
+BEST_K_MAX = 16
+
+
+def policy_k(cfg: SweepConfig, policy: str) -> int:
+    """The K a policy runs at in the sweep (the heuristic's start, the largest K of the others, ``best``'s
+    range): ``--policy-k`` when given, else the policy's own default (`specdec.catalogue.policies`, as
+    ``generate`` gives it; `BEST_K_MAX` for ``best``)."""
+    if cfg.policy_k is not None:
+        return int(cfg.policy_k)
+    if policy == BEST_K:
+        return BEST_K_MAX
+    from specdec.catalogue.policies import policy as policy_entry
+
+    return policy_entry(policy).default_k
+
+
+def sweep_policy_ks(cfg: SweepConfig) -> list[int]:
+    """`policy_k` of every policy the sweep names (primary and secondary)."""
+    return [policy_k(cfg, policy_name(e)) for e in (*cfg.policies, *cfg.secondary_policies)]
 
 
 def idle_policies(cfg: SweepConfig) -> str | None:
@@ -130,11 +155,11 @@ def batch_policies(cfg: SweepConfig, method: str) -> tuple[str, ...]:
 
 def batch_k(cfg: SweepConfig, batch_size: int) -> int:
     """The largest K a batch of `batch_size` rows prices (policy ``best``'s range, the cost policy's largest K):
-    ``--policy-k``, capped as ``generate`` caps a batch's K (`specdec.policies.batch.batch_k_max`:
+    the largest `policy_k` of the sweep's policies, capped as ``generate`` caps a batch's K (`specdec.policies.batch.batch_k_max`:
     B x (K + 1) <= 128 tokens)."""
     from specdec.policies.batch import batch_k_max
 
-    return min(cfg.policy_k, batch_k_max(batch_size))
+    return min(max(sweep_policy_ks(cfg), default=BEST_K_MAX), batch_k_max(batch_size))
 
 
 def batch_cost_ns(cfg: SweepConfig) -> tuple[list[int], list[int]]:

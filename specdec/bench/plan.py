@@ -22,6 +22,8 @@ from specdec.bench.grid import (
     batch_units,
     method_ks,
     policies_for,
+    policy_k,
+    sweep_policy_ks,
     type_ks_entries,
     type_ks_for,
 )
@@ -218,7 +220,7 @@ def _prompt_groups(cfg: SweepConfig, label: str, prompt: Prompt, turn: int | Non
         grid.extend((m, k, "fixed") for k in ks)
         grid.extend((m, k, "fixed") for k in extra if k not in ks)
         grid.extend((m, k, "fixed") for k in method_ks(cfg, m) if k not in ks and k not in extra)
-    policies: list[Group] = [(m, cfg.policy_k, p) for m in drafting
+    policies: list[Group] = [(m, policy_k(cfg, p), p) for m in drafting
                              for p in policies_for(cfg, m, primary=is_primary)]
     timed_peers = is_primary or cfg.secondary_peers
     if not is_primary and not grid and not policies and not (timed_peers and peers) and cfg.checks_per_prompt > 0:
@@ -301,12 +303,11 @@ def meaning(cfg: SweepConfig, prompts: Sequence[Prompt], target: str, draft: str
 
 
 def cost_max_n(cfg: SweepConfig) -> int:
-    """Largest forward the cost curve covers: n = 1..17 always (K up to 16), more when a cell uses K > 16
-    (its verification forward scores K + 1 tokens)."""
+    """Largest forward the cost curve covers: n = 1..17 always (K up to 16), more when a cell or a policy uses
+    K > 16 (its verification forward scores K + 1 tokens; the cost policy's default largest K is 64)."""
     ks = list(cfg.ks) + list(cfg.secondary_ks) + list(cfg.peer_ks) + [k for _, _, k in type_ks_entries(cfg)]
     ks += [k for m in cfg.methods for k in method_ks(cfg, m)]
-    if cfg.policies or cfg.secondary_policies:
-        ks.append(cfg.policy_k)
+    ks += sweep_policy_ks(cfg)
     return max([17] + [k + 1 for k in ks])
 
 

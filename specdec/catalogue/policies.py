@@ -26,7 +26,8 @@ class PolicyEntry:
     Attributes:
         name: its one name (``--policy``, ``policy=``, ``runs.policy``). help: one line for ``--help``.
         default_k: the K it gets when none is given (fixed and the heuristic's start: 4; the largest K of the
-            adaptive policies: 16).
+            confidence stop: 16; of the cost policy: 64, since it prices every K on the measured curve and a
+            repeat drafted whole pays where verification rises in steps, `specdec.core.costs.TILE_STEP`).
         needs_costs: it prices K on a measured cost curve (the cost policy).
         build: ``build(k, costs, pad_verify, **options)`` -> the policy of one sequence; `costs` a
             `specdec.core.costs.CostCurve` (or its dict) with the drafter's step (0 for a model-free one);
@@ -88,7 +89,7 @@ POLICIES: dict[str, PolicyEntry] = {p.name: p for p in (
     PolicyEntry("confidence", "K every round; the draft model stops below a top probability of 0.4", 16,
                 _confidence),
     PolicyEntry("cost", "K per round from the measured costs and the running acceptance, never losing more "
-                "than about a step and 1% to target-only", 16, _cost, needs_costs=True, build_batch=_cost_batch),
+                "than about a step and 1% to target-only", 64, _cost, needs_costs=True, build_batch=_cost_batch),
 )}
 
 

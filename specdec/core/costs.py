@@ -47,7 +47,8 @@ from itertools import pairwise
 from statistics import median
 from typing import Any
 
-__all__ = ["DRAFT_CALIBRATION_NS", "DRAFT_PREFILL_NS", "DRAFT_REPEAT_FACTOR", "DRAFT_ROLE", "TARGET_ROLE", "CostCurve", "curve_value"]
+__all__ = ["DENSE_MAX_N", "DRAFT_CALIBRATION_NS", "DRAFT_PREFILL_NS", "DRAFT_REPEAT_FACTOR", "DRAFT_ROLE", "TARGET_ROLE", "TILE_STEP",
+           "CostCurve", "curve_value", "measured_ns"]
 
 #: The roles of measured forwards in stored costs and calibration blocks.
 TARGET_ROLE, DRAFT_ROLE = "target", "draft"
@@ -68,6 +69,28 @@ DRAFT_CALIBRATION_NS = (1, 2, 3, 4, 8, 16, 32)
 #: bucketed backend's curve is flat up to its largest bucket (a frozen graph of 16 tokens runs 17-64 in
 #: chunks), so the slope of 1..16 alone priced a 122-token prefill at a third of its time.
 DRAFT_PREFILL_NS = (32, 64)
+
+#: Target forwards are timed at every n up to this many tokens (K = 16), and beyond it at the multiples of
+#: `TILE_STEP` and one past each (`measured_ns`).
+DENSE_MAX_N = 17
+#: CPU kernels run a forward's rows in tiles, so its time past a few tokens rises in steps (llama.cpp, Q4_K_M
+#: without repacking on a 2-vCPU Xeon: v(16) 3.4, v(17) 4.5, v(32) 4.9, v(33) 6.0, v(64) 8.0 target steps);
+#: timing both ends of every step of 8 lets linear interpolation follow a staircase of 8, 16 or 32.
+TILE_STEP = 8
+
+
+def measured_ns(max_n: int) -> list[int]:
+    """The target forward sizes a cost curve is measured at for verifications of up to `max_n` tokens: 1 ..
+    `DENSE_MAX_N`, then the multiples of `TILE_STEP` and one past each, and `max_n` itself (n <= max_n).
+
+    Raises:
+        ValueError: ``max_n < 1``.
+    """
+    if int(max_n) < 1:
+        raise ValueError(f"max_n must be >= 1, got {max_n}")
+    max_n = int(max_n)
+    tiles = {n for n in range(DENSE_MAX_N + 1, max_n + 1) if n % TILE_STEP in (0, 1)}
+    return sorted(set(range(1, min(max_n, DENSE_MAX_N) + 1)) | tiles | {max_n})
 
 
 def _points(curve: Mapping[Any, Any]) -> list[tuple[int, float]]:

@@ -23,7 +23,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from specdec.core.costs import DRAFT_CALIBRATION_NS, DRAFT_PREFILL_NS, DRAFT_REPEAT_FACTOR, CostCurve
+from specdec.core.costs import (
+    DRAFT_CALIBRATION_NS,
+    DRAFT_PREFILL_NS,
+    DRAFT_REPEAT_FACTOR,
+    CostCurve,
+    measured_ns,
+)
 from specdec.runtimes.base import Backend
 from specdec.runtimes.loading import LoadedPair
 
@@ -33,8 +39,9 @@ __all__ = [
     "sweep_ns", "verification_steps",
 ]  # fmt: skip
 
-#: ``generate``'s target forward sizes: a plain step and the verification of K = 1, 2, 4, 8, 16 drafts.
-QUICK_NS = (1, 2, 3, 5, 9, 17)
+#: ``generate``'s target forward sizes: a plain step, the verification of K = 1, 2, 4, 8, 16, 32, 48 and 64
+#: drafts, and the last sizes before the steps of the kernels' staircase at 17, 33 and 49 (`specdec.core.costs.TILE_STEP`).
+QUICK_NS = (1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 49, 64, 65)
 #: ``generate``'s draft forward sizes: its step, the catch-up after a round, its largest bucket on a compiled
 #: backend, and the largest prefill-sized forward of `DRAFT_PREFILL_NS`, which sets the slope beyond.
 QUICK_DRAFT_NS = (1, 2, 16, DRAFT_PREFILL_NS[-1])
@@ -58,9 +65,10 @@ def quick_ns(max_n: int) -> tuple[list[int], list[int]]:
 
 def sweep_ns(max_n: int, draft_max_n: int = SWEEP_DRAFT_MAX_N,
              draft_extra_ns: Sequence[int] = DRAFT_PREFILL_NS) -> tuple[list[int], list[int]]:
-    """``(target ns, draft ns)`` of the whole curve: the target at 1 .. `max_n`, the draft at 1 ..
+    """``(target ns, draft ns)`` of the whole curve: the target at `specdec.core.costs.measured_ns` (every n up
+    to 17, both ends of each step of the kernels' staircase beyond, up to `max_n`), the draft at 1 ..
     `draft_max_n` and `draft_extra_ns` (its deferred prefill's size)."""
-    return list(range(1, max_n + 1)), sorted(set(range(1, draft_max_n + 1)) | {int(n) for n in draft_extra_ns})
+    return measured_ns(max_n), sorted(set(range(1, draft_max_n + 1)) | {int(n) for n in draft_extra_ns})
 
 
 def batch_ns(rows: int, max_n: int) -> tuple[list[int], list[int]]:
@@ -298,8 +306,8 @@ def measure_forwards(
 def measure_costs(pair: LoadedPair, *, max_n: int = 17, repeats: int = 3, context_tokens: int = 64,
                   draft_max_n: int = 1, draft_extra_ns: Sequence[int] = (),
                   clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
-    """The cost curve (`measure_forwards` on `sweep_ns`): the target at 1 .. `max_n` tokens (17 covers
-    verification at K = 16), the draft at 1 .. `draft_max_n` and `draft_extra_ns`, at a filler context of
+    """The cost curve (`measure_forwards` on `sweep_ns`): the target at up to `max_n` tokens (17 covers
+    verification at K = 16, 65 at K = 64), the draft at 1 .. `draft_max_n` and `draft_extra_ns`, at a filler context of
     `context_tokens` tokens. The sweep times its draft at 1 .. `SWEEP_DRAFT_MAX_N` and `DRAFT_PREFILL_NS`;
     ``specdec costs`` its step and `DRAFT_PREFILL_NS`.
 
@@ -314,7 +322,7 @@ def measure_costs(pair: LoadedPair, *, max_n: int = 17, repeats: int = 3, contex
 
 def calibration_block(pair: LoadedPair, context: list[int], *, max_n: int = 17, repeats: int = 2,
                       clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
-    """Time the target's forwards of 1 .. `max_n` tokens and the draft's of `DRAFT_CALIBRATION_NS` (its step
+    """Time the target's forwards of `specdec.core.costs.measured_ns` (up to `max_n` tokens) and the draft's of `DRAFT_CALIBRATION_NS` (its step
     and its catch-ups) at `context`, now, without a warm-up pass (`measure_forwards`).
 
     The sweep runs this block right after a prompt's target-only run, at that prompt's own context (its
@@ -329,7 +337,7 @@ def calibration_block(pair: LoadedPair, context: list[int], *, max_n: int = 17, 
     room = min(m.backend.max_length for m in models) - max(max_n, *draft_ns)
     if room < 1:
         raise ValueError(f"the models' context is too short to time a {max_n}-token forward")
-    return measure_forwards(pair, range(1, max_n + 1), draft_ns, repeats=repeats, context=list(context)[-room:],
+    return measure_forwards(pair, measured_ns(max_n), draft_ns, repeats=repeats, context=list(context)[-room:],
                             warmup=False, clock=clock)
 
 

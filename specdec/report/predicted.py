@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from specdec.catalogue.drafters import drafter, free_drafters, grid_drafters, model_drafters
+from specdec.catalogue.policies import policy as policy_entry
 from specdec.core import stats
 from specdec.core.costs import CostCurve
 from specdec.core.metrics import RATES
@@ -305,9 +306,10 @@ def catchup_summary(models: Sequence[PromptModel]) -> dict:
     return out
 
 
-def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",), policy_k: int = 16
+def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",), policy_k: int | None = None
                ) -> pd.DataFrame:
-    """Predicted decode speedup per prompt for K in `GRID` and the `policies`, every drafter of the grid (`specdec.catalogue.drafters.grid_drafters`).
+    """Predicted decode speedup per prompt for K in `GRID` and the `policies`, every drafter of the grid (`specdec.catalogue.drafters.grid_drafters`),
+    each policy at `policy_k` (None: its own default K, `specdec.catalogue.policies`).
 
     Columns: config_label, prompt_id, prompt_type, method, policy, k, predicted (decode speedup),
     block_efficiency (tokens per target forward), mean_k (drafted tokens per round with K > 0).
@@ -320,7 +322,7 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
         for method in _DRAFTERS:
             if drafter(method).needs_model and not m.trace.draft_ids:
                 continue
-            cases = [("fixed", k) for k in GRID] + [(p, policy_k) for p in policies]
+            cases = [("fixed", k) for k in GRID] + [(p, _policy_k(p, policy_k)) for p in policies]
             for policy, k in cases:
                 try:
                     rounds = m.rounds(method, k, policy)
@@ -337,7 +339,12 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
     return pd.DataFrame(rows)
 
 
-def _expected_rows(m: PromptModel, policies: Sequence[str], policy_k: int) -> list[dict]:
+def _policy_k(policy: str, policy_k: int | None) -> int:
+    """`policy_k`, or the policy's own default K when None."""
+    return int(policy_k) if policy_k is not None else policy_entry(policy).default_k
+
+
+def _expected_rows(m: PromptModel, policies: Sequence[str], policy_k: int | None) -> list[dict]:
     """`trace_grid`'s rows of a sampled trace: every drafter it recorded at fixed K in `GRID`, in expectation
     (`TraceModel.expected`), and under each of `policies`, averaged over simulated runs
     (`TraceModel.expected_policy`; a policy that needs costs is left out without them)."""
@@ -352,11 +359,12 @@ def _expected_rows(m: PromptModel, policies: Sequence[str], policy_k: int) -> li
                          "block_efficiency": run.block_efficiency,
                          "mean_k": run.drafted / run.drafting_rounds if run.drafting_rounds else 0.0})
         for policy in policies:
+            k = _policy_k(policy, policy_k)
             try:
-                bpf, mean_k, speedup = m.expected_policy(method, policy, policy_k)
+                bpf, mean_k, speedup = m.expected_policy(method, policy, k)
             except ValueError:
                 continue
-            rows.append({**key, "policy": policy, "k": policy_k, "predicted": speedup, "block_efficiency": bpf,
+            rows.append({**key, "policy": policy, "k": k, "predicted": speedup, "block_efficiency": bpf,
                          "mean_k": mean_k})
     return rows
 

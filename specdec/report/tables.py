@@ -100,7 +100,9 @@ class Inputs:
 
 def _grid(i: Inputs) -> pd.DataFrame:
     pols = [p for p in (i.sweep_setting("policies", ["cost"]) or []) if p == "cost"]
-    return trace_grid(i.prompt_models(), pols, int(i.sweep_setting("policy_k", 16)))
+    # a stored None: each policy's own default (a sweep without --policy-k); older stores ran every policy at 16
+    k = i.sweep_setting("policy_k", 16)
+    return trace_grid(i.prompt_models(), pols, None if k is None else int(k))
 
 
 def _cell_frame() -> pd.DataFrame:

@@ -158,8 +158,8 @@ def estimate_plan_s(
 
 
 def cost_measurement_s(costs: CostCurve, max_n: int, repeats: int, extra_ns: Iterable[int] = ()) -> float:
-    """Rough seconds `measure_costs` takes: (repeats + 1 warm-up) passes over forwards of `measured_ns(max_n)` tokens and
-    of `extra_ns` tokens (the forwards that price a batch's K, `specdec.bench.grid.batch_cost_ns`)."""
+    """Rough seconds `measure_costs` takes: (repeats + 1 warm-up) passes over forwards of `measured_ns(max_n)`
+    tokens and of `extra_ns` tokens (the forwards that price a batch's K, `specdec.bench.grid.batch_cost_ns`)."""
     return (repeats + 1) * (sum(costs.forward_s(n) for n in measured_ns(max_n))
                             + sum(costs.forward_s(n) for n in extra_ns))
 
@@ -175,8 +175,8 @@ def instrumentation_s(costs: CostCurve, *, max_n: int, calibration_repeats: int,
     """Rough seconds one prompt's acceptance trace and calibration block add (`specdec.bench.runner`):
     the trace is one target and one draft forward over prompt + output (the draft at c times the target's
     cost), and under sampling `CHAIN_RUN_SHARE` of a target-only run per model-free drafter whose chains it
-    records (`chain_drafters`); the block `calibration_repeats` passes over forwards of `measured_ns(max_n)` plus
-    3x as many passes over the draft's forwards of `DRAFT_CALIBRATION_NS` tokens (priced as the draft step
+    records (`chain_drafters`); the block `calibration_repeats` passes over forwards of `measured_ns(max_n)`
+    tokens plus 3x as many passes over the draft's forwards of `DRAFT_CALIBRATION_NS` tokens (priced as the draft step
     times the target's v(n))."""
     out = 0.0
     if traces:

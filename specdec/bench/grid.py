@@ -155,8 +155,8 @@ def batch_policies(cfg: SweepConfig, method: str) -> tuple[str, ...]:
 
 def batch_k(cfg: SweepConfig, batch_size: int) -> int:
     """The largest K a batch of `batch_size` rows prices (policy ``best``'s range, the cost policy's largest K):
-    the largest `policy_k` of the sweep's policies, capped as ``generate`` caps a batch's K (`specdec.policies.batch.batch_k_max`:
-    B x (K + 1) <= 128 tokens)."""
+    the largest `policy_k` of the sweep's policies, capped as ``generate`` caps a batch's K
+    (`specdec.policies.batch.batch_k_max`: at most 16, and B x (K + 1) <= 128 tokens)."""
     from specdec.policies.batch import batch_k_max
 
     return min(max(sweep_policy_ks(cfg), default=BEST_K_MAX), batch_k_max(batch_size))

@@ -47,8 +47,8 @@ from itertools import pairwise
 from statistics import median
 from typing import Any
 
-__all__ = ["DENSE_MAX_N", "DRAFT_CALIBRATION_NS", "DRAFT_PREFILL_NS", "DRAFT_REPEAT_FACTOR", "DRAFT_ROLE", "TARGET_ROLE", "TILE_STEP",
-           "CostCurve", "curve_value", "measured_ns"]
+__all__ = ["DENSE_MAX_N", "DRAFT_CALIBRATION_NS", "DRAFT_PREFILL_NS", "DRAFT_REPEAT_FACTOR", "DRAFT_ROLE",
+           "TARGET_ROLE", "TILE_STEP", "CostCurve", "curve_value", "measured_ns"]
 
 #: The roles of measured forwards in stored costs and calibration blocks.
 TARGET_ROLE, DRAFT_ROLE = "target", "draft"

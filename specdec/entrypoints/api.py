@@ -262,9 +262,9 @@ def generate(
             llama.cpp); None or 1 for a single prompt.
         max_new_tokens: budget of new tokens (>= 0; never exceeded); for a list, one for all or one each.
         k, policy: `k` alone is a fixed K; neither gives the ``cost`` policy (K chosen per round from the
-            measured costs and a running acceptance estimate) with K <= 16; a policy alone gets its default
-            K. Policies: `specdec.catalogue.policies` (a list of prompts takes those with a batch form,
-            ``fixed`` and ``cost``).
+            measured costs and a running acceptance estimate) with K <= 64 (a list of prompts: <= 16, fewer
+            for wide batches); a policy alone gets its default K. Policies: `specdec.catalogue.policies` (a
+            list of prompts takes those with a batch form, ``fixed`` and ``cost``).
         drafter: a name of `specdec.catalogue.drafters` (``"draft"``, alias ``"model"``: the pair's draft
             model; ``"ngram"``: prompt lookup; ``"suffix"``: the suffix drafter; ...), or a
             `specdec.drafters.base.Drafter` object (one prompt only). On a pair whose draft has another

@@ -58,6 +58,15 @@ def _policy_help() -> str:
             + ". Default: fixed when --k is given, else cost (K chosen per round).")
 
 
+def _k_help() -> str:
+    from specdec.catalogue.policies import POLICIES
+
+    return ("K: draft tokens per round (fixed), or the largest K an adaptive policy may ask for (the heuristic's "
+            "starting K); a drafter that sets its own length (suffix, mixed) takes it as its cap. Default: "
+            + ", ".join(f"{n} {e.default_k}" for n, e in POLICIES.items())
+            + " (a batch's cost policy at most 16, fewer for wide batches).")
+
+
 def _generate_settings() -> tuple:
     """``specdec generate``'s options, each declared once (`specdec.bench.settings.Setting`; the options every
     command shares take their names and help from `specdec.options.SHARED_OPTIONS`)."""
@@ -89,15 +98,13 @@ def _generate_settings() -> tuple:
         Setting("max_new_tokens", 128, "New tokens per prompt.", PANEL_PLAN, int),
         Setting("drafter", DEFAULT_DRAFTER, _drafter_help(), PANEL_PLAN),
         Setting("policy", None, _policy_help(), PANEL_PLAN),
-        Setting("k", None, "K: draft tokens per round (fixed), or the largest K an adaptive policy may ask for "
-                "(the heuristic's starting K); a drafter that sets its own length (suffix, mixed) takes it as its "
-                "cap. Default: 4 fixed/heuristic, 16 otherwise.", PANEL_PLAN, int),
+        Setting("k", None, _k_help(), PANEL_PLAN, int),
         flag("chat_template", "Wrap the prompt in the chat template."),
         flag("baseline", "Also run target-only decoding of the same prompts and compare: speedup, and where "
              "greedy output first differs."),
         flag("pad_verify", "Pad each verification forward to the cheapest shape on the target's measured cost "
-             "curve (the full 1..17-token curve; measured now when not cached); the cost policy prices K with "
-             "the padded cost; --baseline pads its target-only steps by the same curve."),
+             "curve (the whole curve up to K + 1 tokens; measured now when not cached); the cost policy prices K "
+             "with the padded cost; --baseline pads its target-only steps by the same curve."),
         flag("remeasure_costs", "Time the cost policy's forward shapes again instead of reusing the measurement "
              "cached for this machine, models, dtype and threads."),
         Setting("temperature", 0.0, "0 = greedy.", PANEL_SAMPLING, float),

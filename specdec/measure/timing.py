@@ -40,7 +40,8 @@ __all__ = [
 ]  # fmt: skip
 
 #: ``generate``'s target forward sizes: a plain step, the verification of K = 1, 2, 4, 8, 16, 32, 48 and 64
-#: drafts, and the last sizes before the steps of the kernels' staircase at 17, 33 and 49 (`specdec.core.costs.TILE_STEP`).
+#: drafts, and the sizes just below the steps of the kernels' staircase at 17, 33 and 49
+#: (`specdec.core.costs.TILE_STEP`).
 QUICK_NS = (1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 49, 64, 65)
 #: ``generate``'s draft forward sizes: its step, the catch-up after a round, its largest bucket on a compiled
 #: backend, and the largest prefill-sized forward of `DRAFT_PREFILL_NS`, which sets the slope beyond.
@@ -307,8 +308,8 @@ def measure_costs(pair: LoadedPair, *, max_n: int = 17, repeats: int = 3, contex
                   draft_max_n: int = 1, draft_extra_ns: Sequence[int] = (),
                   clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """The cost curve (`measure_forwards` on `sweep_ns`): the target at up to `max_n` tokens (17 covers
-    verification at K = 16, 65 at K = 64), the draft at 1 .. `draft_max_n` and `draft_extra_ns`, at a filler context of
-    `context_tokens` tokens. The sweep times its draft at 1 .. `SWEEP_DRAFT_MAX_N` and `DRAFT_PREFILL_NS`;
+    verification at K = 16, 65 at K = 64), the draft at 1 .. `draft_max_n` and `draft_extra_ns`, at a filler
+    context of `context_tokens` tokens. The sweep times its draft at 1 .. `SWEEP_DRAFT_MAX_N` and `DRAFT_PREFILL_NS`;
     ``specdec costs`` its step and `DRAFT_PREFILL_NS`.
 
     Raises:
@@ -322,8 +323,8 @@ def measure_costs(pair: LoadedPair, *, max_n: int = 17, repeats: int = 3, contex
 
 def calibration_block(pair: LoadedPair, context: list[int], *, max_n: int = 17, repeats: int = 2,
                       clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
-    """Time the target's forwards of `specdec.core.costs.measured_ns` (up to `max_n` tokens) and the draft's of `DRAFT_CALIBRATION_NS` (its step
-    and its catch-ups) at `context`, now, without a warm-up pass (`measure_forwards`).
+    """Time the target's forwards of `specdec.core.costs.measured_ns` (up to `max_n` tokens) and the draft's of
+    `DRAFT_CALIBRATION_NS` (its step and its catch-ups) at `context`, now, without a warm-up pass (`measure_forwards`).
 
     The sweep runs this block right after a prompt's target-only run, at that prompt's own context (its
     tokens and the first half of its output), so the time model's costs are measured next to the runs they

@@ -149,7 +149,7 @@ def test_plan_times_xtok_at_its_fixed_k_never_best(tiny_pair, near_draft_dir, ot
                             xtok_ks="3")
     plan = S.build_plan(cfg, S.select_prompts(cfg))
     xtok = {(c.k, c.policy) for c in plan if c.method == "xtok"}
-    assert xtok == {(3, "fixed"), (16, "cost")}  # best dropped: no trace of it is recorded
+    assert xtok == {(3, "fixed"), (64, "cost")}  # best dropped: no trace of it is recorded; cost at its own K
     assert {c.policy for c in plan if c.method == "suffix_corpus"} == {"best", "cost"}
     assert S.plan_summary(plan)["xtok K=3"] == len(S.select_prompts(cfg))
     assert METHODS["xtok"].drafts_with_model and not METHODS["xtok"].default

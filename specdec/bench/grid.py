@@ -86,13 +86,11 @@ def policy_k(cfg: SweepConfig, policy: str) -> int:
     """The K a policy runs at in the sweep (the heuristic's start, the largest K of the others, ``best``'s
     range): ``--policy-k`` when given, else the policy's own default (`specdec.catalogue.policies`, as
     ``generate`` gives it; `BEST_K_MAX` for ``best``)."""
-    if cfg.policy_k is not None:
-        return int(cfg.policy_k)
     if policy == BEST_K:
-        return BEST_K_MAX
-    from specdec.catalogue.policies import policy as policy_entry
+        return BEST_K_MAX if cfg.policy_k is None else int(cfg.policy_k)
+    from specdec.catalogue.policies import resolve_policy
 
-    return policy_entry(policy).default_k
+    return resolve_policy(policy, cfg.policy_k)[1]
 
 
 def sweep_policy_ks(cfg: SweepConfig) -> list[int]:

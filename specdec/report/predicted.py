@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from specdec.catalogue.drafters import drafter, free_drafters, grid_drafters, model_drafters
-from specdec.catalogue.policies import policy as policy_entry
+from specdec.catalogue.policies import resolve_policy
 from specdec.core import stats
 from specdec.core.costs import CostCurve
 from specdec.core.metrics import RATES
@@ -340,8 +340,8 @@ def trace_grid(models: Sequence[PromptModel], policies: Sequence[str] = ("cost",
 
 
 def _policy_k(policy: str, policy_k: int | None) -> int:
-    """`policy_k`, or the policy's own default K when None."""
-    return int(policy_k) if policy_k is not None else policy_entry(policy).default_k
+    """`policy_k`, or the policy's own default K when None (`specdec.catalogue.policies.resolve_policy`)."""
+    return resolve_policy(policy, policy_k)[1]
 
 
 def _expected_rows(m: PromptModel, policies: Sequence[str], policy_k: int | None) -> list[dict]:
